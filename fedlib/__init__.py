@@ -1,0 +1,16 @@
+"""fedlib: the compact library behind the federated-learning compendium.
+
+Every algorithm of the book lives here; notebooks only call it.
+
+Modules
+-------
+data        dataset registry with real loaders (offline: Fashion-MNIST, MNIST-5k, optdigits, Animal-MNIST)
+partition   IID / Dirichlet / shards / one-class-per-client client partitions, reports and heat maps
+features    frozen pretrained backbones and the on-disk feature cache
+messages    explicit client/server messages whose byte size is measured
+federated   one federated training loop for every gradient-based method (FedAvg, FedProx, ...)
+afl         Analytic Federated Learning (Zhuang et al., 2024): AA law, RI process
+profiles    smoke / quick / paper parameter profiles and the notebook runner
+"""
+
+__version__ = "0.1.0"

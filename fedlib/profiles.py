@@ -1,0 +1,145 @@
+"""Profiles and the notebook runner: jupytext -> papermill -> executed notebook for the book.
+
+A profile (``smoke``, ``quick``, ``paper``) gives the parameter values of every notebook, in the
+one versioned file ``notebooks/profiles.yml``. ``run_notebook`` converts ``notebooks/NAME.py``
+(jupytext percent format) to ipynb, executes it with papermill using the profile's values plus
+any override, and writes ``book/executed/NAME.ipynb`` where the book reads it. A cell that raises
+makes papermill raise, so a broken chapter fails the build instead of rendering a traceback.
+
+Command line::
+
+    python -m fedlib.profiles afl_benchmark --profile quick alpha=0.05 num_clients=300
+    python -m fedlib.profiles all --profile smoke
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOK_DIR = REPO / "notebooks"
+PROFILE_FILE = NOTEBOOK_DIR / "profiles.yml"
+EXECUTED_DIR = REPO / "book" / "executed"
+
+
+def load_profiles(path: Path = PROFILE_FILE) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{profile: {notebook: {parameter: value}}}`` from the versioned profiles file."""
+    with open(path) as f:
+        data = yaml.safe_load(f)
+    if not isinstance(data, dict) or "profiles" not in data:
+        raise ValueError(f"{path} must hold a top-level 'profiles' mapping")
+    return data["profiles"]
+
+
+def notebook_names() -> list[str]:
+    """Chapters in the order the book builds them (``notebooks/profiles.yml``: ``order``)."""
+    with open(PROFILE_FILE) as f:
+        return list(yaml.safe_load(f)["order"])
+
+
+def notebook_parameters(name: str) -> dict[str, Any]:
+    """Default values of the cell tagged ``parameters`` in ``notebooks/NAME.py``."""
+    source = _notebook_path(name).read_text()
+    match = re.search(r'^# %%[^\n]*tags=\[[^\]]*"parameters"[^\]]*\][^\n]*\n(.*?)(?=^# %%)', source,
+                      re.S | re.M)
+    if not match:
+        raise ValueError(f"notebooks/{name}.py has no cell tagged 'parameters'")
+    params: dict[str, Any] = {}
+    for node in ast.parse(match.group(1)).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            params[node.targets[0].id] = ast.literal_eval(node.value)
+    return params
+
+
+def _notebook_path(name: str) -> Path:
+    path = NOTEBOOK_DIR / f"{name}.py"
+    if not path.exists():
+        known = sorted(p.stem for p in NOTEBOOK_DIR.glob("*.py"))
+        raise ValueError(f"unknown notebook {name!r}; allowed: {', '.join(known)}")
+    return path
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["alpha=0.05", "seeds=[0,1]"]`` -> ``{"alpha": 0.05, "seeds": [0, 1]}`` (values read as YAML)."""
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"override {item!r} must look like name=value")
+        key, value = item.split("=", 1)
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def resolve_parameters(name: str, profile: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The profile's values for notebook ``name`` updated by ``overrides``; every name is checked
+    against the notebook's parameters cell before anything runs."""
+    profiles = load_profiles()
+    if profile not in profiles:
+        raise ValueError(f"unknown profile {profile!r}; allowed: {', '.join(profiles)}")
+    defaults = notebook_parameters(name)
+    params = dict(profiles[profile].get(name, {}))
+    params.update(overrides or {})
+    unknown = sorted(set(params) - set(defaults))
+    if unknown:
+        raise ValueError(f"unknown parameter(s) {', '.join(unknown)} for notebook {name!r}; "
+                         f"allowed: {', '.join(defaults)}")
+    return params
+
+
+def to_ipynb(name: str, dest: Path) -> Path:
+    """Convert ``notebooks/NAME.py`` to ipynb with a python3 kernelspec (papermill needs one)."""
+    import jupytext
+
+    nb = jupytext.read(_notebook_path(name))
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    jupytext.write(nb, dest, fmt="ipynb")
+    return dest
+
+
+def run_notebook(name: str, profile: str = "quick", overrides: Mapping[str, Any] | None = None,
+                 output: Path | None = None, cwd: Path | None = None) -> Path:
+    """Execute one chapter at ``profile`` with ``overrides``; return the executed notebook's path."""
+    import papermill
+
+    params = resolve_parameters(name, profile, overrides)
+    params["profile"] = profile
+    output = Path(output) if output else EXECUTED_DIR / f"{name}.ipynb"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        source = to_ipynb(name, Path(tmp) / f"{name}.ipynb")
+        papermill.execute_notebook(str(source), str(output), parameters=params, kernel_name="python3",
+                                   cwd=str(cwd or NOTEBOOK_DIR), progress_bar=False, log_output=False)
+    return output
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fedlib.profiles", description=__doc__.split("\n\n")[0])
+    parser.add_argument("notebook", help="notebook name (notebooks/NAME.py) or 'all'")
+    parser.add_argument("overrides", nargs="*", help="parameter overrides name=value (YAML values)")
+    parser.add_argument("--profile", default="quick", help="smoke, quick or paper (default quick)")
+    parser.add_argument("--output", type=Path, help="executed notebook path (one notebook only)")
+    args = parser.parse_args(argv)
+    names = notebook_names() if args.notebook == "all" else [args.notebook]
+    overrides = parse_overrides(args.overrides)
+    for name in names:  # validate every name before any long work
+        resolve_parameters(name, args.profile, overrides if args.notebook != "all" else None)
+    for name in names:
+        t0 = time.perf_counter()
+        out = run_notebook(name, args.profile, overrides if args.notebook != "all" else None, args.output)
+        print(f"[{args.profile}] {name}: {time.perf_counter() - t0:.0f} s -> {out.relative_to(REPO)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except ValueError as err:  # bad input: a clear message, no traceback
+        sys.exit(f"error: {err}")
