@@ -66,14 +66,25 @@ def aa_weights(c_agg: torch.Tensor, c_k: torch.Tensor, sign: int = +1, inverse: 
     if sign not in (1, -1):
         raise ValueError(f"sign must be +1 (corrected) or -1 (as printed), got {sign!r}")
     check_choice("inverse", inverse, ("solve", "pinv"))
-    apply_inv = (lambda a, b: torch.linalg.solve(a, b)) if inverse == "solve" else \
-        (lambda a, b: torch.linalg.pinv(a, hermitian=True) @ b)
     eye = torch.eye(c_agg.shape[0], dtype=c_agg.dtype, device=c_agg.device)
-    s = c_agg + c_k
-    ra_ck, rk_ca = apply_inv(c_agg, c_k), apply_inv(c_k, c_agg)
-    w_agg = eye - ra_ck + sign * ra_ck @ apply_inv(s, c_k)
-    w_k = eye - rk_ca + sign * rk_ca @ apply_inv(s, c_agg)
+    inv_agg, inv_k, inv_s = (_inverse_applier(a, inverse) for a in (c_agg, c_k, c_agg + c_k))
+    ra_ck, rk_ca = inv_agg(c_k), inv_k(c_agg)
+    w_agg = eye - ra_ck + sign * ra_ck @ inv_s(c_k)
+    w_k = eye - rk_ca + sign * rk_ca @ inv_s(c_agg)
     return w_agg, w_k
+
+
+def _inverse_applier(a: torch.Tensor, inverse: str):
+    """``b -> a^{-1} b``: one Cholesky (LU if ``a`` is not positive definite) reused for every
+    right-hand side, or a pseudo-inverse when ``inverse == "pinv"``."""
+    if inverse == "pinv":
+        a_pinv = torch.linalg.pinv(a, hermitian=True)
+        return lambda b: a_pinv @ b
+    factor, info = torch.linalg.cholesky_ex(a)
+    if int(info) == 0:
+        return lambda b: torch.cholesky_solve(b, factor)
+    lu, pivots = torch.linalg.lu_factor(a)
+    return lambda b: torch.linalg.lu_solve(lu, pivots, b)
 
 
 class PairwiseAAServer:

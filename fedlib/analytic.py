@@ -9,6 +9,7 @@ uses a Cholesky/LU solve, never an explicit inverse.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -82,16 +83,28 @@ class SufficientStats:
 
 
 def ridge_solve(gram: torch.Tensor, rhs: torch.Tensor, lam: float = 0.0) -> torch.Tensor:
-    """Solve ``(G + lam I) W = rhs`` for W (d, C).
+    """Solve ``(G + lam I) W = rhs`` for W (d, C): Cholesky, LU if not positive definite.
 
-    Cholesky when ``G + lam I`` is positive definite, LU otherwise; never an explicit inverse.
-    ``lam`` may be negative (AFL's RI restoration subtracts ``K gamma I``, eq. 15).
+    ``lam`` may be negative (AFL's RI restoration subtracts ``K gamma I``, eq. 15). A feature that
+    is zero in every sample (a dead ReLU channel of a frozen CNN) has a zero row and column in G,
+    so the system decouples: its weight is set to 0, the minimum-norm least-squares choice, and
+    the rest is solved exactly. Warns if what remains is singular (then the least-squares head
+    is not unique). Never forms an explicit inverse.
     """
     a = gram if lam == 0 else gram + lam * torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
+    diag = torch.diagonal(a)
+    active = diag.abs() > diag.abs().max() * a.shape[0] * torch.finfo(a.dtype).eps
+    if not bool(active.all()):
+        out = torch.zeros(a.shape[0], rhs.shape[1], dtype=rhs.dtype, device=rhs.device)
+        out[active] = ridge_solve(a[active][:, active], rhs[active])
+        return out
     factor, info = torch.linalg.cholesky_ex(a)
     if int(info) == 0:
         return torch.cholesky_solve(rhs, factor)
-    return torch.linalg.solve(a, rhs)
+    warnings.warn("ridge_solve: the matrix is singular or not positive definite (fewer samples than "
+                  "features, or collinear features); the least-squares solution is not unique",
+                  RuntimeWarning, stacklevel=2)
+    return torch.linalg.lstsq(a, rhs).solution if a.device.type == "cpu" else torch.linalg.pinv(a) @ rhs
 
 
 def ridge_fit(x: Array, labels: Array, num_classes: int, lam: float = 0.0, dtype: torch.dtype = torch.float64,

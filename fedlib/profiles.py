@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="parameter overrides name=value (YAML values)")
     parser.add_argument("--profile", default="quick", help="smoke, quick or paper (default quick)")
     parser.add_argument("--output", type=Path, help="executed notebook path (one notebook only)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     names = notebook_names() if args.notebook == "all" else [args.notebook]
     overrides = parse_overrides(args.overrides)
     for name in names:  # validate every name before any long work

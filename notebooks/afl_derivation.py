@@ -50,7 +50,7 @@ import seaborn as sns
 import matplotlib.pyplot as plt
 import torch
 
-from fedlib import afl
+from fedlib import afl, paper_results
 from fedlib.analytic import SufficientStats, ridge_fit, ridge_solve, synthetic_features, relative_error, predict
 from fedlib.partition import make_partition
 from fedlib.data import load_dataset
@@ -240,10 +240,7 @@ for k in table1_clients:
                  "ΔW w/o RI (ours)": float((no_ri.weights - w_joint2).abs().sum()),
                  "ΔW w/ RI (ours)": float((with_ri.weights - w_joint2).abs().sum())})
 table1 = pd.DataFrame(rows).set_index("K")
-paper_table1 = pd.DataFrame({"K": [2, 10, 20, 50, 100, 200],
-                             "ΔW w/o RI (paper)": [7.83e-14, 1.76e-12, 9.86e-1, 5.90, 5.93e4, 3.67e12],
-                             "ΔW w/ RI (paper)": [4.94e-14, 1.74e-12, 5.09e-10, 8.45e-10, 7.57e-10, 7.81e-10]}
-                            ).set_index("K")
+paper_table1 = paper_results.afl_table1()
 display(table1.join(paper_table1, how="left").style.format("{:.2e}", subset=[c for c in table1.columns] + list(paper_table1.columns)))
 
 # %%

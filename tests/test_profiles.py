@@ -1,0 +1,80 @@
+"""The notebook runner: profiles, overrides and their validation (no notebook executed here)."""
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedlib import profiles
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_every_notebook_has_parameters_and_is_in_toc_and_order():
+    toc = (REPO / "_toc.yml").read_text()
+    order = profiles.notebook_names()
+    sources = sorted(p.stem for p in (REPO / "notebooks").glob("*.py"))
+    assert sorted(order) == sources
+    for name in sources:
+        assert profiles.notebook_parameters(name), name
+        assert f"book/executed/{name}" in toc, f"{name} missing from _toc.yml"
+
+
+@pytest.mark.parametrize("profile", ["smoke", "quick", "paper"])
+def test_profiles_only_name_existing_parameters(profile):
+    for name in profiles.notebook_names():
+        params = profiles.resolve_parameters(name, profile)
+        assert set(params) <= set(profiles.notebook_parameters(name))
+
+
+def test_parameter_cell_parsed():
+    params = profiles.notebook_parameters("afl_benchmark")
+    assert params["num_clients"] == 100 and params["alphas"] == [0.1, 0.05]
+
+
+def test_overrides_parsed_as_yaml():
+    assert profiles.parse_overrides(["alpha=0.05", "seeds=[0, 1]", "n_train=null", "device=cpu"]) == \
+        {"alpha": 0.05, "seeds": [0, 1], "n_train": None, "device": "cpu"}
+
+
+def test_override_beats_profile():
+    params = profiles.resolve_parameters("afl_benchmark", "smoke", {"num_clients": 7})
+    assert params["num_clients"] == 7
+
+
+def test_unknown_profile():
+    with pytest.raises(ValueError, match="unknown profile 'fast'.*smoke"):
+        profiles.resolve_parameters("afl_benchmark", "fast")
+
+
+def test_unknown_parameter_name():
+    with pytest.raises(ValueError, match="unknown parameter.*num_client\\b.*allowed"):
+        profiles.resolve_parameters("afl_benchmark", "quick", {"num_client": 300})
+
+
+def test_unknown_notebook():
+    with pytest.raises(ValueError, match="unknown notebook"):
+        profiles.resolve_parameters("nope", "quick")
+
+
+def test_malformed_override():
+    with pytest.raises(ValueError, match="name=value"):
+        profiles.parse_overrides(["alpha"])
+
+
+def test_cli_refuses_before_work(capsys):
+    with pytest.raises(ValueError, match="num_client"):
+        profiles.main(["afl_benchmark", "--profile", "smoke", "num_client=3"])
+
+
+def test_environment_yml_agrees_with_pyproject():
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = list(project["dependencies"])
+    for extra in project["optional-dependencies"].values():
+        wanted += extra
+    env = yaml.safe_load((REPO / "environment.yml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
+    norm = lambda s: re.sub(r"\s+", "", s).lower()
+    assert sorted(map(norm, pip)) == sorted(map(norm, wanted))
