@@ -9,8 +9,12 @@ partition   IID / Dirichlet / shards / one-class-per-client client partitions, r
 features    frozen pretrained backbones and the on-disk feature cache
 messages    explicit client/server messages whose byte size is measured
 federated   one federated training loop for every gradient-based method (FedAvg, FedProx, ...)
+analytic    sufficient statistics (X^T X, X^T Y) in float64 and ridge solves, shared by analytic methods
 afl         Analytic Federated Learning (Zhuang et al., 2024): AA law, RI process
+paper_results  the papers' own tables, transcribed, to show beside ours
 profiles    smoke / quick / paper parameter profiles and the notebook runner
+bench       benchmark scripts (speed ratios measured in one process)
+utils       devices, seeds, argument checks
 """
 
 __version__ = "0.1.0"

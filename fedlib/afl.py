@@ -21,7 +21,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from .analytic import Array, SufficientStats, as_tensor, one_hot, ridge_solve
 from .messages import Message
@@ -36,6 +36,7 @@ def client_update(x: Array, labels: Array, num_classes: int, gamma: float = 1.0,
 
     Returns the paper's upload ``{"W": W_k^r (d, C), "C": C_k^r (d, d), "gamma": gamma}``:
     ``C_k^r = X_k^T X_k + gamma I`` (eq. 14), ``W_k^r = (C_k^r)^{-1} X_k^T Y_k`` (eq. 12).
+    When N_k < d the same W is computed in the dual form ``X_k^T (X_k X_k^T + gamma I)^{-1} Y_k``.
     With ``gamma = 0`` the head is the Moore-Penrose solution ``X_k^+ Y_k`` (eq. 4). An empty
     client (N_k = 0) uploads ``C = gamma I`` and ``W = 0``.
     """
@@ -44,9 +45,13 @@ def client_update(x: Array, labels: Array, num_classes: int, gamma: float = 1.0,
     stats = SufficientStats.from_data(x, labels, num_classes, dtype, device) if len(labels) else \
         SufficientStats.zeros(dim, num_classes, dtype, device)
     eye = torch.eye(dim, dtype=dtype, device=device)
-    if gamma > 0:
+    n_k = len(labels)
+    if gamma > 0 and 0 < n_k < dim:  # dual form X^T (X X^T + gamma I)^{-1} Y: O(N_k^2 d) not O(d^3)
+        xk = as_tensor(x, dtype, device)
+        weights = xk.T @ ridge_solve(xk @ xk.T, one_hot(labels, num_classes, dtype, device), gamma)
+    elif gamma > 0:
         weights = ridge_solve(stats.gram, stats.xty, gamma)
-    elif len(labels):
+    elif n_k:
         weights = torch.linalg.pinv(as_tensor(x, dtype, device)) @ one_hot(labels, num_classes, dtype, device)
     else:
         weights = torch.zeros(dim, num_classes, dtype=dtype, device=device)

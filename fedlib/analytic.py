@@ -150,6 +150,16 @@ def synthetic_features(n: int, dim: int, num_classes: int, kind: str = "gaussian
     return x + 5.0, labels
 
 
+def gram_report(gram: torch.Tensor) -> dict:
+    """Conditioning of a pooled Gram matrix (d, d): features that are zero in every sample, and
+    the extreme eigenvalues and condition number over the remaining ones (what a solve sees)."""
+    diag = torch.diagonal(gram)
+    active = diag > diag.max() * gram.shape[0] * torch.finfo(gram.dtype).eps
+    eig = torch.linalg.eigvalsh(gram[active][:, active])
+    return {"zero features": int((~active).sum()), "lambda_min": float(eig[0]), "lambda_max": float(eig[-1]),
+            "condition number": float(eig[-1] / eig[0])}
+
+
 def relative_error(weights: torch.Tensor, reference: torch.Tensor) -> float:
     """``max|W - W*| / max|W*|``: the deviation measure of the exactness checks."""
     return float((weights - reference).abs().max() / reference.abs().max())

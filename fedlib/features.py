@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .data import Dataset, default_data_root, load_dataset
 from .utils import check_choice, resolve_device
 
 __all__ = [
@@ -45,28 +46,17 @@ RESNET18_WEIGHTS_FILE = "resnet18-f37072fd.pth"
 
 
 @dataclass(frozen=True)
-class Features:
-    """Backbone features of a dataset.
+class Features(Dataset):
+    """Backbone features of a dataset: a :class:`~fedlib.data.Dataset` whose inputs are vectors.
 
-    x_train: (N, d) float32; y_train: (N,) int64; the same for the test split; ``classes`` has C
-    names. ``name`` is ``"<dataset name>/<backbone>@<input size>"`` (``"<dataset name>/raw"``).
+    x_train: (N, d) float32; y_train: (N,) int64; the same for the test split. ``name`` is
+    ``"<dataset name>/<backbone>@<input size>"`` (``"<dataset name>/raw"``).
     """
-
-    name: str
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
-    classes: tuple[str, ...]
 
     @property
     def dim(self) -> int:
         """Feature dimension d."""
         return int(self.x_train.shape[1])
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.classes)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -101,17 +91,8 @@ def _efficientnet_lite0() -> nn.Module:
     return _Normalized(net, mean=0.498, std=0.502, pool_features=True)
 
 
-def _default_data_root() -> Path:
-    """The data root of :mod:`fedlib.data` (``$FEDLIB_DATA`` or ``<repo>/data/raw``)."""
-    try:
-        from .data import default_data_root
-    except ImportError:  # pragma: no cover - older data module
-        return Path(os.environ.get("FEDLIB_DATA", _REPO_ROOT / "data" / "raw"))
-    return Path(default_data_root())
-
-
 def _resnet18_weight_candidates(root=None) -> list[Path]:
-    data_root = Path(root) if root is not None else _default_data_root()
+    data_root = Path(root) if root is not None else default_data_root()
     return [
         Path(torch.hub.get_dir()) / "checkpoints" / RESNET18_WEIGHTS_FILE,
         data_root / "weights" / RESNET18_WEIGHTS_FILE,
@@ -239,7 +220,7 @@ def _to_input(batch: np.ndarray, size: int, device: torch.device) -> torch.Tenso
 def _run(module: nn.Module, dim: int, images: np.ndarray, size: int, device, batch_size: int, desc: str,
          progress: bool) -> np.ndarray:
     """Images (N, H, W[, 3]) uint8 -> (N, dim) float32, in batches with a progress bar."""
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     out = []
     with torch.inference_mode():
@@ -302,7 +283,6 @@ def load_features(dataset_name: str, backbone: str = "efficientnet_lite0", input
                   root=None, cache_dir=None, progress: bool = True) -> Features:
     """``load_dataset(dataset_name, root)``, optional ``.subset(n_train, n_test, seed)``, then
     :func:`extract_features` (cached). Returns (N, d) float32 features."""
-    from .data import load_dataset
 
     dataset = load_dataset(dataset_name, root)
     if n_train is not None or n_test is not None:

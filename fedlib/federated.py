@@ -441,18 +441,20 @@ class MOON(FedAlgorithm):
 class FedDisco(FedAlgorithm):
     """FedDisco (Ye et al., ICML 2023, Sec. 4, discrepancy-aware aggregation) on FedAvg training.
 
-    p_k ∝ ReLU(n_k / N - a d_k + b) over this round's clients, N = sum of their n_k, and
-    d_k = ||D_k - D||_2 between client k's label distribution D_k and the global one D, taken as
-    uniform over the classes present in the federation. Each client uploads its label counts
-    once, before round 1 (counted in ``bytes_up``). If every p_k would be 0, falls back to n_k/N
-    (as the authors' code).
+    p_k ∝ ReLU(n_k / N - a d_k + b) over this round's clients (N = sum of their n_k). The
+    discrepancy d_k compares client k's label distribution D_k with the global one D (uniform over
+    the classes present in the federation): ``metric="kl"`` (the authors' default) uses KL(D_k||D)
+    normalised to sum 1 over the round's clients, as in their code; ``metric="l2"`` uses the raw
+    ||D_k - D||_2. Each client uploads its label counts once, before round 1 (counted in
+    ``bytes_up``). If every p_k would be 0, falls back to n_k/N (as the authors' code).
     """
 
     name = "feddisco"
 
-    def __init__(self, a: float = 0.5, b: float = 0.1):
+    def __init__(self, a: float = 0.5, b: float = 0.1, metric: str = "kl"):
         check_positive("a", a, strict=False)
-        self.a, self.b = float(a), float(b)
+        check_choice("metric", metric, ("kl", "l2"))
+        self.a, self.b, self.metric = float(a), float(b), metric
 
     def setup(self, ctx, global_model):
         out = super().setup(ctx, global_model)
@@ -469,13 +471,20 @@ class FedDisco(FedAlgorithm):
         for m in msgs:
             k = int(m.sender.removeprefix("client"))
             c = m["label_counts"].double()
-            self.discrepancy[k] = float(torch.linalg.vector_norm(c / c.sum() - global_dist))
+            local = c / c.sum()
+            if self.metric == "kl":
+                nz = local > 0
+                self.discrepancy[k] = float((local[nz] * (local[nz] / global_dist[nz]).log()).sum())
+            else:
+                self.discrepancy[k] = float(torch.linalg.vector_norm(local - global_dist))
         return out + msgs
 
     def aggregation_weights(self, uploads):
         base = super().aggregation_weights(uploads)
-        ks = [int(u.sender.removeprefix("client")) for u in uploads]
-        raw = [max(0.0, p - self.a * self.discrepancy[k] + self.b) for p, k in zip(base, ks)]
+        d = [self.discrepancy[int(u.sender.removeprefix("client"))] for u in uploads]
+        if self.metric == "kl" and sum(d) > 0:
+            d = [v / sum(d) for v in d]
+        raw = [max(0.0, p - self.a * dk + self.b) for p, dk in zip(base, d)]
         total = sum(raw)
         return base if total <= 0 else [r / total for r in raw]
 

@@ -30,8 +30,9 @@ PROFILE_FILE = NOTEBOOK_DIR / "profiles.yml"
 EXECUTED_DIR = REPO / "book" / "executed"
 
 
-def load_profiles(path: Path = PROFILE_FILE) -> dict[str, dict[str, dict[str, Any]]]:
+def load_profiles(path: Path | None = None) -> dict[str, dict[str, dict[str, Any]]]:
     """``{profile: {notebook: {parameter: value}}}`` from the versioned profiles file."""
+    path = path or PROFILE_FILE
     with open(path) as f:
         data = yaml.safe_load(f)
     if not isinstance(data, dict) or "profiles" not in data:
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         t0 = time.perf_counter()
         out = run_notebook(name, args.profile, overrides if args.notebook != "all" else None, args.output)
-        print(f"[{args.profile}] {name}: {time.perf_counter() - t0:.0f} s -> {out.relative_to(REPO)}", flush=True)
+        print(f"[{args.profile}] {name}: {time.perf_counter() - t0:.0f} s -> {out}", flush=True)
     return 0
 
 

@@ -32,7 +32,7 @@ profile = "quick"
 dataset = "fashion_mnist"        # any name of fedlib.data.DATASETS
 backbone = "efficientnet_lite0"  # efficientnet_lite0 | resnet18 (needs its weights) | raw
 input_size = 64                  # backbone input resolution (px)
-n_train = 20000                  # stratified subset of the training split (None = all)
+n_train = 20000                  # stratified subset of the training split; null keeps all
 n_test = 5000
 device = "auto"                  # auto | cpu | cuda
 num_clients = 100
@@ -40,8 +40,8 @@ alphas = [0.1, 0.05]             # NIID-1: Dirichlet label skew (the paper's CIF
 shards = [4, 2]                  # NIID-2: shards per client
 methods = ["fedavg", "fedprox", "feddyn", "fedntd", "moon", "feddisco"]
 seeds = [0, 1, 2]
-rounds = 30
-local_epochs = 2
+rounds = 20
+local_epochs = 1
 batch_size = 64
 lr = 0.01
 participation = 1.0
@@ -53,35 +53,78 @@ gammas = [0.0, 0.1, 1.0, 10.0, 100.0]    # RI ablation (paper Table 4)
 ri_clients = [100, 500, 1000]
 
 # %%
+import functools
 import time
 import numpy as np
 import pandas as pd
 import seaborn as sns
 import matplotlib.pyplot as plt
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from fedlib import afl, paper_results
-from fedlib.analytic import SufficientStats, accuracy as head_accuracy, ridge_solve
-from fedlib.features import load_features
+from fedlib.analytic import SufficientStats, accuracy as head_accuracy, gram_report, ridge_solve
+from fedlib.data import load_dataset
+from fedlib.features import BACKBONES, extract_features
 from fedlib.federated import FedConfig, LinearHead, MLPHead, make_algorithm, run_federated
 from fedlib.partition import make_partition, partition_report, plot_partition
-from fedlib.utils import resolve_device
+from fedlib.utils import check_choice, check_positive, resolve_device
 
 sns.set_theme(style="whitegrid")
 dev = resolve_device(device)
 print(f"profile={profile}, device={dev}, torch threads={torch.get_num_threads()}")
 
 # %% [markdown]
-# ## 1. Frozen features
+# ## 1. Data, partitions and frozen features
 #
+# Every parameter is checked first (unknown method or backbone, $\alpha\le 0$, $\gamma<0$, more
+# clients than samples, shards that do not divide the data...), and every partition is drawn
+# from the labels, so bad input fails in seconds, before the feature extraction and training.
+
+# %%
+@functools.lru_cache(maxsize=None)
+def partition(setting, k, seed):
+    """Client index arrays (drawn once, then reused) for a setting ("alpha", a) / ("shards", s) / ("iid", None)."""
+    kind, value = setting
+    if kind == "alpha":
+        return make_partition(data.y_train, k, "dirichlet", alpha=value, seed=seed)
+    if kind == "shards":
+        return make_partition(data.y_train, k, "shards", shards_per_client=value, seed=seed)
+    return make_partition(data.y_train, k, "iid", seed=seed)
+
+
+def label(setting):
+    return {"alpha": f"α={setting[1]}", "shards": f"s={setting[1]}", "iid": "IID"}[setting[0]]
+
+
+for method in methods:
+    make_algorithm(method)
+check_choice("backbone", backbone, BACKBONES)
+for g in [gamma, *gammas]:
+    check_positive("gamma", g, strict=False)
+data = load_dataset(dataset)
+data = data.subset(n_train, n_test) if (n_train or n_test) else data
+settings = [("alpha", a) for a in alphas] + [("shards", s) for s in shards]
+sweep = [("alpha", a) for a in table3_alphas] + [("iid", None)]
+for setting in settings:
+    for seed in seeds:
+        partition(setting, num_clients, seed)
+for k in sorted(set(client_counts) | set(ri_clients)):
+    partition(("alpha", invariance_alpha), k, seeds[0])
+for setting in sweep:
+    partition(setting, num_clients, seeds[0])
+print(f"{data.name}: {len(data.y_train)} train / {len(data.y_test)} test images; all partitions valid")
+
+# %% [markdown]
 # Every method sees the same cached embeddings: the backbone runs once per image (AFL's "one
 # epoch"), and the cache makes re-running with new federated parameters take seconds.
+# EfficientNet-Lite uses ReLU6, so a few channels can be zero for every image ("zero features"
+# below); they carry no information, and the solver gives them weight 0 (the minimum-norm
+# least-squares choice). The least-squares head is unique when the remaining Gram is invertible.
 
 # %%
 t0 = time.perf_counter()
-feats = load_features(dataset, backbone=backbone, input_size=input_size, n_train=n_train, n_test=n_test,
-                      device=str(dev))
+feats = extract_features(data, backbone=backbone, input_size=input_size, device=str(dev))
 feature_seconds = time.perf_counter() - t0
 print(f"{feats.name}: train {feats.x_train.shape}, test {feats.x_test.shape}, {feats.num_classes} classes "
       f"({feature_seconds:.1f} s, cached after the first run)")
@@ -90,10 +133,9 @@ x_te, y_te = torch.from_numpy(feats.x_test), torch.from_numpy(feats.y_test)
 C = feats.num_classes
 
 stats = SufficientStats.from_data(feats.x_train, feats.y_train, C, device=dev)
-eig = torch.linalg.eigvalsh(stats.gram)
 w_joint = ridge_solve(stats.gram, stats.xty)
 joint_acc = head_accuracy(w_joint, feats.x_test, feats.y_test)
-print(f"pooled Gram: lambda_min={float(eig[0]):.3e}, condition number={float(eig[-1] / eig[0]):.2e}")
+print("pooled Gram:", {k: f"{v:.3g}" for k, v in gram_report(stats.gram).items()})
 print(f"centralized least-squares head (what AFL must reproduce): test accuracy {joint_acc:.4f}")
 
 # %% [markdown]
@@ -103,20 +145,6 @@ print(f"centralized least-squares head (what AFL must reproduce): test accuracy 
 # gives each client $s$ shards of the label-sorted data. All methods share each partition.
 
 # %%
-def partition(setting, k, seed):
-    kind, value = setting
-    if kind == "alpha":
-        return make_partition(feats.y_train, k, "dirichlet", alpha=value, seed=seed)
-    if kind == "shards":
-        return make_partition(feats.y_train, k, "shards", shards_per_client=value, seed=seed)
-    return make_partition(feats.y_train, k, "iid", seed=seed)
-
-
-def label(setting):
-    return {"alpha": f"α={setting[1]}", "shards": f"s={setting[1]}", "iid": "IID"}[setting[0]]
-
-
-settings = [("alpha", a) for a in alphas] + [("shards", s) for s in shards]
 fig, axes = plt.subplots(1, len(settings), figsize=(4 * len(settings), 4), squeeze=False)
 for ax, setting in zip(axes[0], settings):
     plot_partition(partition_report(feats.y_train, partition(setting, num_clients, seeds[0]), C), ax=ax,
@@ -156,7 +184,8 @@ assert (afl_runs["accuracy"] == joint_acc).all(), "AFL must predict exactly like
 #
 # The paper gives no baseline hyperparameters; ours are documented choices (SGD, momentum 0.9,
 # weight decay 1e-5, the values below), identical for every method. FedProx $\mu=0.01$,
-# FedDyn $\alpha=0.01$, FedNTD $\beta=1,\tau=1$, MOON $\mu=1,\tau=0.5$, FedDisco $a=0.5,b=0.1$.
+# FedDyn $\alpha=0.01$, FedNTD $\beta=1,\tau=1$, MOON $\mu=1,\tau=0.5$, FedDisco $a=0.5,b=0.1$
+# with the KL discrepancy (the authors' defaults).
 #
 # *What was not run, and why.* **MOON** contrasts representations; a purely linear head on frozen
 # features has none, so MOON trains a 2-layer head (1280→256→C) whose hidden layer is the
@@ -264,16 +293,17 @@ assert knum.query("method == 'AFL'")["accuracy"].nunique() == 1, "AFL must not d
 rows = []
 for k in ri_clients:
     parts = partition(("alpha", invariance_alpha), k, seeds[0])
-    for g in gammas:
-        for restore in (False, True):
-            res = afl.run_afl(feats.x_train, feats.y_train, parts, C, gamma=g, restore=restore, device=dev)
-            rows.append({"K": k, "γ": g, "RI": "w/ RI" if restore else "w/o RI",
-                         "accuracy (%)": 100 * head_accuracy(res.weights, feats.x_test, feats.y_test)})
+    for g in gammas:  # one run gives both: W^r before the restoration and W after it (eq. 15)
+        res = afl.run_afl(feats.x_train, feats.y_train, parts, C, gamma=g, device=dev)
+        for ri_label, w in [("w/o RI", res.weights_regularized), ("w/ RI", res.weights)]:
+            rows.append({"K": k, "γ": g, "RI": ri_label,
+                         "accuracy (%)": 100 * head_accuracy(w, feats.x_test, feats.y_test)})
 ri = pd.DataFrame(rows).pivot_table(index="K", columns=["γ", "RI"], values="accuracy (%)")
+ri = ri.reindex(columns=pd.MultiIndex.from_product([gammas, ["w/o RI", "w/ RI"]], names=["γ", "RI"]))
 print(f"Ours ({dataset}): accuracy (%) without / with the RI restoration (one-solve server)")
 display(ri.style.format("{:.2f}"))
 with_ri = ri.xs("w/ RI", axis=1, level="RI")
-assert with_ri.nunique(axis=None) == 1, "with RI the accuracy must not depend on K or gamma"
+assert len(np.unique(with_ri.to_numpy())) == 1, "with RI the accuracy must not depend on K or gamma"
 
 # %% [markdown]
 # Without RI the aggregate is a joint ridge with $\lambda=K\gamma$ (checked in the derivation
@@ -299,7 +329,6 @@ display(table)
 
 # %%
 rows = []
-sweep = [("alpha", a) for a in table3_alphas] + [("iid", None)]
 for setting in tqdm(sweep, desc="heterogeneity sweep"):
     parts = partition(setting, num_clients, seeds[0])
     hist = run_federated(model_fn("fedavg"), clients_for(parts), (x_te, y_te), make_algorithm("fedavg"),

@@ -51,7 +51,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from fedlib import afl, paper_results
-from fedlib.analytic import SufficientStats, ridge_fit, ridge_solve, synthetic_features, relative_error, predict
+from fedlib.analytic import SufficientStats, gram_report, predict, relative_error, ridge_fit, synthetic_features
 from fedlib.partition import make_partition
 from fedlib.data import load_dataset
 
@@ -158,6 +158,10 @@ for scheme, kw in settings:
                      "max rel. error vs joint": relative_error(res.weights, w_joint)})
 hetero = pd.DataFrame(rows)
 display(hetero)
+partition_labels = dict.fromkeys(lbl for lbl, _ in heads)
+servers_agree = pd.Series({lbl: float((heads[(lbl, "pairwise")] - heads[(lbl, "one_solve")]).abs().max())
+                           for lbl in partition_labels}, name="max |W_pairwise - W_one_solve|")
+display(servers_agree.to_frame())
 
 # %%
 one_solve_heads = [w for (lbl, srv), w in heads.items() if srv == "one_solve"]
@@ -165,6 +169,7 @@ spread = max(float((a - b).abs().max()) for a in one_solve_heads for b in one_so
 print(f"largest difference between the heads of any two partitions (one-solve): {spread:.2e}")
 assert hetero.query("server == 'one_solve'")["max rel. error vs joint"].max() < 1e-10
 assert hetero.query("server == 'pairwise'")["max rel. error vs joint"].max() < 1e-6
+assert servers_agree.max() < 1e-6 * float(w_joint.abs().max()), "the one-solve form must equal the pairwise law"
 pred_joint = predict(w_joint, x)
 assert all(bool((predict(w, x) == pred_joint).all()) for w in one_solve_heads), "predictions must not change"
 
@@ -297,10 +302,7 @@ assert kgamma["max rel. |W^r_agg - ridge(λ=Kγ)|"].max() < 1e-10
 
 # %%
 xm, ym = synthetic_features(n_samples, dim, num_classes, "mean_dominated", seed)
-gram = SufficientStats.from_data(xm, ym, num_classes).gram
-eig = torch.linalg.eigvalsh(gram)
-print(f"pooled Gram: lambda_min={float(eig[0]):.3e}, lambda_max={float(eig[-1]):.3e}, "
-      f"condition number={float(eig[-1] / eig[0]):.2e}")
+print("pooled Gram:", {k: f"{v:.3g}" for k, v in gram_report(SufficientStats.from_data(xm, ym, num_classes).gram).items()})
 w_ref = ridge_fit(xm, ym, num_classes, 0.0)
 pred_ref = predict(w_ref, xm)
 parts = make_partition(ym, fp_clients, "iid", seed=seed)
@@ -341,10 +343,11 @@ assert f32.xs("one_solve", level="server").max() < f32.xs("pairwise", level="ser
 # %% [markdown]
 # ## 6. Real data: optdigits pixels
 #
-# The claims do not depend on the data, but real features bring a trap: the **pooled** Gram must
-# be invertible. Some optdigits pixels are 0 in every image, so $X^\top X$ is singular and the
-# unregularized joint solution is not unique; we drop those constant pixels (and add a bias
-# column) before the check.
+# The claims do not depend on the data, but real features bring a trap: the least-squares head is
+# unique only if the **pooled** $X^\top X$ is invertible. Some optdigits pixels are 0 in every
+# image, so $X^\top X$ is singular. Such a feature decouples from the rest (its row and column of
+# $X^\top X$ are zero), and `fedlib`'s solver gives it weight 0, the minimum-norm choice; here we
+# drop those pixels explicitly (and add a bias column) so that the joint problem is well posed.
 
 # %%
 digits = load_dataset("optdigits")

@@ -148,3 +148,12 @@ def test_bad_input(data, kwargs, match):
 def test_labels_out_of_range():
     with pytest.raises(ValueError, match="num_classes"):
         afl.client_update(np.ones((3, 2)), np.array([0, 1, 5]), 3)
+
+
+def test_client_update_dual_form_for_small_clients(data):
+    """N_k < d uses X^T (X X^T + gamma I)^{-1} Y: must equal the primal ridge solve."""
+    x, y, _ = data
+    msg = afl.client_update(x[:10], y[:10], C, gamma=0.5)
+    y1 = np.eye(C)[y[:10]]
+    primal = np.linalg.solve(x[:10].T @ x[:10] + 0.5 * np.eye(D), x[:10].T @ y1)
+    np.testing.assert_allclose(msg["W"].numpy(), primal, rtol=1e-9, atol=1e-12)

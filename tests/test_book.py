@@ -55,3 +55,16 @@ def test_html_pages_of_the_book_exist(book):
                  "book/afl_performance.html", "book/references.html"]:
         assert (html / page).exists(), page
     assert "pairwise AA law" in (html / "book" / "afl_performance.html").read_text()
+
+
+def test_a_failing_cell_fails_the_run(tmp_path, monkeypatch):
+    """papermill raises on a cell that raises, so `make notebooks` (and the book) stop there."""
+    import papermill
+
+    (tmp_path / "broken.py").write_text('# %% tags=["parameters"]\nprofile = "quick"\nx = 1\n\n'
+                                        '# %%\nassert x == 2, "claim does not hold"\n')
+    (tmp_path / "profiles.yml").write_text("order: [broken]\nprofiles:\n  smoke: {}\n")
+    monkeypatch.setattr(profiles, "NOTEBOOK_DIR", tmp_path)
+    monkeypatch.setattr(profiles, "PROFILE_FILE", tmp_path / "profiles.yml")
+    with pytest.raises(papermill.PapermillExecutionError, match="claim does not hold"):
+        profiles.run_notebook("broken", "smoke", output=tmp_path / "out.ipynb")

@@ -145,11 +145,26 @@ def test_feddisco_counts_label_upload_and_weights(fed_data):
     clients, test = fed_data
     h = run_federated(linear, clients, test, "feddisco", cfg(rounds=1), progress=False)
     assert h.bytes_up[0] == K * ((C * D + C) * 4 + 8) + K * C * 8  # + int64 label counts once
-    alg = FedDisco(a=0.5, b=0.1)
-    alg.discrepancy = {0: 0.0, 1: 0.5, 2: 2.0}
     ups = [Message(f"client{k}", {"n": n}) for k, n in zip((0, 1, 2), (10, 30, 60))]
+    alg = FedDisco(a=0.5, b=0.1, metric="l2")  # raw discrepancy
+    alg.discrepancy = {0: 0.0, 1: 0.5, 2: 2.0}
     raw = [max(0.0, p - 0.5 * d + 0.1) for p, d in zip((0.1, 0.3, 0.6), (0.0, 0.5, 2.0))]
     assert alg.aggregation_weights(ups) == pytest.approx([r / sum(raw) for r in raw])
+    alg = FedDisco(a=0.5, b=0.1)  # kl: discrepancies normalised to sum 1 over the round
+    alg.discrepancy = {0: 0.0, 1: 0.5, 2: 2.0}
+    raw = [max(0.0, p - 0.5 * d / 2.5 + 0.1) for p, d in zip((0.1, 0.3, 0.6), (0.0, 0.5, 2.0))]
+    assert alg.aggregation_weights(ups) == pytest.approx([r / sum(raw) for r in raw])
+
+
+def test_feddisco_kl_discrepancy_from_label_counts():
+    """Client 0 holds classes {0, 1} equally, client 1 all classes: KL to uniform = log 2 and 0."""
+    x = torch.zeros(6, 2)
+    clients = [(x[:2], torch.tensor([0, 1])), (x[:4], torch.tensor([0, 1, 2, 3]))]
+    alg = FedDisco()
+    run_federated(lambda: LinearHead(2, 4), clients, (x[:2], torch.tensor([0, 1])), alg, cfg(rounds=1),
+                  progress=False)
+    assert alg.discrepancy[0] == pytest.approx(math.log(2))
+    assert alg.discrepancy[1] == pytest.approx(0.0, abs=1e-12)
 
 
 def test_feddyn_server_update_is_algorithm1():
