@@ -14,7 +14,6 @@ setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON_BOOT) -m venv $(VENV)
-	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install -e ".[book,test]"
 	touch $@
 

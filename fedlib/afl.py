@@ -8,7 +8,7 @@ Client k (Alg. 1, local stage) fits a ridge head on its frozen features and uplo
   C -> C^r (Appendix C), **with the sign of the third term corrected** (the paper prints "-",
   the derivation and the authors' code give "+"; see ``aa_weights``).
 * ``OneSolveServer``: the equivalent one-solve form from summed statistics,
-  ``W^r = (sum_k C_k^r)^{-1} sum_k C_k^r W_k^r`` (eq. 56-57), O(K d^2 + d^3) instead of O(K d^3).
+  ``W^r = (sum_k C_k^r)^{-1} sum_k C_k^r W_k^r`` (eq. 56-57), O(K d^2 C + d^3) instead of O(K d^3).
 
 Both end with the RI restoration (eq. 15), which removes the accumulated ``K gamma I`` and returns
 the unregularized joint least-squares head ``(X^T X)^{-1} X^T Y``: weight-invariance (Thm. 1-2).

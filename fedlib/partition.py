@@ -250,7 +250,9 @@ def plot_partition(report: pd.DataFrame, ax=None, max_clients: int = 50):
     k = len(report)
     shown = report.iloc[:max_clients]
     annot = shown.shape[0] <= 20 and shown.shape[1] <= 12
-    sns.heatmap(shown, ax=ax, cmap="viridis", annot=annot, fmt="d", cbar_kws={"label": "samples"})
+    step = max(1, -(-shown.shape[0] // 10))  # at most ~10 client labels, so they never overlap
+    sns.heatmap(shown, ax=ax, cmap="viridis", annot=annot, fmt="d", yticklabels=step,
+                cbar_kws={"label": "samples"})
     ax.set_xlabel("class")
     ax.set_ylabel("client")
     if k > max_clients:

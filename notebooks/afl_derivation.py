@@ -130,7 +130,7 @@ assert float((w_u - s_inv_cu).abs().max()) < 1e-10
 #
 # By induction $C_{\text{agg},k}\hat W_{\text{agg},k}=\sum_{i\le k}B_i$, so the recursion ends at
 # the joint solution, in any client order. The same result comes from **one solve** on summed
-# statistics, $\big(\sum_k C_k\big)^{-1}\sum_k C_k\hat W_k$, at cost $O(Kd^2+d^3)$ instead of the
+# statistics, $\big(\sum_k C_k\big)^{-1}\sum_k C_k\hat W_k$, at cost $O(Kd^2C+d^3)$ instead of the
 # recursion's $O(Kd^3)$. `fedlib.afl` implements both: `PairwiseAAServer` (the paper's form) and
 # `OneSolveServer`.
 #
