@@ -24,7 +24,7 @@
 # claims: AFL's accuracy does not depend on the partition, the number of clients or the seed
 # (std exactly 0), it needs one round, and the RI process makes $\gamma$ irrelevant.
 #
-# Re-run with other parameters, e.g. `python -m fedlib.profiles afl_benchmark alpha=...`; see
+# Re-run with other parameters, e.g. `python -m fedlib.profiles afl_benchmark alphas=[0.01]`; see
 # the page *Reproducing and re-running*.
 
 # %% tags=["parameters"]
