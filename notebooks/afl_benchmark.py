@@ -189,11 +189,11 @@ assert (afl_runs["accuracy"] == joint_acc).all(), "AFL must predict exactly like
 #
 # *What was not run, and why.* **MOON** contrasts representations; a purely linear head on frozen
 # features has none, so MOON trains a 2-layer head (1280→256→C) whose hidden layer is the
-# contrasted representation (all other methods use a linear head, as AFL). **FedGen** learns a
-# feature generator on the server for knowledge distillation; it is not implemented here (its
-# generator architecture and hyperparameters are unspecified for this setting), and FedDisco,
-# which reweights the aggregation by label-distribution discrepancy, covers the "server-side
-# correction" family instead.
+# contrasted representation (all other methods use a linear head, as AFL). **FedGen** (a
+# server-side generator of latent features, distilled into the clients' heads) would apply to
+# frozen features, but it is not implemented in this version: it needs a generator architecture
+# and several hyperparameters that the AFL paper does not give. FedDisco, which reweights the
+# aggregation by each client's label-distribution discrepancy, is the server-side method we run.
 
 # %%
 def clients_for(parts):
