@@ -128,13 +128,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="quick", help="smoke, quick or paper (default quick)")
     parser.add_argument("--output", type=Path, help="executed notebook path (one notebook only)")
     args = parser.parse_intermixed_args(argv)
-    names = notebook_names() if args.notebook == "all" else [args.notebook]
     overrides = parse_overrides(args.overrides)
+    if args.notebook == "all" and (overrides or args.output):
+        raise ValueError("parameter overrides and --output apply to one notebook; name it instead of 'all'")
+    names = notebook_names() if args.notebook == "all" else [args.notebook]
     for name in names:  # validate every name before any long work
-        resolve_parameters(name, args.profile, overrides if args.notebook != "all" else None)
+        resolve_parameters(name, args.profile, overrides)
     for name in names:
         t0 = time.perf_counter()
-        out = run_notebook(name, args.profile, overrides if args.notebook != "all" else None, args.output)
+        out = run_notebook(name, args.profile, overrides, args.output)
         print(f"[{args.profile}] {name}: {time.perf_counter() - t0:.0f} s -> {out}", flush=True)
     return 0
 

@@ -78,3 +78,8 @@ def test_environment_yml_agrees_with_pyproject():
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
     norm = lambda s: re.sub(r"\s+", "", s).lower()
     assert sorted(map(norm, pip)) == sorted(map(norm, wanted))
+
+
+def test_all_refuses_overrides():
+    with pytest.raises(ValueError, match="one notebook"):
+        profiles.main(["all", "--profile", "smoke", "num_clients=3"])
