@@ -9,6 +9,7 @@ partition   IID / Dirichlet / shards / one-class-per-client client partitions, r
 features    frozen pretrained backbones and the on-disk feature cache
 messages    explicit client/server messages whose byte size is measured
 federated   one federated training loop for every gradient-based method (FedAvg, FedProx, ...)
+models      from-scratch image networks (SmallResNet, CIFAR ResNet-18, SmallCNN), embed, FedAvg backbone
 analytic    sufficient statistics (X^T X, X^T Y) in float64 and ridge solves, shared by analytic methods
 afl         Analytic Federated Learning (Zhuang et al., 2024): AA law, RI process
 paper_results  the papers' own tables, transcribed, to show beside ours

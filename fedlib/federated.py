@@ -573,7 +573,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_federated(model_fn: Callable[[], nn.Module], clients: ClientData, test: tuple[Tensor, Tensor],
+def run_federated(model_fn: Callable[[], nn.Module], clients: ClientData, test: tuple[Tensor, Tensor] | None,
                   algorithm: FedAlgorithm | str, config: FedConfig, progress: bool = True,
                   num_classes: int | None = None) -> History:
     """Train ``model_fn()`` federatedly with ``algorithm``; return the :class:`History`.
@@ -583,8 +583,9 @@ def run_federated(model_fn: Callable[[], nn.Module], clients: ClientData, test: 
     state to the others (bytes down); local SGD (mini-batch order from one CPU torch.Generator
     seeded with ``seed + 1``, consumed in client order; a fresh SGD optimizer per client);
     uploads (bytes up); ``algorithm.server_aggregate``; test accuracy every ``eval_every`` rounds
-    and at the last round. ``seed_everything(seed)`` is called before ``model_fn()``, so the
-    same config gives bit-identical results on CPU.
+    and at the last round (``test=None``: no evaluation, ``test_acc`` is NaN at those rounds).
+    ``seed_everything(seed)`` is called before ``model_fn()``, so the same config gives
+    bit-identical results on CPU.
     """
     threads = torch.get_num_threads()
     if config.num_threads is not None:
@@ -613,9 +614,13 @@ def _run(model_fn, clients, test, algorithm, config, progress, num_classes) -> H
         data.append((x.to(device), y.to(device, dtype=torch.long)))
     if all(x.shape[0] == 0 for x, _ in data):
         raise ValueError("every client is empty")
-    x_test, y_test = test[0].to(device), test[1].to(device, dtype=torch.long)
+    if test is None:
+        x_test = y_test = None
+    else:
+        x_test, y_test = test[0].to(device), test[1].to(device, dtype=torch.long)
     if num_classes is None:
-        num_classes = 1 + max([int(y.max()) for _, y in data if y.numel()] + [int(y_test.max())])
+        test_max = [] if y_test is None else [int(y_test.max())]
+        num_classes = 1 + max([int(y.max()) for _, y in data if y.numel()] + test_max)
 
     seed_everything(config.seed)
     global_model = model_fn().to(device)
@@ -648,7 +653,7 @@ def _run(model_fn, clients, test, algorithm, config, progress, num_classes) -> H
         if r % config.eval_every == 0 or r == config.rounds:
             _sync(device)
             t_eval = time.perf_counter()
-            acc = accuracy(global_model, x_test, y_test)
+            acc = float("nan") if x_test is None else accuracy(global_model, x_test, y_test)
             hist.round.append(r)
             hist.test_acc.append(acc)
             hist.wall_s.append(t_eval - t0 - eval_s)

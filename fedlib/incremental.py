@@ -1,0 +1,261 @@
+"""The federated class-incremental (FCIL) protocol: tasks, per-task client partitions, metrics.
+
+A :class:`ClassIncrementalStream` cuts a labelled dataset into T tasks of *disjoint* classes
+(class order drawn from a seed, as in the STSA code: ``np.random.seed(seed); permutation``).
+Labels are re-indexed by their position in the class order, so the classes of task t are the
+contiguous block ``[offset_t, offset_t + c_t)`` and a model's first ``num_seen(t)`` outputs are
+exactly the classes seen after stage t. At every stage the task's training data is split over K
+clients by a Dirichlet(beta) label-skew partition *redrawn for every task* (beta = None: IID).
+
+A learner implements :class:`IncrementalLearner`; :func:`run_class_incremental` feeds it the
+stages one by one and fills the accuracy matrix ``A[t, tau]`` (accuracy on the test classes of
+task tau after stage t, predictions by argmax over all classes seen so far), from which come
+
+    A_T   = (1/T) sum_tau A[T, tau]                                   (STSA eq. 61)
+    A_avg = (1/T) sum_t (1/t) sum_{tau<=t} A[t, tau]                  (STSA eq. 60 with its 1/T)
+    F_T   = 1/(T-1) sum_{tau<T} max_{tau<=t'<T} A[t', tau] - A[T, tau]  (STSA eq. 62)
+
+and the sample-weighted accuracy on all seen test samples (what the STSA code reports).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from .partition import make_partition
+
+__all__ = ["Task", "ClassIncrementalStream", "make_stream", "IncrementalLearner", "IncrementalResult",
+           "run_class_incremental", "accuracy_matrix_metrics", "task_offset"]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One stage: its classes (original label ids, in class order), their position block
+    ``[offset, offset + len(classes))``, and indices into the train / test arrays."""
+
+    index: int
+    classes: np.ndarray
+    offset: int
+    train_idx: np.ndarray
+    test_idx: np.ndarray
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+
+@dataclass(frozen=True)
+class ClassIncrementalStream:
+    """T tasks of disjoint classes over one dataset's labels.
+
+    ``class_order``: (C,) original labels in the order they arrive; ``position[label]`` is the
+    re-indexed label (0..C-1) used by every learner.
+    """
+
+    class_order: np.ndarray
+    tasks: tuple[Task, ...]
+
+    @property
+    def num_tasks(self) -> int:
+        return len(self.tasks)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_order)
+
+    @property
+    def position(self) -> np.ndarray:
+        pos = np.full(int(self.class_order.max()) + 1, -1, dtype=np.int64)
+        pos[self.class_order] = np.arange(len(self.class_order))
+        return pos
+
+    def relabel(self, labels) -> np.ndarray:
+        """Original labels (N,) -> positions in the class order (N,)."""
+        return self.position[np.asarray(labels, dtype=np.int64)]
+
+    def num_seen(self, t: int) -> int:
+        """Number of classes seen after stage t (0-based)."""
+        task = self.tasks[t]
+        return task.offset + task.num_classes
+
+    def client_partitions(self, t: int, y_train, num_clients: int, beta: float | None,
+                          seed: int = 0, min_size: int = 1) -> list[np.ndarray]:
+        """Split task t's training indices over K clients (indices into the full train arrays).
+
+        Dirichlet(beta) label skew (NIID-Bench recipe, every client >= ``min_size`` samples as in
+        the STSA code) with a seed that differs per task, so the partition is redrawn each task;
+        ``beta=None`` gives an IID split.
+        """
+        idx = self.tasks[t].train_idx
+        labels = np.asarray(y_train)[idx]
+        if num_clients > len(idx):
+            raise ValueError(f"num_clients={num_clients} exceeds the {len(idx)} training samples of task {t}")
+        task_seed = seed * 1000 + t
+        if beta is None:
+            parts = make_partition(labels, num_clients, "iid", seed=task_seed)
+        else:
+            parts = make_partition(labels, num_clients, "dirichlet", alpha=beta, seed=task_seed, min_size=min_size)
+        return [idx[p] for p in parts]
+
+
+def make_stream(y_train, y_test, num_tasks: int, seed: int = 0, first_task_classes: int | None = None,
+                shuffle: bool = True) -> ClassIncrementalStream:
+    """Cut the classes of ``y_train`` into ``num_tasks`` disjoint tasks.
+
+    Class order: ``np.random.RandomState(seed).permutation(C)`` (``shuffle=False``: 0..C-1).
+    Equal tasks need ``num_tasks`` to divide C. ``first_task_classes`` = b gives the large-first-task
+    variant (STSA Table 4): a base task of b classes, then ``num_tasks - 1`` equal tasks over the
+    remaining C - b classes (which ``num_tasks - 1`` must divide).
+    """
+    y_train = np.asarray(y_train, dtype=np.int64)
+    y_test = np.asarray(y_test, dtype=np.int64)
+    labels = np.unique(y_train)
+    if not np.array_equal(labels, np.arange(len(labels))):
+        raise ValueError(f"y_train must use the labels 0..C-1, got {labels.tolist()[:20]}")
+    missing = np.setdiff1d(np.unique(y_test), labels)
+    if missing.size:
+        raise ValueError(f"y_test has labels absent from y_train: {missing.tolist()[:20]}")
+    c = len(labels)
+    if isinstance(num_tasks, bool) or not isinstance(num_tasks, (int, np.integer)) or not 1 <= num_tasks <= c:
+        raise ValueError(f"num_tasks must be an integer in [1, {c}] (the number of classes), got {num_tasks!r}")
+    if first_task_classes is None:
+        if c % num_tasks:
+            raise ValueError(f"num_tasks={num_tasks} must divide the {c} classes for equal tasks; use a "
+                             f"divisor of {c} or set first_task_classes")
+        sizes = [c // num_tasks] * num_tasks
+    else:
+        b, rest = int(first_task_classes), num_tasks - 1
+        if not 1 <= b < c or rest < 1 or (c - b) % rest:
+            raise ValueError(f"first_task_classes={first_task_classes} with num_tasks={num_tasks}: need "
+                             f"1 <= first_task_classes < {c} and num_tasks-1 dividing the remaining classes")
+        sizes = [b] + [(c - b) // rest] * rest
+    order = np.random.RandomState(seed).permutation(c) if shuffle else np.arange(c)
+    tasks, offset = [], 0
+    for t, size in enumerate(sizes):
+        cls = order[offset:offset + size]
+        tasks.append(Task(t, cls, offset, np.flatnonzero(np.isin(y_train, cls)), np.flatnonzero(np.isin(y_test, cls))))
+        offset += size
+    return ClassIncrementalStream(order, tuple(tasks))
+
+
+class IncrementalLearner(Protocol):
+    """What :func:`run_class_incremental` drives.
+
+    ``learn_task(t, clients, num_seen)``: one stage; ``clients`` is a list of K (x_k, y_k) with y_k
+    re-indexed labels in the task's block ``[task_offset(clients), num_seen)``; returns the bytes uploaded by all clients in this stage
+    (measured from :class:`fedlib.messages.Message` objects). ``predict(x, num_seen)``: (N,)
+    labels by argmax over the first ``num_seen`` classes.
+    """
+
+    name: str
+
+    def learn_task(self, t: int, clients: list[tuple[Tensor, Tensor]], num_seen: int) -> int: ...
+
+    def predict(self, x: Tensor, num_seen: int) -> Tensor: ...
+
+
+def task_offset(clients: Sequence[tuple[Tensor, Tensor]]) -> int:
+    """First label of the stage's class block: the smallest label over all clients (every class of a
+    task occurs in its training data, so the union of the clients' labels is the whole block)."""
+    labels = [int(y.min()) for _, y in clients if len(y)]
+    if not labels:
+        raise ValueError("every client of the stage is empty")
+    return min(labels)
+
+
+def accuracy_matrix_metrics(acc: np.ndarray) -> dict[str, float]:
+    """A_T, A_avg and F_T (eqs. 60-62, with A_avg's 1/T) from the (T, T) matrix ``acc[t, tau]``
+    (NaN above the diagonal). F_T is NaN when T = 1."""
+    acc = np.asarray(acc, dtype=float)
+    t_count = acc.shape[0]
+    a_t = float(np.mean(acc[-1]))
+    a_avg = float(np.mean([np.mean(acc[t, :t + 1]) for t in range(t_count)]))
+    if t_count == 1:
+        return {"A_T": a_t, "A_avg": a_avg, "F_T": float("nan")}
+    forgetting = [np.max(acc[tau:t_count - 1, tau]) - acc[-1, tau] for tau in range(t_count - 1)]
+    return {"A_T": a_t, "A_avg": a_avg, "F_T": float(np.mean(forgetting))}
+
+
+@dataclass
+class IncrementalResult:
+    """Outcome of one FCIL run. ``acc`` (T, T): A[t, tau] in [0, 1], NaN for tau > t;
+    ``top1`` (T,): sample-weighted accuracy on all seen test samples; ``bytes_up`` / ``wall_s``
+    (T,): uploads and seconds of learning (evaluation excluded) per stage."""
+
+    method: str
+    acc: np.ndarray
+    top1: np.ndarray
+    bytes_up: np.ndarray
+    wall_s: np.ndarray
+    config: dict = field(default_factory=dict)
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        return accuracy_matrix_metrics(self.acc)
+
+    def summary(self) -> dict:
+        """One row: method, config, A_T, A_avg, F_T (in %), mean seen-sample accuracy, total MiB up, seconds."""
+        m = {k: 100 * v for k, v in self.metrics.items()}
+        return {"method": self.method, **self.config, **m, "top1_avg": 100 * float(np.mean(self.top1)),
+                "MiB_up": float(self.bytes_up.sum()) / 2**20, "wall_s": float(self.wall_s.sum())}
+
+    def curve(self) -> pd.DataFrame:
+        """Per stage: classes seen, A_t (task-averaged, %) and the sample-weighted accuracy (%)."""
+        t_count = self.acc.shape[0]
+        return pd.DataFrame({"method": self.method, **self.config, "stage": np.arange(1, t_count + 1),
+                             "A_t": [100 * np.mean(self.acc[t, :t + 1]) for t in range(t_count)],
+                             "top1": 100 * self.top1})
+
+
+def _as_tensor(x) -> Tensor:
+    return x if isinstance(x, Tensor) else torch.from_numpy(np.ascontiguousarray(x))
+
+
+def run_class_incremental(learner: IncrementalLearner, stream: ClassIncrementalStream, x_train, y_train,
+                          x_test, y_test, num_clients: int, beta: float | None, seed: int = 0,
+                          config: dict | None = None, progress: bool = True, min_size: int = 1) -> IncrementalResult:
+    """Run ``learner`` through every stage of ``stream``.
+
+    x_train (N, ...), y_train (N,) original labels; the same for test. Stage t: partition task t's
+    training data over ``num_clients`` clients (Dirichlet ``beta``, redrawn per task), call
+    ``learner.learn_task``, then evaluate on the test samples of every task seen so far.
+    Every client holds >= ``min_size`` samples of every task; a learner that needs more (STSA-E's
+    K_D dummy clients) states it as ``learner.min_client_size`` and is refused before any work.
+    """
+    from tqdm.auto import tqdm
+
+    if beta is not None and not beta > 0:
+        raise ValueError(f"beta must be > 0 (Dirichlet concentration) or None for IID, got {beta!r}")
+    if isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
+        raise ValueError(f"num_clients must be an integer >= 1, got {num_clients!r}")
+    needed = getattr(learner, "min_client_size", 1)
+    if min_size < needed:
+        raise ValueError(f"{learner.name} needs every client to hold >= {needed} samples per task "
+                         f"(K_D dummy clients); pass min_size >= {needed} (got min_size={min_size})")
+    y_train = np.asarray(y_train, dtype=np.int64)
+    y_test = np.asarray(y_test, dtype=np.int64)
+    pos_train, pos_test = stream.relabel(y_train), stream.relabel(y_test)
+    partitions = [stream.client_partitions(t, y_train, num_clients, beta, seed, min_size) for t in range(stream.num_tasks)]
+    t_count = stream.num_tasks
+    acc = np.full((t_count, t_count), np.nan)
+    top1, bytes_up, wall = np.zeros(t_count), np.zeros(t_count, dtype=np.int64), np.zeros(t_count)
+    for t in tqdm(range(t_count), desc=learner.name, disable=not progress):
+        clients = [(_as_tensor(x_train[p]), torch.from_numpy(pos_train[p])) for p in partitions[t]]
+        start = time.perf_counter()
+        bytes_up[t] = learner.learn_task(t, clients, stream.num_seen(t))
+        wall[t] = time.perf_counter() - start
+        correct, total = 0, 0
+        for tau in range(t + 1):
+            idx = stream.tasks[tau].test_idx
+            pred = learner.predict(_as_tensor(x_test[idx]), stream.num_seen(t)).cpu().numpy()
+            hits = int((pred == pos_test[idx]).sum())
+            acc[t, tau] = hits / len(idx)
+            correct, total = correct + hits, total + len(idx)
+        top1[t] = correct / total
+    return IncrementalResult(learner.name, acc, top1, bytes_up, wall, dict(config or {}))

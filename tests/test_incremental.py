@@ -1,0 +1,95 @@
+"""The class-incremental protocol: tasks, per-task partitions, metrics (STSA eqs. 60-62)."""
+import numpy as np
+import pytest
+import torch
+
+from fedlib.incremental import accuracy_matrix_metrics, make_stream, run_class_incremental, task_offset
+
+Y_TRAIN = np.repeat(np.arange(10), 30)
+Y_TEST = np.repeat(np.arange(10), 5)
+
+
+def test_tasks_are_disjoint_cover_all_classes_and_follow_the_seeded_order():
+    s = make_stream(Y_TRAIN, Y_TEST, 5, seed=0)
+    assert np.array_equal(s.class_order, np.random.RandomState(0).permutation(10))
+    seen = np.concatenate([t.classes for t in s.tasks])
+    assert sorted(seen.tolist()) == list(range(10))
+    for t in s.tasks:
+        assert set(Y_TRAIN[t.train_idx]) == set(t.classes.tolist()) and set(Y_TEST[t.test_idx]) == set(t.classes.tolist())
+        assert np.array_equal(np.unique(s.relabel(Y_TRAIN[t.train_idx])), np.arange(t.offset, t.offset + 2))
+    assert [s.num_seen(t) for t in range(5)] == [2, 4, 6, 8, 10]
+    assert not np.array_equal(make_stream(Y_TRAIN, Y_TEST, 5, seed=1).class_order, s.class_order)
+
+
+def test_large_first_task_variant():
+    s = make_stream(Y_TRAIN, Y_TEST, 4, first_task_classes=4)
+    assert [t.num_classes for t in s.tasks] == [4, 2, 2, 2]
+
+
+def test_partitions_are_redrawn_per_task_and_stay_inside_the_task():
+    s = make_stream(Y_TRAIN, Y_TEST, 2, seed=0)
+    p0 = s.client_partitions(0, Y_TRAIN, 3, beta=0.5, seed=0)
+    p1 = s.client_partitions(1, Y_TRAIN, 3, beta=0.5, seed=0)
+    for t, parts in enumerate([p0, p1]):
+        allidx = np.concatenate(parts)
+        assert sorted(allidx.tolist()) == sorted(s.tasks[t].train_idx.tolist())
+        assert min(len(p) for p in parts) >= 1
+    counts = lambda parts, t: [np.bincount(s.relabel(Y_TRAIN[p]) - s.tasks[t].offset, minlength=5).tolist() for p in parts]
+    assert counts(p0, 0) != counts(p1, 1)  # a fresh Dirichlet draw, not the same proportions
+
+
+def test_metrics_on_a_hand_computed_matrix():
+    acc = np.array([[0.9, np.nan, np.nan], [0.6, 0.8, np.nan], [0.5, 0.7, 0.9]])
+    m = accuracy_matrix_metrics(acc)
+    assert m["A_T"] == pytest.approx((0.5 + 0.7 + 0.9) / 3)
+    assert m["A_avg"] == pytest.approx((0.9 + 0.7 + 0.7) / 3)
+    assert m["F_T"] == pytest.approx(((0.9 - 0.5) + (0.8 - 0.7)) / 2)
+    assert np.isnan(accuracy_matrix_metrics(np.array([[0.5]]))["F_T"])
+
+
+class _Oracle:
+    """Predicts the true label when it is seen, else class 0: checks the runner's bookkeeping."""
+
+    name = "oracle"
+
+    def __init__(self, truth):
+        self.truth, self.calls = truth, []
+
+    def learn_task(self, t, clients, num_seen):
+        self.calls.append((t, task_offset(clients), num_seen, sum(len(y) for _, y in clients)))
+        return 7
+
+    def predict(self, x, num_seen):
+        y = torch.from_numpy(self.truth[x[:, 0].long().numpy()])
+        return torch.where(y < num_seen, y, torch.zeros_like(y))
+
+
+def test_runner_feeds_stages_in_order_and_scores_only_seen_classes():
+    s = make_stream(Y_TRAIN, Y_TEST, 5, seed=3)
+    x_tr = np.arange(len(Y_TRAIN))[:, None].astype(np.float32)
+    x_te = np.arange(len(Y_TEST))[:, None].astype(np.float32)
+    learner = _Oracle(s.relabel(Y_TEST))
+    res = run_class_incremental(learner, s, x_tr, Y_TRAIN, x_te, Y_TEST, num_clients=4, beta=1.0, progress=False)
+    assert [c[:3] for c in learner.calls] == [(t, 2 * t, 2 * t + 2) for t in range(5)]
+    assert [c[3] for c in learner.calls] == [60] * 5
+    assert np.allclose(np.tril(res.acc), np.tril(np.ones((5, 5)))) and np.isnan(res.acc[0, 1])
+    assert res.metrics == {"A_T": 1.0, "A_avg": 1.0, "F_T": 0.0}
+    assert res.bytes_up.tolist() == [7] * 5 and (res.top1 == 1).all()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(num_tasks=3), "divide"), (dict(num_tasks=0), "num_tasks"), (dict(num_tasks=11), "num_tasks"),
+    (dict(num_tasks=4, first_task_classes=5), "first_task_classes"),
+])
+def test_bad_stream_input(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        make_stream(Y_TRAIN, Y_TEST, **kwargs)
+
+
+@pytest.mark.parametrize("beta, clients, match", [(0.0, 3, "beta"), (-1.0, 3, "beta"), (0.5, 0, "num_clients"),
+                                                    (0.5, 61, "num_clients")])
+def test_bad_run_input(beta, clients, match):
+    s = make_stream(Y_TRAIN, Y_TEST, 5)
+    x = np.zeros((len(Y_TRAIN), 1), np.float32)
+    with pytest.raises(ValueError, match=match):
+        run_class_incremental(_Oracle(Y_TEST), s, x, Y_TRAIN, x[:50], Y_TEST, clients, beta, progress=False)

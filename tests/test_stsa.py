@@ -1,0 +1,224 @@
+"""STSA / STSA-E: exactness (eqs. 2-8), the Gram estimate (eq. 9, Prop. 3.1), learners, costs."""
+import numpy as np
+import pytest
+import torch
+
+from fedlib import stsa
+from fedlib.analytic import SufficientStats, ridge_fit
+from fedlib.incremental import make_stream, run_class_incremental
+from fedlib.messages import Message
+
+
+def _toy(n=600, d=5, classes=6, seed=0):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, classes, n)
+    x = rng.standard_normal((n, d)) + y[:, None] * 0.3
+    return x, y
+
+
+@pytest.mark.parametrize("clients, beta", [(1, None), (3, 0.1), (7, 1.0), (20, 100.0)])
+def test_stsa_equals_joint_ridge_on_all_data_seen_for_any_partition(clients, beta):
+    x, y = _toy()
+    xt, yt = _toy(60, seed=1)
+    stream = make_stream(y, yt, 3, seed=0)
+    learner = stsa.STSALearner(5, 6, M=40, gamma=0.5, rf_seed=3)
+    res = run_class_incremental(learner, stream, x, y, xt, yt, clients, beta, progress=False)
+    # after the last stage: joint ridge on the random features of all training data
+    ref = ridge_fit(learner.features(x), stream.relabel(y), 6, lam=0.5)
+    assert float((learner.weights - ref).abs().max() / ref.abs().max()) < 1e-10
+    # and after stage 1 it was joint ridge on task 1 only: recompute with a fresh learner
+    first = stsa.STSALearner(5, 6, M=40, gamma=0.5, rf_seed=3)
+    idx = stream.tasks[0].train_idx
+    parts = stream.client_partitions(0, y, clients, beta)
+    first.learn_task(0, [(torch.from_numpy(x[p]), torch.from_numpy(stream.relabel(y[p]))) for p in parts], 2)
+    ref1 = ridge_fit(first.features(x[idx]), stream.relabel(y[idx]), 2, lam=0.5)
+    assert torch.allclose(first.weights, ref1, rtol=0, atol=1e-10 * float(ref1.abs().max()))
+    assert res.acc.shape == (3, 3)
+
+
+def test_temporal_aggregation_is_order_free():
+    x, y = _toy()
+    phi = stsa.RandomFeatures(5, 30, seed=1)(x)
+    stages = [np.flatnonzero(y // 2 == t) for t in range(3)]
+    grams = []
+    for order in ([0, 1, 2], [2, 0, 1]):
+        server = stsa.STSAServer(30, 6, gamma=1.0)
+        for t in order:
+            msg = Message("c", {"G": phi[stages[t]].T @ phi[stages[t]],
+                                "C": SufficientStats.from_data(phi[stages[t]], y[stages[t]] - 2 * t, 2).xty})
+            server.receive_stage([msg], 2 * t)
+        grams.append(server.solve(6))
+    assert torch.allclose(grams[0], grams[1], atol=1e-12)
+
+
+def _scattered(rng, j=12, m=7, c=4, high=5):
+    counts = torch.from_numpy(rng.integers(0, high, (j, c))).double()
+    sums = torch.from_numpy(rng.standard_normal((j, m, c))).double() * counts[:, None, :] + counts[:, None, :]
+    return sums, counts
+
+
+@pytest.mark.parametrize("k_mode", stsa.K_MODES)
+def test_vectorized_gram_estimate_equals_printed_eq9(k_mode):
+    sums, counts = _scattered(np.random.default_rng(0))
+    fast, slow = stsa.gram_estimate(sums, counts, k_mode), stsa.gram_estimate_eq9(sums, counts, k_mode)
+    assert float((fast - slow).abs().max() / slow.abs().max()) < 1e-12
+    assert float(torch.linalg.eigvalsh(fast)[0]) > -1e-9 * float(fast.abs().max())  # PSD
+
+
+def test_gram_estimate_is_exact_with_one_sample_per_client():
+    rng = np.random.default_rng(1)
+    x = torch.from_numpy(rng.random((9, 6)))
+    sums, counts = x[:, :, None], torch.ones(9, 1, dtype=torch.float64)
+    assert torch.allclose(stsa.gram_estimate(sums, counts), x.T @ x, atol=1e-12)
+
+
+def _design_mc(x, counts, k_mode, reps, seed=0):
+    """Mean of G_hat over random assignments of the class's samples to clients of fixed sizes."""
+    rng = np.random.default_rng(seed)
+    cuts = np.cumsum(counts)[:-1]
+    acc = torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64)
+    sq = torch.zeros_like(acc)
+    for _ in range(reps):
+        groups = np.split(rng.permutation(len(x)), cuts)
+        sums = torch.stack([x[g].sum(0) for g in groups])[:, :, None]
+        g = stsa.gram_estimate(sums, torch.tensor(counts, dtype=torch.float64)[:, None], k_mode)
+        acc += g
+        sq += g * g
+    mean = acc / reps
+    se = torch.sqrt((sq / reps - mean * mean).clamp_min(0) / reps)
+    return mean, se
+
+
+def test_prop_3_1_unbiased_by_monte_carlo_when_every_client_holds_the_class():
+    rng = np.random.default_rng(0)
+    x = torch.from_numpy(rng.random((40, 4)) ** 2)
+    mean, se = _design_mc(x, [1, 3, 6, 10, 20], "global", reps=3000)
+    z = ((mean - x.T @ x) / se).abs()
+    assert float(z.max()) < 5.0  # within 5 standard errors in every entry
+
+
+def test_printed_eq9_is_biased_with_empty_clients_and_per_class_k_is_not():
+    rng = np.random.default_rng(0)
+    x = torch.from_numpy(rng.random((40, 4)) ** 2)
+    g = x.T @ x
+    m = x.mean(0)
+    scatter = g - 40 * torch.outer(m, m)
+    counts = [0, 0, 5, 15, 20]  # two of K = 5 clients lack the class (label skew)
+    mean_g, se_g = _design_mc(x, counts, "global", reps=2000)
+    mean_c, se_c = _design_mc(x, counts, "per_class", reps=2000)
+    assert float(((mean_c - g) / se_c).abs().max()) < 5.0
+    assert float(((mean_g - g) / se_g).abs().max()) > 20.0
+    # E[B] = (K_i - 1) S / (n - 1), so the covariance part shrinks by (K_i - 1)/(K - 1) = 2/4
+    ratio = torch.trace(mean_g - 40 * torch.outer(m, m)) / torch.trace(scatter)
+    assert float(ratio) == pytest.approx(0.5, rel=0.05)
+
+
+def test_random_features_are_seeded_and_raw_at_m_equal_d():
+    a, b = stsa.RandomFeatures(8, 50, seed=4), stsa.RandomFeatures(8, 50, seed=4)
+    assert torch.equal(a.weight, b.weight) and not torch.equal(a.weight, stsa.RandomFeatures(8, 50, seed=5).weight)
+    x = np.random.default_rng(0).standard_normal((3, 8))
+    assert (a(x) >= 0).all() and a(x).shape == (3, 50)
+    assert torch.equal(stsa.RandomFeatures(8, 8)(x), torch.from_numpy(x))
+
+
+def test_dummy_splits_partition_the_client():
+    labels = np.repeat([0, 1, 2], [7, 5, 1])
+    for split in stsa.SPLITS:
+        parts = stsa.dummy_split(labels, 4, split, seed=0)
+        assert sorted(np.concatenate(parts).tolist()) == list(range(13)) and len(parts) == 4
+    strat = stsa.dummy_split(labels, 4, "stratified")
+    assert all(np.isin([0, 1], labels[p]).all() for p in strat)  # classes with >= 4 samples reach every dummy
+
+
+def test_stsae_message_holds_sums_and_counts_of_each_dummy_client():
+    x, y = _toy(50, classes=3)
+    rf = stsa.RandomFeatures(5, 11)
+    msg = stsa.stsae_client(x, y, 3, rf, num_dummy=4, seed=1)
+    assert msg["C"].shape == (4, 11, 3) and msg["n"].shape == (4, 3)
+    assert torch.allclose(msg["C"].sum(0), SufficientStats.from_data(rf(x), y, 3).xty)
+    assert msg["n"].sum(0).tolist() == np.bincount(y, minlength=3).tolist()
+    assert msg.nbytes == (4 * 11 * 3 + 4 * 3) * 8
+    full = stsa.stsa_client(x, y, 3, rf)
+    assert full.nbytes == (11 * 11 + 11 * 3) * 8
+
+
+def test_stsae_approaches_stsa_as_dummy_clients_grow():
+    x, y = _toy(3000, d=6, classes=4, seed=2)
+    xt, yt = _toy(400, d=6, classes=4, seed=3)
+    stream = make_stream(y, yt, 2)
+    errs = []
+    exact = stsa.STSALearner(6, 4, M=60, gamma=1.0)
+    run_class_incremental(exact, stream, x, y, xt, yt, 3, 0.5, progress=False, min_size=64)
+    for kd in (1, 4, 64):
+        est = stsa.STSALearner(6, 4, M=60, gamma=1.0, variant="stsa_e", num_dummy=kd, k_mode="per_class")
+        run_class_incremental(est, stream, x, y, xt, yt, 3, 0.5, progress=False, min_size=64)
+        errs.append(float((est.server.gram - exact.server.gram).norm() / exact.server.gram.norm()))
+    assert errs[0] > errs[1] > errs[2]
+
+
+def test_upload_noise_keeps_g_symmetric_and_counts_non_negative():
+    gen = torch.Generator().manual_seed(0)
+    msg = Message("c", {"G": torch.eye(4, dtype=torch.float64), "C": torch.zeros(4, 2, dtype=torch.float64),
+                        "n": torch.zeros(3, 2, dtype=torch.float64)})
+    noisy = stsa.add_upload_noise(msg, q=1.0, s=2.0, generator=gen)
+    assert torch.allclose(noisy["G"], noisy["G"].T) and (noisy["n"] >= 0).all()
+    assert 1.0 < float((noisy["C"]).std()) < 3.5
+    assert torch.equal(stsa.add_upload_noise(msg, 0.0, 1.0, gen)["G"], msg["G"])
+
+
+def test_cosine_head_normalizes_class_columns():
+    w = torch.tensor([[1.0, 10.0], [0.0, 0.0]], dtype=torch.float64)
+    phi = torch.tensor([[1.0, 1.0]], dtype=torch.float64)
+    w2 = torch.tensor([[1.0, 0.5], [0.0, 10.0]], dtype=torch.float64)
+    assert stsa.predict(w2, phi).item() == 1 and stsa.predict(w2, torch.tensor([[1.0, 0.0]]), "cosine").item() == 0
+    assert stsa.predict(w, phi, "cosine").item() in (0, 1)
+
+
+def test_afl_stagewise_learner_fits_each_task_alone():
+    x, y = _toy()
+    xt, yt = _toy(60, seed=1)
+    stream = make_stream(y, yt, 3)
+    learner = stsa.AFLStagewiseLearner(5, 6, M=30, gamma=0.5)
+    res = run_class_incremental(learner, stream, x, y, xt, yt, 4, 0.5, progress=False)
+    idx = stream.tasks[2].train_idx
+    ref = ridge_fit(learner.features(x[idx]), stream.relabel(y[idx]) - 4, 2, lam=4 * 0.5)
+    assert torch.allclose(learner.weights[:, 4:6], ref, atol=1e-9 * float(ref.abs().max()))
+    assert res.bytes_up.min() > 0
+
+
+def test_communication_formulas_reproduce_table5():
+    assert round(stsa.communication_mib("stsa", 5000, 10), 2) == 955.58
+    assert round(stsa.communication_mib("stsa_e", 5000, 10, num_dummy=50), 2) == 95.39
+    assert round(stsa.communication_mib("stsa", 1250, 10), 2) == 60.08
+    assert round(stsa.communication_mib("stsa_e", 1250, 10, num_dummy=10), 2) == 4.77
+
+
+def test_measured_message_bytes_match_the_formula():
+    x, y = _toy(80, classes=3)
+    rf = stsa.RandomFeatures(5, 20)
+    full = stsa.stsa_client(x, y, 3, rf, upload_dtype=torch.float32)
+    est = stsa.stsae_client(x, y, 3, rf, num_dummy=5, upload_dtype=torch.float32)
+    assert full.nbytes == stsa.upload_floats("stsa", 20, 3) * 4
+    assert est.nbytes == stsa.upload_floats("stsa_e", 20, 3, 5) * 4
+
+
+def test_stsae_refuses_a_partition_with_clients_smaller_than_k_d_before_any_work():
+    x, y = _toy()
+    stream = make_stream(y, y[:60], 3)
+    learner = stsa.STSALearner(5, 6, 10, 1.0, variant="stsa_e", num_dummy=8)
+    with pytest.raises(ValueError, match="min_size >= 8"):
+        run_class_incremental(learner, stream, x, y, x[:60], y[:60], 3, 0.5, progress=False)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: stsa.RandomFeatures(5, 0), "M"),
+    (lambda: stsa.dummy_split(np.zeros(3, int), 4), "K_D"),
+    (lambda: stsa.gram_estimate(torch.ones(1, 3, 1), torch.ones(1, 1)), "K_D"),
+    (lambda: stsa.STSAServer(3, 2, gamma=-1.0), "gamma"),
+    (lambda: stsa.STSALearner(5, 2, 10, 1.0, variant="stsa_x"), "variant"),
+    (lambda: stsa.STSALearner(5, 2, 10, 1.0, head="softmax"), "head"),
+    (lambda: stsa.STSALearner(5, 2, 10, 1.0, num_dummy=0), "K_D"),
+])
+def test_bad_input(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
