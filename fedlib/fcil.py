@@ -21,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import math
+import numbers
 from typing import Any, Callable, Sequence
 
 import torch
@@ -108,13 +110,13 @@ def empirical_fisher(model: nn.Module, x: Tensor, y: Tensor, num_seen: int,
 
     x (n, ...), y (n,) labels < num_seen. Per-sample gradients via ``torch.func`` (vmap of grad),
     model in eval mode (BN running statistics, no dropout). ``names``: the parameters to cover
-    (default: those with ``requires_grad``). Returns {name: tensor shaped like the parameter}.
+    (default: all). Returns {name: tensor shaped like the parameter}.
     """
     from torch.func import functional_call, grad, vmap
 
     named = dict(model.named_parameters())
     if names is None:
-        names = [n for n, p in named.items() if p.requires_grad]
+        names = list(named)
     params = {n: named[n].detach() for n in names}
     frozen = {n: p.detach() for n, p in named.items() if n not in params}
     buffers = dict(model.named_buffers())
@@ -149,7 +151,8 @@ class FedEWC(IncrementalAlgorithm):
     true labels, logits of the seen classes) of the final global model on its stage data and
     uploads it (one Message, bytes counted); the server averages them with weights n_k / sum n and
     **sums** the stage Fishers over stages, F = sum_t F^(t) (online EWC with gamma = 1, Schwarz et
-    al. 2018: one anchor, the latest theta*). lam = 100 is our choice (STSA gives none).
+    al. 2018: one anchor, the latest theta*). lam = 100 is our choice (STSA gives none). Plain
+    SGD becomes unstable once lr * lam * max F_i exceeds ~2; lower lam (or lr) if the loss explodes.
     """
 
     name = "fedewc"
@@ -235,7 +238,7 @@ class FedLwF(IncrementalAlgorithm):
 
 
 def _check_finite(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or abs(value) == float("inf"):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
 
 

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from .afl import aggregate as afl_aggregate
 from .afl import client_update as afl_client_update
-from .analytic import SufficientStats, as_tensor, ridge_solve
+from .analytic import SufficientStats, as_tensor, one_hot, ridge_solve
 from .incremental import task_offset
 from .messages import Message
 from .utils import check_choice, check_positive
@@ -132,10 +132,11 @@ def stsae_client(x, labels, num_classes: int, features: RandomFeatures, num_dumm
     """STSA-E upload {C (K_D, M, c_t), n (K_D, c_t)}: class sums and counts of K_D dummy clients."""
     labels = np.asarray(labels)
     chunks = dummy_split(labels, num_dummy, split, seed)
-    stats = [_local_stats(x[ch], labels[ch], num_classes, features) for ch in chunks]
+    phi = features(x)
+    sums = torch.stack([phi[torch.from_numpy(ch).to(phi.device)].T
+                        @ one_hot(labels[ch], num_classes, device=phi.device) for ch in chunks])
     counts = np.stack([np.bincount(labels[ch], minlength=num_classes) for ch in chunks])
-    return Message(sender, {"C": torch.stack([s.xty for s in stats]).to(upload_dtype),
-                            "n": torch.from_numpy(counts).to(upload_dtype)})
+    return Message(sender, {"C": sums.to(upload_dtype), "n": torch.from_numpy(counts).to(upload_dtype)})
 
 
 def add_upload_noise(msg: Message, q: float, s: float, generator: torch.Generator,

@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     full = n_c == c
     label_c = "measured, all classes" if full else f"MEASURED ON {n_c} OF {c} CLASSES"
     def row(label: str, value: str) -> str:
-        return f"  {label:<38}{value}"
+        return f"  {label:<42}{value}"
 
     lines = [
         f"machine: {platform.machine()}, {torch.get_num_threads()} torch threads, device cpu, torch {torch.__version__}",
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         row("time ratio (c) / (a)", f"{t_c / t_a_sub:.1f}x  (estimate only, measured on {n_c} of {c} classes)"),
     ]
     if not full:
-        lines.append(row("time ratio (c) / (a), full size", f"{t_c_full / t_a:.0f}x  "
+        lines.append(row("time ratio (c) / (a), full size", f"{t_c_full / t_a:.1f}x  "
                          f"(EXTRAPOLATED (c) / measured (a))"))
     lines += [
         row("max rel. difference (b) vs (a)", f"{diff_b:.2e}  (max |G_b - G_a| / max |G_a|, all classes; "
