@@ -259,3 +259,52 @@ def run_class_incremental(learner: IncrementalLearner, stream: ClassIncrementalS
             correct, total = correct + hits, total + len(idx)
         top1[t] = correct / total
     return IncrementalResult(learner.name, acc, top1, bytes_up, wall, dict(config or {}))
+
+
+def scratch_backbone_features(dataset, stream: ClassIncrementalStream, num_clients: int, beta: float | None,
+                              seed: int, config, widths=(8, 16, 32), cache_dir=None, progress: bool = True):
+    """Stage 1 of the paper's "training from scratch" setting, on a small CIFAR-style ResNet.
+
+    A :class:`fedlib.models.SmallResNet` is trained by FedAvg (``config``: a FedConfig) on task 1's
+    clients only (the partition :func:`run_class_incremental` draws for task 1 with the same
+    ``num_clients``, ``beta``, ``seed``), then frozen; every train / test image is embedded once.
+    Returns ``(features, stage1)``: a :class:`fedlib.features.Features` (N, widths[-1]) and a dict
+    with the stage-1 upload bytes, seconds and test accuracy on task 1. Both are cached on disk
+    (same directory as the pretrained-feature cache), keyed by the data and every setting.
+    """
+    import hashlib
+    import json
+    from dataclasses import asdict
+
+    from .features import Features, _fingerprint, _load_cached, _save_cached, default_cache_dir
+    from .models import SmallResNet, embed, images_to_tensor, train_fedavg_backbone
+
+    settings = json.dumps({"K": num_clients, "beta": beta, "seed": seed, "widths": list(widths),
+                           "order": stream.class_order.tolist(), "config": asdict(config) | {"device": None}},
+                          sort_keys=True)
+    key = hashlib.sha1((settings + _fingerprint(dataset, "scratch", 0)).encode()).hexdigest()[:12]
+    directory = default_cache_dir() if cache_dir is None else cache_dir
+    path = directory / f"scratch_resnet__{dataset.name.replace('/', '_')}__{key}.npz"
+    name = f"{dataset.name}/scratch-resnet(beta={beta}, seed={seed})"
+    meta_path = path.with_suffix(".json")
+    if path.is_file() and meta_path.is_file():
+        cached = _load_cached(path, dataset, name)
+        if cached is not None:
+            return cached, json.loads(meta_path.read_text())
+
+    x_train, x_test = images_to_tensor(dataset.x_train), images_to_tensor(dataset.x_test)
+    pos_train, pos_test = stream.relabel(dataset.y_train), stream.relabel(dataset.y_test)
+    task = stream.tasks[0]
+    parts = stream.client_partitions(0, dataset.y_train, num_clients, beta, seed)
+    clients = [(x_train[p], torch.from_numpy(pos_train[p])) for p in parts]
+    test = (x_test[task.test_idx], torch.from_numpy(pos_test[task.test_idx]))
+    channels = int(x_train.shape[1])
+    model, history = train_fedavg_backbone(
+        lambda: SmallResNet(channels, task.num_classes, widths=widths), clients, test, config, progress)
+    feats = Features(name, embed(model, x_train), np.asarray(dataset.y_train), embed(model, x_test),
+                     np.asarray(dataset.y_test), tuple(dataset.classes))
+    stage1 = {"bytes_up": int(history.bytes_up[-1]), "wall_s": float(history.wall_s[-1]),
+              "task1_test_acc": float(history.final_acc), "rounds": config.rounds}
+    _save_cached(path, feats)
+    meta_path.write_text(json.dumps(stage1))
+    return feats, stage1

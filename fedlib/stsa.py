@@ -182,8 +182,8 @@ def _class_coefficients(counts: Tensor, k_mode: str, clip: bool):
 def gram_estimate(class_sums: Tensor, counts: Tensor, k_mode: str = "global", clip: bool = False) -> Tensor:
     """STSA-E's Gram estimate (eq. 9), vectorized: sum_i [e_i m_i m_i^T + a_i B_i] as ONE product.
 
-    class_sums (J, M, c): the C of all J (dummy) clients; counts (J, c): their n. With D the (M, J c)
-    matrix of columns sqrt(a_i n_ki) (m_ki - m_i) over non-empty (k, i) and E the (M, c) matrix of
+    class_sums (J, M, c): the C of all J (dummy) clients; counts (J, c): their n. With D the (M, P)
+    matrix of columns sqrt(a_i n_ki) (m_ki - m_i) over the P non-empty (k, i) and E the (M, c) matrix of
     columns sqrt(e_i) m_i, G_hat = D D^T + E E^T: positive semidefinite, and equal to the printed
     eq. 9 with empty terms skipped (see :func:`gram_estimate_eq9`). Returns (M, M) float64.
     """
@@ -191,15 +191,14 @@ def gram_estimate(class_sums: Tensor, counts: Tensor, k_mode: str = "global", cl
     counts = counts.to(class_sums)
     n, a, e = _class_coefficients(counts, k_mode, clip)
     present = n > 0
-    means = class_sums[:, :, present].sum(0) / n[present]                        # (M, c')
-    cnt = counts[:, present]                                                       # (J, c')
-    nonempty = cnt > 0
-    client_means = class_sums[:, :, present] / cnt.clamp_min(1e-300)[:, None, :]   # (J, M, c')
-    scale = torch.sqrt(a[present] * cnt) * nonempty                               # (J, c')
-    dev = (client_means - means) * scale[:, None, :]                               # (J, M, c')
-    d = dev.permute(1, 0, 2)[:, nonempty]                                          # (M, #non-empty)
+    means = class_sums[:, :, present].sum(0) / n[present]                     # (M, c')
+    j, i = torch.nonzero(counts > 0, as_tuple=True)                             # non-empty (client, class)
+    cnt = counts[j, i]                                                          # (P,)
+    rows = class_sums[j, :, i] / cnt[:, None]                                   # client class means (P, M)
+    rows -= (class_sums.sum(0) / n.clamp_min(1e-300)).T[i]                      # minus the class means
+    rows *= torch.sqrt(a[i] * cnt)[:, None]
     mean_part = means * torch.sqrt(e[present])
-    return d @ d.T + mean_part @ mean_part.T
+    return rows.T @ rows + mean_part @ mean_part.T
 
 
 def gram_estimate_eq9(class_sums: Tensor, counts: Tensor, k_mode: str = "global") -> Tensor:
