@@ -35,6 +35,7 @@ run: data
 
 bench: setup
 	$(PY) -m fedlib.bench.afl_aggregation --out book/benchmarks/afl_aggregation.txt
+	$(PY) -m fedlib.bench.stsa_gram --out book/benchmarks/stsa_gram.txt
 
 test: data
 	$(PY) -m pytest -n 2 --dist loadfile tests

@@ -12,6 +12,9 @@ federated   one federated training loop for every gradient-based method (FedAvg,
 models      from-scratch image networks (SmallResNet, CIFAR ResNet-18, SmallCNN), embed, FedAvg backbone
 analytic    sufficient statistics (X^T X, X^T Y) in float64 and ridge solves, shared by analytic methods
 afl         Analytic Federated Learning (Zhuang et al., 2024): AA law, RI process
+incremental the federated class-incremental protocol (tasks, per-task partitions, A_t / A_T / F_T)
+stsa        STSA / STSA-E (Guan et al.): random features, statistics aggregation, Gram estimate
+fcil        gradient baselines for class-incremental learning (Finetune, FedEWC, FedLwF)
 paper_results  the papers' own tables, transcribed, to show beside ours
 profiles    smoke / quick / paper parameter profiles and the notebook runner
 bench       benchmark scripts (speed ratios measured in one process)

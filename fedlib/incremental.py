@@ -20,6 +20,7 @@ and the sample-weighted accuracy on all seen test samples (what the STSA code re
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
@@ -283,7 +284,7 @@ def scratch_backbone_features(dataset, stream: ClassIncrementalStream, num_clien
                            "order": stream.class_order.tolist(), "config": asdict(config) | {"device": None}},
                           sort_keys=True)
     key = hashlib.sha1((settings + _fingerprint(dataset, "scratch", 0)).encode()).hexdigest()[:12]
-    directory = default_cache_dir() if cache_dir is None else cache_dir
+    directory = default_cache_dir() if cache_dir is None else Path(cache_dir)
     path = directory / f"scratch_resnet__{dataset.name.replace('/', '_')}__{key}.npz"
     name = f"{dataset.name}/scratch-resnet(beta={beta}, seed={seed})"
     meta_path = path.with_suffix(".json")
@@ -300,7 +301,7 @@ def scratch_backbone_features(dataset, stream: ClassIncrementalStream, num_clien
     test = (x_test[task.test_idx], torch.from_numpy(pos_test[task.test_idx]))
     channels = int(x_train.shape[1])
     model, history = train_fedavg_backbone(
-        lambda: SmallResNet(channels, task.num_classes, widths=widths), clients, test, config, progress)
+        lambda: SmallResNet(channels, task.num_classes, widths=tuple(widths), blocks=(1,) * len(widths)), clients, test, config, progress)
     feats = Features(name, embed(model, x_train), np.asarray(dataset.y_train), embed(model, x_test),
                      np.asarray(dataset.y_test), tuple(dataset.classes))
     stage1 = {"bytes_up": int(history.bytes_up[-1]), "wall_s": float(history.wall_s[-1]),

@@ -93,3 +93,23 @@ def test_bad_run_input(beta, clients, match):
     x = np.zeros((len(Y_TRAIN), 1), np.float32)
     with pytest.raises(ValueError, match=match):
         run_class_incremental(_Oracle(Y_TEST), s, x, Y_TRAIN, x[:50], Y_TEST, clients, beta, progress=False)
+
+
+def test_scratch_backbone_is_trained_on_task_one_frozen_and_cached(tmp_path):
+    from fedlib.data import Dataset
+    from fedlib.federated import FedConfig
+    from fedlib.incremental import scratch_backbone_features
+
+    rng = np.random.default_rng(0)
+    y_tr, y_te = np.repeat(np.arange(4), 20), np.repeat(np.arange(4), 5)
+    img = lambda y: (rng.integers(0, 40, (len(y), 8, 8)) + 50 * y[:, None, None]).astype(np.uint8)
+    ds = Dataset("toy", img(y_tr), y_tr, img(y_te), y_te, ("a", "b", "c", "d"))
+    stream = make_stream(y_tr, y_te, 2, seed=0)
+    cfg = FedConfig(rounds=2, local_epochs=1, batch_size=8, lr=0.05, device="cpu")
+    feats, cost = scratch_backbone_features(ds, stream, 2, 0.5, 0, cfg, widths=(4, 8), cache_dir=tmp_path, progress=False)
+    assert feats.x_train.shape == (80, 8) and feats.x_test.shape == (20, 8)
+    assert cost["bytes_up"] > 0 and cost["rounds"] == 2 and 0 <= cost["task1_test_acc"] <= 1
+    again, cost2 = scratch_backbone_features(ds, stream, 2, 0.5, 0, cfg, widths=(4, 8), cache_dir=tmp_path, progress=False)
+    assert np.array_equal(again.x_train, feats.x_train) and cost2 == cost
+    other, _ = scratch_backbone_features(ds, stream, 2, 1.0, 0, cfg, widths=(4, 8), cache_dir=tmp_path, progress=False)
+    assert len(list(tmp_path.glob("*.npz"))) == 2 and not np.array_equal(other.x_train, feats.x_train)
