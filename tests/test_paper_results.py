@@ -163,3 +163,84 @@ def test_stsa_claim_recipes_run():
 def test_afl_tables_still_load():
     assert pr.afl_table2().shape == (12, 8)
     assert isinstance(pr.afl_table1(), pd.DataFrame)
+
+
+# ---------------------------------------------------------------- Fed-tSNE / Fed-UMAP, Tables 1-5
+FEDTSNE_SETTINGS = [("central", "pooled"), ("Fed", "IID"), ("Fed+", "IID"), ("Fed", "non-IID"), ("Fed+", "non-IID")]
+
+
+@pytest.mark.parametrize("func", [pr.fedtsne_table1, pr.fedtsne_table2])
+def test_fedtsne_embedding_tables_layout(func):
+    t = func()
+    assert t.shape == (16, 10)
+    assert t.index.names == ["embedding", "metric"] and t.columns.names == ["variant", "split", "stat"]
+    assert list(t.index) == [(e, m) for e in ("t-SNE", "UMAP") for m in pr.FEDTSNE_METRICS]
+    assert list(t.columns) == [(*s, stat) for s in FEDTSNE_SETTINGS for stat in ("mean", "std")]
+    assert all(dtype == np.float64 for dtype in t.dtypes) and t.notna().all().all()
+    assert ((t >= 0) & (t <= 1)).all().all()
+    assert (t.xs("std", axis=1, level="stat") < 0.03).all().all()
+
+
+def test_fedtsne_table1_values():
+    t = pr.fedtsne_table1()
+    assert t.loc[("t-SNE", "CA 1-NN"), ("central", "pooled", "mean")] == 0.9618
+    assert t.loc[("t-SNE", "CA 1-NN"), ("central", "pooled", "std")] == 0.0015
+    assert t.loc[("t-SNE", "NPA 10-NN"), ("Fed+", "non-IID", "mean")] == 0.2827
+    assert t.loc[("t-SNE", "NMI"), ("Fed", "IID", "mean")] == 0.7534
+    assert t.loc[("t-SNE", "SC"), ("Fed", "IID", "std")] == 0.0103
+    assert t.loc[("UMAP", "CA 1-NN"), ("Fed+", "non-IID", "mean")] == 0.8730
+    assert t.loc[("UMAP", "NPA 1-NN"), ("central", "pooled", "mean")] == 0.0308
+    assert t.loc[("UMAP", "SC"), ("Fed", "non-IID", "mean")] == 0.5889
+
+
+def test_fedtsne_table2_values():
+    t = pr.fedtsne_table2()
+    assert t.loc[("t-SNE", "CA 10-NN"), ("central", "pooled", "mean")] == 0.8260
+    assert t.loc[("t-SNE", "NPA 1-NN"), ("Fed+", "non-IID", "mean")] == 0.0274
+    assert t.loc[("t-SNE", "NMI"), ("Fed", "non-IID", "std")] == 0.0044
+    assert t.loc[("t-SNE", "CA 10-NN"), ("Fed+", "non-IID", "mean")] == \
+        t.loc[("t-SNE", "CA 50-NN"), ("Fed+", "non-IID", "mean")] == 0.7280  # printed twice
+    assert t.loc[("UMAP", "NPA 50-NN"), ("Fed+", "non-IID", "mean")] == 0.1226
+    assert t.loc[("UMAP", "SC"), ("central", "pooled", "std")] == 0.0286
+
+
+def test_fedtsne_tables3_4_values_and_consistency_with_table1():
+    t3, t4 = pr.fedtsne_table3(), pr.fedtsne_table4()
+    assert t3.shape == (4, 4) and t4.shape == (4, 10)
+    assert t3.columns.names == ["clients", "stat"] and t3.index.names == ["method", "metric"]
+    assert list(t4.columns.get_level_values("clients").unique()) == [5, 10, 20, 50, 100]
+    assert t3.loc[("Fed-tSNE+", "NMI"), (5, "mean")] == 0.709
+    assert t3.loc[("Fed-tSNE+", "NMI"), (5, "std")] == 0.026
+    assert t3.loc[("Fed-tSNE", "NPA 10-NN"), (10, "mean")] == 0.338
+    assert t4.loc[("Fed-tSNE", "NMI"), (10, "mean")] == 0.753
+    assert t4.loc[("Fed-tSNE+", "NPA 10-NN"), (100, "mean")] == 0.333
+    assert t4.loc[("Fed-tSNE+", "NMI"), (10, "std")] == 0.007
+    # k = 10 columns are Table 1's Fed-tSNE(+) runs, rounded to 3 decimals
+    t1 = pr.fedtsne_table1()
+    for table, split in ((t3, "non-IID"), (t4, "IID")):
+        for method, variant in (("Fed-tSNE", "Fed"), ("Fed-tSNE+", "Fed+")):
+            for metric in ("NMI", "NPA 10-NN"):
+                assert abs(table.loc[(method, metric), (10, "mean")]
+                           - t1.loc[("t-SNE", metric), (variant, split, "mean")]) <= 0.0005 + 1e-12
+
+
+def test_fedtsne_table5_values():
+    t = pr.fedtsne_table5()
+    assert t.shape == (6, 10) and t.index.names == ["dataset (paper)", "metric"]
+    assert list(t.index) == [(d, m) for d in ("MNIST", "COIL-20", "Mice-Protein") for m in ("NMI", "ARI")]
+    assert list(t.columns) == [(*s, stat) for s in FEDTSNE_SETTINGS for stat in ("mean", "std")]
+    assert t.loc[("COIL-20", "NMI"), ("central", "pooled", "mean")] == 0.8885
+    assert t.loc[("COIL-20", "ARI"), ("Fed+", "non-IID", "mean")] == 0.4551
+    assert t.loc[("Mice-Protein", "ARI"), ("Fed", "IID", "std")] == 0.0033
+    assert t.loc[("MNIST", "NMI"), ("Fed+", "non-IID", "mean")] == 0.5025
+    assert t.loc[("MNIST", "ARI"), ("Fed", "non-IID", "std")] == 0.1123  # kept as printed (likely typo)
+
+
+def test_fedtsne_metric_names_match_embedding_report():
+    from fedlib.embedding_metrics import embedding_report
+
+    rng = np.random.default_rng(0)
+    Z = np.r_[rng.normal(size=(60, 2)), rng.normal(size=(60, 2)) + 50]
+    y = np.repeat([0, 1], 60)
+    report = embedding_report(np.hstack([Z, Z]), Z, y)
+    assert set(pr.FEDTSNE_METRICS) <= set(report)
