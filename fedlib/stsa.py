@@ -143,7 +143,9 @@ def add_upload_noise(msg: Message, q: float, s: float, generator: torch.Generato
                      entries: Sequence[str] = ("G", "C", "n")) -> Message:
     """The privacy experiment of version 000 (App. E.2, Table 7): add q * N(0, s^2) to the named
     upload entries. G's noise is symmetrized ((E + E^T)/sqrt(2), same variance) so G stays
-    symmetric; noisy counts n are clipped at 0 and kept as floats (our choices, notes Sec. 8.14)."""
+    symmetric. The server rounds noisy counts n to the nearest integer >= 0 (:class:`STSAServer`):
+    a count is an integer, and a near-zero noisy count would otherwise turn an empty (dummy) client
+    into a term C C^T / n with n ~ 0 that dominates eq. 9 (our choice; the paper is silent)."""
     check_positive("q", q, strict=False)
     check_positive("s", s, strict=False)
     out = dict(msg.payload)
@@ -155,8 +157,6 @@ def add_upload_noise(msg: Message, q: float, s: float, generator: torch.Generato
         if key == "G":
             noise = (noise + noise.T) / math.sqrt(2.0)
         out[key] = value + noise
-        if key == "n":
-            out[key] = out[key].clamp_min(0.0)
     return Message(msg.sender, out)
 
 
@@ -255,7 +255,8 @@ class STSAServer:
             self.gram += sum(u["G"].to(dev, torch.float64) for u in uploads)
         else:
             sums = torch.cat([u["C"].to(dev, torch.float64) for u in uploads])   # (J, M, c_t)
-            counts = torch.cat([u["n"].to(dev, torch.float64) for u in uploads])  # (J, c_t)
+            # counts are integers: noisy uploads (Table 7) are rounded to the nearest count >= 0
+            counts = torch.cat([u["n"].to(dev, torch.float64) for u in uploads]).round().clamp_min(0)  # (J, c_t)
             c_t = sums.sum(0)
             self.gram += gram_estimate(sums, counts, self.k_mode, self.clip)
         self.xty[:, offset:offset + c_t.shape[1]] += c_t

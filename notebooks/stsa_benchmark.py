@@ -36,7 +36,9 @@
 # %% tags=["parameters"]
 profile = "quick"          # set by the runner; recorded for the reader
 datasets = ["fashion_mnist", "mnist5k"]
-subsets = {"fashion_mnist": [20000, 5000]}   # [n_train, n_test] per dataset; a dataset not listed: all of it
+subsets = {"fashion_mnist": [20000, 5000]}   # images whose features are cached (the AFL chapter's subset)
+n_train = 10000            # stratified subset used by the experiments; null keeps every cached image
+n_test = 2500
 backbone = "efficientnet_lite0"
 input_size = 64
 device = "cpu"
@@ -50,6 +52,7 @@ gamma = 1000.0             # ridge coefficient (absolute; see the gamma sweep)
 num_dummy = 10             # K_D for STSA-E
 head = "argmax"            # argmax (paper) | cosine (authors' code)
 baselines = ["finetune", "fedewc", "fedlwf"]
+baseline_hparams = {"fedewc": {"lam": 10.0}, "fedlwf": {"lam": 10.0}}   # our choices (the paper gives none)
 baseline_seeds = [0, 1]
 rounds_per_task = 5        # gradient baselines: FedAvg rounds per stage
 local_epochs = 1
@@ -104,11 +107,17 @@ check_choice("head", head, stsa.HEADS)
 for value, pname in [(M, "M"), (M_scratch, "M_scratch"), (num_dummy, "num_dummy")]:
     if value < 1:
         raise ValueError(f"{pname} must be >= 1, got {value}")
+def at_most(n, labels):
+    """n, or None (keep all) when the split has no more than n samples."""
+    return None if n is None or n >= len(labels) else n
+
+
 data = {}
 for name in datasets + ([scratch_dataset] if scratch else []):
     ds = load_dataset(name)
     n_tr, n_te = subsets.get(name, [None, None])
     data[name] = ds.subset(n_tr, n_te) if (n_tr or n_te) else ds
+    data[name] = data[name].subset(at_most(n_train, data[name].y_train), at_most(n_test, data[name].y_test))
     make_stream(data[name].y_train, data[name].y_test, num_tasks)  # T must divide the classes
     print(f"{name}: {len(data[name].y_train)} train / {len(data[name].y_test)} test images, "
           f"{len(data[name].classes)} classes, {num_tasks} tasks")
@@ -123,8 +132,13 @@ for name in datasets + ([scratch_dataset] if scratch else []):
 feats = {}
 for name in datasets:
     t0 = time.perf_counter()
-    feats[name] = extract_features(data[name], backbone=backbone, input_size=input_size, device=device)
-    print(f"{feats[name].name}: {feats[name].x_train.shape} ({time.perf_counter() - t0:.1f} s, cached)")
+    ds = load_dataset(name)
+    ds = ds.subset(*subsets[name]) if name in subsets else ds
+    cached = extract_features(ds, backbone=backbone, input_size=input_size, device=device)
+    feats[name] = cached.subset(at_most(n_train, cached.y_train), at_most(n_test, cached.y_test))  # same draw as data[name]
+    assert np.array_equal(feats[name].y_train, data[name].y_train)
+    print(f"{cached.name}: {cached.x_train.shape} ({time.perf_counter() - t0:.1f} s, cached); "
+          f"experiments use {feats[name].x_train.shape[0]} train / {feats[name].x_test.shape[0]} test")
 
 # %% [markdown]
 # ## The methods
@@ -150,7 +164,7 @@ def make_learner(method, dim, num_classes, m_features, seed, k_dummy=num_dummy, 
         return stsa.AFLStagewiseLearner(dim, num_classes, m_features, gamma_, rf_seed=seed, name=method)
     model_fn = model_fn or partial(LinearHead, dim, num_classes)
     return FederatedIncrementalLearner(model_fn, fed_config(seed, rounds), method, num_classes=num_classes,
-                                       progress=False)
+                                       progress=False, **baseline_hparams.get(method, {}))
 
 
 ANALYTIC = ["STSA", "STSA-E", "STSA-E (per-class K)", "AFL (stage-wise)"]
@@ -158,7 +172,7 @@ ANALYTIC = ["STSA", "STSA-E", "STSA-E (per-class K)", "AFL (stage-wise)"]
 
 def run(method, f, beta, seed, setting, m_features, clients=num_clients, stream=None, k_dummy=num_dummy, **kw):
     stream = stream or make_stream(f.y_train, f.y_test, num_tasks, seed=seed)
-    learner = make_learner(method, f.dim, len(f.classes), m_features, seed, k_dummy=k_dummy, **kw)
+    learner = make_learner(method, f.x_train.shape[1], len(f.classes), m_features, seed, k_dummy=k_dummy, **kw)
     return run_class_incremental(learner, stream, f.x_train, f.y_train, f.x_test, f.y_test, clients, beta, seed,
                                  config={"setting": setting, "beta": beta, "seed": seed}, progress=False,
                                  min_size=k_dummy)

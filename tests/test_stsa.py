@@ -156,12 +156,21 @@ def test_stsae_approaches_stsa_as_dummy_clients_grow():
     assert errs[0] > errs[1] > errs[2]
 
 
-def test_upload_noise_keeps_g_symmetric_and_counts_non_negative():
+def test_upload_noise_keeps_g_symmetric_and_the_server_rounds_noisy_counts():
     gen = torch.Generator().manual_seed(0)
     msg = Message("c", {"G": torch.eye(4, dtype=torch.float64), "C": torch.zeros(4, 2, dtype=torch.float64),
                         "n": torch.zeros(3, 2, dtype=torch.float64)})
     noisy = stsa.add_upload_noise(msg, q=1.0, s=2.0, generator=gen)
-    assert torch.allclose(noisy["G"], noisy["G"].T) and (noisy["n"] >= 0).all()
+    assert torch.allclose(noisy["G"], noisy["G"].T)
+    rng = np.random.default_rng(0)
+    x, y = rng.random((40, 3)), np.repeat([0, 1], 20)
+    rf = stsa.RandomFeatures(3, 3)
+    clean = [stsa.stsae_client(x[k::2], y[k::2], 2, rf, num_dummy=4, seed=k) for k in range(2)]
+    small = [stsa.add_upload_noise(m, 0.1, 0.5, gen, entries=("n",)) for m in clean]
+    servers = [stsa.STSAServer(3, 2, 1.0, "stsa_e") for _ in range(2)]
+    servers[0].receive_stage(clean, 0)
+    servers[1].receive_stage(small, 0)  # noise sd 0.05 on the counts: rounded away
+    assert torch.equal(servers[0].gram, servers[1].gram)
     assert 1.0 < float((noisy["C"]).std()) < 3.5
     assert torch.equal(stsa.add_upload_noise(msg, 0.0, 1.0, gen)["G"], msg["G"])
 
