@@ -15,6 +15,8 @@ afl         Analytic Federated Learning (Zhuang et al., 2024): AA law, RI proces
 incremental the federated class-incremental protocol (tasks, per-task partitions, A_t / A_T / F_T)
 stsa        STSA / STSA-E (Guan et al.): random features, statistics aggregation, Gram estimate
 fcil        gradient baselines for class-incremental learning (Finetune, FedEWC, FedLwF)
+fedtsne     FedDL landmarks, Nystrom distances / kernels, Fed-tSNE, Fed-UMAP, Fed-SpeClust, "+" noise
+embedding_metrics  CA@k, NPA@k, NMI / silhouette after k-means, ARI
 paper_results  the papers' own tables, transcribed, to show beside ours
 profiles    smoke / quick / paper parameter profiles and the notebook runner
 bench       benchmark scripts (speed ratios measured in one process)
