@@ -1,0 +1,328 @@
+"""Tests for fedlib.refed: Re-Fed cache selection (PIM, Eqs. 3-5) and the replay baselines."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedlib.fcil import FederatedIncrementalLearner
+from fedlib.federated import FedConfig, LinearHead, MLPHead
+from fedlib.incremental import make_stream, run_class_incremental
+from fedlib.refed import (LEARNERS, FixedLearner, ReplayLearner, importance_scores, last_layer_grad_sq_norms,
+                          make_learner, per_sample_grad_sq_norms, q_lambda, rounds_to_best, select_top,
+                          train_pim)
+
+D, C, T, K, SEED = 8, 6, 3, 3, 0
+
+
+def make_data(seed: int = SEED, n_train: int = 100, n_test: int = 30, shift=None):
+    g = np.random.RandomState(seed)
+    means = np.eye(C, D) * 3.0 + (0.0 if shift is None else shift)
+    y_tr, y_te = np.repeat(np.arange(C), n_train), np.repeat(np.arange(C), n_test)
+    x_tr = (means[y_tr] + g.randn(len(y_tr), D)).astype(np.float32)
+    x_te = (means[y_te] + g.randn(len(y_te), D)).astype(np.float32)
+    return x_tr, y_tr, x_te, y_te
+
+
+def cfg(**kw):
+    base = dict(rounds=3, local_epochs=1, batch_size=32, lr=0.1, seed=SEED, device="cpu", num_threads=1,
+                participation=0.67)
+    base.update(kw)
+    return FedConfig(**base)
+
+
+def linear():
+    return LinearHead(D, C)
+
+
+def mlp():
+    return MLPHead(D, C, hidden=16)
+
+
+def states_equal(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # tiny models: more threads only add OpenMP contention on a shared 2-core machine
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def data():
+    x_tr, y_tr, x_te, y_te = make_data()
+    stream = make_stream(y_tr, y_te, T, seed=SEED)
+    return stream, x_tr, y_tr, x_te, y_te
+
+
+def stage_clients(data, t, beta=None):
+    stream, x_tr, y_tr, _, _ = data
+    pos = stream.relabel(y_tr)
+    parts = stream.client_partitions(t, y_tr, K, beta, SEED)
+    return [(torch.from_numpy(x_tr[p]), torch.from_numpy(pos[p])) for p in parts]
+
+
+def run_stages(learner, data, stages=T, beta=None):
+    stream = data[0]
+    for t in range(stages):
+        learner.learn_task(t, stage_clients(data, t, beta), stream.num_seen(t))
+    return learner
+
+
+# ----------------------------------------------------------------------------------------------
+# scores and selection
+# ----------------------------------------------------------------------------------------------
+def test_importance_weightings_on_hand_made_norms():
+    # rows = PIM iterations p = 1, 2, 3; columns = samples A (large early), B (large late)
+    g = torch.tensor([[6.0, 0.0], [0.0, 3.0], [0.0, 6.0]])
+    early = importance_scores(g, "early")
+    assert torch.allclose(early, torch.tensor([6.0, 3.0 / 2 + 6.0 / 3], dtype=torch.float64))
+    assert torch.allclose(importance_scores(g, "average"), torch.tensor([6.0, 9.0], dtype=torch.float64))
+    assert torch.equal(importance_scores(g, "late"), -early)
+    # early emphasis keeps A, equal weights keep B, late (reversed early ranking) keeps B
+    assert select_top(early, 1).tolist() == [0]
+    assert select_top(importance_scores(g, "average"), 1).tolist() == [1]
+    assert select_top(importance_scores(g, "late"), 1).tolist() == [1]
+    with pytest.raises(ValueError, match="weighting"):
+        importance_scores(g, "middle")
+    with pytest.raises(ValueError, match="grad_sq"):
+        importance_scores(torch.ones(3), "early")
+
+
+def test_select_top_ties_and_class_balance():
+    scores = torch.tensor([1.0, 5.0, 5.0, 0.0, 3.0, 2.0])
+    assert select_top(scores, 2).tolist() == [1, 2]
+    assert select_top(scores, 3).tolist() == [1, 2, 4]
+    assert select_top(scores, 0).tolist() == []
+    labels = torch.tensor([0, 0, 0, 1, 1, 1])
+    # half the budget per class: class 0 -> {1, 2}, class 1 -> {4, 5}
+    assert select_top(scores, 4, labels, class_balanced=True).tolist() == [1, 2, 4, 5]
+    with pytest.raises(ValueError, match="budget"):
+        select_top(scores, 7)
+
+
+# ----------------------------------------------------------------------------------------------
+# per-sample gradient norms (Eq. 4)
+# ----------------------------------------------------------------------------------------------
+def autograd_loop(model, x, y, num_seen, names):
+    params = dict(model.named_parameters())
+    out = []
+    for i in range(len(y)):
+        loss = F.cross_entropy(model(x[i:i + 1])[:, :num_seen], y[i:i + 1])
+        grads = torch.autograd.grad(loss, [params[n] for n in names])
+        out.append(sum(g.pow(2).sum() for g in grads))
+    return torch.stack(out)
+
+
+def test_per_sample_norms_match_autograd_loop_and_closed_form():
+    torch.manual_seed(0)
+    model = mlp()
+    x, y = torch.randn(20, D), torch.randint(0, 4, (20,))
+    names = [n for n, _ in model.named_parameters()]
+    exact = per_sample_grad_sq_norms(model, x, y, 4, batch_size=7)  # chunks of 7: 3 vmap calls
+    assert exact.shape == (20,)
+    assert torch.allclose(exact, autograd_loop(model, x, y, 4, names), rtol=1e-5, atol=1e-7)
+    last = ["classifier.weight", "classifier.bias"]
+    ref = autograd_loop(model, x, y, 4, last)
+    assert torch.allclose(per_sample_grad_sq_norms(model, x, y, 4, names=last), ref, rtol=1e-5, atol=1e-7)
+    assert torch.allclose(last_layer_grad_sq_norms(model, x, y, 4), ref, rtol=1e-5, atol=1e-7)
+    lin = linear()  # for a linear model the closed form is the exact all-parameter norm
+    assert torch.allclose(last_layer_grad_sq_norms(lin, x, y, 4), per_sample_grad_sq_norms(lin, x, y, 4),
+                          rtol=1e-5, atol=1e-7)
+    # a model whose output is not its last Linear's output is refused
+    bad = torch.nn.Sequential(torch.nn.Linear(D, C), torch.nn.Tanh())
+    with pytest.raises(ValueError, match="last nn.Linear"):
+        last_layer_grad_sq_norms(bad, x, y, 4)
+
+
+# ----------------------------------------------------------------------------------------------
+# PIM (Eq. 3) and Lemma 1
+# ----------------------------------------------------------------------------------------------
+def test_pim_lambda_edges_and_lemma1_monotonicity():
+    assert q_lambda(0.2) == pytest.approx(2.0) and q_lambda(0.8) == pytest.approx(0.125)
+    for lam in (0.0, 1.0, -0.5, 1.5):
+        with pytest.raises(ValueError, match="lam"):
+            q_lambda(lam)
+    x_tr, y_tr, _, _ = make_data(n_train=10)
+    x, y = torch.from_numpy(x_tr), torch.from_numpy(y_tr)
+    torch.manual_seed(1)
+    w = linear()
+    before = {k: v.clone() for k, v in w.state_dict().items()}
+    # full-batch GD (deterministic path); for a linear model the closed form is the exact norm
+    kw = dict(epochs=60, lr=0.02, batch_size=len(y), grad_norm="last_layer")
+    res = {lam: train_pim(w, x, y, C, lam=lam, **kw) for lam in (0.01, 0.2, 0.5, 0.8, 0.99)}
+    assert states_equal(w.state_dict(), before)  # w untouched
+    lams = sorted(res)
+    dists = [res[lam].dist_sq for lam in lams]
+    losses = [res[lam].loss for lam in lams]
+    assert all(a < b for a, b in zip(dists, dists[1:])), dists  # ||v(lam) - w||^2 increases
+    assert all(a > b for a, b in zip(losses, losses[1:])), losses  # local loss decreases
+    assert res[0.01].dist_sq < 0.1 * res[0.99].dist_sq  # lam -> 0: v stays near w
+    assert res[0.8].grad_sq.shape == (60, len(y)) and bool((res[0.8].grad_sq > 0).all())
+    with pytest.raises(ValueError, match="lam"):
+        train_pim(w, x, y, C, lam=1.0, **kw)
+    with pytest.raises(ValueError, match="diverges"):  # lr * q(0.01) = 0.5 * 49.5 >= 2
+        train_pim(w, x, y, C, lam=0.01, epochs=1, lr=0.5)
+
+
+# ----------------------------------------------------------------------------------------------
+# the learner
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode,memory", [("total", 100), ("replay", 40)])
+def test_cache_respects_memory_for_every_client_and_task(data, mode, memory):
+    learner = make_learner("refed", linear, cfg(), num_classes=C, memory=memory, memory_mode=mode,
+                           pim_epochs=2, progress=False)
+    run_stages(learner, data, beta=1.0)
+    assert len(learner.memory_log) == T
+    for t, log in enumerate(learner.memory_log):
+        if t == 0:
+            assert (log["cached"] == 0).all()
+            continue
+        assert (log["cached"] <= log["budget"]).all() and (log["cached"] == log["budget"]).all()
+        if mode == "total":
+            assert (log["local"] <= memory).all()
+            assert (log["cached"] == np.minimum(memory - log["new"], log["pool"])).all()
+        else:
+            assert (log["cached"] <= memory).all()
+        assert (log["local"] == log["cached"] + log["new"]).all()
+        assert len(learner.pim_log[t]) == K
+    # the last local sets hold old classes (replay) and only seen labels
+    labels = torch.cat([learner.cache_labels(k) for k in range(K)])
+    assert int(labels.min()) < data[0].num_seen(T - 2) and int(labels.max()) < C
+
+
+def test_task1_identity_with_fedavg(data):
+    c = cfg()
+    refed = make_learner("refed", linear, c, num_classes=C, memory=100, progress=False)
+    fedavg = make_learner("fedavg", linear, c, num_classes=C, progress=False)
+    replay = make_learner("fedavg_replay", linear, c, num_classes=C, memory=100, progress=False)
+    for lr in (refed, fedavg, replay):
+        lr.learn_task(0, stage_clients(data, 0, beta=1.0), data[0].num_seen(0))
+    assert states_equal(refed.model.state_dict(), fedavg.model.state_dict())
+    assert states_equal(refed.model.state_dict(), replay.model.state_dict())
+    # with n_k-weighted aggregation it is bit-identical to fcil's Finetune (plain FedAvg + masked CE)
+    sized = ReplayLearner(linear, c, num_classes=C, memory=100, aggregation="size", progress=False)
+    fcil = FederatedIncrementalLearner(linear, c, "finetune", num_classes=C, progress=False)
+    for lr in (sized, fcil):
+        lr.learn_task(0, stage_clients(data, 0, beta=1.0), data[0].num_seen(0))
+    assert states_equal(sized.model.state_dict(), fcil.model.state_dict())
+    assert not states_equal(sized.model.state_dict(), refed.model.state_dict())  # uniform != size-weighted
+
+
+def test_refed_equals_random_replay_when_memory_holds_everything(data):
+    c = cfg()
+    big = dict(memory=10_000, memory_mode="replay", progress=False)
+    refed = run_stages(make_learner("refed", linear, c, num_classes=C, pim_epochs=1, **big), data)
+    rand = run_stages(make_learner("fedavg_replay", linear, c, num_classes=C, **big), data)
+    assert states_equal(refed.model.state_dict(), rand.model.state_dict())
+    assert (refed.memory_log[-1]["cached"] == refed.memory_log[-1]["pool"]).all()
+
+
+def test_weightings_change_the_cache(data):
+    caches = {}
+    for w in ("early", "late"):
+        lr = make_learner("refed", mlp, cfg(), num_classes=C, memory=90, weighting=w, pim_epochs=3,
+                          grad_norm="last_layer", progress=False)
+        run_stages(lr, data, stages=2)
+        n_cached = int(lr.memory_log[1]["cached"][0])
+        caches[w] = lr.pim_log[1][0]["scores"], lr.local_sets[0][0][:n_cached]
+    s_early, s_late = caches["early"][0], caches["late"][0]
+    assert torch.equal(s_late, -s_early)
+    # same size, different samples (highest vs lowest early-emphasis scores)
+    assert caches["early"][1].shape == caches["late"][1].shape
+    assert not torch.equal(caches["early"][1], caches["late"][1])
+
+
+def test_all_methods_run_on_the_protocol(data):
+    stream, x_tr, y_tr, x_te, y_te = data
+    c = cfg(rounds=2)
+    results = {}
+    for method in LEARNERS:
+        lr = make_learner(method, linear, c, num_classes=C, memory=100, pim_epochs=1, progress=False)
+        results[method] = run_class_incremental(lr, stream, x_tr, y_tr, x_te, y_te, K, None, SEED, progress=False)
+        assert results[method].acc.shape == (T, T)
+    fixed = results["fixed"]
+    assert fixed.bytes_up[0] > 0 and (fixed.bytes_up[1:] == 0).all()
+    # never predicts a class learned after task 1
+    assert fixed.acc[1, 1] == 0 and fixed.acc[2, 1] == 0 and fixed.acc[2, 2] == 0
+    assert fixed.acc[1, 0] == fixed.acc[2, 0] == fixed.acc[0, 0]  # frozen model
+    assert results["fedewc"].bytes_up[1] > results["fedavg"].bytes_up[1]  # Fisher uploads
+    assert results["refed"].bytes_up[1] == results["fedavg_replay"].bytes_up[1]  # no extra communication
+
+
+def test_domain_incremental_and_eval_curves():
+    streams = [make_data(seed=s, n_train=40, n_test=20, shift=1.5 * s) for s in range(3)]
+    c = cfg(rounds=4)
+
+    def clients(t):
+        x, y = torch.from_numpy(streams[t][0]), torch.from_numpy(streams[t][1])
+        return [(x[k::K], y[k::K]) for k in range(K)]
+
+    def eval_data(t):
+        return torch.from_numpy(streams[t][2]), torch.from_numpy(streams[t][3])
+
+    for method in ("refed", "fedlwf", "fedewc", "fixed"):
+        lr = make_learner(method, linear, c, num_classes=C, memory=100, scenario="domain", pim_epochs=1,
+                          eval_data=eval_data, progress=False)
+        for t in range(3):
+            lr.learn_task(t, clients(t), C)
+        if method == "fixed":
+            assert lr.histories[1] is None and rounds_to_best(lr.histories[1]) == 0
+            continue
+        hist = lr.histories[-1]
+        assert len(hist.test_acc) == 4 and not np.isnan(hist.test_acc).any()
+        assert 1 <= rounds_to_best(hist) <= 4
+        assert hist.test_acc[-1] == pytest.approx(float((lr.predict(eval_data(2)[0], C) == eval_data(2)[1]).float().mean()))
+    assert lr.memory_log[-1] == {}
+
+
+def test_masked_per_round_accuracy_matches_predict(data):
+    stream, x_tr, y_tr, x_te, y_te = data
+    pos_te = stream.relabel(y_te)
+
+    def eval_data(t):
+        idx = np.concatenate([stream.tasks[s].test_idx for s in range(t + 1)])
+        return torch.from_numpy(x_te[idx]), torch.from_numpy(pos_te[idx])
+
+    lr = make_learner("refed", linear, cfg(), num_classes=C, memory=100, pim_epochs=1, eval_data=eval_data,
+                      progress=False)
+    run_stages(lr, data, stages=2)
+    x, y = eval_data(1)
+    assert lr.histories[1].test_acc[-1] == pytest.approx(float((lr.predict(x, stream.num_seen(1)) == y).float().mean()))
+    assert not lr.model._forward_hooks  # the eval mask hook is removed after the stage
+
+
+def test_bad_input(data):
+    c = cfg()
+    for kw, match in [(dict(scenario="task"), "scenario"), (dict(weighting="middle"), "weighting"),
+                      (dict(lam=1.0), "lam"), (dict(lam=0.0), "lam"), (dict(memory_mode="all"), "memory_mode"),
+                      (dict(grad_norm="fisher"), "grad_norm"), (dict(memory=0), "memory"),
+                      (dict(memory=None), "memory"), (dict(pim_epochs=0), "pim_epochs")]:
+        with pytest.raises(ValueError, match=match):
+            make_learner("refed", linear, c, num_classes=C, **{"memory": 100, **kw})
+    with pytest.raises(ValueError, match="method"):
+        make_learner("icarl", linear, c, num_classes=C)
+    with pytest.raises(ValueError, match="selection"):
+        ReplayLearner(linear, c, num_classes=C, selection="herding", memory=10)
+    with pytest.raises(ValueError, match="memory"):
+        make_learner("fedprox_replay", linear, c, num_classes=C)
+    with pytest.raises(TypeError):
+        make_learner("fedavg", linear, c, num_classes=C, beta=3)
+    # memory smaller than a client's new task under memory_mode="total": refused before training task 2
+    lr = make_learner("refed", linear, c, num_classes=C, memory=50, pim_epochs=1, progress=False)
+    lr.learn_task(0, stage_clients(data, 0), data[0].num_seen(0))
+    with pytest.raises(ValueError, match="memory=50.*memory_mode='replay'"):
+        lr.learn_task(1, stage_clients(data, 1), data[0].num_seen(1))
+    assert len(lr.histories) == 1 and len(lr.memory_log) == 1
+    with pytest.raises(ValueError, match="num_seen"):
+        lr.learn_task(1, stage_clients(data, 1), data[0].num_seen(0))
+    with pytest.raises(ValueError, match="in order"):
+        lr.learn_task(2, stage_clients(data, 2), data[0].num_seen(2))
+    with pytest.raises(ValueError, match="same 3 clients"):
+        lr.learn_task(1, stage_clients(data, 1)[:2], data[0].num_seen(1))
+    assert isinstance(make_learner("fixed", linear, c, num_classes=C, memory=5), FixedLearner)
