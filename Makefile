@@ -36,6 +36,8 @@ run: data
 bench: setup
 	$(PY) -m fedlib.bench.afl_aggregation --out book/benchmarks/afl_aggregation.txt
 	$(PY) -m fedlib.bench.stsa_gram --out book/benchmarks/stsa_gram.txt
+	$(PY) -m fedlib.bench.fedtsne_speed --out book/benchmarks/fedtsne_speed.txt
+	$(PY) -m fedlib.bench.refed_scoring --out book/benchmarks/refed_scoring.txt
 
 test: data
 	$(PY) -m pytest -n 2 --dist loadfile tests

@@ -17,6 +17,8 @@ stsa        STSA / STSA-E (Guan et al.): random features, statistics aggregation
 fcil        gradient baselines for class-incremental learning (Finetune, FedEWC, FedLwF)
 fedtsne     FedDL landmarks, Nystrom distances / kernels, Fed-tSNE, Fed-UMAP, Fed-SpeClust, "+" noise
 embedding_metrics  CA@k, NPA@k, NMI / silhouette after k-means, ARI
+domains     digit domains built offline (stand-ins for Digit-10) and the domain-incremental stream
+refed       Re-Fed (Li et al., 2024): PIM, gradient-norm importance, replay caches; replay baselines
 paper_results  the papers' own tables, transcribed, to show beside ours
 profiles    smoke / quick / paper parameter profiles and the notebook runner
 bench       benchmark scripts (speed ratios measured in one process)

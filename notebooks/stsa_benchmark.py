@@ -64,14 +64,15 @@ scratch_rounds = 8         # stage-1 FedAvg rounds (scratch backbone)
 scratch_widths = [8, 16, 32]
 scratch_baselines = ["finetune", "fedlwf"]   # trained end to end through all stages (beta 0.5, seed 0)
 scratch_baseline_rounds = 3
-ablation_M = [1280, 2000, 4000]
+ablation_M = [1280, 2000, 3000]
 ablation_M_scratch = [32, 250, 1000, 4000]
 ablation_K = [5, 10, 25, 50]        # clients; STSA-E keeps K times K_D fixed (next line)
 ablation_clients_total = 250        # the paper's Fig. 6 (ResNet): K times K_D is 250
-ablation_dummy = [1, 2, 5, 10, 25, 50]
-ablation_gamma = [1.0, 100.0, 1000.0, 1e4, 1e5]
-noise_grid = [[0.1, 0.1], [0.1, 0.5], [0.1, 1.0], [0.1, 5.0], [0.1, 0.05], [0.2, 0.05], [0.5, 0.05]]
-first_task_classes = 4     # large-first-task variant: 4 classes, then (num_tasks - 1) tasks
+ablation_dummy = [1, 5, 25, 50]
+ablation_gamma = [1.0, 1000.0, 1e5]
+noise_grid = [[0.1, 0.1], [0.1, 1.0], [0.1, 5.0], [0.2, 0.05]]
+first_task_classes = 4     # large-first-task variant: a base task of this many classes
+later_task_classes = 2     # then tasks of this many classes
 num_threads = 2
 
 # %%
@@ -357,25 +358,29 @@ for q, s in [[0.0, 0.0]] + noise_grid:
 noise = pd.DataFrame(rows).set_index("setting")
 print(f"Ours: A_T (%) with upload noise, {abl_name}, pretrained, beta={abl_beta}")
 display(noise.style.format("{:.2f}"))
+small = [f"q={q}, s={s}" for q, s in noise_grid if q * s <= 0.1]
+drop = (noise.loc["Original"] - noise.loc[small]).abs().to_numpy().max() if small else 0.0
+print(f"largest change of A_T for noise sd q*s <= 0.1: {drop:.2f} points")
+assert drop < 1.0, "small upload noise barely moves the accuracy (the paper's Table 7 observation 1)"
 print("Paper, Table 7 (CIFAR-100, beta=0.5) - the paper's numbers")
 display(paper_results.stsa_table7())
 
 # %% [markdown]
 # ## Large first task (paper Table 4)
 #
-# A base task of `first_task_classes` classes, then `num_tasks - 1` tasks over the rest (the paper:
+# A base task of `first_task_classes` classes, then tasks of `later_task_classes` classes (the paper:
 # 50 + 10 x 5 on CIFAR-100). Pretrained features, first dataset, $\beta=0.5$.
 
 # %%
 f0c = len(f0.classes)
 rows = []
 for seed in seeds:
-    stream_l = make_stream(f0.y_train, f0.y_test, 1 + (f0c - first_task_classes) // 2, seed=seed,
+    stream_l = make_stream(f0.y_train, f0.y_test, 1 + (f0c - first_task_classes) // later_task_classes, seed=seed,
                            first_task_classes=first_task_classes)
     for method in ["STSA", "STSA-E"] + [b for b in baselines if b == "fedlwf"]:
         rows.append(run(method, f0, abl_beta, seed, "large first task", M, stream=stream_l).summary())
 large = pd.DataFrame(rows).groupby("method")[["A_avg", "A_T", "F_T"]].agg(["mean", "std"])
-print(f"Ours: {abl_name}, {first_task_classes} classes then 2 per task, beta={abl_beta}")
+print(f"Ours: {abl_name}, {first_task_classes} classes then {later_task_classes} per task, beta={abl_beta}")
 display(large.style.format("{:.2f}"))
 print("Paper, Table 4 (CIFAR-100, 50 + 10 x 5) - the paper's numbers")
 display(paper_results.stsa_table4())
@@ -387,11 +392,20 @@ display(paper_results.stsa_table4())
 #   $\beta$ and every $K$ (asserted above): the statistics are partition-free. The paper's tables
 #   vary with $\beta$ only through stage 1, which our scratch setting reproduces qualitatively.
 # * **STSA-E** depends on how many (dummy) clients hold each class; the per-class $K_i$ removes the
-#   bias of the printed estimator, which is largest when $K_D$ is large relative to the class counts.
+#   bias of the printed estimator (derivation chapter). How much that changes the accuracy here is
+#   printed below: the bias sits in the covariance part of $\hat G$, and on these features the
+#   class-mean part dominates the argmax.
 # * **Baselines** trained by gradient descent forget much more (high $F_T$), as in the paper's
 #   Tables 1-2, at a fraction of STSA's communication in our small setting but with many rounds.
 # * Absolute numbers are not comparable with the paper's: different data, backbones, scale and
 #   hardware.
+
+# %% [markdown]
+# %%
+pair = summary[summary.method.isin(["STSA-E", "STSA-E (per-class K)"])].pivot_table(
+    index=["setting", "beta", "seed"], columns="method", values="A_T")
+print("largest |A_T(STSA-E) - A_T(STSA-E, per-class K)| over all runs:",
+      f"{(pair['STSA-E'] - pair['STSA-E (per-class K)']).abs().max():.2f} points")
 
 # %% [markdown]
 # ## Exercises

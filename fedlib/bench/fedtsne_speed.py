@@ -1,0 +1,216 @@
+"""Fed-tSNE speed: federated against centralized t-SNE, and FedDL's client gradient vectorized
+against a per-point Python loop.
+
+Prints, in one run on this machine:
+
+1. Fed-tSNE (Algorithm 2: FedDL, distance uploads, Nystrom estimate on squared distances, sklearn
+   t-SNE on it) against centralized t-SNE (the same sklearn t-SNE on the exact distances) on the
+   same points: by default 10,000 Fashion-MNIST images (stratified subset of train + test, pixels
+   / 255), 10 IID clients, n_y = 500 landmarks, 25 FedDL rounds (the notebook's quick setting),
+   perplexity 30 and sklearn's default 1000 t-SNE iterations. Wall time of each (and of FedDL and
+   the Nystrom step alone), the time ratio, and CA 10-NN (k-NN accuracy in the embedding, 70/30
+   split; ``fedlib.embedding_metrics.knn_accuracy``) of both embeddings.
+2. One client's FedDL gradient (Eq. 13), the per-round client cost: ``fedlib.fedtsne.mmd2_u_grad``
+   (vectorized: two matrix products and an elementwise exp) against :func:`mmd2_u_grad_loop`, the
+   same gradient as a Python loop over landmarks and points, one m-vector per (landmark, point)
+   pair. Default client: 4,000 rows (one client of the paper's 40,000 points / 10 clients), the
+   500 landmarks and gamma of the FedDL run above. Both times, their ratio, and the max relative
+   difference of the two gradients (check < 1e-10).
+
+    python -m fedlib.bench.fedtsne_speed [--points 10000] [--rounds 25] [--loop-points 4000] [--out FILE]
+"""
+from __future__ import annotations
+
+import os
+
+# OpenMP threads wait passively: on a shared machine, spinning sklearn/numba threads slow each
+# other down by up to 10x. Set before sklearn is imported (a value the caller set is kept).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse  # noqa: E402
+import math  # noqa: E402
+import platform  # noqa: E402
+import resource  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+__all__ = ["mmd2_u_grad_loop", "load_points", "relative_difference", "main"]
+
+
+def _timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def mmd2_u_grad_loop(X, Y, gamma: float) -> np.ndarray:
+    """Eq. 13 column by column, written out as loops (notes Sec. 2.2):
+
+        grad_{y_j} f = -(4 gamma/(n n_y)) sum_i k(x_i, y_j)(x_i - y_j)
+                       + (4 gamma/(n_y (n_y-1))) sum_{i != j} k(y_i, y_j)(y_i - y_j),
+
+    k(a, b) = exp(-gamma ||a - b||^2). One Python iteration per (landmark, point) and per
+    (landmark, landmark) pair, numpy only for the m-vector arithmetic. X (n, m), Y (n_y, m) ->
+    (n_y, m), float64. The naive reference for ``fedlib.fedtsne.mmd2_u_grad``."""
+    X = np.asarray(X, dtype=np.float64)
+    Y = np.asarray(Y, dtype=np.float64)
+    n, ny = len(X), len(Y)
+    if n < 1 or ny < 2 or X.shape[1] != Y.shape[1]:
+        raise ValueError(f"need X (n >= 1, m) and Y (n_y >= 2, m), got {X.shape} and {Y.shape}")
+    c_attract = -4.0 * gamma / (n * ny)
+    c_repel = 4.0 * gamma / (ny * (ny - 1))
+    grad = np.zeros_like(Y)
+    for j in range(ny):
+        yj = Y[j]
+        attract = np.zeros(Y.shape[1])
+        for i in range(n):
+            d = X[i] - yj
+            attract += math.exp(-gamma * float(d @ d)) * d
+        repel = np.zeros(Y.shape[1])
+        for i in range(ny):
+            if i != j:
+                d = Y[i] - yj
+                repel += math.exp(-gamma * float(d @ d)) * d
+        grad[j] = c_attract * attract + c_repel * repel
+    return grad
+
+
+def relative_difference(a: np.ndarray, b: np.ndarray) -> float:
+    """max |a - b| / max |b|."""
+    return float(np.abs(a - b).max() / max(float(np.abs(b).max()), 1e-300))
+
+
+def load_points(name: str, n: int | None, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Stratified subset of n points of train + test (``Dataset.subset``), pixels / 255, flattened."""
+    from fedlib.data import load_dataset
+
+    ds = load_dataset(name)
+    total = len(ds.y_train) + len(ds.y_test)
+    if n is not None and not 2 <= n <= total:
+        raise ValueError(f"--points must be in [2, {total}] for {name}, got {n}")
+    if n is not None and n < total:
+        n_tr = min(len(ds.y_train), int(round(n * len(ds.y_train) / total)))
+        ds = ds.subset(n_tr, n - n_tr, seed=seed)
+    x = np.concatenate([ds.x_train, ds.x_test])
+    return x.reshape(len(x), -1).astype(np.float64) / 255.0, np.concatenate([ds.y_train, ds.y_test])
+
+
+def _threads() -> str:
+    try:
+        from threadpoolctl import threadpool_info
+
+        info = threadpool_info()
+        blas = sorted({i["num_threads"] for i in info if i["user_api"] == "blas"})
+        omp = sorted({i["num_threads"] for i in info if i["user_api"] == "openmp"})
+        return f"BLAS threads {blas}, OpenMP threads {omp}"
+    except Exception:  # pragma: no cover - threadpoolctl ships with scikit-learn
+        return "threads unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dataset", default="fashion_mnist", help="a fedlib.data dataset (default fashion_mnist)")
+    parser.add_argument("--points", type=int, default=10000, help="stratified subset of train + test")
+    parser.add_argument("--clients", type=int, default=10, help="IID clients")
+    parser.add_argument("--landmarks", type=int, default=500, help="n_y")
+    parser.add_argument("--rounds", type=int, default=25, help="FedDL rounds")
+    parser.add_argument("--perplexity", type=float, default=30.0)
+    parser.add_argument("--tsne-max-iter", type=int, default=1000, help="t-SNE iterations (sklearn default 1000)")
+    parser.add_argument("--loop-points", type=int, default=4000, help="rows of the client in part 2")
+    parser.add_argument("--repeats", type=int, default=3, help="vectorized gradient: best of this many runs")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", help="also write the report to this file")
+    args = parser.parse_args(argv)
+    for name in ("points", "clients", "landmarks", "rounds", "loop_points", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.tsne_max_iter < 250:
+        parser.error("--tsne-max-iter must be >= 250 (sklearn's minimum)")
+    if args.loop_points > args.points:
+        parser.error("--loop-points must be <= --points")
+    tol = 1e-10
+
+    import sklearn
+
+    from fedlib import fedtsne as ft
+    from fedlib.embedding_metrics import knn_accuracy
+    from fedlib.partition import make_partition
+
+    (X, y), t_load = _timed(lambda: load_points(args.dataset, args.points, args.seed))
+    n, m = X.shape
+    parts = make_partition(y, args.clients, "iid", seed=args.seed)
+    tsne_kw = {"perplexity": args.perplexity, "tsne_kwargs": {"max_iter": args.tsne_max_iter}, "seed": args.seed}
+
+    # ---- 1. centralized and federated t-SNE, same points, same t-SNE settings
+    central, t_central = _timed(lambda: ft.fed_tsne(X, None, centralized=True, **tsne_kw))
+    fd, t_feddl = _timed(lambda: ft.feddl([X[p] for p in parts], args.landmarks, rounds=args.rounds, seed=args.seed))
+    fed, t_fed_embed = _timed(lambda: ft.fed_tsne(X, parts, args.landmarks, feddl_result=fd, **tsne_kw))
+    Y = fd.landmarks
+
+    def nystrom_step():
+        B = np.vstack([ft.client_sq_distances(X[p], Y)["sq_distances"] for p in parts])
+        return ft.nystrom_distances(B, ft.sq_distances(Y))
+
+    _, t_nystrom = _timed(nystrom_step)
+    t_fed = t_feddl + t_fed_embed
+    ca_central = knn_accuracy(central.embedding, y, 10, seed=args.seed)
+    ca_fed = knn_accuracy(fed.embedding, y, 10, seed=args.seed)
+
+    # ---- 2. one client's gradient: vectorized against the loop
+    client = X[np.random.default_rng(args.seed).permutation(n)[:args.loop_points]]
+    ft.mmd2_u_grad(client[:10], Y[:10], fd.gamma)  # warm-up
+    times = []
+    for _ in range(args.repeats):
+        g_vec, t = _timed(lambda: ft.mmd2_u_grad(client, Y, fd.gamma))
+        times.append(t)
+    t_vec = min(times)
+    g_loop, t_loop = _timed(lambda: mmd2_u_grad_loop(client, Y, fd.gamma))
+    diff = relative_difference(g_loop, g_vec)
+    pairs = args.loop_points * args.landmarks + args.landmarks * (args.landmarks - 1)
+    peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
+    ok = diff < tol
+
+    def row(label: str, value: str) -> str:
+        return f"  {label:<46}{value}"
+
+    lines = [
+        f"machine: {platform.machine()}, {os.cpu_count()} CPUs, {_threads()}, "
+        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}, numpy {np.__version__}, "
+        f"scikit-learn {sklearn.__version__}",
+        f"1. Fed-tSNE vs centralized t-SNE, {args.dataset}: {n} points x {m} features (stratified, pixels / 255), "
+        f"loaded in {t_load:.1f} s",
+        f"   {args.clients} IID clients, n_y={args.landmarks}, {args.rounds} FedDL rounds (gamma={fd.gamma:.4g}); "
+        f"t-SNE perplexity {args.perplexity:g}, {args.tsne_max_iter} iterations, random init, seed {args.seed}",
+        row("centralized t-SNE (exact distances + t-SNE)", f"{t_central:.1f} s"),
+        row("Fed-tSNE total", f"{t_fed:.1f} s"),
+        row("    FedDL, all clients and rounds", f"{t_feddl:.1f} s  ({t_feddl / args.rounds:.2f} s per round)"),
+        row("    uploads + Nystrom + t-SNE", f"{t_fed_embed:.1f} s"),
+        row("    of which uploads + Nystrom (separate run)", f"{t_nystrom:.1f} s"),
+        row("time ratio Fed-tSNE / centralized", f"{t_fed / t_central:.2f}x"),
+        row("CA 10-NN centralized", f"{ca_central:.4f}"),
+        row("CA 10-NN Fed-tSNE", f"{ca_fed:.4f}  (difference {ca_fed - ca_central:+.4f})"),
+        row("upload, all clients", f"{fed.upload_bytes / 2**20:.1f} MiB float64 (FedDL "
+            f"{fd.upload_bytes / 2**20:.1f} MiB + distances {fed.distance_upload_bytes / 2**20:.1f} MiB)"),
+        f"2. one client's FedDL gradient (Eq. 13): {args.loop_points} rows x {m} features, n_y={args.landmarks}, "
+        f"float64 ({pairs} kernel pairs)",
+        row("(a) fedtsne.mmd2_u_grad, vectorized", f"{t_vec:.3f} s  (best of {args.repeats})"),
+        row("(b) mmd2_u_grad_loop, per-point Python loop", f"{t_loop:.1f} s  ({t_loop / pairs * 1e6:.2f} us per pair)"),
+        row("time ratio (b) / (a)", f"{t_loop / t_vec:.0f}x"),
+        row("max rel. difference (b) vs (a)", f"{diff:.2e}  (max |G_b - G_a| / max |G_a|; "
+            f"check < {tol:g}: {'passed' if ok else 'FAILED'})"),
+        row("peak resident memory", f"{peak_gib:.2f} GiB"),
+    ]
+    report = "\n".join(lines)
+    print(report)
+    if args.out:
+        from pathlib import Path
+
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(report + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

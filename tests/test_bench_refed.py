@@ -1,0 +1,48 @@
+"""The Re-Fed scoring benchmark runs at a tiny size, writes its report, and its forms agree."""
+import re
+
+import torch
+
+from fedlib.bench import refed_scoring
+from fedlib.models import SmallCNN
+from fedlib.refed import per_sample_grad_sq_norms
+
+TINY = ["--n", "24", "--batch-size", "8", "--models", "2x4", "3x5", "--repeats", "1", "--check-n", "8",
+        "--threads", "1"]
+
+
+def test_bench_tiny_writes_report_and_checks_pass(tmp_path):
+    out = tmp_path / "refed_scoring.txt"
+    assert refed_scoring.main(TINY + ["--out", str(out)]) == 0
+    text = out.read_text()
+    assert "torch threads" in text and "SmallCNN(width=2, hidden=4)" in text and "SmallCNN(width=3, hidden=5)" in text
+    for label in ["(a) vmap(grad), all parameters", "(b) autograd loop, all parameters", "(c) last-layer closed form"]:
+        assert len(re.findall(re.escape(label) + r"\s+\d+ samples/s", text)) == 2, label
+    assert len(re.findall(r"throughput ratio \(a\) / \(b\)\s+[\d.]+x", text)) == 2
+    assert len(re.findall(r"throughput ratio \(c\) / \(a\)\s+[\d.]+x", text)) == 2
+    diffs = [float(v) for v in re.findall(r"\(a\) vs \(b\), float64\s+(\S+)", text)]
+    assert len(diffs) == 2 and max(diffs) < 1e-8
+    assert text.count(": passed)") == 4 and "FAILED" not in text
+
+
+def test_loop_matches_vectorized_in_float64_and_restores_the_model():
+    torch.manual_seed(0)
+    model = SmallCNN(1, 5, 12, width=2, hidden=6).double().train()
+    model.conv1.weight.requires_grad_(False)
+    x = torch.randn(7, 1, 12, 12, dtype=torch.float64)
+    y = torch.randint(0, 3, (7,))
+    ref = refed_scoring.loop_grad_sq_norms(model, x, y, num_seen=3)
+    flags = {n: p.requires_grad for n, p in model.named_parameters()}
+    assert model.training and not flags["conv1.weight"] and all(p.grad is None for p in model.parameters())
+    names = [n for n, _ in model.named_parameters()]
+    vec = per_sample_grad_sq_norms(model, x, y, 3, names=names, batch_size=4)
+    assert refed_scoring.relative_difference(vec, ref) < 1e-12
+    last = refed_scoring.loop_grad_sq_norms(model, x, y, 3, names=["classifier.weight", "classifier.bias"])
+    assert bool((last <= ref + 1e-12).all()) and bool((last > 0).all())
+
+
+def test_bad_model_size_is_refused():
+    import pytest
+
+    with pytest.raises(SystemExit):
+        refed_scoring.main(["--models", "8"])
