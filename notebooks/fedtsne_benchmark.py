@@ -51,29 +51,29 @@
 # %% tags=["parameters"]
 profile = "quick"
 datasets = ["mnist5k", "fashion_mnist", "optdigits"]
-n_points = {"mnist5k": 5000, "fashion_mnist": 10000, "optdigits": 1797}
-seeds = {"mnist5k": [0], "fashion_mnist": [0], "optdigits": [0, 1, 2]}
-num_clients = 10
-n_landmarks = 500
-rounds = 10
-beta = 1.0
+n_points = {"mnist5k": 5000, "fashion_mnist": 10000, "optdigits": 1797}   # stratified subset of train and test, null keeps all
+seeds = {"mnist5k": [0], "fashion_mnist": [0], "optdigits": [0, 1, 2]}   # per dataset, fewer for the slow ones
+num_clients = 10           # clients of the main tables
+n_landmarks = 500          # the paper uses 500
+rounds = 10                # FedDL rounds, one gradient step each
+beta = 1.0                 # noise level of the Fed plus runs, the paper uses 1
 methods = ["tsne", "umap"]
 perplexity = 30.0
-tsne_max_iter = 500
+tsne_max_iter = 500        # sklearn default is 1000
 umap_neighbors = 15
 umap_min_dist = 0.1
-umap_epochs = 200
-sweep_dataset = "mnist5k"
+umap_epochs = 200          # null takes the umap default
+sweep_dataset = "mnist5k"  # client and landmark sweeps
 sweep_points = 2000
 sweep_seeds = [0]
 iid_client_counts = [5, 10, 20, 50, 100]
 noniid_client_counts = [5, 10]
 landmark_counts = [50, 100, 200, 500, 1000]
-landmark_rounds = 30
+landmark_rounds = 30       # FedDL rounds in the landmark sweep
 landmark_splits = ["iid"]
 landmark_methods = ["tsne", "umap"]
 landmark_variants = ["Fed"]
-scatter_points = 2500
+scatter_points = 2500      # points drawn per scatter panel
 num_threads = 2
 
 # %%
@@ -470,18 +470,28 @@ for name in datasets:
 # ### How good is the server's distance matrix?
 #
 # The Nyström estimate on squared distances is exact once the landmarks' affine span contains the
-# data (rank argument, notes Sec. 3): with $n_y=500$ landmarks for 784 pixels this holds almost
-# (MNIST and Fashion-MNIST have most of their variance in far fewer directions), and exactly for
-# optdigits' 64 pixels. The table gives the relative error of $\hat D$ and its 10-NN overlap with
-# the exact neighbours, mean over seeds; the claim checked below is that the 10-NN overlap of
-# $\hat D$ is at least 0.9 in every run of this section, noise included.
+# data (rank argument, notes Sec. 3): with $n_y\ge m+2$ landmarks in general position, whatever
+# their positions. That is the case for optdigits' 64 pixels with $n_y=500$. For 784 pixels it is
+# not, and the estimate is as good as the landmarks' span covers the data's variance. The table
+# gives the relative error of $\hat D$ and its 10-NN overlap with the exact neighbours, mean over
+# seeds. Checked below: (1) exactness (relative error below 1e-6) for every dataset with
+# $m+2\le n_y$; (2) the heuristic noise barely moves the estimate (Fed+ and Fed differ by at most
+# 0.05 in 10-NN overlap, every dataset, split and seed); (3) so does the split (IID and non-IID Fed
+# differ by at most 0.05).
 
 # %%
 dq = dist_q.groupby(["dataset", "variant", "split"])[["D-hat rel. error", "D-hat 10-NN"]].mean()
 display(dq.style.format({"D-hat rel. error": "{:.2e}", "D-hat 10-NN": "{:.4f}"}))
-print(f"lowest D-hat 10-NN overlap over all runs: {dist_q['D-hat 10-NN'].min():.4f}; "
-      f"largest relative error: {dist_q['D-hat rel. error'].max():.2e}")
-assert dist_q["D-hat 10-NN"].min() >= 0.9
+for name, (X, y, _) in data.items():
+    if X.shape[1] + 2 <= n_landmarks:
+        worst = dist_q[dist_q.dataset == name]["D-hat rel. error"].max()
+        print(f"{name}: m + 2 = {X.shape[1] + 2} <= n_y = {n_landmarks}, largest relative error {worst:.1e}")
+        assert worst < 1e-6
+wide = dist_q.pivot_table(index=["dataset", "seed"], columns=["variant", "split"], values="D-hat 10-NN")
+noise_shift = max((wide[("Fed+", s)] - wide[("Fed", s)]).abs().max() for s in ["IID", "non-IID"])
+split_shift = (wide[("Fed", "IID")] - wide[("Fed", "non-IID")]).abs().max()
+print(f"largest |Fed+ - Fed| in D-hat 10-NN overlap: {noise_shift:.4f}; largest |IID - non-IID| (Fed): {split_shift:.4f}")
+assert noise_shift <= 0.05 and split_shift <= 0.05
 
 # %% [markdown]
 # ### Cost
@@ -676,43 +686,57 @@ for name in datasets:
         base = mean_all.loc[(name, emb, "central", "pooled")]
         for v, s in SETTING_ORDER[1:]:
             gap.append({"dataset": name, "embedding": emb, "setting": f"{v} {s}",
-                        **{m: mean_all.loc[(name, emb, v, s), m] - base[m] for m in ["CA 10-NN", "NPA 1-NN", "NMI"]}})
+                        **{m: mean_all.loc[(name, emb, v, s), m] - base[m] for m in ["CA 10-NN", "NPA 10-NN", "NMI"]}})
 gap = pd.DataFrame(gap)
-paper_gap = pd.concat([deltas_paper(fn(), ("CA 10-NN", "NPA 1-NN", "NMI")) for fn, _ in PAPER_TABLES.values()])
-print(f"ours: largest CA 10-NN drop (federated minus centralized), over every dataset and setting: "
-      f"{gap['CA 10-NN'].min():+.4f}; the paper's (Tables 1-2): "
-      f"{paper_gap.loc[(slice(None), 'CA 10-NN'), :].min().min():+.4f}")
-print(f"ours: largest NPA 1-NN drop: {gap['NPA 1-NN'].min():+.4f}; "
-      f"the paper's: {paper_gap.loc[(slice(None), 'NPA 1-NN'), :].min().min():+.4f}")
-fed_plus = gap[gap.setting.str.startswith("Fed+")]
-print(f"ours: Fed+ (beta = {beta}) largest NMI change: {fed_plus['NMI'].abs().max():.4f}")
+summary = gap.groupby("dataset")[["CA 10-NN", "NPA 10-NN", "NMI"]].mean().add_prefix("mean change ")
+summary["D-hat 10-NN overlap"] = dist_q.groupby("dataset")["D-hat 10-NN"].mean()
+summary = summary.sort_values("D-hat 10-NN overlap")
+print("Ours: federated minus centralized, mean over embeddings, Fed/Fed+ and splits; with the mean D-hat 10-NN overlap")
+display(summary.style.format("{:+.4f}"))
+paper_gap = pd.concat([deltas_paper(fn(), ("CA 10-NN", "NPA 10-NN", "NMI")) for fn, _ in PAPER_TABLES.values()],
+                      keys=[lbl.split(": ")[1] for _, lbl in PAPER_TABLES.values()])
+print("Paper: the same mean change (Tables 1-2, the paper's numbers on 40,000 points)")
+display(paper_gap.groupby(level=[0, 2]).mean().mean(axis=1).unstack().add_prefix("mean change ")
+        .style.format("{:+.4f}"))
+if len(summary) > 1:
+    worst = summary["mean change NPA 10-NN"].idxmin()
+    print(f"largest mean NPA 10-NN drop: {worst}, which has the lowest D-hat overlap: {summary.index[0]}")
+    assert worst == summary.index[0]
+fed_plus = gap[gap.setting.str.startswith("Fed+")].set_index(["dataset", "embedding", "setting"])
+fed_only = gap[gap.setting.str.startswith("Fed ")].set_index(["dataset", "embedding", "setting"])
+print(f"ours: Fed+ minus Fed (beta = {beta}), largest |change| of CA 10-NN: "
+      f"{np.abs(fed_plus['CA 10-NN'].values - fed_only['CA 10-NN'].values).max():.4f}")
 timings["total"] = time.perf_counter() - T_START
 display(pd.Series(timings, name="seconds").to_frame().style.format("{:.0f}"))
 
 # %% [markdown]
-# * **Federated is close to centralized here, closer than in the paper.** The table above gives
-#   the largest drops; in the paper the local structure suffers most (NPA 1-NN drops by up to
-#   0.32 on Fashion-MNIST). With squared distances and 500 landmarks our $\hat D$ keeps at least 90 %
-#   of every point's 10 true neighbours in every run (asserted in Sec. 4), so the embedding sees
-#   almost the exact distances. The landmark sweep shows where the paper's losses can come from:
-#   fewer landmarks, or Eq. 22 on plain distances, whose estimate is never exact.
-# * **IID and non-IID behave alike without noise**, as the paper finds: with size weights and one
-#   step per round FedDL is the same gradient descent for every split (Sec. 5).
-# * **The paper's heuristic noise ($\beta=1$) costs little here.** It moves the landmarks, but the
-#   squared-distance Nyström estimate only needs their span to cover the data, which noise does not
-#   destroy. It is not a privacy guarantee either: the final distance upload reveals every sample's
-#   projection on the landmarks' span (`fedlib.fedtsne.reconstruct_from_sq_distances`).
-# * **Absolute values** (CA, NMI, SC) differ from the paper's: other data, 5,000 to 10,000 instead of
-#   40,000 points, and fewer t-SNE iterations at `quick`.
+# * **What decides the drop is the server's distance matrix.** Where $\hat D$ is exact (optdigits,
+#   $n_y\ge m+2$) federation changes nothing beyond the run-to-run variation of t-SNE and UMAP. Where
+#   it is not, the neighbour metrics drop first; the dataset with the lowest 10-NN overlap of
+#   $\hat D$ has the largest NPA drop (asserted above when several datasets run). Fashion-MNIST's
+#   variance is spread over more directions than MNIST's, so 500 landmarks cover it less well.
+# * **IID and non-IID behave alike without noise**, as in the paper: with size weights and one
+#   step per round FedDL is the same gradient descent for every split, and the split changes the
+#   estimate by little (asserted in Sec. 4).
+# * **The paper's heuristic noise ($\beta=1$) costs little here, unlike in the paper.** It moves the
+#   landmarks, but the squared-distance estimate depends on their span, which the noise does not
+#   shrink (asserted in Sec. 4). The paper's larger Fed+ losses, non-IID above all, suggest a
+#   Nyström step that depends on where the landmarks are, such as Eq. 22 on plain distances (Sec. 6
+#   shows how much worse that estimate is). The noise is no privacy guarantee either: the final
+#   distance upload reveals every sample's projection on the landmarks' span
+#   (`fedlib.fedtsne.reconstruct_from_sq_distances`).
+# * **Absolute values** (CA, NMI, SC) differ from the paper's: other data, 1,797 to 10,000 instead
+#   of 40,000 points, and fewer t-SNE iterations at `quick`.
 
 # %% [markdown]
 # ## Exercises
 #
-# 1. **Plain distances.** In the landmark sweep, the plain-distance estimate stays far from exact
-#    even with $n_y>m+2$. Why can $B W^{+} B^\top$ on squared distances be exact while on plain
-#    distances it cannot?
-# 2. **Stronger noise.** Run `python -m fedlib.profiles fedtsne_benchmark beta=20 datasets=[optdigits]`.
-#    Which metrics move first, and why does the distance quality table explain it?
+# 1. **Plain distances.** In the landmark sweep, compare the plain-distance estimate with the
+#    squared one beyond $n_y=m+2$. Why can $B W^{+} B^\top$ on squared distances be exact while on
+#    plain distances it cannot?
+# 2. **Stronger noise.** Run `python -m fedlib.profiles fedtsne_benchmark datasets=[optdigits] beta=20`,
+#    then again with `n_landmarks=40`. Why can the noise not change the federated columns in the
+#    first run, and what changes in the second?
 # 3. **Fewer landmarks.** Run the main experiment with `n_landmarks=50` on optdigits. Compare the
 #    drop of NPA 1-NN with that of CA 10-NN. Which one measures what Nyström loses?
 #
@@ -723,10 +747,12 @@ display(pd.Series(timings, name="seconds").to_frame().style.format("{:.0f}"))
 #    span the whole range reproduces a low-rank matrix exactly. Plain distances are square roots of
 #    those entries; the square root destroys the low rank, so no finite set of landmarks makes the
 #    estimate exact.
-# 2. The neighbour metrics (NPA 1-NN first, then CA 1-NN) drop before NMI and CA 50-NN: noisy
-#    landmarks first blur the smallest distances. The distance table shows the 10-NN overlap of
-#    D-hat falling with it; the class-level structure survives much longer.
-# 3. NPA 1-NN drops much more: it asks for each point's exact nearest neighbour, which a
-#    low-rank estimate moves easily, while a k-NN vote over 10 neighbours in a well-separated
-#    class still finds the right label.
+# 2. optdigits has $m=64$, so 500 landmarks are more than $m+2$: the squared-distance estimate is
+#    exact for any landmarks in general position, noisy or not, and the federated columns equal the
+#    centralized ones up to t-SNE / UMAP randomness. With 40 landmarks the estimate depends on
+#    where they are: noise that pushes them away from the data lowers the 10-NN overlap of D-hat,
+#    and the neighbour metrics (NPA, then CA 1-NN) follow it.
+# 3. Expect NPA 1-NN to drop much more: it asks for each point's exact nearest neighbour, which
+#    a low-rank estimate moves easily, while a vote over 10 neighbours in a well-separated class
+#    still finds the right label. NPA measures what Nyström loses; CA what a reader of the plot loses.
 # ```

@@ -99,8 +99,6 @@ import time
 
 T_START = time.perf_counter()
 
-from functools import partial
-
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
