@@ -9,7 +9,7 @@ from fedlib import fedtsne as ft
 from fedlib.bench import fedtsne_speed
 
 TINY = ["--dataset", "optdigits", "--points", "300", "--clients", "3", "--landmarks", "12", "--rounds", "2",
-        "--tsne-max-iter", "250", "--loop-points", "40", "--repeats", "1"]
+        "--tsne-max-iter", "250", "--loop-points", "60", "--loop-clients", "2", "--repeats", "1"]
 
 
 def test_bench_tiny_report(tmp_path):
@@ -24,6 +24,7 @@ def test_bench_tiny_report(tmp_path):
     assert re.search(r"time ratio Fed-tSNE / centralized\s+[\d.]+x", text)
     cas = [float(v) for v in re.findall(r"CA 10-NN (?:centralized|Fed-tSNE)\s+([\d.]+)", text)]
     assert len(cas) == 2 and all(0.0 <= c <= 1.0 for c in cas)
+    assert "60 points x 64 features over 2 IID clients (30-30 rows each), n_y=12" in text
     assert re.search(r"time ratio \(b\) / \(a\)\s+\d+x", text)
     diff = float(re.search(r"max rel\. difference \(b\) vs \(a\)\s+(\S+)", text).group(1))
     assert diff < 1e-10 and "check < 1e-10: passed" in text
