@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import inspect
 import math
 import numbers
 from typing import Any, Callable, Sequence
@@ -29,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .federated import FedAlgorithm, FedConfig, History, run_federated
+from .federated import FedAlgorithm, FedConfig, History, build_from_registry, run_federated
 from .messages import Message
 from .utils import check_choice, check_positive
 
@@ -256,15 +255,7 @@ METHODS: dict[str, type[IncrementalAlgorithm]] = {
 
 def make_method(name: str, **hparams) -> IncrementalAlgorithm:
     """``METHODS[name](**hparams)``; unknown name -> ValueError, unknown hyperparameter -> TypeError."""
-    key = name.lower() if isinstance(name, str) else name
-    check_choice("method", key, METHODS)
-    cls = METHODS[key]
-    allowed = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
-    unknown = sorted(set(hparams) - set(allowed))
-    if unknown:
-        raise TypeError(f"unknown hyperparameter(s) {', '.join(unknown)} for {key}; "
-                        f"allowed: {', '.join(allowed) or '(none)'}")
-    return cls(**hparams)
+    return build_from_registry(METHODS, name, "method", hparams)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -499,17 +499,23 @@ ALGORITHMS: dict[str, type[FedAlgorithm]] = {
 }
 
 
-def make_algorithm(name: str, **hparams) -> FedAlgorithm:
-    """``ALGORITHMS[name](**hparams)``; unknown name -> ValueError, unknown hyperparameter -> TypeError."""
+def build_from_registry(registry: dict, name: str, param: str, hparams: dict):
+    """``registry[name](**hparams)``: unknown name -> ValueError naming ``param``, unknown
+    hyperparameter -> TypeError listing the allowed ones. Shared by every method registry."""
     key = name.lower() if isinstance(name, str) else name
-    check_choice("algorithm", key, ALGORITHMS)
-    cls = ALGORITHMS[key]
+    check_choice(param, key, registry)
+    cls = registry[key]
     allowed = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
     unknown = sorted(set(hparams) - set(allowed))
     if unknown:
         raise TypeError(f"unknown hyperparameter(s) {', '.join(unknown)} for {key}; "
                         f"allowed: {', '.join(allowed) or '(none)'}")
     return cls(**hparams)
+
+
+def make_algorithm(name: str, **hparams) -> FedAlgorithm:
+    """``ALGORITHMS[name](**hparams)``; unknown name -> ValueError, unknown hyperparameter -> TypeError."""
+    return build_from_registry(ALGORITHMS, name, "algorithm", hparams)
 
 
 # ----------------------------------------------------------------------------------------------

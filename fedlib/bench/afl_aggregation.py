@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from fedlib.bench import write_report
 from fedlib import afl
 from fedlib.analytic import SufficientStats, as_tensor
 from fedlib.utils import resolve_device
@@ -92,12 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         f"  rate ratio accumulation / plain     {acc['gflops_stats'] / acc['gflops_plain']:.2f}",
     ]
     report = "\n".join(lines)
-    print(report)
-    if args.out:
-        from pathlib import Path
-
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(report + "\n")
+    write_report(report, args.out)
     return 0
 
 

@@ -38,6 +38,8 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from fedlib.bench import write_report  # noqa: E402
+
 __all__ = ["mmd2_u_grad_loop", "load_points", "relative_difference", "main"]
 
 
@@ -209,12 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         row("peak resident memory", f"{peak_gib:.2f} GiB"),
     ]
     report = "\n".join(lines)
-    print(report)
-    if args.out:
-        from pathlib import Path
-
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(report + "\n")
+    write_report(report, args.out)
     return 0 if ok else 1
 
 

@@ -36,12 +36,12 @@ import resource
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedlib.bench import write_report
 from fedlib.models import SmallCNN
 from fedlib.refed import last_layer_grad_sq_norms, per_sample_grad_sq_norms
 
@@ -204,10 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     lines.append(f"peak resident memory: {peak_gib:.2f} GiB")
     report = "\n".join(lines)
-    print(report)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(report + "\n")
+    write_report(report, args.out)
     return 0 if ok else 1
 
 

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedlib.bench import write_report
 from fedlib.analytic import ridge_solve
 from fedlib.partition import make_partition
 from fedlib.stsa import K_MODES, dummy_split, gram_estimate, gram_estimate_eq9, upload_floats
@@ -201,12 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         row("peak resident memory", f"{peak_gib:.2f} GiB"),
     ]
     report = "\n".join(lines)
-    print(report)
-    if args.out:
-        from pathlib import Path
-
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(report + "\n")
+    write_report(report, args.out)
     return 0 if ok else 1
 
 
