@@ -3,8 +3,11 @@
 A profile (``smoke``, ``quick``, ``paper``) gives the parameter values of every notebook, in the
 one versioned file ``notebooks/profiles.yml``. ``run_notebook`` converts ``notebooks/NAME.py``
 (jupytext percent format) to ipynb, executes it with papermill using the profile's values plus
-any override, and writes ``book/executed/NAME.ipynb`` where the book reads it. A cell that raises
-makes papermill raise, so a broken chapter fails the build instead of rendering a traceback.
+any override, and writes ``book/executed/NAME.ipynb`` where the book reads it. The run goes to a
+scratch file that replaces the chapter only when every cell ran: a cell that raises makes papermill
+raise, the chapter already in the book is left as it was, and the failed run is kept under
+``FAILED_DIR`` for inspection (the book's Sphinx extension also refuses any executed notebook that
+holds an error).
 
 Command line::
 
@@ -15,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import ast
+import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -28,6 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = REPO / "notebooks"
 PROFILE_FILE = NOTEBOOK_DIR / "profiles.yml"
 EXECUTED_DIR = REPO / "book" / "executed"
+FAILED_DIR = Path(tempfile.gettempdir()) / "fedlib-failed"   # failed runs, never read by the book
 
 
 def load_profiles(path: Path | None = None) -> dict[str, dict[str, dict[str, Any]]]:
@@ -116,8 +122,22 @@ def run_notebook(name: str, profile: str = "quick", overrides: Mapping[str, Any]
     output.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         source = to_ipynb(name, Path(tmp) / f"{name}.ipynb")
-        papermill.execute_notebook(str(source), str(output), parameters=params, kernel_name="python3",
-                                   cwd=str(cwd or NOTEBOOK_DIR), progress_bar=False, log_output=False)
+        # execute into a scratch file; the chapter is replaced only when every cell ran
+        scratch = Path(tmp) / f"{name}.executed.ipynb"
+        try:
+            papermill.execute_notebook(str(source), str(scratch), parameters=params, kernel_name="python3",
+                                       cwd=str(cwd or NOTEBOOK_DIR), progress_bar=False, log_output=False)
+        except BaseException:
+            if scratch.exists():  # keep the failed run for inspection, away from the book
+                failed = FAILED_DIR / f"{name}.ipynb"
+                failed.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(scratch, failed)
+                print(f"[{profile}] {name} failed; {output} left unchanged; failed run: {failed}",
+                      file=sys.stderr, flush=True)
+            raise
+        staged = output.with_name(f".{output.name}.partial")   # same folder: os.replace is atomic
+        shutil.copyfile(scratch, staged)
+        os.replace(staged, output)
     return output
 
 
@@ -146,3 +166,8 @@ if __name__ == "__main__":
         sys.exit(main())
     except ValueError as err:  # bad input: a clear message, no traceback
         sys.exit(f"error: {err}")
+    except Exception as err:
+        if type(err).__name__ != "PapermillExecutionError":
+            raise
+        sys.exit(f"error: a cell raised {err.ename}: {err.evalue}\n(the chapter in the book is unchanged; "
+                 f"the failed run is in {FAILED_DIR})")

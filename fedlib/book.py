@@ -1,0 +1,53 @@
+"""Sphinx extension of the book (``sphinx: extra_extensions: [fedlib.book]`` in ``_config.yml``).
+
+When the build starts it
+1. refuses any executed notebook that holds an error output (or that papermill marked as failed):
+   a failed run must never reach the book, whoever wrote the file;
+2. writes the claims ledger table (``fedlib_claims_table``) from the claims registered in the
+   executed notebooks (``fedlib_executed_dir``), so the ledger page shows what ran.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sphinx.errors import ExtensionError
+
+from fedlib import claims
+
+
+def notebook_errors(path: Path) -> list[str]:
+    """Why ``path`` must not be rendered: error outputs (ename: evalue) or papermill's failure flag."""
+    nb = json.loads(Path(path).read_text())
+    found = [f"{o.get('ename', 'error')}: {str(o.get('evalue', ''))[:200]}"
+             for c in nb.get("cells", []) if c.get("cell_type") == "code"
+             for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    if nb.get("metadata", {}).get("papermill", {}).get("exception") and not found:
+        found.append("papermill marked the run as failed")
+    return found
+
+
+def _on_builder_inited(app) -> None:
+    src = Path(app.srcdir)
+    executed = src / app.config.fedlib_executed_dir
+    bad = {p.name: errs for p in sorted(executed.glob("*.ipynb")) if (errs := notebook_errors(p))}
+    if bad:
+        detail = "; ".join(f"{name}: {errs[0]}" for name, errs in bad.items())
+        raise ExtensionError(f"executed notebook(s) with errors must not be rendered: {detail}. "
+                             "Re-run them (python -m fedlib.profiles NAME) or delete them.")
+    table = src / app.config.fedlib_claims_table
+    table.parent.mkdir(parents=True, exist_ok=True)
+    from fedlib.profiles import notebook_names
+    order = notebook_names()
+    extra = sorted(p.stem for p in executed.glob("*.ipynb") if p.stem not in order)
+    records = claims.collect(executed, order + extra)
+    text = claims.ledger_markdown(records)
+    if not table.exists() or table.read_text() != text:
+        table.write_text(text)
+
+
+def setup(app):
+    app.add_config_value("fedlib_executed_dir", "book/executed", "env")
+    app.add_config_value("fedlib_claims_table", "book/generated/claims_table.md", "env")
+    app.connect("builder-inited", _on_builder_inited)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
