@@ -20,6 +20,9 @@ embedding_metrics  CA@k, NPA@k, NMI / silhouette after k-means, ARI
 domains     digit domains built offline (stand-ins for Digit-10) and the domain-incremental stream
 refed       Re-Fed (Li et al., 2024): PIM, gradient-norm importance, replay caches; replay baselines
 paper_results  the papers' own tables, transcribed, to show beside ours
+stats       sample std and paired differences with t confidence intervals (one convention for the book)
+claims      the claims ledger: chapters register each paper's headline claims with our verdict
+book        Sphinx extension: refuses executed notebooks with errors, writes the claims ledger page
 profiles    smoke / quick / paper parameter profiles and the notebook runner
 bench       benchmark scripts (speed ratios measured in one process)
 utils       devices, seeds, argument checks
