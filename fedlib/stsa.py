@@ -18,7 +18,10 @@ Eq. 9 per class i with K (dummy) clients, class total n, class sums s_k, s = sum
 
 The paper's K is the total number of clients (``k_mode="global"``). Clients with n_k = 0 then
 contribute nothing to B while still counting in K, so the covariance part is biased low under label
-skew; ``k_mode="per_class"`` uses K_i = #{k : n_k > 0}, which is unbiased (notes Sec. 8.1).
+skew; ``k_mode="per_class"`` uses K_i = #{k : n_k > 0}, which is unbiased under label skew (notes
+Sec. 8.1). Unbiasedness needs P_k(x | y) to be the same on every client (label skew only): under
+feature skew (client-specific shifts, :class:`FeatureSkewLearner`) B also holds the spread of the
+client means and G_hat overestimates the within-class scatter.
 """
 from __future__ import annotations
 
@@ -32,19 +35,21 @@ from torch import Tensor
 
 from .afl import aggregate as afl_aggregate
 from .afl import client_update as afl_client_update
-from .analytic import SufficientStats, as_tensor, one_hot, ridge_solve
+from .analytic import SufficientStats, as_tensor, one_hot, ridge_fit, ridge_solve
 from .incremental import task_offset
 from .messages import Message
 from .utils import check_choice, check_positive
 
 __all__ = ["RandomFeatures", "stsa_client", "stsae_client", "dummy_split", "gram_estimate", "gram_estimate_eq9",
            "add_upload_noise", "STSAServer", "predict", "STSALearner", "AFLStagewiseLearner",
-           "upload_floats", "communication_mib", "VARIANTS", "K_MODES", "HEADS", "SPLITS"]
+           "JointRidgeLearner", "FeatureSkewLearner", "client_shifts", "upload_floats", "communication_mib",
+           "VARIANTS", "K_MODES", "HEADS", "SPLITS", "MIN_COUNT"]
 
 VARIANTS = ("stsa", "stsa_e")
 K_MODES = ("global", "per_class")
 HEADS = ("argmax", "cosine")
 SPLITS = ("random", "stratified")
+MIN_COUNT = 0.5   # a (noisy) uploaded count below this is read as "the client does not hold the class"
 
 
 def _check_int(name: str, value, minimum: int) -> int:
@@ -143,9 +148,10 @@ def add_upload_noise(msg: Message, q: float, s: float, generator: torch.Generato
                      entries: Sequence[str] = ("G", "C", "n")) -> Message:
     """The privacy experiment of version 000 (App. E.2, Table 7): add q * N(0, s^2) to the named
     upload entries. G's noise is symmetrized ((E + E^T)/sqrt(2), same variance) so G stays
-    symmetric. The server rounds noisy counts n to the nearest integer >= 0 (:class:`STSAServer`):
-    a count is an integer, and a near-zero noisy count would otherwise turn an empty (dummy) client
-    into a term C C^T / n with n ~ 0 that dominates eq. 9 (our choice; the paper is silent)."""
+    symmetric. Noisy counts stay real numbers: :class:`STSAServer` uses them as they are (no
+    rounding, which would undo noise of sd < 0.5 exactly), except that a count below
+    :data:`MIN_COUNT` is read as an empty (dummy) client, since a term C C^T / n with n ~ 0 would
+    dominate eq. 9 (our choice; the paper is silent)."""
     check_positive("q", q, strict=False)
     check_positive("s", s, strict=False)
     out = dict(msg.payload)
@@ -234,14 +240,19 @@ class STSAServer:
     Holds G_{1:t} (M, M) and C_{1:t} (M, num_classes) in float64; the columns of task t are the
     block [offset, offset + c_t). ``variant="stsa_e"`` replaces each stage's G_t by
     :func:`gram_estimate` of that stage's uploads.
+
+    Uploaded counts (STSA-E) are used as real numbers, so noise on them (Table 7) reaches the
+    estimate; counts below :data:`MIN_COUNT` become 0 (an empty client). ``round_counts=True``
+    rounds them to the nearest integer instead, which removes count noise of sd << 0.5 entirely.
     """
 
     def __init__(self, dim: int, num_classes: int, gamma: float, variant: str = "stsa", k_mode: str = "global",
-                 clip: bool = False, device: str | torch.device = "cpu"):
+                 clip: bool = False, round_counts: bool = False, device: str | torch.device = "cpu"):
         check_choice("variant", variant, VARIANTS)
         check_choice("k_mode", k_mode, K_MODES)
         check_positive("gamma", gamma, strict=False)
         self.variant, self.k_mode, self.clip, self.gamma = variant, k_mode, clip, float(gamma)
+        self.round_counts = bool(round_counts)
         self.gram = torch.zeros(dim, dim, dtype=torch.float64, device=device)
         self.xty = torch.zeros(dim, num_classes, dtype=torch.float64, device=device)
         self.seconds = 0.0
@@ -255,8 +266,11 @@ class STSAServer:
             self.gram += sum(u["G"].to(dev, torch.float64) for u in uploads)
         else:
             sums = torch.cat([u["C"].to(dev, torch.float64) for u in uploads])   # (J, M, c_t)
-            # counts are integers: noisy uploads (Table 7) are rounded to the nearest count >= 0
-            counts = torch.cat([u["n"].to(dev, torch.float64) for u in uploads]).round().clamp_min(0)  # (J, c_t)
+            counts = torch.cat([u["n"].to(dev, torch.float64) for u in uploads])                 # (J, c_t)
+            if self.round_counts:
+                counts = counts.round().clamp_min(0)
+            else:  # noisy counts (Table 7) stay real; a count below MIN_COUNT is an empty client
+                counts = torch.where(counts < MIN_COUNT, torch.zeros_like(counts), counts)
             c_t = sums.sum(0)
             self.gram += gram_estimate(sums, counts, self.k_mode, self.clip)
         self.xty[:, offset:offset + c_t.shape[1]] += c_t
@@ -293,13 +307,13 @@ class STSALearner:
     def __init__(self, in_dim: int, num_classes: int, M: int, gamma: float, variant: str = "stsa",
                  num_dummy: int = 1, k_mode: str = "global", split: str = "random", head: str = "argmax",
                  clip: bool = False, rf_seed: int = 0, seed: int = 0, noise: tuple[float, float] | None = None,
-                 noise_entries: Sequence[str] = ("G", "C", "n"), device: str | torch.device = "cpu",
-                 name: str | None = None):
+                 noise_entries: Sequence[str] = ("G", "C", "n"), round_counts: bool = False,
+                 device: str | torch.device = "cpu", name: str | None = None):
         check_choice("head", head, HEADS)
         check_choice("split", split, SPLITS)
         _check_int("num_dummy (K_D)", num_dummy, 1)
         self.features = RandomFeatures(in_dim, M, rf_seed, device)
-        self.server = STSAServer(M, num_classes, gamma, variant, k_mode, clip, device)
+        self.server = STSAServer(M, num_classes, gamma, variant, k_mode, clip, round_counts, device)
         self.variant, self.num_dummy, self.split, self.head = variant, int(num_dummy), split, head
         self.seed, self.noise, self.noise_entries = seed, noise, tuple(noise_entries)
         self.name = name or variant
@@ -334,7 +348,11 @@ class AFLStagewiseLearner:
     """AFL (Zhuang et al. 2024) run afresh at every stage on that stage's clients only: the AA law
     gives the joint ridge head of the *current* task's classes; the columns of earlier classes are
     kept as they were. Exemplar-free and exact per stage, but each task's head is fitted without
-    the other tasks' data (no temporal aggregation), which is what STSA adds."""
+    the other tasks' data (no temporal aggregation), which is what STSA adds.
+
+    Like for like with STSA: each of the K clients regularizes with gamma / K, so the aggregated
+    head W^r = (G_t + gamma I)^{-1} C_t carries the same total gamma as STSA's (AFL's own clients
+    each add gamma, i.e. K gamma in total, eq. 14)."""
 
     def __init__(self, in_dim: int, num_classes: int, M: int, gamma: float, rf_seed: int = 0,
                  device: str | torch.device = "cpu", name: str = "afl_stagewise"):
@@ -345,14 +363,97 @@ class AFLStagewiseLearner:
     def learn_task(self, t: int, clients, num_seen: int) -> int:
         offset = task_offset(clients)
         c_t = num_seen - offset
-        uploads = [afl_client_update(self.features(x), y.numpy() - offset, c_t, self.gamma, f"client{k}",
+        per_client = self.gamma / len(clients)
+        uploads = [afl_client_update(self.features(x), y.numpy() - offset, c_t, per_client, f"client{k}",
                                      device=self.weights.device) for k, (x, y) in enumerate(clients)]
-        result = afl_aggregate(uploads, restore=False)  # W^r: ridge with K*gamma, no RI (kept well posed)
+        result = afl_aggregate(uploads, restore=False)  # W^r: ridge with K * gamma/K = gamma, no RI
         self.weights[:, offset:num_seen] = result.weights
         return sum(u.nbytes for u in uploads)
 
     def predict(self, x, num_seen: int) -> Tensor:
         return predict(self.weights[:, :num_seen], self.features(x))
+
+
+class JointRidgeLearner:
+    """The "Joint" upper bound: one centralized learner that holds all training data seen so far
+    and fits ridge on it after every stage, W_t = argmin ||Phi W - Y||^2 + gamma ||W||^2 over the
+    data of stages 1..t (same random features and gamma as STSA). No federation, no upload.
+
+    ``solver="ridge"``: the pooled statistics and Cholesky solve of :mod:`fedlib.analytic`
+    (``ridge_fit``, recomputed from all data seen at every stage); ``solver="lstsq"``: numpy
+    ``lstsq`` on the augmented system [Phi; sqrt(gamma) I] W = [Y; 0], which never forms a Gram
+    matrix (independent of the statistics STSA aggregates; slower)."""
+
+    SOLVERS = ("ridge", "lstsq")
+
+    def __init__(self, in_dim: int, num_classes: int, M: int, gamma: float, rf_seed: int = 0, solver: str = "ridge",
+                 device: str | torch.device = "cpu", name: str = "Joint (centralized ridge)"):
+        check_positive("gamma", gamma, strict=False)
+        check_choice("solver", solver, self.SOLVERS)
+        self.features = RandomFeatures(in_dim, M, rf_seed, device)
+        self.gamma, self.name, self.num_classes, self.solver = float(gamma), name, num_classes, solver
+        self._x: list[np.ndarray] = []
+        self._y: list[np.ndarray] = []
+        self.weights: Tensor | None = None
+
+    def learn_task(self, t: int, clients, num_seen: int) -> int:
+        for x, y in clients:
+            self._x.append(self.features(x).cpu().numpy())
+            self._y.append(np.asarray(y))
+        phi, labels = np.concatenate(self._x), np.concatenate(self._y)
+        m = phi.shape[1]
+        if self.solver == "ridge":
+            w = ridge_fit(phi, labels, num_seen, lam=self.gamma).cpu()
+        else:
+            a = np.vstack([phi, math.sqrt(self.gamma) * np.eye(m)])
+            b = np.vstack([np.eye(num_seen)[labels], np.zeros((m, num_seen))])
+            w = torch.from_numpy(np.linalg.lstsq(a, b, rcond=None)[0])
+        self.weights = torch.zeros(m, self.num_classes, dtype=torch.float64)
+        self.weights[:, :num_seen] = w
+        return 0
+
+    def predict(self, x, num_seen: int) -> Tensor:
+        return predict(self.weights[:, :num_seen], self.features(x).cpu())
+
+
+def client_shifts(num_clients: int, dim: int, scale: float, feature_std, seed: int = 0) -> np.ndarray:
+    """Feature skew: one shift per client, delta_k = scale * feature_std * z_k, z_k ~ N(0, I_d).
+
+    feature_std (d,) is the per-dimension std of the backbone features, so ``scale`` is in units
+    of the features' own spread. Returns (K, d) float64."""
+    _check_int("num_clients", num_clients, 1)
+    check_positive("scale", scale, strict=False)
+    std = np.broadcast_to(np.asarray(feature_std, dtype=np.float64), (dim,))
+    return scale * std * np.random.default_rng(seed).standard_normal((num_clients, dim))
+
+
+class FeatureSkewLearner:
+    """Wraps a learner so that client k's backbone features arrive shifted by delta_k (feature
+    skew: P_k(x | y) differs across clients, which the STSA-E unbiasedness argument excludes).
+
+    ``shifts`` (K, d) from :func:`client_shifts`; every stage uses the same client shifts. The test
+    set is shifted by the caller (e.g. each test sample by a random client's shift,
+    :meth:`shift_test`); ``predict`` passes x through unchanged."""
+
+    def __init__(self, learner, shifts: np.ndarray):
+        self.learner, self.shifts = learner, np.asarray(shifts, dtype=np.float64)
+        self.name = learner.name
+        self.min_client_size = getattr(learner, "min_client_size", 1)
+
+    def learn_task(self, t: int, clients, num_seen: int) -> int:
+        if len(clients) != len(self.shifts):
+            raise ValueError(f"FeatureSkewLearner has {len(self.shifts)} client shifts but the stage has "
+                             f"{len(clients)} clients; make num_clients match")
+        shifted = [(as_tensor(x) + torch.from_numpy(self.shifts[k]), y) for k, (x, y) in enumerate(clients)]
+        return self.learner.learn_task(t, shifted, num_seen)
+
+    def predict(self, x, num_seen: int) -> Tensor:
+        return self.learner.predict(x, num_seen)
+
+    def shift_test(self, x, seed: int = 0) -> np.ndarray:
+        """x (N, d) with each row shifted by a uniformly drawn client's delta (the clients' mixture)."""
+        who = np.random.default_rng(seed).integers(0, len(self.shifts), len(x))
+        return np.asarray(x, dtype=np.float64) + self.shifts[who]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -156,31 +156,56 @@ def test_stsae_approaches_stsa_as_dummy_clients_grow():
     assert errs[0] > errs[1] > errs[2]
 
 
-def test_upload_noise_keeps_g_symmetric_and_the_server_rounds_noisy_counts():
+def _noisy_count_servers(sd, round_counts):
     gen = torch.Generator().manual_seed(0)
-    msg = Message("c", {"G": torch.eye(4, dtype=torch.float64), "C": torch.zeros(4, 2, dtype=torch.float64),
-                        "n": torch.zeros(3, 2, dtype=torch.float64)})
-    noisy = stsa.add_upload_noise(msg, q=1.0, s=2.0, generator=gen)
-    assert torch.allclose(noisy["G"], noisy["G"].T)
     rng = np.random.default_rng(0)
     x, y = rng.random((40, 3)), np.repeat([0, 1], 20)
     rf = stsa.RandomFeatures(3, 3)
     clean = [stsa.stsae_client(x[k::2], y[k::2], 2, rf, num_dummy=4, seed=k) for k in range(2)]
-    small = [stsa.add_upload_noise(m, 0.1, 0.5, gen, entries=("n",)) for m in clean]
-    servers = [stsa.STSAServer(3, 2, 1.0, "stsa_e") for _ in range(2)]
+    noisy = [stsa.add_upload_noise(m, 0.1, sd / 0.1, gen, entries=("n",)) for m in clean]
+    servers = [stsa.STSAServer(3, 2, 1.0, "stsa_e", round_counts=round_counts) for _ in range(2)]
     servers[0].receive_stage(clean, 0)
-    servers[1].receive_stage(small, 0)  # noise sd 0.05 on the counts: rounded away
-    assert torch.equal(servers[0].gram, servers[1].gram)
-    assert 1.0 < float((noisy["C"]).std()) < 3.5
+    servers[1].receive_stage(noisy, 0)
+    return servers
+
+
+def test_upload_noise_keeps_g_symmetric_and_scales_with_q_s():
+    gen = torch.Generator().manual_seed(0)
+    msg = Message("c", {"G": torch.eye(4, dtype=torch.float64), "C": torch.zeros(40, 20, dtype=torch.float64),
+                        "n": torch.zeros(3, 2, dtype=torch.float64)})
+    noisy = stsa.add_upload_noise(msg, q=1.0, s=2.0, generator=gen)
+    assert torch.allclose(noisy["G"], noisy["G"].T)
+    assert 1.8 < float(noisy["C"].std()) < 2.2
     assert torch.equal(stsa.add_upload_noise(msg, 0.0, 1.0, gen)["G"], msg["G"])
 
 
-def test_cosine_head_normalizes_class_columns():
-    w = torch.tensor([[1.0, 10.0], [0.0, 0.0]], dtype=torch.float64)
-    phi = torch.tensor([[1.0, 1.0]], dtype=torch.float64)
-    w2 = torch.tensor([[1.0, 0.5], [0.0, 10.0]], dtype=torch.float64)
-    assert stsa.predict(w2, phi).item() == 1 and stsa.predict(w2, torch.tensor([[1.0, 0.0]]), "cosine").item() == 0
-    assert stsa.predict(w, phi, "cosine").item() in (0, 1)
+def test_small_count_noise_reaches_the_gram_estimate_unless_counts_are_rounded():
+    # count noise of sd 0.01 (q=0.1, s=0.1 of Table 7): rounding would erase it bit for bit
+    clean, noisy = _noisy_count_servers(0.01, round_counts=False)
+    rel = float((noisy.gram - clean.gram).norm() / clean.gram.norm())
+    assert 1e-6 < rel < 1e-2
+    clean_r, noisy_r = _noisy_count_servers(0.01, round_counts=True)
+    assert torch.equal(clean_r.gram, noisy_r.gram)
+
+
+def test_counts_below_min_count_are_empty_clients():
+    sums = torch.zeros(3, 2, 1, dtype=torch.float64)
+    sums[:, :, 0] = torch.tensor([[1.0, 2.0], [3.0, 1.0], [0.0, 0.0]])
+    noisy_counts = torch.tensor([[1.0], [2.0], [0.2]], dtype=torch.float64)  # a true 0 with noise +0.2
+    server = stsa.STSAServer(2, 1, 1.0, "stsa_e", k_mode="per_class")
+    server.receive_stage([Message("c", {"C": sums, "n": noisy_counts})], 0)
+    ref = stsa.gram_estimate(sums[:2], noisy_counts[:2], "per_class")
+    assert torch.allclose(server.gram, ref, rtol=0, atol=1e-12)
+
+
+def test_cosine_head_differs_from_argmax_where_column_norms_differ():
+    w = torch.tensor([[1.0, 3.0], [0.0, 3.0]], dtype=torch.float64)
+    phi = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    # scores <phi, w_c> = (1, 3): argmax picks 1; cosines (1, 1/sqrt 2): the cosine head picks 0
+    assert stsa.predict(w, phi).item() == 1
+    assert stsa.predict(w, phi, "cosine").item() == 0
+    # normalizing phi changes neither rule
+    assert stsa.predict(w, 5 * phi, "cosine").item() == 0 and stsa.predict(w, 5 * phi).item() == 1
 
 
 def test_afl_stagewise_learner_fits_each_task_alone():
@@ -190,9 +215,87 @@ def test_afl_stagewise_learner_fits_each_task_alone():
     learner = stsa.AFLStagewiseLearner(5, 6, M=30, gamma=0.5)
     res = run_class_incremental(learner, stream, x, y, xt, yt, 4, 0.5, progress=False)
     idx = stream.tasks[2].train_idx
-    ref = ridge_fit(learner.features(x[idx]), stream.relabel(y[idx]) - 4, 2, lam=4 * 0.5)
+    # like for like with STSA: the aggregated head carries gamma in total (gamma / K per client)
+    ref = ridge_fit(learner.features(x[idx]), stream.relabel(y[idx]) - 4, 2, lam=0.5)
     assert torch.allclose(learner.weights[:, 4:6], ref, atol=1e-9 * float(ref.abs().max()))
     assert res.bytes_up.min() > 0
+
+
+@pytest.mark.parametrize("solver", stsa.JointRidgeLearner.SOLVERS)
+def test_joint_learner_is_ridge_on_all_data_seen_by_lstsq(solver):
+    x, y = _toy()
+    xt, yt = _toy(60, seed=1)
+    stream = make_stream(y, yt, 3, seed=0)
+    joint = stsa.JointRidgeLearner(5, 6, M=40, gamma=0.5, rf_seed=3, solver=solver)
+    res = run_class_incremental(joint, stream, x, y, xt, yt, 4, 0.5, progress=False)
+    assert res.bytes_up.sum() == 0
+    # independent reference: numpy lstsq of [Phi; sqrt(gamma) I] W = [Y; 0] on the pooled data
+    phi = joint.features(x).numpy()
+    a = np.vstack([phi, np.sqrt(0.5) * np.eye(40)])
+    b = np.vstack([np.eye(6)[stream.relabel(y)], np.zeros((40, 6))])
+    ref = np.linalg.lstsq(a, b, rcond=None)[0]
+    assert np.abs(joint.weights.numpy() - ref).max() < 1e-8 * np.abs(ref).max()
+    # and STSA, federated over 4 clients, gives the same head
+    fed = stsa.STSALearner(5, 6, M=40, gamma=0.5, rf_seed=3)
+    res_fed = run_class_incremental(fed, stream, x, y, xt, yt, 4, 0.5, progress=False)
+    assert np.abs(fed.weights.numpy() - ref).max() < 1e-8 * np.abs(ref).max()
+    assert np.allclose(res.acc, res_fed.acc, equal_nan=True)
+
+
+def _skew_covariance_ratio(shift_scale, reps=400, seed=0):
+    """tr(E[G_hat] - n m m^T) / E[tr S] for one class of 60 samples on 4 clients of 15, each client's
+    samples shifted by its own delta_k (feature skew; scale 0 = label skew only)."""
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal((60, 3))
+    shifts = stsa.client_shifts(4, 3, shift_scale, np.ones(3), seed=1)
+    est, true = 0.0, 0.0
+    for _ in range(reps):
+        x = torch.from_numpy(base[rng.permutation(60)] + np.repeat(shifts, 15, axis=0))
+        sums = torch.stack([x[15 * k:15 * (k + 1)].sum(0) for k in range(4)])[:, :, None]
+        g_hat = stsa.gram_estimate(sums, torch.full((4, 1), 15.0, dtype=torch.float64), "per_class")
+        m = x.mean(0)
+        mean_term = 60 * torch.outer(m, m)
+        est += float(torch.trace(g_hat - mean_term))
+        true += float(torch.trace(x.T @ x - mean_term))
+    return est / true
+
+
+def test_gram_estimate_unbiased_under_label_skew_but_overestimates_scatter_under_feature_skew():
+    assert _skew_covariance_ratio(0.0) == pytest.approx(1.0, abs=0.1)
+    assert _skew_covariance_ratio(1.0) > 1.5
+
+
+def test_feature_skew_learner_shifts_each_client_and_checks_the_client_count():
+    x, y = _toy()
+    xt, yt = _toy(60, seed=1)
+    stream = make_stream(y, yt, 3, seed=0)
+    shifts = stsa.client_shifts(3, 5, 0.5, x.std(0), seed=0)
+    assert shifts.shape == (3, 5)
+    joint = stsa.FeatureSkewLearner(stsa.JointRidgeLearner(5, 6, M=20, gamma=0.5), shifts)
+    run_class_incremental(joint, stream, x, y, xt, yt, 3, 0.5, progress=False)
+    parts = [stream.client_partitions(t, y, 3, 0.5) for t in range(3)]
+    pooled = np.concatenate([x[p] + shifts[k] for t in range(3) for k, p in enumerate(parts[t])])
+    assert np.allclose(np.sort(np.concatenate(joint.learner._x), axis=0),
+                       np.sort(joint.learner.features(pooled).numpy(), axis=0))
+    with pytest.raises(ValueError, match="num_clients"):
+        run_class_incremental(stsa.FeatureSkewLearner(stsa.JointRidgeLearner(5, 6, 20, 0.5), shifts),
+                              stream, x, y, xt, yt, 4, 0.5, progress=False)
+
+
+def test_between_client_scatter_is_independent_of_s_minus_b_not_of_s():
+    """The derivation's step: for Gaussian features, B ~ Wishart(Sigma, K-1) and S - B ~ Wishart(Sigma,
+    n-K) are independent; B and S = B + (S - B) are not (corr(tr B, tr S) = sqrt((K-1)/(n-1)))."""
+    rng = np.random.default_rng(0)
+    n, k, reps = 12, 4, 4000
+    tb, ts = np.empty(reps), np.empty(reps)
+    for r in range(reps):
+        x = rng.standard_normal((n, 2))
+        m = x.mean(0)
+        means = x.reshape(k, n // k, 2).mean(1)
+        tb[r] = (n // k) * ((means - m) ** 2).sum()
+        ts[r] = ((x - m) ** 2).sum()
+    assert abs(np.corrcoef(tb, ts - tb)[0, 1]) < 0.06
+    assert np.corrcoef(tb, ts)[0, 1] == pytest.approx(np.sqrt((k - 1) / (n - 1)), abs=0.06)
 
 
 def test_communication_formulas_reproduce_table5():
@@ -227,6 +330,8 @@ def test_stsae_refuses_a_partition_with_clients_smaller_than_k_d_before_any_work
     (lambda: stsa.STSALearner(5, 2, 10, 1.0, variant="stsa_x"), "variant"),
     (lambda: stsa.STSALearner(5, 2, 10, 1.0, head="softmax"), "head"),
     (lambda: stsa.STSALearner(5, 2, 10, 1.0, num_dummy=0), "K_D"),
+    (lambda: stsa.JointRidgeLearner(5, 2, 10, 1.0, solver="qr"), "solver"),
+    (lambda: stsa.client_shifts(3, 2, -1.0, 1.0), "scale"),
 ])
 def test_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
