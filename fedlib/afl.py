@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .analytic import Array, SufficientStats, as_tensor, one_hot, ridge_solve
+from .analytic import Array, SufficientStats, as_tensor, numerical_rank, one_hot, ridge_solve
 from .messages import Message
 from .utils import check_choice, check_positive
 
@@ -72,24 +72,38 @@ def aa_weights(c_agg: torch.Tensor, c_k: torch.Tensor, sign: int = +1, inverse: 
         raise ValueError(f"sign must be +1 (corrected) or -1 (as printed), got {sign!r}")
     check_choice("inverse", inverse, ("solve", "pinv"))
     eye = torch.eye(c_agg.shape[0], dtype=c_agg.dtype, device=c_agg.device)
-    inv_agg, inv_k, inv_s = (_inverse_applier(a, inverse) for a in (c_agg, c_k, c_agg + c_k))
+    inv_agg, inv_k, inv_s = (_inverse_applier(a, inverse, what) for a, what in
+                             ((c_agg, "the aggregated C"), (c_k, "the client's C_k"), (c_agg + c_k, "C_agg + C_k")))
     ra_ck, rk_ca = inv_agg(c_k), inv_k(c_agg)
     w_agg = eye - ra_ck + sign * ra_ck @ inv_s(c_k)
     w_k = eye - rk_ca + sign * rk_ca @ inv_s(c_agg)
     return w_agg, w_k
 
 
-def _inverse_applier(a: torch.Tensor, inverse: str):
+def _inverse_applier(a: torch.Tensor, inverse: str, what: str = "matrix"):
     """``b -> a^{-1} b``: one Cholesky (LU if ``a`` is not positive definite) reused for every
-    right-hand side, or a pseudo-inverse when ``inverse == "pinv"``."""
+    right-hand side, or a pseudo-inverse when ``inverse == "pinv"``. An exactly singular ``a``
+    raises a ValueError that says what to do instead (not torch's raw LU error)."""
     if inverse == "pinv":
         a_pinv = torch.linalg.pinv(a, hermitian=True)
         return lambda b: a_pinv @ b
     factor, info = torch.linalg.cholesky_ex(a)
     if int(info) == 0:
         return lambda b: torch.cholesky_solve(b, factor)
-    lu, pivots = torch.linalg.lu_factor(a)
+    lu, pivots, info = torch.linalg.lu_factor_ex(a)
+    if int(info) != 0:
+        raise ValueError(_singular_message(what))
     return lambda b: torch.linalg.lu_solve(lu, pivots, b)
+
+
+def _singular_message(what: str, rank: int | None = None, dim: int | None = None) -> str:
+    detail = f" (numerical rank {rank} < d = {dim})" if rank is not None else ""
+    return (f"the pairwise AA law inverts every client's Gram matrix, and {what} is singular{detail}: "
+            "a client with fewer samples than features (N_k < d), collinear features or a feature that is "
+            "0 in all its samples has no "
+            "inverse at gamma = 0 (Thm. 1 assumes full column rank). Use gamma > 0 (the RI process, "
+            "which removes gamma afterwards), server='one_solve' (exact at gamma = 0), or "
+            "inverse='pinv' (the paper's Table 1 'w/o RI' recipe)")
 
 
 class PairwiseAAServer:
@@ -108,6 +122,12 @@ class PairwiseAAServer:
 
     def receive(self, msg: Message) -> None:
         w_k, c_k = msg["W"], msg["C"]
+        if self.inverse == "solve" and msg["gamma"] == 0:
+            # gamma = 0: C_k = X_k^T X_k may be singular; a Cholesky can still "succeed" on rounding
+            # noise and return garbage, so test the rank (eigendecomposition, relative tolerance)
+            rank, _ = numerical_rank(c_k)
+            if rank < c_k.shape[0]:
+                raise ValueError(_singular_message(f"{msg.sender}'s C_k", rank, c_k.shape[0]))
         if self.weights is None:
             self.weights, self.gram = w_k.clone(), c_k.clone()
         else:
@@ -215,6 +235,11 @@ def run_afl(x: Array, labels: Array, parts: Sequence[np.ndarray], num_classes: i
     order = list(range(len(parts))) if order is None else list(order)
     if sorted(order) != list(range(len(parts))):
         raise ValueError(f"order must be a permutation of range({len(parts)})")
+    if server == "pairwise" and gamma == 0 and inverse == "solve":
+        small = [k for k, p in enumerate(parts) if len(p) < int(x.shape[1])]
+        if small:
+            raise ValueError(_singular_message(f"C_k of {len(small)} client(s) with N_k < d = {int(x.shape[1])} "
+                                               f"(e.g. client {small[0]}, N_k = {len(parts[small[0]])})"))
     x_dev = as_tensor(x, dtype, device)
     labels = np.asarray(labels)
     clock = {"client": 0.0}

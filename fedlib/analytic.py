@@ -4,8 +4,9 @@ A linear head W (d x C) fitted by least squares on features X (N x d) with one-h
 Y (N x C) depends on the data only through the Gram matrix G = X^T X (d x d) and the
 cross-correlation B = X^T Y (d x C). Both are sums over samples, so they add across clients
 and across time; that additivity is what AFL's AA law (Zhuang et al. 2024, Thm. 1) and STSA's
-spatial-temporal aggregation rest on. Statistics are accumulated in float64 and every solve
-uses a Cholesky/LU solve, never an explicit inverse.
+spatial-temporal aggregation rest on. Statistics are accumulated in float64; every solve is a
+Cholesky solve of the equilibrated system, with a rank-revealing eigendecomposition (relative
+tolerance) deciding the doubtful cases, never an explicit inverse (see :func:`ridge_solve`).
 """
 from __future__ import annotations
 
@@ -82,37 +83,113 @@ class SufficientStats:
         return self
 
 
-def ridge_solve(gram: torch.Tensor, rhs: torch.Tensor, lam: float = 0.0) -> torch.Tensor:
-    """Solve ``(G + lam I) W = rhs`` for W (d, C): Cholesky, LU if not positive definite.
+def _default_rcond(a: torch.Tensor, rcond: float | None) -> float:
+    """Relative rank tolerance: ``rcond`` or NumPy's ``matrix_rank`` default ``d * eps(dtype)``."""
+    if rcond is None:
+        return a.shape[-1] * torch.finfo(a.dtype).eps
+    if not 0 <= rcond < 1:
+        raise ValueError(f"rcond must be in [0, 1), got {rcond!r}")
+    return float(rcond)
 
-    ``lam`` may be negative (AFL's RI restoration subtracts ``K gamma I``, eq. 15). A feature that
-    is zero in every sample (a dead ReLU channel of a frozen CNN) has a zero row and column in G,
-    so the system decouples: its weight is set to 0, the minimum-norm least-squares choice, and
-    the rest is solved exactly. Warns if what remains is singular (then the least-squares head
-    is not unique). Never forms an explicit inverse.
+
+def _decoupled(a: torch.Tensor) -> torch.Tensor:
+    """(d,) bool: features whose row of ``a`` is exactly 0 off the diagonal (e.g. a ReLU channel that
+    is 0 in every sample). Exact test, so it does not depend on the scale of any feature."""
+    off = a - torch.diag_embed(torch.diagonal(a))
+    return (off == 0).all(dim=1)
+
+
+def _equilibrate(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(D^{-1/2} a D^{-1/2}, D^{1/2})`` with ``D = |diag a|`` (1 where 0): unit diagonal, so the
+    rank test below is invariant to rescaling a feature (a column of X times s scales its row and
+    column of X^T X by s)."""
+    s = torch.diagonal(a).abs().sqrt()
+    s = torch.where(s > 0, s, torch.ones_like(s))
+    return a / s[:, None] / s[None, :], s
+
+
+def _smallest_eig_estimate(factor: torch.Tensor, iters: int = 6) -> float:
+    """Upper estimate of lambda_min(A) from A's Cholesky factor: inverse power iteration from a
+    fixed random start (the Rayleigh quotient of A^{-1} never exceeds its largest eigenvalue)."""
+    gen = torch.Generator(device="cpu").manual_seed(12345)
+    v = torch.randn(factor.shape[0], 1, generator=gen, dtype=factor.dtype).to(factor.device)
+    v = v / torch.linalg.vector_norm(v)
+    rq = 0.0
+    for _ in range(iters):
+        w = torch.cholesky_solve(v, factor)
+        rq = float((v * w).sum())
+        v = w / torch.linalg.vector_norm(w)
+    return 1.0 / rq if rq > 0 else 0.0
+
+
+def numerical_rank(a: torch.Tensor, rcond: float | None = None) -> tuple[int, torch.Tensor]:
+    """Rank of a symmetric (d, d) matrix by a symmetric eigendecomposition (rank-revealing) of its
+    equilibrated form: ``#{|lambda_i| > rcond * max|lambda|}``, ``rcond = d * eps(dtype)`` by default
+    (NumPy's ``matrix_rank``). Returns ``(rank, eigenvalues of the equilibrated matrix)``."""
+    tol = _default_rcond(a, rcond)
+    eq, _ = _equilibrate((a + a.T) / 2)
+    lam = torch.linalg.eigvalsh(eq)
+    top = float(lam.abs().max()) if lam.numel() else 0.0
+    return int((lam.abs() > tol * top).sum()) if top > 0 else 0, lam
+
+
+def ridge_solve(gram: torch.Tensor, rhs: torch.Tensor, lam: float = 0.0, rcond: float | None = None) -> torch.Tensor:
+    """Solve ``(G + lam I) W = rhs`` for W (d, C); G (d, d) symmetric, rhs (d, C).
+
+    ``lam`` may be negative (AFL's RI restoration subtracts ``K gamma I``, eq. 15).
+
+    * A feature whose row of ``A = G + lam I`` is exactly zero off the diagonal (a dead ReLU channel)
+      decouples: ``w_j = rhs_j / A_jj``, or 0 (the minimum-norm choice) where ``rhs_j = 0`` or
+      ``A_jj = 0``. No threshold, so a live feature of any scale is never dropped.
+    * The rest is equilibrated to unit diagonal (scale-invariant) and factorized by Cholesky; an
+      inverse-iteration estimate of its smallest eigenvalue screens the conditioning. Where Cholesky
+      fails or the estimate comes within 1e3 of the tolerance, a symmetric eigendecomposition
+      (rank-revealing) decides: rank = ``#{|lambda| > rcond * max|lambda|}``, ``rcond = d * eps``
+      by default. Full rank: the solve. Rank-deficient: a ``RuntimeWarning`` and the minimum-norm
+      solution ``A^+ rhs`` (the ``lstsq`` / ``pinv`` answer, truncated to that rank).
+
+    Never forms an explicit inverse of a full-rank matrix.
     """
     a = gram if lam == 0 else gram + lam * torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
-    diag = torch.diagonal(a)
-    active = diag.abs() > diag.abs().max() * a.shape[0] * torch.finfo(a.dtype).eps
-    if not bool(active.all()):
+    a = (a + a.T) / 2
+    tol = _default_rcond(a, rcond)
+    dec = _decoupled(a)
+    if bool(dec.any()):
         out = torch.zeros(a.shape[0], rhs.shape[1], dtype=rhs.dtype, device=rhs.device)
-        out[active] = ridge_solve(a[active][:, active], rhs[active])
+        diag = torch.diagonal(a)[dec]
+        r = rhs[dec]
+        safe = torch.where(diag != 0, diag, torch.ones_like(diag))
+        out[dec] = torch.where((r != 0) & (diag != 0)[:, None], r / safe[:, None], torch.zeros_like(r))
+        if bool((~dec).any()):
+            keep = ~dec
+            out[keep] = ridge_solve(a[keep][:, keep], rhs[keep], 0.0, rcond)
         return out
-    factor, info = torch.linalg.cholesky_ex(a)
-    if int(info) == 0:
-        return torch.cholesky_solve(rhs, factor)
-    warnings.warn("ridge_solve: the matrix is singular or not positive definite (fewer samples than "
-                  "features, or collinear features); the least-squares solution is not unique",
+    eq, s = _equilibrate(a)
+    factor, info = torch.linalg.cholesky_ex(eq)
+    if int(info) == 0 and _smallest_eig_estimate(factor) > 1e3 * tol * eq.shape[0]:
+        # unit diagonal => lambda_max(eq) <= d: clearly well conditioned, skip the eigendecomposition
+        return torch.cholesky_solve(rhs / s[:, None], factor) / s[:, None]
+    rank, lam_eq = numerical_rank(a, rcond)
+    if rank == a.shape[0]:
+        if int(info) == 0:
+            return torch.cholesky_solve(rhs / s[:, None], factor) / s[:, None]
+        return torch.linalg.solve(eq, rhs / s[:, None]) / s[:, None]
+    warnings.warn(f"ridge_solve: the matrix is singular (numerical rank {rank} of {a.shape[0]} at relative "
+                  f"tolerance {tol:.1e}; fewer samples than features, or collinear features): the "
+                  "least-squares solution is not unique, returning the minimum-norm one",
                   RuntimeWarning, stacklevel=2)
-    return torch.linalg.lstsq(a, rhs).solution if a.device.type == "cpu" else torch.linalg.pinv(a) @ rhs
+    mu, vec = torch.linalg.eigh(a)
+    idx = mu.abs().argsort(descending=True)[:rank]
+    mu, vec = mu[idx], vec[:, idx]
+    return vec @ ((vec.T @ rhs) / mu[:, None])
 
 
 def ridge_fit(x: Array, labels: Array, num_classes: int, lam: float = 0.0, dtype: torch.dtype = torch.float64,
               device: str | torch.device = "cpu") -> torch.Tensor:
     """Centralized ridge / least-squares head ``W = (X^T X + lam I)^{-1} X^T Y`` (d, C).
 
-    ``lam = 0`` is the joint least-squares solution AFL claims to reproduce (AFL eq. 54); it
-    needs ``X^T X`` non-singular.
+    ``lam = 0`` is the joint least-squares solution AFL claims to reproduce (AFL eq. 54); if
+    ``X^T X`` is singular, :func:`ridge_solve` warns and returns the minimum-norm solution.
     """
     check_positive("lam", lam, strict=False)
     stats = SufficientStats.from_data(x, labels, num_classes, dtype, device)
@@ -131,17 +208,31 @@ def accuracy(weights: torch.Tensor, x: Array, labels: Array) -> float:
     return float((pred == as_tensor(labels, torch.int64)).double().mean())
 
 
-def synthetic_features(n: int, dim: int, num_classes: int, kind: str = "gaussian", seed: int = 0):
+def synthetic_features(n: int, dim: int, num_classes: int, kind: str = "gaussian", seed: int = 0,
+                       condition: float = 1e8):
     """Synthetic features (n, dim) float64 and labels (n,) for the exactness checks.
 
     ``gaussian``: standard normal, uniform random labels (AFL's dummy data, Sec. 4.1).
     ``mean_dominated``: non-negative, class-dependent ReLU features on a large common mean, so
     ``cond(X^T X)`` is large (~1e7), like real uncentred CNN features.
+    ``ill_conditioned``: ``X = sqrt(n) Q diag(s) V^T`` with orthonormal Q (n, dim), V (dim, dim) and
+    singular values s log-spaced so that ``cond(X^T X) = condition`` exactly; labels
+    ``argmax(X W0 + noise)``, so the least-squares residual is not zero.
     """
     from .utils import check_choice
 
-    check_choice("kind", kind, ("gaussian", "mean_dominated"))
+    check_choice("kind", kind, ("gaussian", "mean_dominated", "ill_conditioned"))
     rng = np.random.default_rng(seed)
+    if kind == "ill_conditioned":
+        check_positive("condition", condition)
+        if n < dim:
+            raise ValueError(f"ill_conditioned features need n >= dim, got n={n}, dim={dim}")
+        q, _ = np.linalg.qr(rng.standard_normal((n, dim)))
+        v, _ = np.linalg.qr(rng.standard_normal((dim, dim)))
+        s = np.logspace(0.0, -0.5 * np.log10(max(condition, 1.0)), dim)
+        x = np.sqrt(n) * (q * s) @ v.T
+        labels = np.argmax(x @ rng.standard_normal((dim, num_classes)) + rng.standard_normal((n, num_classes)), 1)
+        return x, labels
     labels = rng.integers(0, num_classes, n)
     if kind == "gaussian":
         return rng.standard_normal((n, dim)), labels
@@ -150,14 +241,43 @@ def synthetic_features(n: int, dim: int, num_classes: int, kind: str = "gaussian
     return x + 5.0, labels
 
 
-def gram_report(gram: torch.Tensor) -> dict:
-    """Conditioning of a pooled Gram matrix (d, d): features that are zero in every sample, and
-    the extreme eigenvalues and condition number over the remaining ones (what a solve sees)."""
-    diag = torch.diagonal(gram)
-    active = diag > diag.max() * gram.shape[0] * torch.finfo(gram.dtype).eps
-    eig = torch.linalg.eigvalsh(gram[active][:, active])
-    return {"zero features": int((~active).sum()), "lambda_min": float(eig[0]), "lambda_max": float(eig[-1]),
-            "condition number": float(eig[-1] / eig[0])}
+def lstsq_reference(x: Array, labels: Array, num_classes: int) -> torch.Tensor:
+    """Independent reference for the least-squares head (d, C): NumPy's SVD-based ``lstsq`` on X
+    itself (never on X^T X), float64, minimum-norm when X is rank-deficient."""
+    xn = np.asarray(x.cpu() if isinstance(x, torch.Tensor) else x, dtype=np.float64)
+    yn = np.eye(num_classes)[np.asarray(labels.cpu() if isinstance(labels, torch.Tensor) else labels)]
+    return torch.from_numpy(np.linalg.lstsq(xn, yn, rcond=None)[0])
+
+
+def normal_equations_tolerance(condition: float, dtype: torch.dtype | str = torch.float64, safety: float = 2.0) -> float:
+    """Tolerance for ``relative_error`` of a head solved from X^T X against an lstsq reference:
+    ``safety * cond(X^T X) * eps(dtype)`` (first-order perturbation bound of a normal-equations solve:
+    the Gram is formed and solved with relative errors ~ eps, amplified by its condition number)."""
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.removeprefix("torch."))
+    return safety * float(condition) * torch.finfo(dtype).eps
+
+
+def gram_report(gram: torch.Tensor, rcond: float | None = None) -> dict:
+    """Conditioning of a pooled Gram matrix (d, d) as a solve sees it.
+
+    ``zero features``: rows exactly 0 (dead features, weight 0); ``rank``: numerical rank of the
+    rest (equilibrated eigendecomposition, relative tolerance ``d * eps``, see :func:`ridge_solve`);
+    ``lambda_min`` / ``lambda_max`` / ``condition number`` of the rest; the condition number is
+    ``inf`` when the rest is rank-deficient (never negative).
+    """
+    g = (gram + gram.T) / 2
+    dead = _decoupled(g) & (torch.diagonal(g) == 0)
+    live = g[~dead][:, ~dead]
+    if live.numel() == 0:
+        return {"zero features": int(dead.sum()), "rank": 0, "lambda_min": 0.0, "lambda_max": 0.0,
+                "condition number": float("inf")}
+    rank, _ = numerical_rank(live, rcond)
+    eig = torch.linalg.eigvalsh(live)
+    lo, hi = float(eig[0]), float(eig[-1])
+    full = rank == live.shape[0] and lo > 0
+    return {"zero features": int(dead.sum()), "rank": rank, "lambda_min": lo, "lambda_max": hi,
+            "condition number": hi / lo if full else float("inf")}
 
 
 def relative_error(weights: torch.Tensor, reference: torch.Tensor) -> float:

@@ -8,7 +8,7 @@ counts in :class:`History` are measured, not estimated.
 
 Models are any ``torch.nn.Module`` mapping ``x`` (N, ...) to logits (N, C); clients are
 in-memory tensors. The AFL baselines (Zhuang et al., 2024, Sec. 4.4-4.5) train a head on a
-frozen backbone's cached features with :class:`LinearHead` (or :class:`MLPHead` for MOON).
+frozen backbone's cached features with :class:`LinearHead` (or :class:`MOONHead` for MOON).
 
 Implemented: FedAvg, FedProx, FedDyn, FedNTD, MOON, FedDisco (see ``ALGORITHMS``).
 """
@@ -31,7 +31,7 @@ from .utils import check_choice, check_positive, resolve_device, seed_everything
 __all__ = [
     "FedConfig", "FedContext", "History", "FedAlgorithm", "FedAvg", "FedProx", "FedDyn",
     "FedNTD", "MOON", "FedDisco", "ALGORITHMS", "make_algorithm", "run_federated",
-    "LinearHead", "MLPHead", "accuracy", "average_states", "sample_clients",
+    "LinearHead", "MLPHead", "MOONHead", "accuracy", "average_states", "sample_clients",
 ]
 
 ClientData = Sequence[tuple[Tensor, Tensor]]
@@ -110,10 +110,8 @@ class LinearHead(nn.Module):
 class MLPHead(nn.Module):
     """Two-layer head: ``features`` = ReLU(Linear(in_dim, hidden)), ``head`` = Linear(hidden, C).
 
-    MOON contrasts representations; on a frozen backbone a purely linear head has none of its
-    own (its ``features`` is the fixed input, identical for local, global and previous models,
-    so the contrastive term is constant). MOON therefore runs with this head, whose trainable
-    projection layer supplies the representation.
+    A small trainable representation for methods that need one. (MOON's own head, with the
+    authors' 2-layer projection, is :class:`MOONHead`.)
     """
 
     def __init__(self, in_dim: int, num_classes: int, hidden: int = 256):
@@ -129,6 +127,32 @@ class MLPHead(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.classifier(F.relu(self.proj(x.flatten(1))))
+
+
+class MOONHead(nn.Module):
+    """MOON's projection head on (frozen) features, as in the authors' ``ModelFedCon``:
+    ``z = l2(ReLU(l1(h)))`` (``features``, the contrasted representation, no ReLU on z) and
+    logits ``l3(z)`` (``head``). ``l1``: in_dim -> hidden (the authors use hidden = in_dim, the
+    default), ``l2``: hidden -> out_dim (256), ``l3``: out_dim -> C.
+    """
+
+    def __init__(self, in_dim: int, num_classes: int, hidden: int | None = None, out_dim: int = 256):
+        super().__init__()
+        hidden = in_dim if hidden is None else hidden
+        check_positive("hidden", hidden)
+        check_positive("out_dim", out_dim)
+        self.l1 = nn.Linear(in_dim, hidden)
+        self.l2 = nn.Linear(hidden, out_dim)
+        self.l3 = nn.Linear(out_dim, num_classes)
+
+    def features(self, x: Tensor) -> Tensor:
+        return self.l2(F.relu(self.l1(x.flatten(1))))
+
+    def head(self, z: Tensor) -> Tensor:
+        return self.l3(z)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.features(x))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -361,8 +385,14 @@ class FedNTD(FedAlgorithm):
     """FedNTD (Lee et al., NeurIPS 2022, Sec. 4, L = CE + beta * L_NTD): not-true distillation.
 
     L_NTD = tau^2 * KL( softmax(z_g[not y]/tau) || softmax(z_l[not y]/tau) ), batch mean, where
-    z_l / z_g are the local / frozen global logits with the true class removed (tau^2 as in the
-    authors' code).
+    z_l / z_g are the local / frozen global logits with the true class removed.
+
+    Checked against the authors' code (github.com/Lee-Gihun/FedNTD, commit be00ee5,
+    ``algorithms/fedntd/criterion.py::NTD_Loss``): the same not-true gather, ``log_softmax`` of the
+    local and ``softmax`` of the global logits at temperature tau, ``KLDivLoss(reduction="batchmean")``
+    and the same **tau^2 factor** (Hinton's gradient-scale convention); defaults beta = 1, tau = 1 as
+    in their ``config/fedntd.json`` (``NTD_Loss``'s own default is tau = 3). Not reproduced (training
+    set-up, not the method): their per-round learning-rate decay (x0.99) and 10 % client sampling.
     """
 
     name = "fedntd"
@@ -389,13 +419,26 @@ class FedNTD(FedAlgorithm):
 
 
 class MOON(FedAlgorithm):
-    """MOON (Li, He & Song, CVPR 2021, Algorithm 1): model-contrastive local loss
+    """MOON (Li, He & Song, CVPR 2021, Algorithm 1, eqs. 2-3): model-contrastive local loss
 
     l = CE + mu * l_con,  l_con = -log( e^{sim(z,z_glob)/tau} / (e^{sim(z,z_glob)/tau} + e^{sim(z,z_prev)/tau}) ),
     sim = cosine, z = ``model.features(x)``; z_glob from the frozen global model, z_prev from the
-    client's own model of its previous participation (the global model on the first one).
-    The model must provide ``features(x)`` and ``head(z)`` (see :class:`MLPHead`; with a linear
-    head on frozen features the term is constant, so use MLPHead). Stores one model per client.
+    client's own model after its previous participation. The model must provide ``features(x)`` and
+    ``head(z)``: use :class:`MOONHead` (the authors' projection head). Stores one model per client.
+
+    Checked against the authors' code (github.com/QinbinLi/MOON, commit 8fcba3c, ``main.py::
+    train_net_fedcon`` and ``model.py::ModelFedCon``):
+
+    * **Projection head**: z is the output of their 2-layer projection ``l2(relu(l1(h)))`` (no ReLU on
+      z) and the classifier ``l3`` acts on z; :class:`MOONHead` has the same structure.
+    * **First participation (round 1)**: their pool of previous models is empty in round 1, so the
+      contrastive logits hold only the positive pair and l_con = CE of one logit = 0. Ours: no
+      previous model -> l_con = 0 as well (so round 1 equals FedAvg on the same model).
+    * Difference, labelled: with partial participation their pool keeps *every* client's network, so
+      a client first sampled in round r > 1 uses its own never-trained initial network as the
+      negative; ours uses no negative until the client has trained once. With full participation
+      (our benchmark) the two coincide. Their ``model_buffer_size = 1`` (one previous model) is ours.
+    * Defaults mu = 1, tau = 0.5, out_dim = 256 are their command-line defaults.
     """
 
     name = "moon"
@@ -424,9 +467,11 @@ class MOON(FedAlgorithm):
     def training_loss(self, model, x, y, global_model, client_state):
         z = model.features(x)
         loss = F.cross_entropy(model.head(z), y)
+        if client_state["prev"] is None:  # no negative yet: l_con = -log(1) = 0 (authors' round 1)
+            return loss
         with torch.no_grad():
             z_glob = global_model.features(x)
-            z_prev = z_glob if client_state["prev"] is None else self.prev_model.features(x)
+            z_prev = self.prev_model.features(x)
         pos = F.cosine_similarity(z, z_glob, dim=1)
         neg = F.cosine_similarity(z, z_prev, dim=1)
         sims = torch.stack([pos, neg], dim=1) / self.tau

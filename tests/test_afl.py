@@ -1,19 +1,28 @@
 """AFL exactness (AA law, RI process) on random data, with tolerances a wrong formula fails."""
+import warnings
+
 import numpy as np
 import pytest
 import torch
 
 from fedlib import afl
-from fedlib.analytic import SufficientStats, relative_error, ridge_fit, ridge_solve, synthetic_features
+from fedlib.analytic import (SufficientStats, gram_report, normal_equations_tolerance, relative_error, ridge_fit,
+                             ridge_solve, synthetic_features)
 from fedlib.partition import make_partition
 
 N, D, C = 1500, 24, 5
+EPS64, EPS32 = np.finfo(np.float64).eps, np.finfo(np.float32).eps
+
+
+def lstsq(x, y, num_classes=C):
+    """Independent reference: NumPy's SVD least squares on X itself (not the normal equations)."""
+    return torch.from_numpy(np.linalg.lstsq(np.asarray(x, dtype=np.float64), np.eye(num_classes)[y], rcond=None)[0])
 
 
 @pytest.fixture(scope="module")
 def data():
     x, y = synthetic_features(N, D, C, "gaussian", seed=3)
-    return x, y, ridge_fit(x, y, C, 0.0)
+    return x, y, lstsq(x, y)
 
 
 def test_stats_add_across_clients(data):
@@ -157,3 +166,111 @@ def test_client_update_dual_form_for_small_clients(data):
     y1 = np.eye(C)[y[:10]]
     primal = np.linalg.solve(x[:10].T @ x[:10] + 0.5 * np.eye(D), x[:10].T @ y1)
     np.testing.assert_allclose(msg["W"].numpy(), primal, rtol=1e-9, atol=1e-12)
+
+
+# ---- references independent of the normal equations, on ill-conditioned features ----------------
+@pytest.mark.parametrize("condition", [1e5, 1e8, 1e10])
+@pytest.mark.parametrize("server", ["pairwise", "one_solve"])
+def test_afl_matches_lstsq_on_ill_conditioned_features(condition, server):
+    """Tolerance derived from the conditioning: safety * cond(X^T X) * eps; the unrestored ridge
+    (a wrong answer) must fall outside it."""
+    x, y = synthetic_features(2000, D, C, "ill_conditioned", seed=1, condition=condition)
+    ref = lstsq(x, y)
+    kappa = np.linalg.cond(x.T @ x)
+    assert kappa == pytest.approx(condition, rel=0.05)
+    tol = normal_equations_tolerance(kappa)
+    parts = make_partition(y, 30, "iid", seed=0)
+    res = afl.run_afl(x, y, parts, C, gamma=1.0, server=server)
+    assert relative_error(res.weights, ref) < tol
+    assert relative_error(res.weights_regularized, ref) > 100 * tol  # K*gamma ridge is visibly off
+
+
+@pytest.mark.parametrize("condition", [1e3, 1e5])
+def test_afl_float32_statistics_match_lstsq(condition):
+    """float32 accumulation (the authors' code): error within 2 cond * eps32 of lstsq on the same
+    (float32-rounded) features; float64 accumulation is 1e7x tighter."""
+    x, y = synthetic_features(2000, D, C, "ill_conditioned", seed=2, condition=condition)
+    x32 = x.astype(np.float32)
+    ref = lstsq(x32, y)
+    kappa = np.linalg.cond(x32.astype(np.float64).T @ x32.astype(np.float64))
+    parts = make_partition(y, 30, "iid", seed=0)
+    w32 = afl.run_afl(x32, y, parts, C, gamma=1.0, dtype=torch.float32).weights
+    w64 = afl.run_afl(x32, y, parts, C, gamma=1.0).weights
+    assert w32.dtype == torch.float32
+    assert relative_error(w32.double(), ref) < normal_equations_tolerance(kappa, torch.float32)
+    assert relative_error(w64, ref) < normal_equations_tolerance(kappa)
+
+
+def test_one_solve_gamma0_matches_lstsq_ill_conditioned():
+    x, y = synthetic_features(2000, D, C, "ill_conditioned", seed=3, condition=1e8)
+    parts = np.array_split(np.arange(2000), 100)  # 20 samples per client < d
+    res = afl.run_afl(x, y, parts, C, gamma=0.0, server="one_solve")
+    assert relative_error(res.weights, lstsq(x, y)) < normal_equations_tolerance(1e8)
+
+
+# ---- rank handling of ridge_solve / gram_report ----------------------------------------------------
+def test_tiny_live_feature_keeps_its_weight(data):
+    """A live column scaled by 1e-8 is not 'dead': its weight scales by 1e8, as lstsq says."""
+    x, y, _ = data
+    xs = x.copy()
+    xs[:, 3] *= 1e-8
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        w = ridge_fit(xs, y, C, 0.0)
+    ref = lstsq(xs, y)
+    assert float(ref[3].abs().max()) > 1e6
+    assert relative_error(w, ref) < 1e-6
+
+
+def test_duplicated_column_warns_and_returns_min_norm(data):
+    x, y, _ = data
+    xd = np.hstack([x, x[:, :1]])
+    with pytest.warns(RuntimeWarning, match="rank 24 of 25"):
+        w = ridge_fit(xd, y, C, 0.0)
+    ref = lstsq(xd, y)  # minimum-norm: splits the weight equally over the two copies
+    assert relative_error(w, ref) < 1e-8
+    torch.testing.assert_close(w[0], w[-1])
+    report = gram_report(SufficientStats.from_data(xd, y, C).gram)
+    assert report["rank"] == D and report["condition number"] == float("inf")
+
+
+def test_dead_features_get_zero_weight_without_warning(data):
+    x, y, w_ref = data
+    xz = np.hstack([x, np.zeros((N, 2))])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        w = ridge_fit(xz, y, C, 0.0)
+        res = afl.run_afl(xz, y, make_partition(y, 40, "iid", seed=0), C, gamma=1.0)
+    assert float(w[D:].abs().max()) == 0.0 and float(res.weights[D:].abs().max()) == 0.0
+    assert relative_error(w[:D], w_ref) < 1e-10 and relative_error(res.weights[:D], w_ref) < 1e-10
+    report = gram_report(SufficientStats.from_data(xz, y, C).gram)
+    assert report["zero features"] == 2 and report["rank"] == D and report["condition number"] > 0
+
+
+def test_pairwise_gamma0_rank_deficient_clear_error(data):
+    x, y, _ = data
+    parts = np.array_split(np.arange(N), 100)  # N_k = 15 < d = 24
+    with pytest.raises(ValueError, match="gamma > 0.*one_solve"):
+        afl.run_afl(x, y, parts, C, gamma=0.0, server="pairwise")
+
+
+def test_rcond_validated():
+    with pytest.raises(ValueError, match="rcond"):
+        ridge_solve(torch.eye(2, dtype=torch.float64), torch.ones(2, 1, dtype=torch.float64), rcond=2.0)
+
+
+def test_pairwise_gamma0_fails_before_any_client_work(data, monkeypatch):
+    x, y, _ = data
+    calls = []
+    monkeypatch.setattr(afl, "client_update", lambda *a, **k: calls.append(1))
+    with pytest.raises(ValueError, match="N_k < d"):
+        afl.run_afl(x, y, np.array_split(np.arange(N), 100), C, gamma=0.0, server="pairwise")
+    assert not calls
+
+
+def test_pairwise_gamma0_collinear_client_clear_error(data):
+    """N_k >= d but a duplicated feature: C_k is singular although Cholesky may pass on round-off."""
+    x, y, _ = data
+    xd = np.hstack([x, x[:, :1]])
+    with pytest.raises(ValueError, match="numerical rank 24 < d = 25"):
+        afl.run_afl(xd, y, np.array_split(np.arange(N), 2), C, gamma=0.0, server="pairwise")

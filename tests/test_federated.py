@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from fedlib.federated import (
-    ALGORITHMS, FedConfig, FedDisco, FedDyn, FedNTD, History, LinearHead, MLPHead, make_algorithm,
+    ALGORITHMS, FedConfig, FedDisco, FedDyn, FedNTD, History, LinearHead, MLPHead, MOON, MOONHead, make_algorithm,
     run_federated, sample_clients,
 )
 from fedlib.messages import Message
@@ -210,7 +210,7 @@ def test_fedntd_ignores_true_class():
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_every_method_beats_chance(fed_data, name):
     clients, test = fed_data
-    model_fn = (lambda: MLPHead(D, C, hidden=16)) if name == "moon" else linear
+    model_fn = (lambda: MOONHead(D, C, hidden=16, out_dim=8)) if name == "moon" else linear
     h = run_federated(model_fn, clients, test, name, cfg(rounds=3, participation=0.5), progress=False)
     assert h.final_acc > 0.8, (name, h.test_acc)
     df = h.to_frame()
@@ -273,7 +273,7 @@ def test_make_algorithm_errors():
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_cuda_runs(fed_data, name):
     clients, test = fed_data
-    model_fn = (lambda: MLPHead(D, C, hidden=16)) if name == "moon" else linear
+    model_fn = (lambda: MOONHead(D, C, hidden=16, out_dim=8)) if name == "moon" else linear
     h = run_federated(model_fn, clients, test, name, cfg(device="cuda", participation=0.5), progress=False)
     assert h.final_acc > 0.8
     h2 = run_federated(model_fn, clients, test, name, cfg(device="cuda", participation=0.5), progress=False)
@@ -285,3 +285,62 @@ def test_num_threads_restored(fed_data):
     before = torch.get_num_threads()
     run_federated(linear, clients[:2], test, "fedavg", cfg(rounds=1, num_threads=1), progress=False)
     assert torch.get_num_threads() == before
+
+
+def test_fedntd_matches_authors_formula_with_tau_squared():
+    """tau^2 * KL(q_global || p_local) over the not-true classes, batch mean (authors' NTD_Loss);
+    computed here by masking instead of gathering. Without the tau^2 factor it is 4x smaller."""
+    torch.manual_seed(1)
+    tau, beta = 2.0, 0.7
+    alg = FedNTD(beta=beta, tau=tau)
+    g = linear().requires_grad_(False)
+    x, y = torch.randn(16, D), torch.randint(0, C, (16,))
+    local = g(x) + torch.randn(16, C)
+    mask = torch.ones(16, C, dtype=torch.bool)
+    mask[torch.arange(16), y] = False
+    lg, ll = g(x)[mask].view(16, C - 1), local[mask].view(16, C - 1)
+    q, p = torch.softmax(lg / tau, 1), torch.softmax(ll / tau, 1)
+    expected = beta * tau ** 2 * (q * (q.log() - p.log())).sum(1).mean()
+    got = alg.local_loss(None, x, y, g, {}, logits=local)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-7)
+
+
+def test_moon_head_is_authors_projection():
+    head = MOONHead(D, C)
+    assert (head.l1.in_features, head.l1.out_features, head.l2.out_features, head.l3.in_features) == (D, D, 256, 256)
+    torch.manual_seed(0)
+    z = head.features(torch.randn(64, D))
+    assert z.shape == (64, 256) and float(z.min()) < 0  # z is the linear output of l2 (no ReLU)
+
+
+def test_moon_first_participation_has_no_contrastive_term():
+    """Authors' round 1: no previous model, contrastive logits = [positive] only, l_con = 0."""
+    torch.manual_seed(0)
+    model, glob = MOONHead(D, C, hidden=16, out_dim=8), MOONHead(D, C, hidden=16, out_dim=8)
+    x, y = torch.randn(32, D), torch.randint(0, C, (32,))
+    alg = MOON(mu=1.0, tau=0.5)
+    loss = alg.training_loss(model, x, y, glob, {"prev": None})
+    torch.testing.assert_close(loss, torch.nn.functional.cross_entropy(model(x), y))
+
+
+def test_moon_contrastive_term_matches_eq3():
+    torch.manual_seed(0)
+    model, glob, prev = (MOONHead(D, C, hidden=16, out_dim=8) for _ in range(3))
+    x, y = torch.randn(32, D), torch.randint(0, C, (32,))
+    alg = MOON(mu=2.0, tau=0.5)
+    alg.prev_model = prev
+    loss = alg.training_loss(model, x, y, glob, {"prev": prev.state_dict()})
+    z, zg, zp = model.features(x), glob.features(x), prev.features(x)
+    cos = torch.nn.functional.cosine_similarity
+    e_pos, e_neg = torch.exp(cos(z, zg) / 0.5), torch.exp(cos(z, zp) / 0.5)
+    expected = torch.nn.functional.cross_entropy(model(x), y) + 2.0 * (-torch.log(e_pos / (e_pos + e_neg))).mean()
+    torch.testing.assert_close(loss, expected)
+
+
+def test_moon_round_one_equals_fedavg(fed_data):
+    clients, test = fed_data
+    model_fn = lambda: MOONHead(D, C, hidden=16, out_dim=8)  # noqa: E731
+    a = run_federated(model_fn, clients, test, "moon", cfg(rounds=1), progress=False)
+    b = run_federated(model_fn, clients, test, "fedavg", cfg(rounds=1), progress=False)
+    for k in a.final_state:
+        torch.testing.assert_close(a.final_state[k], b.final_state[k], rtol=0, atol=0)
