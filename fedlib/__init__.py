@@ -16,6 +16,7 @@ incremental the federated class-incremental protocol (tasks, per-task partitions
 stsa        STSA / STSA-E (Guan et al.): random features, statistics aggregation, Gram estimate
 fcil        gradient baselines for class-incremental learning (Finetune, FedEWC, FedLwF)
 fedtsne     FedDL landmarks, Nystrom distances / kernels, Fed-tSNE, Fed-UMAP, Fed-SpeClust, "+" noise
+privacy     Gaussian-mechanism accounting (dp-accounting: PLD / RDP composition, analytic Gaussian)
 embedding_metrics  CA@k, NPA@k, NMI / silhouette after k-means, ARI
 domains     digit domains built offline (stand-ins for Digit-10) and the domain-incremental stream
 refed       Re-Fed (Li et al., 2024): PIM, gradient-norm importance, replay caches; replay baselines
