@@ -7,7 +7,9 @@ In a chapter::
                     holds=bool(worst <= tol), evidence=f"max relative error {worst:.1e} <= {tol:.0e}")
 
 ``holds`` is computed from the measurement in that cell; ``holds=None`` means the claim cannot be
-checked offline (``evidence`` says why); a ``condition`` qualifies a claim that holds only under it.
+checked offline (``evidence`` says why); a ``condition`` qualifies a claim that holds only under it;
+``inconclusive=True`` says that our runs resolve neither outcome (a confidence interval that
+contains both), which is not a refutation.
 The record is displayed as a verdict box (with an HTML anchor) and stored in the cell's output
 metadata under ``fedlib-claim``. :func:`collect` reads the records back from the executed notebooks,
 so the ledger page (:func:`ledger_markdown`, written by the book's Sphinx extension ``fedlib.book``)
@@ -28,14 +30,17 @@ PAPERS = {
     "fedtsne": "Federated t-SNE / UMAP / spectral clustering (Qiao et al., 2025)",
     "refed": "Re-Fed (Li et al., 2024)",
 }
-VERDICTS = ("verified", "holds only if", "refuted", "not checkable offline")
+VERDICTS = ("verified", "holds only if", "refuted", "inconclusive", "not checkable offline")
 METADATA_KEY = "fedlib-claim"
 _ID = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 
-def verdict_of(holds: bool | None, condition: str | None) -> str:
-    """verified (holds, no condition), holds only if (holds under ``condition``), refuted, or
-    not checkable offline (``holds`` is None)."""
+def verdict_of(holds: bool | None, condition: str | None, inconclusive: bool = False) -> str:
+    """verified (holds, no condition), holds only if (holds under ``condition``), refuted,
+    inconclusive (``inconclusive``: the runs resolve neither outcome), or not checkable offline
+    (``holds`` is None)."""
+    if inconclusive:
+        return "inconclusive"
     if holds is None:
         return "not checkable offline"
     if holds:
@@ -44,7 +49,7 @@ def verdict_of(holds: bool | None, condition: str | None) -> str:
 
 
 def make_record(claim_id: str, paper: str, statement: str, *, holds: bool | None, evidence: str,
-                condition: str | None = None) -> dict:
+                condition: str | None = None, inconclusive: bool = False) -> dict:
     """Validated claim record (a plain dict, JSON-serializable)."""
     if not isinstance(claim_id, str) or not _ID.match(claim_id):
         raise ValueError(f"claim_id must be a lowercase slug like 'afl-weight-invariance', got {claim_id!r}")
@@ -61,7 +66,7 @@ def make_record(claim_id: str, paper: str, statement: str, *, holds: bool | None
     if condition is not None and (not isinstance(condition, str) or not condition.strip()):
         raise ValueError("condition must be None or a non-empty string")
     return {"id": claim_id, "paper": paper, "statement": statement.strip(),
-            "verdict": verdict_of(holds, condition), "condition": condition, "evidence": evidence.strip()}
+            "verdict": verdict_of(holds, condition, bool(inconclusive)), "condition": condition, "evidence": evidence.strip()}
 
 
 def _verdict_text(rec: dict) -> str:
@@ -69,9 +74,10 @@ def _verdict_text(rec: dict) -> str:
 
 
 def register(claim_id: str, paper: str, statement: str, *, holds: bool | None, evidence: str,
-             condition: str | None = None) -> dict:
+             condition: str | None = None, inconclusive: bool = False) -> dict:
     """Record one claim of ``paper`` in the running chapter and show its verdict box."""
-    rec = make_record(claim_id, paper, statement, holds=holds, evidence=evidence, condition=condition)
+    rec = make_record(claim_id, paper, statement, holds=holds, evidence=evidence, condition=condition,
+                      inconclusive=inconclusive)
     e = html.escape
     box = (f'<div class="fedlib-claim" id="claim-{rec["id"]}" style="border-left:4px solid #888;'
            f'padding:0.3em 0.8em;margin:0.5em 0">'
@@ -126,8 +132,7 @@ def ledger_markdown(records: list[dict], link_prefix: str = "executed/") -> str:
     evidence, a link to the cell that checked it)."""
     if not records:
         return "No chapter has been executed yet, so no claim is registered.\n"
-    lines = ["| paper | verified | holds only if | refuted | not checkable offline |",
-             "|---|---|---|---|---|"]
+    lines = ["| paper | " + " | ".join(VERDICTS) + " |", "|---" * (len(VERDICTS) + 1) + "|"]
     for key, title in PAPERS.items():
         recs = [r for r in records if r["paper"] == key]
         if recs:

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 import numbers
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -33,7 +35,7 @@ from .messages import Message
 from .utils import check_choice, check_positive
 
 __all__ = ["IncrementalAlgorithm", "Finetune", "FedEWC", "FedLwF", "METHODS", "make_method",
-           "empirical_fisher", "FederatedIncrementalLearner"]
+           "empirical_fisher", "stage_seed", "stage_config", "FederatedIncrementalLearner"]
 
 ClientData = Sequence[tuple[Tensor, Tensor]]
 
@@ -48,6 +50,27 @@ def _threads(num_threads: int | None):
         yield
     finally:
         torch.set_num_threads(old)
+
+
+def stage_seed(seed: int, t: int) -> int:
+    """Seed of incremental stage t for a run seeded with ``seed``.
+
+    Stage 0 keeps ``seed`` (so stage 0 is exactly ``run_federated`` with the run's config);
+    stage t >= 1 gets ``SeedSequence([seed, t])``'s first 32-bit word, so every stage draws its
+    own client samples and mini-batch orders instead of repeating stage 0's.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0:
+        raise ValueError(f"t (stage index) must be a non-negative int, got {t!r}")
+    if t == 0:
+        return int(seed)
+    return int(np.random.SeedSequence([int(seed), int(t)]).generate_state(1, dtype=np.uint32)[0])
+
+
+def stage_config(config: FedConfig, t: int) -> FedConfig:
+    """``config`` with the seed of stage t (:func:`stage_seed`); the other fields unchanged."""
+    return dataclasses.replace(config, seed=stage_seed(config.seed, t))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -267,8 +290,9 @@ class FederatedIncrementalLearner:
     ``model_fn()`` builds a model mapping x (N, ...) to logits (N, num_classes) over *all* classes
     of the stream (e.g. ``lambda: LinearHead(d, C)``). Stage 0 starts from ``model_fn()``, stage
     t > 0 from a copy of the global model at the end of stage t-1 (requires_grad flags of
-    ``model_fn()``'s parameters kept); each stage is one ``run_federated`` call with ``config``
-    (same seed every stage) and ``test=None``. ``method`` in :data:`METHODS`, ``**hparams`` its
+    ``model_fn()``'s parameters kept); each stage is one ``run_federated`` call with
+    ``stage_config(config, t)`` (a seed per stage: stage 0 uses ``config.seed``, later stages
+    draw other clients and batch orders) and ``test=None``. ``method`` in :data:`METHODS`, ``**hparams`` its
     hyperparameters. After a stage: ``histories[t]`` (its :class:`History`), ``stage_bytes[t]``,
     ``model`` (the global model).
     """
@@ -315,8 +339,8 @@ class FederatedIncrementalLearner:
         alg = self.algorithm
         alg.begin_stage(t, self._num_seen, num_seen, self.model)
         model_fn = self._first_model if self.model is None else self._next_model
-        hist = run_federated(model_fn, clients, None, alg, self.config, progress=self.progress,
-                             num_classes=self.num_classes)
+        hist = run_federated(model_fn, clients, None, alg, stage_config(self.config, t),
+                             progress=self.progress, num_classes=self.num_classes)
         if self.model is None:
             self.model = self._template
         self.model.load_state_dict(hist.final_state)

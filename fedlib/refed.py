@@ -28,12 +28,15 @@ Decisions the paper leaves open (notes Sec. 8), all constructor options of :clas
   is dropped even if N_k^1 > M. ``"replay"`` (Sec. 4.1): M is the replay-buffer size, the cache
   keeps min(M, |pool|) old samples on top of the new data.
 * [D3] caches are rebuilt once per task, at the boundary, by **all** K clients, from the final
-  global model of the previous task (not per round as Alg. 1 prints).
+  global model of the previous task (not per round as Alg. 1 prints). Each task runs FedAvg with
+  its own seed (:func:`fedlib.fcil.stage_seed`), so each task samples its own clients.
 * [D4] the PIM starts at w^{t-1}. [D5] mini-batch SGD on mean CE + (q/2)||v - w||^2
   (``prox_scaling="mean"``); ``"sum"`` divides q by |pool| (Eq. 3's summed gradient, literally).
   [D7] PIM: plain SGD (momentum ``pim_momentum=0``), lr ``pim_lr`` (default ``config.lr``).
 * [D6] plain top-k over the whole pool: no per-task or per-class split of the budget
-  (``class_balanced=True``: per-class top-k with budget proportional to the class's pool share).
+  (ours: ``class_balanced=True`` / ``"proportional"``: per-class top-k with a budget proportional
+  to the class's pool share, the class mix random replay keeps in expectation; ``"equal"``, method
+  ``"refed_balanced"`` of :func:`make_learner`: the same quota for every class of the pool).
 * [D11] ``aggregation="uniform"`` (Alg. 2) for every method; ``"size"``: n_k-weighted FedAvg.
 * [D12] iteration p = PIM epoch; every sample gets one G^p per epoch, taken at the parameters
   current when its mini-batch is processed (before the step).
@@ -51,6 +54,7 @@ learner without memory (for ``"domain"``, LwF distils all classes).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import math
 import numbers
@@ -63,7 +67,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .fcil import IncrementalAlgorithm, _threads, make_method
+from .fcil import IncrementalAlgorithm, _threads, make_method, stage_config
 from .federated import FedConfig, FedProx, History, run_federated
 from .utils import check_choice, resolve_device
 
@@ -128,28 +132,61 @@ def importance_scores(grad_sq: Tensor, weighting: str = "early") -> Tensor:
     return -scores if weighting == "late" else scores
 
 
-def select_top(scores: Tensor, budget: int, labels: Tensor | None = None, class_balanced: bool = False) -> Tensor:
+BALANCING = ("none", "proportional", "equal")
+
+
+def _balancing(class_balanced) -> str:
+    """Normalise ``class_balanced``: False -> "none", True -> "proportional", or a name of BALANCING."""
+    if class_balanced is False or class_balanced is None:
+        return "none"
+    if class_balanced is True:
+        return "proportional"
+    if isinstance(class_balanced, str) and class_balanced in BALANCING:
+        return class_balanced
+    raise ValueError(f"class_balanced must be False, True or one of {', '.join(BALANCING)}, got {class_balanced!r}")
+
+
+def select_top(scores: Tensor, budget: int, labels: Tensor | None = None, class_balanced: bool | str = False) -> Tensor:
     """Indices (sorted ascending) of the ``budget`` highest ``scores`` (n,); ties keep the lower index.
 
-    ``class_balanced``: class c gets floor/largest-remainder share budget * n_c / n of the budget
-    and its own top-k (``labels`` (n,) required).
+    ``class_balanced`` splits the budget over the classes of ``labels`` (n,) (required then) and
+    takes each class's own top-k: ``True`` / ``"proportional"``: class c gets the
+    floor/largest-remainder share budget * n_c / n (the pool's class mix); ``"equal"``: every class
+    the same quota, capped at n_c, with what a small class cannot use shared among the others
+    (water-filling; a remainder goes to the classes with the most samples left, ties to the lower
+    label).
     """
+    mode = _balancing(class_balanced)
     scores = torch.as_tensor(scores)
     n = int(scores.shape[0])
     budget = _check_int("budget", budget, 0)
     if budget > n:
         raise ValueError(f"budget must be <= the {n} candidates, got {budget}")
-    if not class_balanced:
+    if mode == "none":
         order = torch.argsort(scores, descending=True, stable=True)
         return torch.sort(order[:budget]).values
     if labels is None or int(labels.shape[0]) != n:
         raise ValueError("class_balanced selection needs labels with one entry per score")
     classes, counts = torch.unique(labels, return_counts=True)
-    share = counts.double() * budget / n
-    quota = share.floor().long()
-    rest = budget - int(quota.sum())
-    if rest:
-        quota[torch.argsort(share - quota, descending=True, stable=True)[:rest]] += 1
+    if mode == "proportional":
+        share = counts.double() * budget / n
+        quota = share.floor().long()
+        rest = budget - int(quota.sum())
+        if rest:
+            quota[torch.argsort(share - quota, descending=True, stable=True)[:rest]] += 1
+    else:
+        quota = torch.zeros_like(counts)
+        rest = budget
+        while rest > 0:
+            room = counts - quota
+            open_ = room > 0
+            each = rest // int(open_.sum())
+            if each == 0:
+                quota[torch.argsort(room, descending=True, stable=True)[:rest]] += 1
+                break
+            add = torch.minimum(room, torch.full_like(room, each)) * open_
+            quota += add
+            rest -= int(add.sum())
     picked = []
     for c, k in zip(classes.tolist(), quota.tolist()):
         idx = torch.nonzero(labels == c).flatten()
@@ -388,18 +425,24 @@ class ReplayLearner:
     ``model_fn()`` maps x (N, ...) to logits (N, num_classes) over all classes of the stream. Stage
     t (0-based): (1) t > 0 and ``selection != "none"``: every client selects its cache from its
     previous local set with ``selection`` ("random": uniform; "refed": PIM scores, Eqs. 3-5);
-    (2) one :func:`run_federated` call (``config``, the same seed every stage, participation =
-    fraction of clients per round) on cache u new data of each client, from the previous global
+    (2) one :func:`run_federated` call (``fcil.stage_config(config, t)``: a seed per stage, so
+    every stage samples its own clients and batch orders; participation = fraction of clients
+    per round) on cache u new data of each client, from the previous global
     model, with ``loss`` (masked CE "finetune", "fedprox", or fcil's "fedewc"/"fedlwf",
     hyperparameters ``loss_hparams``). ``memory`` = M, ``memory_mode`` its meaning (module
     docstring, [D1]). Client k of every task is the same client (the protocol's fixed order).
 
+    ``first_rounds``: rounds of stage 0 (default ``config.rounds``), e.g. to learn the first task
+    (domain) before anything can be forgotten; later stages run ``config.rounds``.
     ``eval_data(t) -> (x, y) | None``: test data that ``run_federated`` evaluates every
     ``config.eval_every`` rounds of stage t (class-incremental: argmax over the seen classes);
     ``histories[t].test_acc`` then gives per-round curves and :func:`rounds_to_best` the CoR.
     After stage t: ``histories[t]``, ``stage_bytes[t]`` (model uploads + loss-specific extra
     uploads; cache selection sends nothing), ``memory_log[t]`` (per-client arrays ``new``,
-    ``pool``, ``budget``, ``cached``, ``local``), ``pim_log[t]`` (Re-Fed: per client the
+    ``pool``, ``budget``, ``cached``, ``local``, ``old`` = earlier-task samples in the local set;
+    :meth:`check_memory` checks the mode's constraint; for methods with a cache also
+    ``pool_tasks`` / ``old_tasks`` (K, t) counts of the pool and of the cache by task and
+    ``pool_classes`` / ``old_classes`` (K, num_classes) by label), ``pim_log[t]`` (Re-Fed: per client the
     :class:`PIMResult`'s ``dist_sq``/``loss`` and the scores), ``model`` (the global model).
     """
 
@@ -408,9 +451,9 @@ class ReplayLearner:
                  scenario: str = "class", loss: str = "finetune", loss_hparams: dict | None = None,
                  lam: float = 0.8, weighting: str = "early", pim_epochs: int = 40, pim_lr: float | None = None,
                  pim_momentum: float = 0.0, prox_scaling: str = "mean", grad_norm: str = "exact",
-                 class_balanced: bool = False, aggregation: str = "uniform",
+                 class_balanced: bool | str = False, aggregation: str = "uniform",
                  eval_data: Callable[[int], tuple[Tensor, Tensor] | None] | None = None,
-                 progress: bool = True, name: str | None = None):
+                 first_rounds: int | None = None, progress: bool = True, name: str | None = None):
         if not callable(model_fn):
             raise TypeError(f"model_fn must be callable, got {type(model_fn).__name__}")
         if not isinstance(config, FedConfig):
@@ -429,6 +472,7 @@ class ReplayLearner:
             memory = _check_int("memory", memory, 1)
         elif memory is not None:
             memory = _check_int("memory", memory, 1)
+        self.first_rounds = None if first_rounds is None else _check_int("first_rounds", first_rounds, 1)
         self.lam = _check_lam(lam)
         self.pim_epochs = _check_int("pim_epochs", pim_epochs, 1)
         self.pim_lr = config.lr if pim_lr is None else _check_real("pim_lr", pim_lr)
@@ -445,7 +489,8 @@ class ReplayLearner:
         self.model_fn, self.config, self.progress, self.eval_data = model_fn, config, progress, eval_data
         self.selection, self.memory, self.memory_mode, self.scenario = selection, memory, memory_mode, scenario
         self.loss, self.weighting, self.pim_momentum = loss, weighting, float(pim_momentum)
-        self.prox_scaling, self.grad_norm, self.class_balanced = prox_scaling, grad_norm, bool(class_balanced)
+        self.prox_scaling, self.grad_norm = prox_scaling, grad_norm
+        self.class_balanced = _balancing(class_balanced)
         self.aggregation = aggregation
         self.name = name or (f"{loss}" if selection == "none" else f"{loss}+{selection}")
         self.model: nn.Module | None = None
@@ -538,6 +583,12 @@ class ReplayLearner:
             self.local_sets[k] = (x[keep], y[keep], task[keep])
         return logs
 
+    def _composition(self, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per client, counts of the current local sets by task (K, t) and by label (K, num_classes)."""
+        by_task = np.stack([np.bincount(task.numpy(), minlength=t)[:t] for _, _, task in self.local_sets])
+        by_class = np.stack([np.bincount(y.numpy(), minlength=self.num_classes) for _, y, _ in self.local_sets])
+        return by_task, by_class
+
     # -- models --------------------------------------------------------------------------------
     def _first_model(self) -> nn.Module:
         model = self.model_fn()
@@ -570,8 +621,11 @@ class ReplayLearner:
         if self.num_clients is None:
             self.num_clients = len(clients)
         pim = None
+        counts = {}
         if t > 0 and self.selection != "none":
+            counts["pool_tasks"], counts["pool_classes"] = self._composition(t)
             pim = self._select(t, budgets)
+            counts["old_tasks"], counts["old_classes"] = self._composition(t)
         cached = np.array([len(s[1]) for s in self.local_sets] if t > 0 and self.selection != "none"
                           else [0] * len(clients), dtype=np.int64)
         new_sets = []
@@ -583,8 +637,11 @@ class ReplayLearner:
                 x, y, tid = torch.cat([cx, x]), torch.cat([cy, y]), torch.cat([ct, tid])
             new_sets.append((x, y, tid))
         self.local_sets = new_sets
+        # "old": samples of earlier tasks in the local set, counted from the task ids themselves
+        # (not from the selection's bookkeeping), for check_memory
         self.memory_log.append({"new": np.array(new_sizes), "pool": pools, "budget": budgets,
-                                "cached": cached, "local": np.array([len(s[1]) for s in new_sets])})
+                                "cached": cached, "local": np.array([len(s[1]) for s in new_sets]),
+                                "old": np.array([int((s[2] < t).sum()) for s in new_sets]), **counts})
         self.pim_log.append(pim)
 
         alg = self.algorithm
@@ -595,7 +652,10 @@ class ReplayLearner:
         model_fn = self._first_model if self.model is None else self._next_model
         data = [(x, y) for x, y, _ in new_sets]
         try:
-            hist = run_federated(model_fn, data, test, alg, self.config, progress=self.progress,
+            config = stage_config(self.config, t)
+            if t == 0 and self.first_rounds is not None:
+                config = dataclasses.replace(config, rounds=self.first_rounds)
+            hist = run_federated(model_fn, data, test, alg, config, progress=self.progress,
                                  num_classes=self.num_classes)
         finally:
             if self._handle is not None:
@@ -632,6 +692,35 @@ class ReplayLearner:
             for s in range(0, int(x.shape[0]), batch_size):
                 out.append(self.model(x[s:s + batch_size].to(device))[:, :num_seen].argmax(1).cpu())
         return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
+
+    def check_memory(self) -> list[str]:
+        """The storage constraint of ``memory_mode`` at every stage t >= 1, checked on what the
+        clients hold (samples of earlier tasks counted from their task ids): ``"total"`` (Sec.
+        3.1) cache + new data <= M; ``"replay"`` (Sec. 4.1) old samples <= M. Both: the cache is
+        as full as the rule allows (old = min(budget, pool), budget = M - N_k or M), so no storage
+        is left unused. Returns the violations found (empty list: all hold); memory-free methods
+        have nothing to check."""
+        bad: list[str] = []
+        if self.selection == "none":
+            return bad
+        for t, log in enumerate(self.memory_log):
+            if t == 0 or not len(log):
+                continue
+            m = self.memory
+            rule = m - log["new"] if self.memory_mode == "total" else np.full_like(log["new"], m)
+            expect = np.minimum(np.maximum(rule, 0), log["pool"])
+            for k in range(len(log["new"])):
+                old, local = int(log["old"][k]), int(log["local"][k])
+                if self.memory_mode == "total" and local > m:
+                    bad.append(f"task {t}, client {k}: local set {local} > M={m} (memory_mode 'total')")
+                if self.memory_mode == "replay" and old > m:
+                    bad.append(f"task {t}, client {k}: {old} old samples > M={m} (memory_mode 'replay')")
+                if old != int(expect[k]):
+                    bad.append(f"task {t}, client {k}: {old} old samples, the rule gives min(budget, pool) = "
+                               f"{int(expect[k])}")
+                if local != old + int(log["new"][k]):
+                    bad.append(f"task {t}, client {k}: local set {local} != old {old} + new {int(log['new'][k])}")
+        return bad
 
     def cache_labels(self, k: int) -> Tensor:
         """Labels (CPU) of client k's current local set (cache u latest task)."""
@@ -677,6 +766,7 @@ class FixedLearner(ReplayLearner):
 # ----------------------------------------------------------------------------------------------
 LEARNERS: dict[str, dict[str, Any]] = {
     "refed": {"selection": "refed", "loss": "finetune"},
+    "refed_balanced": {"selection": "refed", "loss": "finetune", "class_balanced": "equal"},
     "fedavg": {"selection": "none", "loss": "finetune"},
     "fedavg_replay": {"selection": "random", "loss": "finetune"},
     "fedprox_replay": {"selection": "random", "loss": "fedprox"},
@@ -691,7 +781,8 @@ def make_learner(method: str, model_fn: Callable[[], nn.Module], config: FedConf
                  **kwargs: Any) -> ReplayLearner:
     """One learner of :data:`LEARNERS` on the common protocol.
 
-    ``memory`` (M) is used by "refed", "fedavg_replay", "fedprox_replay" (required there) and
+    ``memory`` (M) is used by "refed", "refed_balanced" (Re-Fed with ``class_balanced="equal"``),
+    "fedavg_replay", "fedprox_replay" (required there) and
     ignored by the memory-free methods, so one loop can pass it to all. ``kwargs``: names taken
     by the method's loss (FedProx ``mu`` (default 0.01); EWC ``lam``; LwF ``lam``, ``T``) go to
     the loss, the rest to :class:`ReplayLearner` (e.g. Re-Fed's ``lam``, ``weighting``,
@@ -707,6 +798,12 @@ def make_learner(method: str, model_fn: Callable[[], nn.Module], config: FedConf
     loss_hparams = {k: kwargs.pop(k) for k in list(kwargs) if k in loss_names}
     if spec["selection"] == "none":
         memory = None
+    fixed = {k: v for k, v in spec.items() if k not in ("selection", "loss")}
+    clash = sorted(k for k in fixed if k in kwargs and kwargs[k] != fixed[k])
+    if clash:
+        raise ValueError(f"method {key!r} fixes {', '.join(f'{k}={fixed[k]!r}' for k in clash)}; "
+                         f"use another method to change it")
+    kwargs.update(fixed)
     return ReplayLearner(model_fn, config, num_classes=num_classes, selection=spec["selection"], memory=memory,
                          scenario=scenario, loss=spec["loss"], loss_hparams=loss_hparams, progress=progress,
                          name=key, **kwargs)

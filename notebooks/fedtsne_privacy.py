@@ -271,6 +271,7 @@ if diffs:
         "fedtsne-fig7-beta", "fedtsne",
         "Figure 7: the smaller the noise level beta, the better the NMI of Fed-tSNE+ / Fed-UMAP+.",
         holds=bool(all(d.high < 0 for d in diffs.values())),
+        inconclusive=not any(d.excludes_zero for d in diffs.values()),
         evidence="NMI at beta=" + f"{b_max:g} minus beta=0, paired by seed: " + "; ".join(
             f"{k}: {d.format(3)}" for k, d in diffs.items()) + "; Spearman(beta, NMI): " + ", ".join(
             f"{k} {v:.2f}" for k, v in trend.items()),

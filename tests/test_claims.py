@@ -12,6 +12,7 @@ def test_verdict_follows_the_measurement():
     assert claims.verdict_of(True, "label skew only") == "holds only if"
     assert claims.verdict_of(False, None) == "refuted"
     assert claims.verdict_of(None, None) == "not checkable offline"
+    assert claims.verdict_of(False, None, inconclusive=True) == "inconclusive"
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedlib.fcil import METHODS, FedEWC, FederatedIncrementalLearner, empirical_fisher, make_method
+from fedlib.fcil import (METHODS, FedEWC, FederatedIncrementalLearner, empirical_fisher, make_method, stage_config,
+                         stage_seed)
 from fedlib.federated import FedAvg, FedConfig, LinearHead, run_federated
 from fedlib.incremental import make_stream, run_class_incremental
 from fedlib.messages import Message
@@ -193,6 +194,41 @@ def test_later_stage_starts_from_previous_model(data):
     assert all(p.requires_grad for p in start.parameters()) and start.training
     lr.learn_task(1, stage_clients(data, 1), 4)
     assert not states_equal(lr.model.state_dict(), prev)
+
+
+def test_stage_seeds_are_distinct_and_stage0_keeps_the_seed():
+    seeds = [stage_seed(7, t) for t in range(50)]
+    assert seeds[0] == 7 and len(set(seeds)) == 50
+    assert stage_seed(7, 3) == stage_seed(7, 3) != stage_seed(8, 3)  # deterministic, depends on the run seed
+    c = cfg(seed=7)
+    assert stage_config(c, 0) == c and stage_config(c, 2).seed == seeds[2] and stage_config(c, 2).lr == c.lr
+    with pytest.raises(ValueError, match="seed must be a non-negative int"):
+        stage_seed(-1, 0)
+    with pytest.raises(ValueError, match="stage index"):
+        stage_seed(0, -1)
+
+
+def test_each_stage_samples_its_own_clients():
+    """Regression: every stage re-used config.seed, so every stage drew the same client subsets
+    and the same mini-batch orders; with 2 of 10 clients for 2 rounds per stage, at most 4
+    clients ever trained, whatever the number of stages."""
+    k_clients, stages = 10, 6
+    g = np.random.RandomState(1)
+    clients = [(torch.from_numpy(g.randn(8, D).astype(np.float32)), torch.from_numpy(g.randint(0, 1, 8)))
+               for _ in range(k_clients)]
+    lr = learner("finetune", config=cfg(rounds=2, local_epochs=1, participation=0.2))
+    for t in range(stages):
+        lr.learn_task(t, [(x, y + t) for x, y in clients], t + 1)
+    per_stage = [tuple(map(tuple, h.participants)) for h in lr.histories]
+    assert len(set(per_stage)) == stages  # every stage draws its own subsets
+    trained = {k for h in lr.histories for ids in h.participants for k in ids}
+    assert len(trained) > 4  # more clients than one stage's 2 rounds x 2 clients can reach
+    # stage 0 is exactly run_federated with the run's own config (its seed)
+    alg = make_method("finetune")
+    alg.begin_stage(0, 0, 1, None)
+    ref = run_federated(linear, clients, None, alg, cfg(rounds=2, local_epochs=1, participation=0.2),
+                        progress=False, num_classes=C)
+    assert ref.participants == lr.histories[0].participants
 
 
 def test_bad_input(data):

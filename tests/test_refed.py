@@ -104,6 +104,17 @@ def test_select_top_ties_and_class_balance():
     assert select_top(scores, 4, labels, class_balanced=True).tolist() == [1, 2, 4, 5]
     with pytest.raises(ValueError, match="budget"):
         select_top(scores, 7)
+    # equal quotas: 8 of class 0 and 2 of class 1 -> proportional 4 : 1, equal 3 : 2 (class 1 capped at 2,
+    # what it cannot use goes to class 0)
+    s2 = torch.arange(10.0).flip(0)
+    lab = torch.tensor([0] * 8 + [1] * 2)
+    assert select_top(s2, 5, lab, "proportional").tolist() == [0, 1, 2, 3, 8]
+    assert select_top(s2, 5, lab, "equal").tolist() == [0, 1, 2, 8, 9]
+    assert select_top(s2, 8, lab, "equal").tolist() == [0, 1, 2, 3, 4, 5, 8, 9]
+    lab3 = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 2, 2])   # remainder to the classes with most left, then lower label
+    assert np.bincount(lab3[select_top(s2, 7, lab3, "equal")].numpy()).tolist() == [3, 2, 2]
+    with pytest.raises(ValueError, match="class_balanced"):
+        select_top(scores, 2, labels, class_balanced="uniform")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -194,6 +205,76 @@ def test_cache_respects_memory_for_every_client_and_task(data, mode, memory):
     # the last local sets hold old classes (replay) and only seen labels
     labels = torch.cat([learner.cache_labels(k) for k in range(K)])
     assert int(labels.min()) < data[0].num_seen(T - 2) and int(labels.max()) < C
+
+
+def test_check_memory_catches_each_modes_constraint(data):
+    for mode, memory in [("total", 100), ("replay", 40)]:
+        lr = run_stages(make_learner("fedavg_replay", linear, cfg(), num_classes=C, memory=memory,
+                                     memory_mode=mode, progress=False), data, beta=1.0)
+        assert lr.check_memory() == []
+        log = lr.memory_log[-1]
+        assert (log["old"] == log["cached"]).all() and (log["old"] > 0).all()
+        # the composition logs add up and the cache is a sub-multiset of the pool
+        assert log["old_tasks"].shape == (K, T - 1) and (log["old_tasks"].sum(1) == log["old"]).all()
+        assert (log["pool_tasks"].sum(1) == log["pool"]).all() and (log["old_tasks"] <= log["pool_tasks"]).all()
+        assert (log["old_classes"].sum(1) == log["old"]).all() and (log["old_classes"] <= log["pool_classes"]).all()
+        # a client that stores one old sample too many (counted from the task ids) is caught
+        x, y, task = lr.local_sets[0]
+        lr.local_sets[0] = (torch.cat([x, x[:1]]), torch.cat([y, y[:1]]), torch.cat([task, task.new_zeros(1)]))
+        log["old"][0] += 1
+        log["local"][0] += 1
+        found = lr.check_memory()
+        assert any("min(budget, pool)" in f for f in found)
+        if mode == "total":
+            assert any("local set" in f and "> M" in f for f in found) == bool(log["local"][0] > memory)
+        # a cache below what the rule allows (unused storage) is caught as well
+        log["old"][0] -= 2
+        log["local"][0] -= 2
+        assert any("min(budget, pool)" in f for f in lr.check_memory())
+    # in replay mode the real constraint is old samples <= M: the local set may exceed M
+    lr = run_stages(make_learner("fedavg_replay", linear, cfg(), num_classes=C, memory=40, memory_mode="replay",
+                                 progress=False), data, beta=1.0)
+    log = lr.memory_log[-1]
+    assert (log["local"] > 40).any() and (log["old"] <= 40).all()
+    log["old"][0] = log["cached"][0] = 41
+    assert any("> M=40" in f for f in lr.check_memory())
+    assert make_learner("fedavg", linear, cfg(), num_classes=C, progress=False).check_memory() == []
+
+
+def test_each_task_samples_its_own_clients(data):
+    """Regression: ReplayLearner passed the same config (seed) to run_federated at every task, so
+    every task drew the same client subsets and batch orders."""
+    lr = run_stages(make_learner("fedavg_replay", linear, cfg(rounds=2, participation=0.34), num_classes=C,
+                                 memory=40, memory_mode="replay", progress=False), data, beta=1.0)
+    per_task = [tuple(map(tuple, h.participants)) for h in lr.histories]
+    assert len(set(per_task)) == T
+    # first_rounds: a longer first task, the later ones keep config.rounds
+    lr = run_stages(make_learner("fedavg", linear, cfg(rounds=2), num_classes=C, first_rounds=5, progress=False),
+                    data, stages=2)
+    assert [len(h.participants) for h in lr.histories] == [5, 2]
+
+
+def test_class_balanced_refed_gives_every_class_the_same_quota(data):
+    lr = run_stages(make_learner("refed_balanced", linear, cfg(), num_classes=C, memory=40, memory_mode="replay",
+                                 pim_epochs=1, progress=False), data, stages=2, beta=1.0)
+    assert lr.class_balanced == "equal" and lr.check_memory() == []
+    selected = 0
+    for k in range(K):
+        pool = stage_clients(data, 0, beta=1.0)[k][1]
+        _, y, task = lr.local_sets[k]
+        cached = np.bincount(y[task < 1].numpy(), minlength=C)
+        have = np.bincount(pool.numpy(), minlength=C)
+        budget = min(40, len(pool))
+        assert cached.sum() == budget and (cached <= have).all()
+        # equal quotas: a class below its fair share keeps all it has, the others differ by at most one
+        if budget == len(pool):
+            continue
+        selected += 1
+        full = cached < have
+        assert full.any() and np.ptp(cached[full]) <= 1 and (cached[~full & (have > 0)] <= cached[full].max()).all()
+    assert selected > 0
+    with pytest.raises(ValueError, match="refed_balanced.*class_balanced='equal'"):
+        make_learner("refed_balanced", linear, cfg(), num_classes=C, memory=40, class_balanced=False)
 
 
 def test_task1_identity_with_fedavg(data):
@@ -302,7 +383,8 @@ def test_bad_input(data):
     for kw, match in [(dict(scenario="task"), "scenario"), (dict(weighting="middle"), "weighting"),
                       (dict(lam=1.0), "lam"), (dict(lam=0.0), "lam"), (dict(memory_mode="all"), "memory_mode"),
                       (dict(grad_norm="fisher"), "grad_norm"), (dict(memory=0), "memory"),
-                      (dict(memory=None), "memory"), (dict(pim_epochs=0), "pim_epochs")]:
+                      (dict(memory=None), "memory"), (dict(pim_epochs=0), "pim_epochs"),
+                      (dict(class_balanced="uniform"), "class_balanced"), (dict(first_rounds=0), "first_rounds")]:
         with pytest.raises(ValueError, match=match):
             make_learner("refed", linear, c, num_classes=C, **{"memory": 100, **kw})
     with pytest.raises(ValueError, match="method"):
