@@ -40,15 +40,17 @@ rank-k approximation by |eigenvalue|.
 Fed-SpeClust (Algorithm 3). Client p uploads K_{X_p,Y} (n_p, n_y); K_hat = C W^+ C^T with
 C = [K_{X_1,Y}; ...], W = K_YY; spectral clustering on clip_0(K_hat).
 
-"+" variants (Sec. 5; notes Sec. 2.6, 3, 8.7):
+"+" variants (Sec. 5; notes Sec. 2.6, 3, 8.7). (epsilon, delta)-DP per client, replace-one adjacency,
+client sizes public; noise calibrated and epsilon reported by :mod:`fedlib.privacy` (dp-accounting):
 
-* ``noise="dp_data"`` (Theorem 4): X_p <- X_p + N(0, s^2) once, before anything is uploaded, with
-  s = c Delta_2 / epsilon, c = sqrt(2 ln(1.25/delta)), Delta_2 = 2 tau_X (App. C, Eqs. 27-28).
-  The printed condition "delta >= 2 c tau_X / epsilon" is a typo for the noise sd (notes Sec. 8.8).
-* ``noise="dp_gradient"`` (Theorem 6): every gradient a client computes gets N(0, s_p^2) with
-  s_p^2 = 8 T Delta_p^2 log(e + epsilon/delta) / epsilon^2 (T = number of noisy gradients: S in the
-  paper; S*Q here for model averaging) and
-  Delta_p = 8 sqrt(n_y) gamma tau_X / (n_p n_y) * {1 + 2 gamma (tau_X + tau_Y)(tau_X + Upsilon)}.
+* ``noise="dp_data"`` (Theorem 4): rows clipped to a PUBLIC tau_X, then X_p <- X_p + N(0, s^2) once,
+  before anything is uploaded, with s from the analytic Gaussian mechanism for Delta_2 = 2 tau_X (valid
+  for every epsilon; the paper's Dwork & Roth constant, :func:`paper_noise_sd`, needs epsilon < 1).
+* ``noise="dp_gradient"`` (Theorem 6's setting): every gradient a client computes gets N(0, (z Delta_p)^2),
+  z calibrated once for T = S*Q compositions. Delta_p is the data-free bound
+  :func:`kernel_gradient_sensitivity` = 4 sqrt(2 gamma/e) / (n_p sqrt(n_y)) (from
+  sup_r r exp(-gamma r^2) = 1/sqrt(2 e gamma)), or Theorem 6's bound with enforced clipping and
+  projection. gamma must be public and Y^0 data-free.
 * ``noise="heuristic"`` (what the experiments did, Sec. 6.1): N(0, beta^2 sd(grad f_p)^2) with
   sd over all entries of that gradient, beta = 1 in the tables. Data-dependent; no epsilon.
 
@@ -75,7 +77,9 @@ from .partition import make_partition
 from .utils import check_choice, check_positive
 
 __all__ = ["sq_distances", "gaussian_kernel", "mmd2_u", "mmd2_u_grad", "lipschitz_bound", "client_median_sqdist",
-           "dp_noise_sd", "data_sensitivity", "gradient_sensitivity", "FedDLResult", "feddl", "split_clients",
+           "dp_noise_sd", "paper_noise_sd", "data_sensitivity", "gradient_sensitivity",
+           "kernel_gradient_sensitivity", "clip_rows", "project_spectral", "DP_SENSITIVITIES", "FedDLResult", "feddl",
+           "split_clients", "end_to_end_epsilon",
            "client_sq_distances", "client_kernel", "landmark_pinv", "nystrom", "distances_from_squared",
            "nystrom_distances", "nystrom_kernel", "EmbeddingResult", "ClusteringResult", "fed_tsne", "fed_umap",
            "fed_spectral_clustering", "reconstruct_from_sq_distances",
@@ -260,12 +264,44 @@ def client_median_sqdist(X, max_points: int = 1000, seed: int = 0) -> float:
 
 
 # ----------------------------------------------------------------------------------------------
-# differential privacy (Theorems 4 and 6)
+# differential privacy (Theorems 4 and 6, and the data-free kernel sensitivity)
 # ----------------------------------------------------------------------------------------------
+def clip_rows(X, tau_x: float) -> np.ndarray:
+    """Scale every row of X (n, m) with ||x|| > tau_x down to norm tau_x (a public bound): after it,
+    replacing one row moves the data by at most 2 tau_x in l2 (Theorem 4's Delta)."""
+    X = _as_matrix("X", X)
+    tau_x = _check_real("tau_x", tau_x)
+    norms = np.sqrt(np.einsum("ij,ij->i", X, X))
+    return X * np.minimum(1.0, tau_x / np.maximum(norms, 1e-300))[:, None]
+
+
+def project_spectral(Y, tau_y: float) -> np.ndarray:
+    """Euclidean (Frobenius) projection of Y (n_y, m) onto {||Y||_2 <= tau_y}: clip the singular
+    values at tau_y. Post-processing of public landmarks; enforces Theorem 6's tau_Y."""
+    U, s, Vt = np.linalg.svd(np.asarray(Y, dtype=np.float64), full_matrices=False)
+    return (U * np.minimum(s, tau_y)) @ Vt
+
+
 def data_sensitivity(tau_x: float) -> float:
-    """l2-sensitivity of the identity map under replace-one adjacency, Delta_2 = 2 tau_X with
-    tau_X = max_i ||x_i|| (Theorem 4, App. C Eqs. 27-28)."""
+    """l2-sensitivity of the identity map under replace-one adjacency, Delta_2 = 2 tau_X, valid once
+    every row is clipped to ||x|| <= tau_X (:func:`clip_rows`; Theorem 4, App. C Eqs. 27-28)."""
     return 2.0 * _check_real("tau_x", tau_x)
+
+
+def kernel_gradient_sensitivity(n_p: int, n_landmarks: int, gamma: float) -> float:
+    """Data-free l2-sensitivity of grad f_p (Eq. 13) to replacing one of client p's n_p samples:
+
+        Delta_K = 8 sqrt(gamma) / (sqrt(2 e) n_p sqrt(n_y)) = 4 sqrt(2 gamma / e) / (n_p sqrt(n_y)).
+
+    Only the cross term depends on the data; its row j changes by (4 gamma/(n_p n_y)) [k(x, y_j)(x - y_j)
+    - k(x', y_j)(x' - y_j)], and ||k(x, y)(x - y)|| = r exp(-gamma r^2) <= 1/sqrt(2 e gamma) for every
+    r = ||x - y|| (maximum at r = 1/sqrt(2 gamma)). So each row moves by <= 8 gamma/(n_p n_y sqrt(2 e gamma))
+    and the (n_y, m) matrix by sqrt(n_y) times that, for ANY data and landmarks: no clipping, no bound
+    on Y (derivation chapter, Sec. 4). gamma and n_p must be public."""
+    n_p = _check_int("n_p", n_p, 1)
+    ny = _check_int("n_landmarks", n_landmarks, 2)
+    gamma = _check_real("gamma", gamma)
+    return 8.0 * math.sqrt(gamma) / (math.sqrt(2.0 * math.e) * n_p * math.sqrt(ny))
 
 
 def gradient_sensitivity(n_p: int, n_landmarks: int, gamma: float, tau_x: float, tau_y: float,
@@ -274,8 +310,9 @@ def gradient_sensitivity(n_p: int, n_landmarks: int, gamma: float, tau_x: float,
 
         Delta = 8 sqrt(n_y) gamma tau_X / (n_p n_y) * {1 + 2 gamma (tau_X + tau_Y)(tau_X + Upsilon)}
 
-    tau_X = max ||x||, tau_Y >= ||Y_p||_2 (spectral norm) at every iterate, Upsilon = max ||y_i - x_j||.
-    These must be a-priori (public) bounds for a formal guarantee (notes Sec. 3, Thm 6)."""
+    tau_X >= max ||x||, tau_Y >= ||Y_p||_2 (spectral norm) at every iterate, Upsilon >= max ||y_i - x_j||.
+    A guarantee needs these enforced a priori (``dp_sensitivity="theorem6"`` in :func:`feddl` clips the
+    rows to tau_X and projects Y into ||Y||_2 <= tau_Y, so Upsilon = tau_X + tau_Y)."""
     n_p = _check_int("n_p", n_p, 1)
     ny = _check_int("n_landmarks", n_landmarks, 2)
     gamma = _check_real("gamma", gamma)
@@ -286,25 +323,38 @@ def gradient_sensitivity(n_p: int, n_landmarks: int, gamma: float, tau_x: float,
 
 
 def dp_noise_sd(epsilon: float, delta: float, sensitivity: float, mechanism: str = "dp_data",
-                compositions: int = 1) -> float:
-    """Gaussian-mechanism noise sd for (epsilon, delta)-DP.
+                compositions: int = 1, accountant: str = "pld") -> float:
+    """Gaussian-mechanism noise sd for (epsilon, delta)-DP, calibrated by :mod:`fedlib.privacy`
+    (dp-accounting), never by a hand-written composition formula.
 
-    * ``"dp_data"`` (Theorem 4, Dwork & Roth Thm 3.22): sd = c Delta / epsilon, c = sqrt(2 ln(1.25/delta))
-      (the paper asks c^2 > 2 ln(1.25/delta); we take the boundary). Dwork & Roth prove it for
-      epsilon < 1 only; the paper does not restrict epsilon, so larger values only warn.
-    * ``"dp_gradient"`` (Theorem 6, Kairouz et al. 2015 Thm 4.3 over T = ``compositions`` releases):
-      sd = Delta sqrt(8 T log(e + epsilon/delta)) / epsilon.
+    * ``"dp_data"`` (Theorem 4): one release, the analytic Gaussian mechanism (Balle & Wang 2018),
+      valid for every epsilon (the paper's Dwork & Roth formula holds for epsilon < 1 only).
+    * ``"dp_gradient"`` (Theorem 6's setting): ``compositions`` = T Gaussian releases composed by the
+      ``accountant`` ("pld" or "rdp"): sd = z(epsilon, delta, T) x ``sensitivity``.
     """
+    from . import privacy
+
     epsilon, delta = _check_epsilon_delta(epsilon, delta)
-    sensitivity = _check_real("sensitivity", sensitivity, strict=False)
+    sensitivity = _check_real("sensitivity", sensitivity)
     check_choice("mechanism", mechanism, DP_MECHANISMS)
     compositions = _check_int("compositions", compositions, 1)
     if mechanism == "dp_data":
-        if epsilon >= 1.0:
-            warnings.warn(f"epsilon={epsilon} >= 1: the Gaussian mechanism of Theorem 4 (Dwork & Roth Thm 3.22) is "
-                          "proven for epsilon < 1 only", stacklevel=2)
         if compositions != 1:
             raise ValueError("compositions applies to mechanism='dp_gradient' only (data are perturbed once)")
+        return privacy.analytic_gaussian_sigma(epsilon, delta, sensitivity)
+    return privacy.calibrate_noise_multiplier(epsilon, delta, compositions, accountant) * sensitivity
+
+
+def paper_noise_sd(epsilon: float, delta: float, sensitivity: float, mechanism: str = "dp_data",
+                   compositions: int = 1) -> float:
+    """The paper's calibrations, for comparison only: Theorem 4 (Dwork & Roth Thm 3.22,
+    sd = sqrt(2 ln(1.25/delta)) Delta / epsilon, proven for epsilon < 1) and Theorem 6 (Kairouz et al.
+    2015 composition as the paper states it, sd = Delta sqrt(8 T log(e + epsilon/delta)) / epsilon)."""
+    epsilon, delta = _check_epsilon_delta(epsilon, delta)
+    sensitivity = _check_real("sensitivity", sensitivity)
+    check_choice("mechanism", mechanism, DP_MECHANISMS)
+    compositions = _check_int("compositions", compositions, 1)
+    if mechanism == "dp_data":
         return math.sqrt(2.0 * math.log(1.25 / delta)) * sensitivity / epsilon
     return sensitivity * math.sqrt(8.0 * compositions * math.log(math.e + epsilon / delta)) / epsilon
 
@@ -318,7 +368,14 @@ class FedDLResult:
     diagnostic computed on the data the clients hold, not uploaded); ``step_sq_norms[s-1]`` =
     ||Y^s - Y^{s-1}||_F^2; ``noise_sd``: (P,) data-noise sd (dp_data) or (S, P) mean gradient-noise sd
     per round and client; bytes are sums of ``Message.nbytes``. ``client_data`` is client-side state
-    (the perturbed copies under dp_data) that Algorithms 2-3 upload from; it is never sent."""
+    (the clipped, perturbed copies under dp_data; the clipped rows under dp_sensitivity="theorem6") that
+    Algorithms 2-3 upload from; it is never sent.
+
+    Privacy: ``epsilon`` is the epsilon SPENT at ``delta`` by every client's releases during FedDL, from
+    the accountant (:mod:`fedlib.privacy`); ``math.inf`` for noise "none" and "heuristic" (no
+    guarantee). ``noise_multiplier`` = sd / sensitivity, ``sensitivity`` (P,) the l2-sensitivity each
+    client's noise is calibrated to, ``privacy_ledger`` one line per kind of release and how it is
+    covered."""
 
     landmarks: np.ndarray
     init_landmarks: np.ndarray
@@ -337,6 +394,12 @@ class FedDLResult:
     broadcast_bytes: int
     seconds: float
     client_data: list = field(repr=False, default_factory=list)
+    epsilon: float = math.inf
+    delta: float | None = None
+    noise_multiplier: float = 0.0
+    sensitivity: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    accountant: str | None = None
+    privacy_ledger: list = field(default_factory=list)
 
     @property
     def rounds(self) -> int:
@@ -361,12 +424,50 @@ def _setup_uploads(data: list[np.ndarray], need_moments: bool, need_median: bool
     return msgs
 
 
+DP_SENSITIVITIES = ("kernel", "theorem6")
+
+
+def _check_dp_options(noise, init, gamma, tau_x, tau_y, dp_sensitivity, dp_accountant, landmark_bounds):
+    """The DP-specific checks of :func:`feddl` (all before any work)."""
+    from .privacy import ACCOUNTANTS
+
+    check_choice("dp_sensitivity", dp_sensitivity, DP_SENSITIVITIES)
+    check_choice("dp_accountant", dp_accountant, ACCOUNTANTS)
+    if tau_x is not None:
+        tau_x = _check_real("tau_x", tau_x)
+    if tau_y is not None:
+        tau_y = _check_real("tau_y", tau_y)
+    if landmark_bounds is not None:
+        try:
+            lo, hi = (float(v) for v in landmark_bounds)
+        except (TypeError, ValueError):
+            raise ValueError(f"landmark_bounds must be None or (low, high), got {landmark_bounds!r}") from None
+        if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi):
+            raise ValueError(f"landmark_bounds must be finite with low < high, got {landmark_bounds!r}")
+        landmark_bounds = (lo, hi)
+    if noise == "dp_data" and tau_x is None:
+        raise ValueError("noise='dp_data' needs tau_x, a PUBLIC bound on the row norm (rows are clipped to it); "
+                         "the data's observed max norm would be a release of its own")
+    if noise == "dp_gradient":
+        if isinstance(gamma, str):
+            raise ValueError(f"noise='dp_gradient' needs gamma as a public number; the rule gamma={gamma!r} is "
+                             "computed from the clients' data and would be released without noise")
+        if isinstance(init, str) and init == "moments":
+            raise ValueError("noise='dp_gradient' needs a data-free init ('gaussian', 'uniform' or a public array); "
+                             "init='moments' releases the clients' first and second moments")
+        if dp_sensitivity == "theorem6" and (tau_x is None or tau_y is None):
+            raise ValueError("dp_sensitivity='theorem6' needs public tau_x (rows are clipped to it) and tau_y "
+                             "(landmarks are projected into ||Y||_2 <= tau_y)")
+    return tau_x, tau_y, landmark_bounds
+
+
 def feddl(client_data: Sequence, n_landmarks: int = 500, *, rounds: int = 100, local_steps: int = 1,
           mode: str = "gradient", lr: float | str = "auto", server_lr: float | None = None,
           weights: str = "size", init: str | np.ndarray = "moments", gamma: float | str = "median",
           noise: str = "none", beta: float = 1.0, epsilon: float | None = None, delta: float | None = None,
-          tau_x: float | None = None, tau_y: float | None = None, upsilon: float | None = None,
-          median_points: int = 1000, seed: int = 0, progress: bool = False) -> FedDLResult:
+          tau_x: float | None = None, tau_y: float | None = None, dp_sensitivity: str = "kernel",
+          dp_accountant: str = "pld", landmark_bounds: tuple | None = None, median_points: int = 1000,
+          seed: int = 0, progress: bool = False) -> FedDLResult:
     """Federated distribution learning (Algorithm 1): fit n_y landmarks to the union of the clients'
     data by minimizing F(Y) = sum_p w_p MMD_u^2(X_p, Y) (Eqs. 8-16).
 
@@ -384,15 +485,31 @@ def feddl(client_data: Sequence, n_landmarks: int = 500, *, rounds: int = 100, l
       within client p, on <= ``median_points`` rows; each client reveals one scalar; under label skew
       within-client medians are smaller than the pooled one) or "moments" (1 / E||x - x'||^2 =
       1 / (2 sum_f var_f) from the pooled moments; no extra upload).
-    * ``noise``: "none", "dp_data" (Thm 4), "dp_gradient" (Thm 6; T = S*Q noisy gradients composed),
-      "heuristic" (sd = ``beta`` x sd(grad f_p), the paper's experiments). tau_x (default: the max row
-      norm over all clients, revealed as one scalar each), tau_y (default ||Y_p||_2 at the current
-      iterate) and upsilon (default max ||y_i - x_j|| at the current iterate) feed the sensitivities;
-      the data-dependent defaults follow the paper's statements but are not a formal DP guarantee.
+    * ``noise`` (Sec. 5; the guarantee is (epsilon, delta)-DP per client under replace-one adjacency,
+      client sizes n_p public):
+
+      - "none";
+      - "dp_data" (Thm 4): rows clipped to the public ``tau_x``, then N(0, s^2) once with s from the
+        analytic Gaussian mechanism for Delta = 2 tau_x; every later upload (median/moments set-up,
+        gradients, distances) is post-processing of the perturbed data;
+      - "dp_gradient" (Thm 6's setting): every gradient a client computes (T = S*Q) gets N(0, s_p^2),
+        s_p = z Delta_p with z calibrated by ``dp_accountant`` ("pld" or "rdp") for T compositions.
+        ``dp_sensitivity="kernel"``: Delta_p = :func:`kernel_gradient_sensitivity`, data-free, needs no
+        bound. ``"theorem6"``: Delta_p = :func:`gradient_sensitivity` with rows clipped to ``tau_x`` and
+        Y projected into ||Y||_2 <= ``tau_y`` at every iterate (Upsilon = tau_x + tau_y). gamma must be a
+        public number and init data-free (else ValueError). Only n_p is uploaded at set-up. The later
+        distance upload (Alg. 2) is NOT covered: see :func:`reconstruct_from_sq_distances`;
+      - "heuristic" (the paper's experiments, Sec. 6.1): sd = ``beta`` x sd(grad f_p); data-dependent,
+        no guarantee (``epsilon`` = inf).
+
+    * ``landmark_bounds``: (low, high) or None; the server clips every landmark coordinate into this
+      public box after each update (post-processing: no privacy cost).
 
     ``progress`` shows a tqdm bar over the rounds. Returns a :class:`FedDLResult` (landmarks (n_y, m),
-    per-round objective, bytes, seconds).
+    per-round objective, bytes, seconds, epsilon spent).
     """
+    from . import privacy
+
     # ---- checks, all before any work
     data = _check_clients(client_data)
     P, m = len(data), data[0].shape[1]
@@ -424,9 +541,9 @@ def feddl(client_data: Sequence, n_landmarks: int = 500, *, rounds: int = 100, l
     beta = _check_real("beta", beta, strict=False)
     if noise in DP_MECHANISMS:
         epsilon, delta = _check_epsilon_delta(epsilon, delta)
-    for name, val in (("tau_x", tau_x), ("tau_y", tau_y), ("upsilon", upsilon)):
-        if val is not None:
-            _check_real(name, val, strict=name == "tau_x")
+    tau_x, tau_y, landmark_bounds = _check_dp_options(noise, init, gamma, tau_x, tau_y, dp_sensitivity,
+                                                      dp_accountant, landmark_bounds)
+    theorem6 = noise == "dp_gradient" and dp_sensitivity == "theorem6"
     median_points = _check_int("median_points", median_points, 2)
 
     start = time.perf_counter()
@@ -436,18 +553,25 @@ def feddl(client_data: Sequence, n_landmarks: int = 500, *, rounds: int = 100, l
     w = n_p / n_p.sum() if weights == "size" else np.full(P, 1.0 / P)
     setup_bytes = 0
     noise_sd = np.zeros((S, P))
+    spent, z_mult, sens, ledger = math.inf, 0.0, np.zeros(P), []
 
-    # ---- data perturbation (Thm 4): before anything else leaves the clients
-    if noise in DP_MECHANISMS and tau_x is None:
-        norm_msgs = _setup_uploads(data, False, False, True, median_points, seed)
-        setup_bytes += sum(msg.nbytes for msg in norm_msgs)
-        tau_x = max(msg["max_norm"] for msg in norm_msgs)
+    # ---- data perturbation (Thm 4): clip to the public tau_x, perturb, before anything leaves the clients
     if noise == "dp_data":
-        sd = dp_noise_sd(epsilon, delta, data_sensitivity(tau_x), "dp_data")
+        data = [clip_rows(x, tau_x) for x in data]
+        sens = np.full(P, data_sensitivity(tau_x))
+        sd = privacy.analytic_gaussian_sigma(epsilon, delta, sens[0])
         data = [x + sd * r.standard_normal(x.shape) for x, r in zip(data, client_rngs)]
         noise_sd = np.full(P, sd)
+        z_mult = sd / sens[0]
+        spent = privacy.analytic_gaussian_epsilon(sd, delta, sens[0])
+        ledger.append(f"data: rows clipped to tau_x={tau_x:g}, one Gaussian release, sd={sd:.4g} "
+                      f"(analytic Gaussian mechanism, Delta=2 tau_x): epsilon={spent:.4g} at delta={delta:g}")
+        ledger.append("set-up (n_p, median/moments), gradients, distance uploads: post-processing of the "
+                      "perturbed data (no further cost)")
+    elif theorem6:
+        data = [clip_rows(x, tau_x) for x in data]
 
-    # ---- setup uploads: sizes, moments, local medians
+    # ---- setup uploads: sizes, moments, local medians (only sizes under dp_gradient: checked above)
     need_moments = (isinstance(init, str) and init == "moments") or gamma == "moments"
     setup = _setup_uploads(data, need_moments, gamma == "median", False, median_points, seed)
     setup_bytes += sum(msg.nbytes for msg in setup)
@@ -463,7 +587,14 @@ def feddl(client_data: Sequence, n_landmarks: int = 500, *, rounds: int = 100, l
     elif gamma == "moments":
         gamma = 1.0 / (2.0 * float(var.sum()))
 
-    # ---- Y^0
+    # ---- Y^0, and the server's public post-processing of landmarks
+    def post(Yv: np.ndarray) -> np.ndarray:
+        if landmark_bounds is not None:
+            Yv = np.clip(Yv, *landmark_bounds)
+        if theorem6:
+            Yv = project_spectral(Yv, tau_y)
+        return Yv
+
     if isinstance(init, np.ndarray):
         Y = init.copy()
     elif init == "moments":
@@ -472,19 +603,32 @@ def feddl(client_data: Sequence, n_landmarks: int = 500, *, rounds: int = 100, l
         Y = rng.standard_normal((ny, m))
     else:
         Y = rng.uniform(0.0, 1.0, (ny, m))
+    Y = post(Y)
     Y0 = Y.copy()
     eta = 1.0 / lipschitz_bound(gamma, ny) if lr == "auto" else lr
     eta_srv = eta if server_lr is None else server_lr
     xx = np.array([_xx_term(x, gamma) for x in data])  # constant part of each f_p (diagnostic only)
 
-    def noisy(p: int, g: np.ndarray, Yp: np.ndarray) -> tuple[np.ndarray, float]:
+    # ---- gradient perturbation: a FIXED sd per client, calibrated once (no feedback from noisy iterates)
+    if noise == "dp_gradient":
+        T = S * Q
+        if theorem6:
+            sens = np.array([gradient_sensitivity(len(x), ny, gamma, tau_x, tau_y, tau_x + tau_y) for x in data])
+        else:
+            sens = np.array([kernel_gradient_sensitivity(len(x), ny, gamma) for x in data])
+        z_mult = privacy.calibrate_noise_multiplier(epsilon, delta, T, dp_accountant)
+        spent = privacy.gaussian_epsilon(z_mult, delta, T, dp_accountant)
+        ledger.append("set-up: n_p only (public under replace-one adjacency); gamma, init: public")
+        ledger.append(f"gradients: {T} Gaussian releases per client, noise multiplier z={z_mult:.4g} "
+                      f"({dp_sensitivity} sensitivity), {dp_accountant.upper()} accountant: epsilon={spent:.4g} "
+                      f"at delta={delta:g}")
+        ledger.append("distance upload (Alg. 2/3): NOT covered, computed from the clean data")
+
+    def noisy(p: int, g: np.ndarray) -> tuple[np.ndarray, float]:
         if noise == "heuristic":
             sd = beta * float(g.std())
         elif noise == "dp_gradient":
-            ty = float(np.linalg.norm(Yp, 2)) if tau_y is None else tau_y
-            ups = float(np.sqrt(sq_distances(Yp, data[p]).max())) if upsilon is None else upsilon
-            delta_p = gradient_sensitivity(len(data[p]), ny, gamma, tau_x, ty, ups)
-            sd = dp_noise_sd(epsilon, delta, delta_p, "dp_gradient", compositions=S * Q)
+            sd = z_mult * sens[p]
         else:
             return g, 0.0
         return g + sd * client_rngs[p].standard_normal(g.shape), sd
@@ -500,16 +644,16 @@ def feddl(client_data: Sequence, n_landmarks: int = 500, *, rounds: int = 100, l
         for p, x in enumerate(data):
             cross_val, cross_grad = _cross_terms(x, Y, gamma)
             f_now[p] = xx[p] + cross_val + yy_val
-            g, sd_sum = noisy(p, cross_grad + yy_grad, Y)
+            g, sd_sum = noisy(p, cross_grad + yy_grad)
             if mode == "gradient":
                 uploads.append(Message(f"client{p}", {"gradient": g}))
                 sd_rounds[s, p] = sd_sum
                 continue
-            Yp = Y - eta * g
+            Yp = post(Y - eta * g)
             for _ in range(Q - 1):
-                g, sd = noisy(p, _cross_terms(x, Yp, gamma)[1] + _yy_terms(Yp, gamma)[1], Yp)
+                g, sd = noisy(p, _cross_terms(x, Yp, gamma)[1] + _yy_terms(Yp, gamma)[1])
                 sd_sum += sd
-                Yp = Yp - eta * g
+                Yp = post(Yp - eta * g)
             sd_rounds[s, p] = sd_sum / Q
             uploads.append(Message(f"client{p}", {"landmarks": Yp}))
         objective[s] = float(np.dot(w, f_now))
@@ -518,6 +662,7 @@ def feddl(client_data: Sequence, n_landmarks: int = 500, *, rounds: int = 100, l
             Y_new = Y - eta_srv * sum(wp * msg["gradient"] for wp, msg in zip(w, uploads))
         else:
             Y_new = sum(wp * msg["landmarks"] for wp, msg in zip(w, uploads))
+        Y_new = post(Y_new)
         steps[s] = float(((Y_new - Y) ** 2).sum())
         Y = Y_new
     yy_val = _yy_terms(Y, gamma)[0]
@@ -526,11 +671,18 @@ def feddl(client_data: Sequence, n_landmarks: int = 500, *, rounds: int = 100, l
         noise_sd = sd_rounds
     elif noise == "none":
         noise_sd = np.zeros(0)
+    if noise == "heuristic":
+        ledger.append("heuristic noise (sd = beta x sd of the gradient): data-dependent, no guarantee")
+    elif noise == "none":
+        ledger.append("no noise: no guarantee")
     return FedDLResult(landmarks=Y, init_landmarks=Y0, objective=objective, step_sq_norms=steps, gamma=float(gamma),
                        weights=w, lr=float(eta), server_lr=float(eta_srv), mode=mode, local_steps=Q, noise=noise,
                        noise_sd=noise_sd, upload_bytes=int(upload_bytes + setup_bytes),
                        setup_upload_bytes=int(setup_bytes), broadcast_bytes=int((S + 1) * P * Y.nbytes),
-                       seconds=time.perf_counter() - start, client_data=data)
+                       seconds=time.perf_counter() - start, client_data=data, epsilon=float(spent),
+                       delta=None if noise not in DP_MECHANISMS else float(delta), noise_multiplier=float(z_mult),
+                       sensitivity=sens, accountant=dp_accountant if noise == "dp_gradient" else
+                       ("analytic" if noise == "dp_data" else None), privacy_ledger=ledger)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -619,10 +771,21 @@ def nystrom_kernel(C, W, **inverse_kw) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------
 # pipelines (Algorithms 2 and 3) and their centralized counterparts
 # ----------------------------------------------------------------------------------------------
+def end_to_end_epsilon(feddl_result: FedDLResult | None) -> float:
+    """epsilon of the WHOLE protocol (FedDL + the distance / kernel upload of Alg. 2/3) at
+    ``feddl_result.delta``: FedDL's epsilon under "dp_data" (the upload is post-processing of the
+    perturbed data), inf otherwise (the upload is computed from the clean data, and with n_y >= m + 2
+    landmarks in general position it determines every sample: :func:`reconstruct_from_sq_distances`)."""
+    if feddl_result is None or feddl_result.noise != "dp_data":
+        return math.inf
+    return feddl_result.epsilon
+
+
 @dataclass
 class EmbeddingResult:
     """Fed-tSNE / Fed-UMAP (or centralized) output. ``embedding`` (n, d) is in the row order of X;
-    ``upload_bytes`` = FedDL uploads + the distance uploads (0 for the centralized baseline)."""
+    ``upload_bytes`` = FedDL uploads + the distance uploads (0 for the centralized baseline);
+    ``epsilon`` = :func:`end_to_end_epsilon` (``feddl.epsilon`` is FedDL's part alone)."""
 
     embedding: np.ndarray
     method: str
@@ -632,6 +795,7 @@ class EmbeddingResult:
     distance_upload_bytes: int
     seconds: float
     distances: np.ndarray | None = field(default=None, repr=False)
+    epsilon: float = math.inf
 
 
 @dataclass
@@ -646,6 +810,7 @@ class ClusteringResult:
     kernel_upload_bytes: int
     seconds: float
     affinity: np.ndarray | None = field(default=None, repr=False)
+    epsilon: float = math.inf
 
 
 def _federated_matrix(X, parts, n_landmarks, kind: str, gamma_kernel, inverse_kw, feddl_result, seed, progress,
@@ -760,7 +925,7 @@ def _embed(X, parts, n_landmarks, centralized, embedder, method, inverse_kw, fed
     total = nbytes + (res.upload_bytes if res is not None else 0)
     return EmbeddingResult(embedding=Z, method=method, federated=not centralized, feddl=res, upload_bytes=int(total),
                            distance_upload_bytes=int(nbytes), seconds=time.perf_counter() - start,
-                           distances=D if keep else None)
+                           distances=D if keep else None, epsilon=end_to_end_epsilon(res))
 
 
 def fed_spectral_clustering(X, parts, n_clusters: int, n_landmarks: int = 500, *, centralized: bool = False,
@@ -803,7 +968,8 @@ def fed_spectral_clustering(X, parts, n_clusters: int, n_landmarks: int = 500, *
     total = nbytes + (res.upload_bytes if res is not None else 0)
     return ClusteringResult(labels=labels, federated=not centralized, gamma=float(g), feddl=res,
                             upload_bytes=int(total), kernel_upload_bytes=int(nbytes),
-                            seconds=time.perf_counter() - start, affinity=K if keep_affinity else None)
+                            seconds=time.perf_counter() - start, affinity=K if keep_affinity else None,
+                            epsilon=end_to_end_epsilon(res))
 
 
 def _resolve_gamma_only(data: list[np.ndarray], rule: str, weights: str, median_points: int, seed: int) -> float:
@@ -852,3 +1018,255 @@ def reconstruct_from_sq_distances(sq_dists, landmarks, return_residual: bool = F
         return Xhat
     resid = np.sqrt(np.maximum(D - sq_distances(Xhat, Y), 0.0).mean(1))
     return Xhat, resid
+
+
+# ---- data and scoring for the chapters
+# One rule for "n points of a dataset", one for the non-IID split, the plateau rule for FedDL's
+# rounds and the cached scorer, shared by the Fed-tSNE benchmark and the Fed-SpeClust chapter.
+SPLITS = ("iid", "non_iid")
+
+
+def load_points(name: str, n_points: int | None = None, seed: int = 0, root=None):
+    """n points of a registered dataset (``fedlib.data.DATASETS``), the one rule of the Fed-tSNE chapters.
+
+    Train and test are pooled (nothing here is trained on labels), images flattened and scaled to
+    [0, 1] (pixels / 255). With ``n_points`` below the pooled size: a stratified draw of exactly
+    ``n_points`` (``sklearn.model_selection.train_test_split(stratify=labels, random_state=seed)``),
+    kept in the pooled order; ``None`` keeps everything. Returns (X (n, m) float64, labels (n,) int64,
+    class names)."""
+    from sklearn.model_selection import train_test_split
+
+    from .data import load_dataset
+
+    ds = load_dataset(name, root=root)
+    total = len(ds.y_train) + len(ds.y_test)
+    if n_points is not None:
+        n_points = _check_int("n_points", n_points, len(ds.classes))
+        if n_points > total:
+            raise ValueError(f"n_points must be <= the {total} images of {name}, got {n_points}")
+    X = np.concatenate([ds.x_train, ds.x_test]).reshape(total, -1).astype(np.float64) / 255.0
+    y = np.concatenate([ds.y_train, ds.y_test]).astype(np.int64)
+    if n_points is not None and n_points < total:
+        keep, _ = train_test_split(np.arange(total), train_size=n_points, stratify=y, random_state=seed)
+        keep = np.sort(keep)
+        X, y = X[keep], y[keep]
+    return X, y, tuple(ds.classes)
+
+
+def label_skew_parts(labels, num_clients: int, seed: int = 0) -> list[np.ndarray]:
+    """The one non-IID rule of the Fed-tSNE chapters (the paper's "one class per client", Tables 1-3).
+
+    C classes, k clients: k a multiple of C -> one class per client, k/C clients share a class
+    (``make_partition(..., "one_class")``); k a divisor of C -> C/k classes per client, the sorted
+    classes in consecutive groups ({0, 1}, {2, 3}, ... for k = 5, C = 10: the paper's Table 3).
+    Anything else raises ValueError. labels (n,) -> k index arrays."""
+    y = np.asarray(labels).ravel()
+    k = _check_int("num_clients", num_clients, 1)
+    c = len(np.unique(y))
+    if k % c == 0:
+        parts = make_partition(y, k, "one_class", seed=seed)
+    elif c % k == 0:
+        base = make_partition(y, c, "one_class", seed=seed)
+        g = c // k
+        parts = [np.sort(np.concatenate(base[i * g:(i + 1) * g])) for i in range(k)]
+    else:
+        raise ValueError(f"non-IID split with num_clients={k} and {c} classes: num_clients must be a multiple "
+                         f"or a divisor of {c}")
+    if min(len(p) for p in parts) < 2:
+        raise ValueError(f"non-IID split with num_clients={k}: a client holds < 2 points (Eq. 10 needs 2)")
+    return parts
+
+
+def client_split(labels, num_clients: int, split: str, seed: int = 0) -> list[np.ndarray]:
+    """``split="iid"`` (a random split, ``make_partition(..., "iid")``) or ``"non_iid"``
+    (:func:`label_skew_parts`): k index arrays covering range(n)."""
+    check_choice("split", split, SPLITS)
+    y = np.asarray(labels).ravel()
+    k = _check_int("num_clients", num_clients, 1)
+    if 2 * k > len(y):
+        raise ValueError(f"num_clients={k} for {len(y)} points: each client needs >= 2 points")
+    if split == "iid":
+        return make_partition(y, k, "iid", seed=seed)
+    return label_skew_parts(y, k, seed)
+
+
+def plateau_share(objective, end: int | None = None, window: float = 0.1, min_window: int = 10) -> float:
+    """Share of FedDL's total decrease of F made in the last rounds before round ``end``:
+
+        (F[end - w] - F[end]) / (F[0] - F[end]),    w = max(ceil(window * end), min_window),
+
+    for objective = (F(Y^0), ..., F(Y^S)) (``FedDLResult.objective``; F can be negative, so the
+    change is measured against the total decrease, not against |F|). ``end`` defaults to S. NaN
+    when fewer than w rounds ran; inf when F did not decrease."""
+    F = np.asarray(objective, dtype=np.float64).ravel()
+    end = len(F) - 1 if end is None else _check_int("end", end, 1)
+    if end >= len(F):
+        raise ValueError(f"end must be <= {len(F) - 1} (the rounds in objective), got {end}")
+    if not 0 < window <= 1:
+        raise ValueError(f"window must be a fraction in (0, 1], got {window!r}")
+    min_window = _check_int("min_window", min_window, 1)
+    w = max(math.ceil(window * end), min_window)
+    if w > end:
+        return math.nan
+    total = F[0] - F[end]
+    if not total > 0:
+        return math.inf
+    return float((F[end - w] - F[end]) / total)
+
+
+def plateau_round(objective, tol: float = 0.01, window: float = 0.1, min_window: int = 10) -> int | None:
+    """The first round S at which FedDL's objective has plateaued: :func:`plateau_share` <= ``tol``
+    (the last max(10 %, ``min_window``) rounds made at most ``tol`` of the total decrease). None if
+    no round of ``objective`` qualifies."""
+    tol = _check_real("tol", tol)
+    F = np.asarray(objective, dtype=np.float64).ravel()
+    for end in range(1, len(F)):
+        share = plateau_share(F, end, window, min_window)
+        if np.isfinite(share) and share <= tol:
+            return end
+    return None
+
+
+@dataclass
+class FedDLTrace:
+    """:func:`feddl_until_plateau`: ``result`` = the run as one :class:`FedDLResult` (landmarks,
+    Y^0, per-round objective and step norms, bytes as one long run would count them), ``landmarks``
+    {round: (n_y, m)} at round 0 and every chunk end, ``plateau`` (first round meeting the rule, or
+    None), ``rounds`` = S run."""
+
+    result: FedDLResult
+    landmarks: dict
+    plateau: int | None
+    rounds: int
+
+    @property
+    def objective(self) -> np.ndarray:
+        return self.result.objective
+
+    @property
+    def gamma(self) -> float:
+        return self.result.gamma
+
+    @property
+    def seconds(self) -> float:
+        return self.result.seconds
+
+
+def feddl_until_plateau(client_data: Sequence, n_landmarks: int = 500, *, tol: float = 0.01, window: float = 0.1,
+                        min_window: int = 10, check_every: int = 25, max_rounds: int = 1000,
+                        checkpoints: Sequence[int] = (), stop_at_plateau: bool = True, seed: int = 0,
+                        **feddl_kwargs) -> FedDLTrace:
+    """Noise-free FedDL run in chunks until :func:`plateau_round` finds a plateau (checked at every
+    multiple of ``check_every``) or ``max_rounds`` (always ``max_rounds`` with ``stop_at_plateau=False``;
+    the plateau is then only reported). Each chunk restarts :func:`feddl` from the last landmarks
+    with the first chunk's gamma and step: the same deterministic gradient descent as one long run
+    (the chunks' objectives, step norms and bytes are joined as that run counts them). Landmarks are
+    kept at round 0, every chunk end and every round in ``checkpoints`` (<= max_rounds). Returns a
+    :class:`FedDLTrace`."""
+    if feddl_kwargs.get("noise", "none") != "none":
+        raise ValueError("feddl_until_plateau runs noise-free FedDL only (noise='none'); a noisy objective has "
+                         "no plateau to detect")
+    if "rounds" in feddl_kwargs:
+        raise ValueError("rounds is set by feddl_until_plateau (max_rounds, check_every)")
+    check_every = _check_int("check_every", check_every, 1)
+    max_rounds = _check_int("max_rounds", max_rounds, 1)
+    _check_real("tol", tol)
+    stops = sorted({int(c) for c in checkpoints} | set(range(check_every, max_rounds + 1, check_every))
+                   | {max_rounds})
+    if stops[0] < 1 or stops[-1] > max_rounds:
+        raise ValueError(f"checkpoints must lie in 1..max_rounds={max_rounds}, got {sorted(checkpoints)}")
+    kw = dict(feddl_kwargs)
+    done, chunks, kept, plateau = 0, [], {}, None
+    for stop in stops:
+        res = feddl(client_data, n_landmarks, rounds=stop - done, seed=seed, **kw)
+        if not chunks:
+            kept[0] = res.init_landmarks
+            kw.update(gamma=res.gamma, lr=res.lr, server_lr=res.server_lr)
+        kw["init"] = res.landmarks
+        chunks.append(res)
+        done = stop
+        kept[done] = res.landmarks
+        if done % check_every == 0 or done == max_rounds:
+            objective = np.concatenate([chunks[0].objective] + [c.objective[1:] for c in chunks[1:]])
+            plateau = plateau_round(objective, tol, window, min_window)
+            if plateau is not None and stop_at_plateau:
+                break
+    first, last = chunks[0], chunks[-1]
+    later = chunks[1:]
+    from dataclasses import replace
+
+    result = replace(
+        last, init_landmarks=first.init_landmarks,
+        objective=np.concatenate([first.objective] + [c.objective[1:] for c in later]),
+        step_sq_norms=np.concatenate([c.step_sq_norms for c in chunks]),
+        upload_bytes=int(first.upload_bytes + sum(c.upload_bytes - c.setup_upload_bytes for c in later)),
+        setup_upload_bytes=first.setup_upload_bytes,
+        broadcast_bytes=int(sum(c.broadcast_bytes for c in chunks) - len(later) * len(client_data) * last.landmarks.nbytes),
+        seconds=float(sum(c.seconds for c in chunks)))
+    return FedDLTrace(result=result, landmarks=kept, plateau=plateau, rounds=done)
+
+
+def _knn_lists(A, k: int, metric: str = "euclidean") -> np.ndarray:
+    from sklearn.neighbors import NearestNeighbors
+
+    return NearestNeighbors(n_neighbors=k, metric=metric).fit(A).kneighbors(return_distance=False)
+
+
+def _list_overlap(a: np.ndarray, b: np.ndarray) -> float:
+    """Mean over rows of |a_i ∩ b_i| / k for two (n, k) neighbour lists (rows without repeats)."""
+    s = np.sort(np.concatenate([a, b], axis=1), axis=1)
+    return float((s[:, 1:] == s[:, :-1]).sum(1).mean() / a.shape[1])
+
+
+class EmbeddingScorer:
+    """The paper's embedding metrics (``fedlib.embedding_metrics``: CA k-NN, NPA k-NN, NMI, SC) for
+    one dataset X (n, m), labels (n,), with the high-dimensional k-NN lists computed once and reused
+    for every embedding (``embedding_report`` recomputes them each time; the values are equal).
+
+    ``scorer(Z, seed)`` -> dict of metrics; ``scorer.distance_quality(D_hat)`` -> relative Frobenius
+    error of an estimated distance matrix (n, n) and the 10-NN overlap of its neighbours with the exact
+    ones; ``scorer.release()`` frees the cached exact distance matrix."""
+
+    def __init__(self, X, labels, ks: Sequence[int] | None = None):
+        from . import embedding_metrics as em
+
+        self._em = em
+        self.X = _as_matrix("X", X)
+        self.y = np.asarray(labels).ravel()
+        if len(self.y) != len(self.X):
+            raise ValueError(f"labels has {len(self.y)} entries, X has {len(self.X)} rows")
+        self.ks = tuple(em.PAPER_KS if ks is None else ks)
+        if max(self.ks) >= len(self.X):
+            raise ValueError(f"ks must be < the number of points ({len(self.X)}), got {self.ks}")
+        self.n_classes = len(np.unique(self.y))
+        self.nn = _knn_lists(self.X, max(max(self.ks), 10))
+        self._D = None
+
+    def exact_distances(self) -> np.ndarray:
+        if self._D is None:
+            self._D = np.sqrt(sq_distances(self.X))
+        return self._D
+
+    def release(self) -> None:
+        self._D = None
+
+    def __call__(self, Z, seed: int = 0) -> dict:
+        from sklearn.metrics import silhouette_score
+
+        em = self._em
+        Z = _as_matrix("Z", Z)
+        out = {f"CA {k}-NN": em.knn_accuracy(Z, self.y, k, seed=seed) for k in self.ks}
+        nz = _knn_lists(Z, max(self.ks))
+        out.update({f"NPA {k}-NN": _list_overlap(self.nn[:, :k], nz[:, :k]) for k in self.ks})
+        pred = em.kmeans_labels(Z, self.n_classes, seed=seed)
+        out["NMI"] = em.clustering_nmi(self.y, pred)
+        out["SC"] = float(silhouette_score(Z, pred))
+        return out
+
+    def distance_quality(self, D_hat, k: int = 10) -> dict:
+        D_hat = np.asarray(D_hat, dtype=np.float64)
+        if D_hat.shape != (len(self.X), len(self.X)):
+            raise ValueError(f"D_hat must be ({len(self.X)}, {len(self.X)}), got {D_hat.shape}")
+        D = self.exact_distances()
+        return {"D-hat rel. error": float(np.linalg.norm(D_hat - D) / np.linalg.norm(D)),
+                f"D-hat {k}-NN": _list_overlap(self.nn[:, :k], _knn_lists(D_hat, k, "precomputed"))}

@@ -1,6 +1,7 @@
 """Fed-tSNE / Fed-UMAP / Fed-SpeClust: MMD^2 and its gradient (Eqs. 10, 13), the federated = pooled
 gradient identity, Nystrom exactness (Eq. 22), the reconstruction attack, DP noise scales
-(Thms 4, 6), end-to-end pipelines (Algorithms 1-3) and input checks."""
+(Thms 4, 6; the data-free kernel sensitivity; epsilon spent from the accountant), end-to-end
+pipelines (Algorithms 1-3) and input checks."""
 import math
 import sys
 
@@ -200,42 +201,153 @@ def test_reconstruction_exact_with_m_plus_1_landmarks_else_projection():
 
 
 # ------------------------------------------------------------------------------------------------
-# noise scales (Theorems 4 and 6) and the "+" variants
+# the "+" variants: sensitivities, calibration by the accountant, enforced bounds, epsilon spent
 # ------------------------------------------------------------------------------------------------
-def test_noise_scale_formulas_against_hand_values():
-    # Thm 4: c = sqrt(2 ln(1.25/1e-5)) = 4.84481..., Delta = 2 tau = 2
+def test_sensitivity_formulas_against_hand_values():
     assert ft.data_sensitivity(1.0) == 2.0
-    assert ft.dp_noise_sd(0.5, 1e-5, 2.0, "dp_data") == pytest.approx(4.844805 * 2 / 0.5, rel=1e-6)
-    # Thm 6: sd = Delta sqrt(8 S log(e + eps/delta)) / eps
-    assert ft.dp_noise_sd(2.0, 1e-3, 0.1, "dp_gradient", compositions=10) == pytest.approx(
-        0.1 * math.sqrt(80 * math.log(math.e + 2000)) / 2.0, rel=1e-12)
-    # Delta = 8 sqrt(n_y) gamma tau_X / (n_p n_y) {1 + 2 gamma (tau_X + tau_Y)(tau_X + Upsilon)}
+    # Theorem 6: Delta = 8 sqrt(n_y) gamma tau_X / (n_p n_y) {1 + 2 gamma (tau_X + tau_Y)(tau_X + Upsilon)}
     assert ft.gradient_sensitivity(10, 4, 0.5, 1.0, 2.0, 3.0) == pytest.approx(8 * 2 * 0.5 / 40 * (1 + 12), rel=1e-12)
-    with pytest.warns(UserWarning, match="epsilon < 1"):
-        ft.dp_noise_sd(2.0, 1e-5, 1.0, "dp_data")
+    # kernel bound: 4 sqrt(2 gamma / e) / (n_p sqrt(n_y))
+    assert ft.kernel_gradient_sensitivity(10, 4, 0.5) == pytest.approx(4 * math.sqrt(1 / math.e) / 20, rel=1e-12)
+    # the paper's printed calibrations (comparison only)
+    assert ft.paper_noise_sd(0.5, 1e-5, 2.0, "dp_data") == pytest.approx(4.844805 * 2 / 0.5, rel=1e-6)
+    assert ft.paper_noise_sd(2.0, 1e-3, 0.1, "dp_gradient", compositions=10) == pytest.approx(
+        0.1 * math.sqrt(80 * math.log(math.e + 2000)) / 2.0, rel=1e-12)
 
 
-def test_feddl_noise_variants_use_the_calibrated_sd():
+def _worst_pair(y, gamma, direction):
+    """Two points on opposite sides of landmark y at the radius 1/sqrt(2 gamma) where
+    r exp(-gamma r^2) peaks: the single-landmark change attains 2/sqrt(2 e gamma)."""
+    r = 1.0 / math.sqrt(2 * gamma)
+    return y + r * direction, y - r * direction
+
+
+def test_kernel_sensitivity_bounds_every_replacement_and_is_tight_for_one_landmark():
+    rng = np.random.default_rng(0)
+    gamma, n_p, m = 0.3, 12, 5
+    for n_y in (2, 7):
+        X = rng.standard_normal((n_p, m)) * 2
+        Y = rng.standard_normal((n_y, m)) * 2
+        bound = ft.kernel_gradient_sensitivity(n_p, n_y, gamma)
+        worst = 0.0
+        for _ in range(300):
+            Xn = X.copy()
+            Xn[rng.integers(n_p)] = rng.standard_normal(m) * rng.choice([0.3, 1.0, 3.0, 10.0])
+            worst = max(worst, np.linalg.norm(ft.mmd2_u_grad(X, Y, gamma) - ft.mmd2_u_grad(Xn, Y, gamma)))
+        assert worst <= bound
+    # one landmark, the adversarial pair: the per-landmark bound is attained (so it cannot be lowered)
+    Y = np.zeros((2, m))
+    Y[1, 0] = 1e3                                      # far away: contributes nothing
+    d = np.zeros(m)
+    d[1] = 1.0
+    a, b = _worst_pair(Y[0], gamma, d)
+    X = rng.standard_normal((n_p, m)) + 50.0
+    X1, X2 = X.copy(), X.copy()
+    X1[0], X2[0] = a, b
+    change = np.linalg.norm(ft.mmd2_u_grad(X1, Y, gamma) - ft.mmd2_u_grad(X2, Y, gamma))
+    per_landmark = 4 * gamma / (n_p * 2) * 2 / math.sqrt(2 * math.e * gamma)
+    assert change == pytest.approx(per_landmark, rel=1e-6)
+    assert change <= ft.kernel_gradient_sensitivity(n_p, 2, gamma)
+
+
+@pytest.fixture(scope="module")
+def optdigits600():
+    from fedlib.data import load_dataset
+
+    d = load_dataset("optdigits")
+    x = np.concatenate([d.x_train, d.x_test]).reshape(-1, 64).astype(np.float64) / 255.0
+    return x[np.random.default_rng(0).choice(len(x), 600, replace=False)]
+
+
+def test_dp_gradient_20_rounds_stays_finite_and_spends_at_most_epsilon(optdigits600):
+    """The issue's reproduction (600 optdigits points, 2 clients, 30 landmarks, 20 rounds, epsilon=1,
+    delta=1e-5) used to diverge and crash; the noise sd must not feed on the noisy iterates."""
+    X = optdigits600
+    gamma = 1.0 / np.median(ft.sq_distances(X[:100]))
+    for acc in ("pld", "rdp"):
+        res = ft.feddl([X[:300], X[300:]], 30, rounds=20, noise="dp_gradient", epsilon=1.0, delta=1e-5,
+                       gamma=gamma, init="uniform", dp_accountant=acc)
+        assert np.all(np.isfinite(res.landmarks))
+        assert res.epsilon <= 1.0 and res.epsilon > 0.95      # spent, from the accountant, and not wasted
+        assert res.noise_sd.shape == (20, 2)
+        assert np.all(res.noise_sd == res.noise_sd[0])       # fixed sd: no feedback from noisy landmarks
+        sens = ft.kernel_gradient_sensitivity(300, 30, gamma)
+        assert res.noise_sd[0, 0] == pytest.approx(res.noise_multiplier * sens)
+        assert res.setup_upload_bytes <= 2 * 64                # sizes only
+        assert math.isinf(ft.end_to_end_epsilon(res))           # the distance upload is not covered
+
+
+def test_dp_gradient_theorem6_enforces_its_bounds():
+    X, y = _blobs(60, 4)
+    data = [X[:30], X[30:]]
+    res = ft.feddl(data, 5, rounds=20, noise="dp_gradient", epsilon=1.0, delta=1e-5, gamma=0.05, init="gaussian",
+                   dp_sensitivity="theorem6", tau_x=2.0, tau_y=3.0)
+    assert np.all(np.linalg.norm(res.client_data[0], axis=1) <= 2.0 + 1e-12)     # rows clipped
+    assert np.linalg.norm(res.landmarks, 2) <= 3.0 + 1e-9                         # landmarks projected
+    assert res.sensitivity[0] == pytest.approx(ft.gradient_sensitivity(30, 5, 0.05, 2.0, 3.0, 5.0))
+    assert res.epsilon <= 1.0
+    # Theorem 6's Delta / the kernel bound = sqrt(2 e gamma) tau_X {1 + 2 gamma (tau_X + tau_Y)(tau_X + Upsilon)}
+    ratio = res.sensitivity[0] / ft.kernel_gradient_sensitivity(30, 5, 0.05)
+    assert ratio == pytest.approx(math.sqrt(2 * math.e * 0.05) * 2.0 * (1 + 2 * 0.05 * 5.0 * 7.0), rel=1e-12)
+    assert ratio > 4
+
+
+def test_dp_data_clips_to_public_tau_and_uses_the_analytic_gaussian():
+    from fedlib import privacy
+
+    X, y = _blobs(60, 4)
+    data = [X[:30], X[30:]]
+    tau = 3.0
+    assert max(np.linalg.norm(x, axis=1).max() for x in data) > tau      # clipping is active
+    for eps in (0.5, 4.0):                                                # valid for epsilon >= 1 too
+        dd = ft.feddl(data, 5, rounds=3, noise="dp_data", epsilon=eps, delta=1e-5, tau_x=tau, gamma=0.05,
+                      init="gaussian", seed=1)
+        sd = privacy.analytic_gaussian_sigma(eps, 1e-5, 2 * tau)
+        assert np.allclose(dd.noise_sd, sd)
+        assert dd.epsilon <= eps and dd.epsilon == pytest.approx(eps, rel=1e-6)
+        # the perturbation is applied to the CLIPPED rows
+        rng = np.random.default_rng(1).spawn(2)[0]
+        assert np.allclose(dd.client_data[0], ft.clip_rows(data[0], tau) + sd * rng.standard_normal((30, 4)))
+    assert sd < privacy.dwork_roth_sigma(4.0, 1e-5, 2 * tau)
+
+
+def test_heuristic_noise_is_beta_times_gradient_sd_and_has_no_epsilon():
     X, y = _blobs(60, 4)
     data = [X[ix] for ix in make_partition(y, 2, "iid", seed=0)]
     Y0 = np.random.default_rng(0).standard_normal((5, 4))
-    base = dict(rounds=3, init=Y0, gamma=0.05)
-    clean = ft.feddl(data, 5, **base)
-    tau = max(np.linalg.norm(x, axis=1).max() for x in data)
-    # data perturbation: Thm 4 sd, applied to the data the clients keep for the uploads
-    dd = ft.feddl(data, 5, noise="dp_data", epsilon=0.5, delta=1e-5, **base)
-    assert np.allclose(dd.noise_sd, ft.dp_noise_sd(0.5, 1e-5, 2 * tau, "dp_data"))
-    assert not np.allclose(dd.client_data[0], data[0])
-    # heuristic: sd = beta * sd(gradient) at Y^0 in round 1
-    h = ft.feddl(data, 5, noise="heuristic", beta=0.5, **base)
-    g0 = ft.mmd2_u_grad(data[1], Y0, 0.05)
-    assert h.noise_sd[0, 1] == pytest.approx(0.5 * g0.std())
-    assert not np.allclose(h.landmarks, clean.landmarks)
-    # gradient perturbation: Thm 6 with tau_Y = ||Y||_2, Upsilon = max ||y - x|| at Y^0, T = S rounds
-    dg = ft.feddl(data, 5, noise="dp_gradient", epsilon=1.0, delta=1e-5, **base)
-    ups = np.sqrt(ft.sq_distances(Y0, data[0]).max())
-    sens = ft.gradient_sensitivity(len(data[0]), 5, 0.05, tau, np.linalg.norm(Y0, 2), ups)
-    assert dg.noise_sd[0, 0] == pytest.approx(ft.dp_noise_sd(1.0, 1e-5, sens, "dp_gradient", compositions=3))
+    h = ft.feddl(data, 5, rounds=3, init=Y0, gamma=0.05, noise="heuristic", beta=0.5)
+    assert h.noise_sd[0, 1] == pytest.approx(0.5 * ft.mmd2_u_grad(data[1], Y0, 0.05).std())
+    assert math.isinf(h.epsilon)
+
+
+def test_dp_variants_reject_data_dependent_releases():
+    with pytest.raises(ValueError, match="gamma"):
+        ft.feddl(_DATA, 4, noise="dp_gradient", epsilon=1.0, delta=1e-5, init="gaussian")      # gamma="median"
+    with pytest.raises(ValueError, match="init"):
+        ft.feddl(_DATA, 4, noise="dp_gradient", epsilon=1.0, delta=1e-5, gamma=0.1)            # init="moments"
+    with pytest.raises(ValueError, match="tau_x"):
+        ft.feddl(_DATA, 4, noise="dp_data", epsilon=1.0, delta=1e-5)                           # no public bound
+    with pytest.raises(ValueError, match="theorem6"):
+        ft.feddl(_DATA, 4, noise="dp_gradient", epsilon=1.0, delta=1e-5, gamma=0.1, init="gaussian",
+                 dp_sensitivity="theorem6")
+
+
+def test_fed_tsne_reports_end_to_end_epsilon(blobs50):
+    X, y = blobs50
+    kw = dict(rounds=5, gamma=0.01, init="gaussian", epsilon=2.0, delta=1e-5, tsne_kwargs={"max_iter": 250})
+    r_data = ft.fed_tsne(X, 3, 12, noise="dp_data", tau_x=float(np.linalg.norm(X, axis=1).max()), **kw)
+    r_grad = ft.fed_tsne(X, 3, 12, noise="dp_gradient", **kw)
+    assert r_data.epsilon == r_data.feddl.epsilon <= 2.0
+    assert r_grad.feddl.epsilon <= 2.0 and math.isinf(r_grad.epsilon)
+
+
+def test_distance_upload_reveals_the_data_whatever_feddl_noise():
+    """With n_y >= m + 2 noisy (dp_gradient) landmarks, the server rebuilds every client sample."""
+    X, y = _blobs(60, 4)
+    res = ft.feddl([X[:30], X[30:]], 8, rounds=5, noise="dp_gradient", epsilon=0.1, delta=1e-5, gamma=0.05,
+                   init="gaussian")
+    up = ft.client_sq_distances(X[:30], res.landmarks)["sq_distances"]
+    assert np.abs(ft.reconstruct_from_sq_distances(up, res.landmarks) - X[:30]).max() < 1e-8
 
 
 # ------------------------------------------------------------------------------------------------
@@ -323,6 +435,11 @@ _DATA = [_X[:15], _X[15:]]
     (lambda: ft.feddl([_X[:1], _X[1:]], 4), "needs >= 2"),
     (lambda: ft.feddl([_X, _X[:, :2]], 4), "features"),
     (lambda: ft.dp_noise_sd(-1.0, 1e-5, 1.0), "epsilon"),
+    (lambda: ft.feddl(_DATA, 4, noise="dp_gradient", epsilon=1.0, delta=1e-5, gamma=0.1, init="gaussian",
+                      dp_accountant="moments"), "dp_accountant"),
+    (lambda: ft.feddl(_DATA, 4, noise="dp_gradient", epsilon=1.0, delta=1e-5, gamma=0.1, init="gaussian",
+                      dp_sensitivity="exact"), "dp_sensitivity"),
+    (lambda: ft.feddl(_DATA, 4, landmark_bounds=(1.0, 0.0)), "landmark_bounds"),
     (lambda: ft.dp_noise_sd(0.5, 0.0, 1.0), "delta"),
     (lambda: ft.dp_noise_sd(0.5, 1.5, 1.0), "delta"),
     (lambda: ft.dp_noise_sd(0.5, 1e-5, 1.0, "renyi"), "mechanism"),
@@ -347,3 +464,136 @@ def test_bad_input_raises_value_error(call, match):
 def test_unknown_feddl_keyword_is_rejected_before_work():
     with pytest.raises(TypeError, match="unknown FedDL keyword"):
         ft.fed_tsne(_X, 3, 4, perplexity=5.0, round=3)
+
+
+# ------------------------------------------------------------------------------------------------
+# data and scoring for the chapters: one rule for n points and for non-IID, the plateau rule,
+# the cached scorer
+# ------------------------------------------------------------------------------------------------
+def test_load_points_is_a_stratified_deterministic_draw_of_exactly_n():
+    X, y, classes = ft.load_points("optdigits", 500, seed=0)
+    Xa, ya, _ = ft.load_points("optdigits")
+    assert X.shape == (500, 64) and len(classes) == 10 and len(ya) == 1797
+    assert X.min() >= 0 and X.max() <= 1
+    full = np.bincount(ya, minlength=10) / len(ya)
+    assert np.abs(np.bincount(y, minlength=10) - 500 * full).max() <= 1.0   # stratified
+    X2, y2, _ = ft.load_points("optdigits", 500, seed=0)
+    assert np.array_equal(X, X2) and np.array_equal(y, y2)
+    X3, _, _ = ft.load_points("optdigits", 500, seed=1)
+    assert not np.array_equal(X, X3)
+    # every drawn row is a row of the pooled data
+    rows = {r.tobytes() for r in Xa}
+    assert all(r.tobytes() in rows for r in X)
+    with pytest.raises(ValueError, match="n_points"):
+        ft.load_points("optdigits", 5000)
+
+
+def test_label_skew_parts_one_rule_for_multiples_and_divisors_of_the_classes():
+    y = np.repeat(np.arange(10), 30)
+    one = ft.label_skew_parts(y, 10, seed=0)
+    assert [len(np.unique(y[p])) for p in one] == [1] * 10
+    two = ft.label_skew_parts(y, 5, seed=0)             # paper Table 3, k = 5
+    assert [sorted(np.unique(y[p])) for p in two] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+    twenty = ft.label_skew_parts(y, 20, seed=0)         # two clients per class
+    assert sorted(int(np.unique(y[p])[0]) for p in twenty) == sorted(list(range(10)) * 2)
+    for parts in (one, two, twenty):
+        assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(len(y)))
+    with pytest.raises(ValueError, match="multiple or a divisor"):
+        ft.label_skew_parts(y, 3)
+    assert ft.client_split(y, 10, "non_iid", seed=0)[0].tolist() == one[0].tolist()
+    with pytest.raises(ValueError, match="split"):
+        ft.client_split(y, 10, "one_class")
+
+
+def test_median_gamma_differs_between_iid_and_label_skew():
+    """The kernel width of the median rule depends on the split: FedDL is NOT the same gradient
+    descent for IID and non-IID data (only for a fixed gamma)."""
+    X, y = _blobs(150, 6)
+    iid = ft.feddl([X[p] for p in ft.client_split(y, 3, "iid", seed=0)], 5, rounds=1)
+    skew = ft.feddl([X[p] for p in ft.client_split(y, 3, "non_iid", seed=0)], 5, rounds=1)
+    assert skew.gamma > 2 * iid.gamma          # within-class medians are much smaller
+    fixed = [ft.feddl([X[p] for p in ft.client_split(y, 3, s, seed=0)], 5, rounds=5, gamma=iid.gamma).landmarks
+             for s in ("iid", "non_iid")]
+    assert np.allclose(fixed[0], fixed[1], atol=1e-10)
+
+
+def test_plateau_share_and_round_on_known_curves():
+    F = 1.0 / (1.0 + np.arange(201.0))                  # F_s = 1/(1+s)
+    s = 100
+    w = max(math.ceil(0.1 * s), 10)
+    assert ft.plateau_share(F, s) == pytest.approx((F[s - w] - F[s]) / (F[0] - F[s]))
+    r = ft.plateau_round(F, tol=0.01)
+    assert r is not None and ft.plateau_share(F, r) <= 0.01 < ft.plateau_share(F, r - 1)
+    assert ft.plateau_round(np.linspace(1.0, 0.0, 300), tol=0.01) is None   # a straight line never plateaus
+    assert math.isnan(ft.plateau_share(F, 5))           # fewer rounds than the window
+    assert ft.plateau_share(np.ones(30)) == math.inf    # no decrease at all
+    # a pause after 1 round is not a plateau: the window is at least 10 rounds
+    early = np.r_[1.0, 0.5, np.full(8, 0.5), np.linspace(0.5, 0.0, 50)]
+    assert ft.plateau_round(early, tol=0.01) is None
+
+
+def test_feddl_until_plateau_equals_one_long_run_and_stops_at_the_plateau():
+    X, y = _blobs(90, 5)
+    data = [X[p] for p in ft.client_split(y, 3, "iid", seed=0)]
+    tr = ft.feddl_until_plateau(data, 8, tol=0.01, check_every=20, max_rounds=400, checkpoints=[5], seed=1)
+    assert tr.plateau is not None and tr.plateau <= tr.rounds < tr.plateau + 20
+    assert tr.rounds % 20 == 0 and len(tr.objective) == tr.rounds + 1
+    one = ft.feddl(data, 8, rounds=tr.rounds, seed=1)
+    assert np.allclose(tr.objective, one.objective, rtol=0, atol=1e-12)
+    assert np.allclose(tr.landmarks[tr.rounds], one.landmarks, atol=1e-10)
+    assert np.array_equal(tr.landmarks[0], one.init_landmarks) and 5 in tr.landmarks
+    assert tr.plateau == ft.plateau_round(one.objective, 0.01)
+    # the joined result is the long run, bytes included
+    assert np.allclose(tr.result.step_sq_norms, one.step_sq_norms, rtol=1e-9, atol=1e-15)
+    assert np.array_equal(tr.result.init_landmarks, one.init_landmarks) and tr.result.rounds == tr.rounds
+    assert (tr.result.upload_bytes, tr.result.setup_upload_bytes, tr.result.broadcast_bytes) == \
+        (one.upload_bytes, one.setup_upload_bytes, one.broadcast_bytes)
+    fixed = ft.feddl_until_plateau(data, 8, tol=0.01, check_every=20, max_rounds=tr.rounds + 40,
+                                   stop_at_plateau=False, seed=1)
+    assert fixed.rounds == tr.rounds + 40 and fixed.plateau == tr.plateau
+    with pytest.raises(ValueError, match="noise"):
+        ft.feddl_until_plateau(data, 8, noise="heuristic")
+
+
+def test_embedding_scorer_equals_embedding_report_and_distance_quality():
+    from fedlib import embedding_metrics as em
+
+    X, y = _blobs(240, 8)
+    Z = X[:, :2] + 0.1 * np.random.default_rng(0).standard_normal((len(X), 2))
+    sc = ft.EmbeddingScorer(X, y)
+    ours, ref = sc(Z, seed=3), em.embedding_report(X, Z, y, seed=3)
+    assert set(ours) <= set(ref)
+    assert all(abs(ours[k] - ref[k]) < 1e-12 for k in ours)
+    D = np.sqrt(ft.sq_distances(X))
+    q = sc.distance_quality(D)
+    assert q["D-hat rel. error"] == 0.0 and q["D-hat 10-NN"] == 1.0
+    q2 = sc.distance_quality(D + np.random.default_rng(1).uniform(0, 3, D.shape))
+    assert q2["D-hat rel. error"] > 0.01 and q2["D-hat 10-NN"] < 1.0
+    with pytest.raises(ValueError, match="D_hat"):
+        sc.distance_quality(D[:5, :5])
+
+
+def test_both_fedtsne_chapters_draw_points_and_split_clients_by_the_one_rule():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "notebooks"
+    for chapter in ("fedtsne_benchmark", "fedspeclust"):
+        src = (root / f"{chapter}.py").read_text()
+        assert "ft.load_points(" in src and "ft.client_split(" in src, chapter
+        for own_rule in ("make_partition", "train_test_split", ".subset(", "dirichlet"):
+            assert own_rule not in src, (chapter, own_rule)
+
+
+def test_benchmark_runs_feddl_until_its_objective_plateaus():
+    """10 FedDL rounds left the landmarks near their random start; every profile must use the plateau rule."""
+    from fedlib.profiles import load_profiles, notebook_parameters
+
+    assert notebook_parameters("fedtsne_benchmark")["rounds"] == "plateau"
+    for name, profile in load_profiles().items():
+        assert (profile or {}).get("fedtsne_benchmark", {}).get("rounds", "plateau") == "plateau", name
+    # and the rule tells 10 rounds from a plateau on a small problem
+    X, y = _blobs(120, 10)
+    data = [X[p] for p in ft.client_split(y, 3, "iid", seed=0)]
+    short = ft.feddl(data, 6, rounds=10)
+    assert not ft.plateau_share(short.objective) <= 0.01
+    assert ft.feddl_until_plateau(data, 6, max_rounds=2000).plateau is not None

@@ -6,7 +6,7 @@ Prints, in one run on this machine:
 1. Fed-tSNE (Algorithm 2: FedDL, distance uploads, Nystrom estimate on squared distances, sklearn
    t-SNE on it) against centralized t-SNE (the same sklearn t-SNE on the exact distances) on the
    same points: by default 10,000 Fashion-MNIST images (stratified subset of train + test, pixels
-   / 255), 10 IID clients, n_y = 500 landmarks, 25 FedDL rounds (more than the notebook's quick 10),
+   / 255), 10 IID clients, n_y = 500 landmarks, 25 FedDL rounds (a fixed count for timing; the chapter runs to a plateau),
    perplexity 30 and sklearn's default 1000 t-SNE iterations. Wall time of each (and of FedDL and
    the Nystrom step alone), the time ratio, and CA 10-NN (k-NN accuracy in the embedding, 70/30
    split; ``fedlib.embedding_metrics.knn_accuracy``) of both embeddings.
