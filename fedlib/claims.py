@@ -129,7 +129,8 @@ def _cell(text: str) -> str:
 
 def ledger_markdown(records: list[dict], link_prefix: str = "executed/") -> str:
     """The ledger as MyST markdown: a verdict count, then one table per paper (statement, verdict,
-    evidence, a link to the cell that checked it)."""
+    evidence, a link to the cell that checked it) under a level-1 heading (include it with
+    ``:heading-offset: 1``)."""
     if not records:
         return "No chapter has been executed yet, so no claim is registered.\n"
     lines = ["| paper | " + " | ".join(VERDICTS) + " |", "|---" * (len(VERDICTS) + 1) + "|"]
@@ -143,7 +144,7 @@ def ledger_markdown(records: list[dict], link_prefix: str = "executed/") -> str:
         recs = [r for r in records if r["paper"] == key]
         if not recs:
             continue
-        lines += [f"## {title}", "", "| claim (the paper's statement) | our verdict | evidence (measured) | where |",
+        lines += [f"# {title}", "", "| claim (the paper's statement) | our verdict | evidence (measured) | where |",
                   "|---|---|---|---|"]
         for r in recs:
             link = f'<a href="{link_prefix}{r["chapter"]}.html#claim-{r["id"]}">{r["chapter"]}</a>'

@@ -48,7 +48,7 @@ def test_register_displays_and_collect_reads_back(tmp_path, capsys):
     assert got[1]["chapter"] == "ch1"
     page = claims.ledger_markdown(got)
     assert '<a href="executed/ch1.html#claim-afl-weight-invariance">ch1</a>' in page
-    assert "| **refuted** |" in page and "## STSA" in page
+    assert "| **refuted** |" in page and "# STSA" in page
     _notebook_with_claims(tmp_path / "ch3.ipynb", [rec])
     with pytest.raises(ValueError, match="registered twice"):
         claims.collect(tmp_path)
