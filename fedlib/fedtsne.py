@@ -1206,6 +1206,16 @@ def feddl_until_plateau(client_data: Sequence, n_landmarks: int = 500, *, tol: f
     return FedDLTrace(result=result, landmarks=kept, plateau=plateau, rounds=done)
 
 
+def plateau_rounds(client_data: Sequence, n_landmarks: int, *, max_rounds: int = 1000, seed: int = 0,
+                   **feddl_kwargs) -> int:
+    """Rounds S after which noise-free FedDL's objective has plateaued (:func:`feddl_until_plateau`);
+    raises RuntimeError naming ``max_rounds`` when it has not within them."""
+    trace = feddl_until_plateau(client_data, n_landmarks, max_rounds=max_rounds, seed=seed, **feddl_kwargs)
+    if trace.plateau is None:
+        raise RuntimeError(f"FedDL did not plateau within max_rounds={max_rounds}: raise max_rounds")
+    return trace.rounds
+
+
 def _knn_lists(A, k: int, metric: str = "euclidean") -> np.ndarray:
     from sklearn.neighbors import NearestNeighbors
 

@@ -288,16 +288,9 @@ display(pd.DataFrame(info).set_index("dataset (ours)"))
 # FedDL's number of rounds per dataset: a fixed count, or the first round at which the noise-free
 # objective plateaus (fedtsne.plateau_round: the last 10 % of the rounds make at most 1 % of the
 # decrease), found once per dataset on the first seed's IID split and then used by every run of it.
-def _plateau(name, parts, ny, seed):
-    X = data[name][0]
-    tr = ft.feddl_until_plateau([X[p] for p in parts], ny, gamma=gamma_rule, max_rounds=max_rounds, seed=seed)
-    if tr.plateau is None:
-        raise RuntimeError(f"FedDL did not plateau within max_rounds={max_rounds} on {name}: raise max_rounds")
-    return tr.rounds
-
-
-rounds_for = {name: (_plateau(name, splits[name][seeds[0]]["IID"], n_landmarks, seeds[0]) if rounds == "plateau"
-                     else rounds) for name in datasets}
+rounds_for = {name: (ft.plateau_rounds([data[name][0][p] for p in splits[name][seeds[0]]["IID"]], n_landmarks,
+                                       gamma=gamma_rule, max_rounds=max_rounds, seed=seeds[0])
+                     if rounds == "plateau" else rounds) for name in datasets}
 print("FedDL rounds per dataset" + (" (run until the objective plateaus)" if rounds == "plateau" else "") + ":",
       rounds_for)
 
@@ -524,7 +517,8 @@ X, y, n_classes = data[sweep_dataset]
 seed0 = seeds[0]
 parts0 = splits[sweep_dataset][seed0]["IID"]
 sweep_rounds = rounds_for[sweep_dataset] if sweep_dataset in rounds_for else (
-    _plateau(sweep_dataset, parts0, n_landmarks, seed0) if rounds == "plateau" else rounds)
+    ft.plateau_rounds([X[p] for p in parts0], n_landmarks, gamma=gamma_rule, max_rounds=max_rounds, seed=seed0)
+    if rounds == "plateau" else rounds)
 gamma_s = ft.fed_spectral_clustering(X, None, n_classes, centralized=True, gamma=gamma_rule, seed=seed0).gamma
 K = ft.gaussian_kernel(X, None, gamma_s)
 K_norm = np.linalg.norm(K)

@@ -600,3 +600,7 @@ def test_benchmark_runs_feddl_until_its_objective_plateaus():
     short = ft.feddl(data, 6, rounds=10)
     assert not ft.plateau_share(short.objective) <= 0.01
     assert ft.feddl_until_plateau(data, 6, max_rounds=2000).plateau is not None
+    s = ft.plateau_rounds(data, 6, max_rounds=2000)
+    assert ft.plateau_share(ft.feddl(data, 6, rounds=s).objective) <= 0.01
+    with pytest.raises(RuntimeError, match="max_rounds=20"):
+        ft.plateau_rounds(data, 6, max_rounds=20)
