@@ -261,6 +261,10 @@ if scratch:
         print(f"scratch setting: {len(scratch_seeds)} seeds (fewer than 5 because each beta and seed trains its own "
               f"stage-1 backbone by FedAvg, the dominant CPU cost of this chapter); its spreads and paired "
               f"intervals rest on n={len(scratch_seeds)}.")
+    if scratch_baselines:
+        print(f"scratch end-to-end baselines ({', '.join(scratch_baselines)}): ONE seed (0) at beta=0.5, because "
+              "each trains a CNN through all stages; their rows carry no std and no paired interval, "
+              "and no conclusion rests on them.")
 
 # %%
 summary = pd.DataFrame([r.summary() for r in results])
