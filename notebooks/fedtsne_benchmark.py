@@ -27,7 +27,7 @@
 # * **Fed+**: the same with the **paper's heuristic noise (no formal DP guarantee; see the privacy
 #   chapter)**, $\mathcal N(0,\beta^2\,\mathrm{sd}^2(\nabla f_p))$ on every client gradient, $\beta=1$.
 #
-# Metrics (App. A.2, recipes in `fedlib.embedding_metrics`): k-NN classification accuracy in the
+# Metrics (App. A.2, recipes in `fedlib.evaluation.embedding`): k-NN classification accuracy in the
 # embedding (CA, 70/30 split), neighbour preservation against the original space (NPA), NMI of
 # k-means against the labels, and the silhouette coefficient (SC) of the k-means labels.
 #
@@ -37,7 +37,7 @@
 # pixels / 255. The paper's tables are shown beside ours and labelled as the paper's numbers on the
 # paper's data, never as reproduced.
 #
-# Choices the paper leaves open (notes `papers/fedtsne.md` Sec. 2.8; `fedlib.fedtsne` defaults):
+# Choices the paper leaves open (notes `papers/fedtsne.md` Sec. 2.8; `fedlib.papers.fedtsne` defaults):
 # gradient-averaging FedDL with one step per round and size weights, $\gamma$ from the clients'
 # median squared distances, landmarks initialized from the pooled moments, step $1/L$ from a
 # data-free Lipschitz bound, Nyström on **squared** distances (the paper does not say which;
@@ -47,7 +47,7 @@
 # always share every setting, so each comparison is like for like, and all runs of one seed share
 # that seed, so comparisons are paired differences with 95 % confidence intervals over the seeds.
 #
-# Re-run with other values, e.g. `python -m fedlib.profiles fedtsne_benchmark rounds=10` (a fixed
+# Re-run with other values, e.g. `python -m fedlib.runner fedtsne_benchmark rounds=10` (a fixed
 # number of rounds; the plateau rule is then only reported, not asserted).
 
 # %% tags=["parameters"]
@@ -97,12 +97,12 @@ from IPython.display import Markdown
 from sklearn.manifold import TSNE
 from threadpoolctl import threadpool_limits
 
-from fedlib import claims
-from fedlib import embedding_metrics as em
-from fedlib import fedtsne as ft
-from fedlib import paper_results
-from fedlib.data import DATASETS
-from fedlib.stats import mean_std, paired_difference
+from fedlib.evaluation import claims
+from fedlib.evaluation import embedding as em
+from fedlib.papers import fedtsne as ft
+from fedlib.evaluation import paper_tables as paper_results
+from fedlib.data.datasets import DATASETS
+from fedlib.evaluation.stats import mean_std, paired_difference
 
 sns.set_theme(style="whitegrid")
 threadpool_limits(num_threads)
@@ -191,7 +191,7 @@ if len(seeds) < 5:
 # %% [markdown]
 # ## 1. Data and client splits
 #
-# One rule for both Fed-tSNE chapters (`fedlib.fedtsne.load_points`, `fedlib.fedtsne.client_split`):
+# One rule for both Fed-tSNE chapters (`fedlib.papers.fedtsne.load_points`, `fedlib.papers.fedtsne.client_split`):
 # a dataset's train and test images are pooled and, when `n_points` is smaller, a stratified draw
 # of exactly `n_points` is kept (seed 0, the same for every run). IID is a random split; non-IID
 # (`label_skew_parts`) gives each client one class when the number of clients $k$ is a multiple of
@@ -226,7 +226,7 @@ scorers = {name: ft.EmbeddingScorer(X, y) for name, (X, y, _) in data.items()}
 #
 # FedDL minimizes $F(Y)=\sum_pw_p\,\mathrm{MMD}^2_u(X_p,Y)$ (Eq. 11) by gradient descent. Stopping
 # it early hands the Nyström step landmarks close to their random start. **Plateau rule**
-# (`fedlib.fedtsne.plateau_round`): FedDL has plateaued at round $S$ when the last
+# (`fedlib.papers.fedtsne.plateau_round`): FedDL has plateaued at round $S$ when the last
 # $w=\max(\lceil 0.1S\rceil,10)$ rounds made at most `plateau_tol` of the total decrease,
 #
 # $$\frac{F(Y^{S-w})-F(Y^{S})}{F(Y^{0})-F(Y^{S})}\le \texttt{plateau\_tol}.$$
@@ -234,7 +234,7 @@ scorers = {name: ft.EmbeddingScorer(X, y) for name, (X, y, _) in data.items()}
 # ($F$ is an unbiased estimate and can be negative, so the change is measured against the total
 # decrease, not against $|F|$.) With `rounds="plateau"` every noise-free FedDL run (every dataset,
 # split and seed) runs until the rule holds, checked every `plateau_check` rounds
-# (`fedlib.fedtsne.feddl_until_plateau`; the rule is asserted for every run below), and the Fed+
+# (`fedlib.papers.fedtsne.feddl_until_plateau`; the rule is asserted for every run below), and the Fed+
 # run of the same dataset, split and seed gets the same number of rounds. With a fixed integer
 # `rounds` every run gets that many and the rule is only reported.
 #
@@ -377,7 +377,7 @@ if late:
 # and the seed, not the split, which is asserted). Every federated run also records how good the
 # server's distance matrix is before any embedding: the relative Frobenius error
 # $\lVert\hat D-D\rVert_F/\lVert D\rVert_F$ and the 10-NN overlap of $\hat D$ with the exact
-# neighbours ("D-hat 10-NN"). The metrics come from `fedlib.fedtsne.EmbeddingScorer` (high-dimensional
+# neighbours ("D-hat 10-NN"). The metrics come from `fedlib.papers.fedtsne.EmbeddingScorer` (high-dimensional
 # neighbours computed once per dataset; checked equal to `embedding_report` on the first embedding).
 
 # %%
@@ -498,7 +498,7 @@ for name, (X, y, classes) in data.items():
 # %% [markdown]
 # ## 5. Metric tables: ours beside the paper's
 #
-# Ours: mean ± sample std over the seeds (`fedlib.stats.mean_std`). The paper's Tables 1 (MNIST)
+# Ours: mean ± sample std over the seeds (`fedlib.evaluation.stats.mean_std`). The paper's Tables 1 (MNIST)
 # and 2 (Fashion-MNIST) are **the paper's numbers on 40,000 points of the paper's data** (mean ±
 # std over an unstated number of runs); ours are on the stand-ins and sizes of Sec. 1. Rows
 # alternate between the two sources, metric by metric. The paper has no "untrained" column.
@@ -551,7 +551,7 @@ for name in datasets:
 #
 # All runs of one seed share the data subset, the seed of the client split, of t-SNE / UMAP, of the
 # CA split and of k-means, so each comparison is the paired difference over seeds with a 95 %
-# t-interval (`fedlib.stats.paired_difference`): "+0.0123 [+0.0045, +0.0201]" is the mean
+# t-interval (`fedlib.evaluation.stats.paired_difference`): "+0.0123 [+0.0045, +0.0201]" is the mean
 # difference and its interval. An interval that excludes 0 is a difference the seeds resolve.
 # The paper's column gives the same difference of the paper's means (no interval available).
 
@@ -883,7 +883,7 @@ lines.append(f"* **Kernel width per split**: gamma non-IID / IID from {ratio.min
 lines.append(f"* **Fed+**, the {FED_PLUS_LABEL}: largest mean CA 10-NN change Fed+ - Fed "
              f"{worst_plus:+.4f} (paper: {paper_plus_drop:+.4f}). The noise is no privacy guarantee either: the final "
              "distance upload reveals every sample's projection on the landmarks' span "
-             "(`fedlib.fedtsne.reconstruct_from_sq_distances`).")
+             "(`fedlib.papers.fedtsne.reconstruct_from_sq_distances`).")
 lines.append("* **Absolute values** (CA, NMI, SC) differ from the paper's: other data, fewer points, fewer "
              "landmarks and t-SNE iterations at `quick`.")
 display(Markdown("\n".join(lines)))
@@ -893,7 +893,7 @@ display(pd.Series(timings, name="seconds").to_frame().style.format("{:.0f}"))
 # %% [markdown]
 # ## Exercises
 #
-# 1. **Too few rounds.** Run `python -m fedlib.profiles fedtsne_benchmark rounds=10`. Compare the
+# 1. **Too few rounds.** Run `python -m fedlib.runner fedtsne_benchmark rounds=10`. Compare the
 #    "Fed" and "untrained" columns with those of the default run. What do 10 rounds of FedDL measure?
 # 2. **Plain distances.** In the landmark sweep, compare the plain-distance estimate with the
 #    squared one. Why can $B W^{+} B^\top$ on squared distances be exact while on plain distances it

@@ -25,7 +25,7 @@
 # identity that makes federated descent equal to pooled descent, when the Nyström estimate is exact,
 # the noise calibration of both "+" mechanisms, and what the server can reconstruct from the
 # uploads. It also shows, with counterexamples, where the paper's Theorems 1, 2, 3 and 5 do not hold
-# as stated. No public code exists for this paper; `fedlib.fedtsne` is ours. Samples are **rows**
+# as stated. No public code exists for this paper; `fedlib.papers.fedtsne` is ours. Samples are **rows**
 # here (the paper stores them as columns).
 
 # %% tags=["parameters"]
@@ -47,10 +47,12 @@ import pandas as pd
 import seaborn as sns
 from sklearn.neighbors import NearestNeighbors
 
-from fedlib import claims, privacy
-from fedlib import fedtsne as ft
-from fedlib.data import load_dataset
-from fedlib.partition import make_partition
+from fedlib.evaluation import claims
+
+from fedlib.core import privacy
+from fedlib.papers import fedtsne as ft
+from fedlib.data.datasets import load_dataset
+from fedlib.data.partition import make_partition
 
 sns.set_theme(style="whitegrid")
 rng = np.random.default_rng(seed)
@@ -358,7 +360,7 @@ for name in parts:
 # $\tau_X$ as the data's largest norm would itself be a release. The paper calibrates
 # $\sigma=c\Delta_2/\varepsilon$ with $c^2\ge2\ln(1.25/\delta)$ (Dwork & Roth), which is proven for
 # $\varepsilon<1$ only; we use the **analytic Gaussian mechanism** (Balle & Wang 2018), exact for every
-# $\varepsilon$ (`fedlib.privacy`, a wrapper over Google's `dp-accounting`).
+# $\varepsilon$ (`fedlib.core.privacy`, a wrapper over Google's `dp-accounting`).
 #
 # **Gradient perturbation (Theorem 6).** Each client adds noise to every gradient it uploads, $S$
 # rounds. Theorem 6 bounds the sensitivity by

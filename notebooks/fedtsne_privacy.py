@@ -63,10 +63,12 @@ import pandas as pd
 import seaborn as sns
 from IPython.display import Markdown, display
 
-from fedlib import claims, privacy
-from fedlib import fedtsne as ft
-from fedlib.embedding_metrics import kmeans_nmi, knn_accuracy
-from fedlib.stats import mean_std, paired_difference
+from fedlib.evaluation import claims
+
+from fedlib.core import privacy
+from fedlib.papers import fedtsne as ft
+from fedlib.evaluation.embedding import kmeans_nmi, knn_accuracy
+from fedlib.evaluation.stats import mean_std, paired_difference
 
 sns.set_theme(style="whitegrid")
 rng = np.random.default_rng(seed)

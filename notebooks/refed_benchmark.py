@@ -20,14 +20,14 @@
 # sample's squared gradient norm $G^p$ at every PIM epoch $p$, and caches the samples with the
 # largest early-emphasis score $I=\sum_p G^p/p$. Training is then plain FedAvg on cache $\cup$ new
 # task. The implementation and the decisions the paper leaves open ([D1]-[D21]) are in
-# `fedlib.refed`; the theory chapter checks Lemma 1 and Theorem 3.1.
+# `fedlib.papers.refed`; the theory chapter checks Lemma 1 and Theorem 3.1.
 #
 # This chapter runs the paper's two protocols on data that installs offline:
 #
 # * **class-incremental**: Fashion-MNIST, 5 tasks of 2 classes (the paper's CIFAR10 split),
 #   a stratified subset, class order drawn from the seed;
 # * **domain-incremental**: digit domains built from MNIST-5k and UCI optdigits
-#   (`fedlib.domains.digit_domains`: plain MNIST, rotated MNIST, optdigits resized, inverted MNIST)
+#   (`fedlib.data.domains.digit_domains`: plain MNIST, rotated MNIST, optdigits resized, inverted MNIST)
 #   standing in for Digit10 (MNIST, EMNIST, USPS, SVHN), run by the same runner.
 #
 # K clients, a fraction of them per round, a Dirichlet($\alpha$) label skew redrawn for every task.
@@ -38,7 +38,7 @@
 # **Our datasets and models are stand-ins**, and so is the scale (few rounds per task, one or two
 # local epochs, a small CNN): the paper's numbers are shown beside ours, labelled, never as reproduced.
 #
-# Methods (`fedlib.refed.LEARNERS`): Re-Fed with the exact squared gradient norms of Eq. 4 (all
+# Methods (`fedlib.papers.refed.LEARNERS`): Re-Fed with the exact squared gradient norms of Eq. 4 (all
 # parameters, `grad_norm="exact"`); **Re-Fed (last-layer proxy)** (`refed_proxy`: the closed-form
 # norm of the output layer only, a cheaper stand-in for Eq. 4, labelled as such wherever it appears);
 # **class-balanced Re-Fed** (`refed_balanced`, ours, not in the paper: the same scores, but every
@@ -115,21 +115,21 @@ import torch
 from IPython.display import Markdown, display
 from scipy.stats import spearmanr
 
-from fedlib import claims
-from fedlib.data import DATASETS, load_dataset
-from fedlib.domains import DOMAIN_NAMES, digit_domains, make_domain_stream
-from fedlib.federated import FedConfig
-from fedlib.incremental import make_stream, run_class_incremental
-from fedlib.models import SmallCNN, images_to_tensor, resnet18_cifar
-from fedlib.refed import (GRAD_NORMS, LEARNERS, MEMORY_MODES, WEIGHTINGS, make_learner, q_lambda,
+from fedlib.evaluation import claims
+from fedlib.data.datasets import DATASETS, load_dataset
+from fedlib.data.domains import DOMAIN_NAMES, digit_domains, make_domain_stream
+from fedlib.federated.gradient import FedConfig
+from fedlib.federated.incremental import make_stream, run_class_incremental
+from fedlib.federated.models import SmallCNN, images_to_tensor, resnet18_cifar
+from fedlib.papers.refed import (GRAD_NORMS, LEARNERS, MEMORY_MODES, WEIGHTINGS, make_learner, q_lambda,
                           rounds_to_best, select_top, train_pim)
-from fedlib.stats import mean_std, paired_difference, summarize
-from fedlib.utils import check_choice, check_positive
+from fedlib.evaluation.stats import mean_std, paired_difference, summarize
+from fedlib.core.validate import check_choice, check_positive
 
 sns.set_theme(style="whitegrid")
 torch.set_num_threads(num_threads)
 # "refed_proxy" is Re-Fed with the last-layer closed form instead of Eq. 4's exact norms (a learner
-# option, not a method of its own); every other name is a method of fedlib.refed.LEARNERS
+# option, not a method of its own); every other name is a method of fedlib.papers.refed.LEARNERS
 PIM_METHODS = ("refed", "refed_balanced", "refed_proxy")
 REPLAY = PIM_METHODS + ("fedavg_replay", "fedprox_replay")
 METHOD_NAMES = tuple(LEARNERS) + ("refed_proxy",)
@@ -312,7 +312,7 @@ display(paper1)
 # One function runs one method through one stream. Every learner gets the same `FedConfig`
 # (plain SGD as Eqs. 3 and 6, [D7]). The run's seed drives the model initialisation, the class
 # order and the partitions; every task draws its own participating clients and mini-batch orders
-# from a seed derived from the run's seed and the task (`fedlib.fcil.stage_seed`; task 1 uses the
+# from a seed derived from the run's seed and the task (`fedlib.federated.fcil.stage_seed`; task 1 uses the
 # run's seed itself), so the methods of one seed share data, partitions and client draws and pair
 # by seed. Re-Fed's cache is rebuilt once per task by all clients [D3], its PIM starts at the
 # global model [D4] and selects a plain top-$k$ [D6] (class-balanced Re-Fed: per-class top-$k$
@@ -444,7 +444,7 @@ print("Checked: on task 1, " + ", ".join(m for m in same_first if m in methods +
 #
 # The runs of one seed share data, class order, partitions and client draws, so methods are
 # compared by the per-seed difference: its mean and a 95 % Student-t confidence interval over the
-# seeds (`fedlib.stats.paired_difference`). An interval that excludes 0 is a difference these runs
+# seeds (`fedlib.evaluation.stats.paired_difference`). An interval that excludes 0 is a difference these runs
 # resolve; one that contains 0 is not.
 
 # %%
@@ -619,7 +619,7 @@ plt.show()
 # ## Rounds to the best accuracy (the paper's Table 3)
 #
 # Per task, the first round at which the global model reaches that task's best accuracy on the
-# seen test data (`fedlib.refed.rounds_to_best`), summed over tasks. Our tasks have `rounds`
+# seen test data (`fedlib.papers.refed.rounds_to_best`), summed over tasks. Our tasks have `rounds`
 # (class-incremental) or `rounds_domain` rounds each (`first_rounds_domain` for the first
 # domain), the paper's 150, so only the ordering of methods can be compared. Fixed trains task 1
 # only and counts 0 afterwards.

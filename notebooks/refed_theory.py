@@ -28,7 +28,7 @@
 # step-size condition that Lemma 2 needs but never states (we give a counterexample to Lemma 2
 # and to the theorem's explicit constant $C$), a rate assumption that excludes $g(t)=g_0/t$, and
 # the fact that the theorem does not describe the constant-step PIM that the algorithm runs.
-# It then checks the implementation in `fedlib.refed`: the closed-form last-layer gradient norm
+# It then checks the implementation in `fedlib.papers.refed`: the closed-form last-layer gradient norm
 # against autograd, the vectorised per-sample gradient norms against a per-sample loop, and that
 # Re-Fed is bit-for-bit FedAvg on the first task. Notation follows the notes (`papers/refed.md`,
 # Sections 2-3): $M$ is the distance bound of Assumption 1 here, not the memory size.
@@ -78,11 +78,11 @@ import torch.nn.functional as F
 from scipy.stats import spearmanr
 from torch import nn
 
-from fedlib import claims
-from fedlib.federated import FedConfig, LinearHead
-from fedlib.incremental import make_stream, run_class_incremental
-from fedlib.models import SmallCNN, SmallResNet
-from fedlib.refed import (importance_scores, last_layer_grad_sq_norms, make_learner, per_sample_grad_sq_norms,
+from fedlib.evaluation import claims
+from fedlib.federated.gradient import FedConfig, LinearHead
+from fedlib.federated.incremental import make_stream, run_class_incremental
+from fedlib.federated.models import SmallCNN, SmallResNet
+from fedlib.papers.refed import (importance_scores, last_layer_grad_sq_norms, make_learner, per_sample_grad_sq_norms,
                           q_lambda, train_pim)
 
 torch.set_num_threads(1)  # small models; the machine is shared
@@ -114,7 +114,7 @@ print(f"profile={profile}: d={dim}, mu={mu}, L={L_smooth}, horizon={horizon}, mc
 #
 # and eq. 3 is gradient descent on it, started at $w$. $q$ decreases strictly from $+\infty$
 # ($\lambda\to0$: $v$ pinned to the global model) to $0$ ($\lambda\to1$: pure local training), and
-# $\lambda=1/(1+2q)$. `fedlib.refed.q_lambda` implements $q$; the notes' values are
+# $\lambda=1/(1+2q)$. `fedlib.papers.refed.q_lambda` implements $q$; the notes' values are
 # $q(0.2)=2$, $q(0.5)=0.5$, $q(0.8)=0.125$.
 
 # %%
@@ -303,7 +303,7 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# ### 2.3 Beyond quadratics: `fedlib.refed.train_pim` on softmax regression
+# ### 2.3 Beyond quadratics: `fedlib.papers.refed.train_pim` on softmax regression
 #
 # With a linear softmax model the PIM objective (mean cross-entropy $+\frac q2\lVert v-w\rVert^2$,
 # `prox_scaling="mean"`) is strongly convex but not quadratic. Full-batch `train_pim` for

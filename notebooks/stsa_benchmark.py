@@ -37,7 +37,7 @@
 #
 # **Our datasets are stand-ins** (Fashion-MNIST, MNIST-5k for CIFAR-100, Tiny-ImageNet, ImageNet-R):
 # the paper's numbers are shown beside ours, labelled, never as reproduced. Spreads are sample
-# standard deviations over seeds (`fedlib.stats`); comparisons are paired differences over seeds
+# standard deviations over seeds (`fedlib.evaluation.stats`); comparisons are paired differences over seeds
 # (the runs of one seed share the class order, the partitions and the random features) with 95 %
 # t-intervals.
 #
@@ -102,15 +102,19 @@ import torch
 
 from IPython.display import Markdown
 
-from fedlib import claims, paper_results, stsa
-from fedlib.stats import mean_std, paired_difference
-from fedlib.data import DATASETS, load_dataset
-from fedlib.fcil import METHODS, FederatedIncrementalLearner
-from fedlib.federated import FedConfig, LinearHead
-from fedlib.features import extract_features
-from fedlib.incremental import make_stream, run_class_incremental, scratch_backbone_features
-from fedlib.models import SmallResNet, images_to_tensor
-from fedlib.utils import check_choice, check_positive
+from fedlib.evaluation import claims
+
+from fedlib.evaluation import paper_tables as paper_results
+
+from fedlib.papers import stsa
+from fedlib.evaluation.stats import mean_std, paired_difference
+from fedlib.data.datasets import DATASETS, load_dataset
+from fedlib.federated.fcil import METHODS, FederatedIncrementalLearner
+from fedlib.federated.gradient import FedConfig, LinearHead
+from fedlib.data.features import extract_features
+from fedlib.federated.incremental import make_stream, run_class_incremental, scratch_backbone_features
+from fedlib.federated.models import SmallResNet, images_to_tensor
+from fedlib.core.validate import check_choice, check_positive
 
 sns.set_theme(style="whitegrid")
 torch.set_num_threads(num_threads)
@@ -611,7 +615,7 @@ display(Markdown("\n".join(lines)))
 # 2. **Random features.** In the M ablation, why does the expansion help the 32-d scratch features more
 #    than the 1280-d pretrained ones?
 # 3. **Communication.** From the cost table, at which $M$ would STSA's upload exceed FedLwF's in this
-#    setting? Use `fedlib.stsa.upload_floats` and the baseline's measured bytes.
+#    setting? Use `fedlib.papers.stsa.upload_floats` and the baseline's measured bytes.
 #
 # ```{admonition} Solutions
 # :class: dropdown

@@ -29,8 +29,8 @@
 # "dummy clients" make common), a corrected form that is not, what happens under **feature skew**
 # (client-specific shifts of the features, outside the paper's assumption), the estimator's true
 # error law (the paper's Lemma 3.5 is false), the per-sample error of the STSA-E head against $n$
-# and against $K\cdot K_D$, and the communication table. All code is in `fedlib.stsa`,
-# `fedlib.incremental` and `fedlib.analytic`; each headline claim is registered in the claims ledger
+# and against $K\cdot K_D$, and the communication table. All code is in `fedlib.papers.stsa`,
+# `fedlib.federated.incremental` and `fedlib.core.linalg`; each headline claim is registered in the claims ledger
 # by the cell that checks it.
 
 # %% tags=["parameters"]
@@ -71,12 +71,16 @@ import torch
 
 from IPython.display import Markdown, display
 
-from fedlib import claims, paper_results, stsa
-from fedlib.analytic import SufficientStats, relative_error, ridge_fit, ridge_solve, synthetic_features
-from fedlib.stats import mean_std, paired_difference
-from fedlib.incremental import make_stream, run_class_incremental
-from fedlib.messages import Message
-from fedlib.partition import make_partition
+from fedlib.evaluation import claims
+
+from fedlib.evaluation import paper_tables as paper_results
+
+from fedlib.papers import stsa
+from fedlib.core.linalg import SufficientStats, relative_error, ridge_fit, ridge_solve, synthetic_features
+from fedlib.evaluation.stats import mean_std, paired_difference
+from fedlib.federated.incremental import make_stream, run_class_incremental
+from fedlib.core.messages import Message
+from fedlib.data.partition import make_partition
 
 sns.set_theme(style="whitegrid")
 rng = np.random.default_rng(seed)
@@ -171,7 +175,7 @@ claims.register(
 # every other stage: the joint $C$ over all $\sum_i c_i$ classes is the column concatenation
 # $[C_1,\dots,C_t]$, and the joint Gram is $\sum_i G_i$. Hence
 # $W_t=(G_{1:t}+\gamma I)^{-1}C_{1:t}$ **is** the joint ridge head after every stage (eq. 8).
-# We run the full protocol (`fedlib.incremental`: seeded class order, a Dirichlet partition redrawn
+# We run the full protocol (`fedlib.federated.incremental`: seeded class order, a Dirichlet partition redrawn
 # per task) and compare the head after each stage with joint ridge on the data seen so far; then the
 # same with the stages in reverse order, and with every stage cut into two sub-stages.
 

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedlib import afl
-from fedlib.analytic import (SufficientStats, gram_report, normal_equations_tolerance, relative_error, ridge_fit,
+from fedlib.papers import afl
+from fedlib.core.linalg import (SufficientStats, gram_report, normal_equations_tolerance, relative_error, ridge_fit,
                              ridge_solve, synthetic_features)
-from fedlib.partition import make_partition
+from fedlib.data.partition import make_partition
 
 N, D, C = 1500, 24, 5
 EPS64, EPS32 = np.finfo(np.float64).eps, np.finfo(np.float32).eps

@@ -4,8 +4,8 @@ import re
 import torch
 
 from fedlib.bench import refed_scoring
-from fedlib.models import SmallCNN
-from fedlib.refed import per_sample_grad_sq_norms
+from fedlib.federated.models import SmallCNN
+from fedlib.papers.refed import per_sample_grad_sq_norms
 
 TINY = ["--n", "24", "--batch-size", "8", "--models", "2x4", "3x5", "--repeats", "1", "--check-n", "8",
         "--threads", "1"]

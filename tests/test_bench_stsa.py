@@ -4,7 +4,7 @@ import re
 import torch
 
 from fedlib.bench import stsa_gram
-from fedlib.stsa import gram_estimate
+from fedlib.papers.stsa import gram_estimate
 
 TINY = ["--M", "30", "--classes", "6", "--clients", "4", "--dummy", "3", "--per-class", "20"]
 

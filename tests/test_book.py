@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from fedlib import claims, profiles
+from fedlib.evaluation import claims
+
+from fedlib.runner import profiles
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = profiles.notebook_names()

@@ -4,7 +4,9 @@ import json
 import nbformat
 import pytest
 
-from fedlib import book, claims
+from fedlib.runner import book
+
+from fedlib.evaluation import claims
 
 
 def test_verdict_follows_the_measurement():

@@ -1,4 +1,4 @@
-"""Tests for fedlib.data: IDX reader, every loader (on real files where they exist offline, else on
+"""Tests for fedlib.data.datasets: IDX reader, every loader (on real files where they exist offline, else on
 small files written here in the real on-disk format), subsets, registry and CLI."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import fedlib.data as fd
-from fedlib.data import (
+import fedlib.data.datasets as fd
+from fedlib.data.datasets import (
     ANIMAL_MNIST_CLASSES,
     DATASETS,
     FASHION_MNIST_CLASSES,
@@ -454,7 +454,7 @@ def test_unknown_name_lists_allowed():
 
 def test_default_data_root(monkeypatch, tmp_path):
     monkeypatch.delenv("FEDLIB_DATA", raising=False)
-    assert default_data_root() == Path(fd.__file__).resolve().parent.parent / "data" / "raw"
+    assert default_data_root() == Path(fd.__file__).resolve().parents[2] / "data" / "raw"
     monkeypatch.setenv("FEDLIB_DATA", str(tmp_path))
     assert default_data_root() == tmp_path
 

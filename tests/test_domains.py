@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedlib.data import DIGIT_CLASSES, Dataset, load_dataset
-from fedlib.domains import DOMAIN_NAMES, DomainIncrementalStream, _stratified_parts, digit_domains, make_domain_stream
-from fedlib.incremental import ClassIncrementalStream, run_class_incremental, task_offset
+from fedlib.data.datasets import DIGIT_CLASSES, Dataset, load_dataset
+from fedlib.data.domains import DOMAIN_NAMES, DomainIncrementalStream, _stratified_parts, digit_domains, make_domain_stream
+from fedlib.federated.incremental import ClassIncrementalStream, run_class_incremental, task_offset
 
 DEFAULT = ("mnist", "optdigits", "inverted", "rotated", "noisy")
 

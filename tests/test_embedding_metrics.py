@@ -1,10 +1,10 @@
-"""Fed-tSNE metrics (fedlib.embedding_metrics): hand-made cases with exactly known values, and bad input."""
+"""Fed-tSNE metrics (fedlib.evaluation.embedding): hand-made cases with exactly known values, and bad input."""
 import numpy as np
 import pytest
 from sklearn.model_selection import train_test_split
 from sklearn.neighbors import KNeighborsClassifier
 
-from fedlib import embedding_metrics as em
+from fedlib.evaluation import embedding as em
 
 
 def _blobs(n_per=40, n_classes=2, dim=2, sep=100.0, seed=0):

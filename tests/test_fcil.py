@@ -1,4 +1,4 @@
-"""Tests for fedlib.fcil: Finetune / Fed-EWC / Fed-LwF baselines for federated class-incremental learning."""
+"""Tests for fedlib.federated.fcil: Finetune / Fed-EWC / Fed-LwF baselines for federated class-incremental learning."""
 from __future__ import annotations
 
 import copy
@@ -9,11 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedlib.fcil import (METHODS, FedEWC, FederatedIncrementalLearner, empirical_fisher, make_method, stage_config,
+from fedlib.federated.fcil import (METHODS, FedEWC, FederatedIncrementalLearner, empirical_fisher, make_method, stage_config,
                          stage_seed)
-from fedlib.federated import FedAvg, FedConfig, LinearHead, run_federated
-from fedlib.incremental import make_stream, run_class_incremental
-from fedlib.messages import Message
+from fedlib.federated.gradient import FedAvg, FedConfig, LinearHead, run_federated
+from fedlib.federated.incremental import make_stream, run_class_incremental
+from fedlib.core.messages import Message
 
 D, C, T, K, BETA = 8, 6, 3, 3, 0.5
 # Orthogonal class means a * e_c plus unit noise: forgetting comes from parameter drift that

@@ -1,13 +1,13 @@
-"""Tests for fedlib.features: backbones, extraction, the on-disk cache (small synthetic data)."""
+"""Tests for fedlib.data.features: backbones, extraction, the on-disk cache (small synthetic data)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 
-import fedlib.features as ff
-from fedlib.data import Dataset
-from fedlib.features import BACKBONES, Features, extract_features, feature_cache_path, load_backbone
+import fedlib.data.features as ff
+from fedlib.data.datasets import Dataset
+from fedlib.data.features import BACKBONES, Features, extract_features, feature_cache_path, load_backbone
 
 
 def make_dataset(n_train=12, n_test=6, rgb=False, seed=0, name="synthetic") -> Dataset:

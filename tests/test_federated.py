@@ -1,4 +1,4 @@
-"""Tests for fedlib.federated: the shared federated loop and its six strategies."""
+"""Tests for fedlib.federated.gradient: the shared federated loop and its six strategies."""
 from __future__ import annotations
 
 import math
@@ -7,12 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedlib.federated import (
+from fedlib.federated.gradient import (
     ALGORITHMS, FedConfig, FedDisco, FedDyn, FedNTD, History, LinearHead, MLPHead, MOON, MOONHead, make_algorithm,
     run_federated, sample_clients,
 )
-from fedlib.messages import Message
-from fedlib.utils import seed_everything
+from fedlib.core.messages import Message
+from fedlib.core.seeds import seed_everything
 
 D, C, K = 20, 3, 10
 

@@ -12,8 +12,8 @@ from sklearn.model_selection import cross_val_score
 from sklearn.neighbors import KNeighborsClassifier
 from threadpoolctl import threadpool_limits
 
-from fedlib import fedtsne as ft
-from fedlib.partition import make_partition
+from fedlib.papers import fedtsne as ft
+from fedlib.data.partition import make_partition
 
 
 @pytest.fixture(autouse=True)
@@ -252,7 +252,7 @@ def test_kernel_sensitivity_bounds_every_replacement_and_is_tight_for_one_landma
 
 @pytest.fixture(scope="module")
 def optdigits600():
-    from fedlib.data import load_dataset
+    from fedlib.data.datasets import load_dataset
 
     d = load_dataset("optdigits")
     x = np.concatenate([d.x_train, d.x_test]).reshape(-1, 64).astype(np.float64) / 255.0
@@ -293,7 +293,7 @@ def test_dp_gradient_theorem6_enforces_its_bounds():
 
 
 def test_dp_data_clips_to_public_tau_and_uses_the_analytic_gaussian():
-    from fedlib import privacy
+    from fedlib.core import privacy
 
     X, y = _blobs(60, 4)
     data = [X[:30], X[30:]]
@@ -556,7 +556,7 @@ def test_feddl_until_plateau_equals_one_long_run_and_stops_at_the_plateau():
 
 
 def test_embedding_scorer_equals_embedding_report_and_distance_quality():
-    from fedlib import embedding_metrics as em
+    from fedlib.evaluation import embedding as em
 
     X, y = _blobs(240, 8)
     Z = X[:, :2] + 0.1 * np.random.default_rng(0).standard_normal((len(X), 2))
@@ -587,7 +587,7 @@ def test_both_fedtsne_chapters_draw_points_and_split_clients_by_the_one_rule():
 def test_benchmark_runs_feddl_until_its_objective_plateaus():
     """10 FedDL rounds left the landmarks near their random start (50 in Fed-SpeClust had not plateaued
     either); the benchmark's profiles and Fed-SpeClust at quick must use the plateau rule."""
-    from fedlib.profiles import load_profiles, notebook_parameters
+    from fedlib.runner.profiles import load_profiles, notebook_parameters
 
     for chapter in ("fedtsne_benchmark", "fedspeclust"):
         assert notebook_parameters(chapter)["rounds"] == "plateau", chapter

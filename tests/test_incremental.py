@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedlib.incremental import accuracy_matrix_metrics, make_stream, run_class_incremental, task_offset
+from fedlib.federated.incremental import accuracy_matrix_metrics, make_stream, run_class_incremental, task_offset
 
 Y_TRAIN = np.repeat(np.arange(10), 30)
 Y_TEST = np.repeat(np.arange(10), 5)
@@ -96,9 +96,9 @@ def test_bad_run_input(beta, clients, match):
 
 
 def test_scratch_backbone_is_trained_on_task_one_frozen_and_cached(tmp_path):
-    from fedlib.data import Dataset
-    from fedlib.federated import FedConfig
-    from fedlib.incremental import scratch_backbone_features
+    from fedlib.data.datasets import Dataset
+    from fedlib.federated.gradient import FedConfig
+    from fedlib.federated.incremental import scratch_backbone_features
 
     rng = np.random.default_rng(0)
     y_tr, y_te = np.repeat(np.arange(4), 20), np.repeat(np.arange(4), 5)

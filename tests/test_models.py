@@ -1,4 +1,4 @@
-"""Tests for fedlib.models: from-scratch image networks, image tensors, embeddings, STSA stage 1."""
+"""Tests for fedlib.federated.models: from-scratch image networks, image tensors, embeddings, STSA stage 1."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedlib.federated import FedConfig, accuracy
-from fedlib.models import (
+from fedlib.federated.gradient import FedConfig, accuracy
+from fedlib.federated.models import (
     SmallCNN, SmallResNet, embed, group_norm_groups, images_to_tensor, resnet18_cifar,
     train_fedavg_backbone,
 )

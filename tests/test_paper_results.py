@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedlib import paper_results as pr
+from fedlib.evaluation import paper_tables as pr
 
 BETAS = [1.0, 0.5, 0.1]
 METRICS = ["A_avg", "A_T", "F_T"]
@@ -237,7 +237,7 @@ def test_fedtsne_table5_values():
 
 
 def test_fedtsne_metric_names_match_embedding_report():
-    from fedlib.embedding_metrics import embedding_report
+    from fedlib.evaluation.embedding import embedding_report
 
     rng = np.random.default_rng(0)
     Z = np.r_[rng.normal(size=(60, 2)), rng.normal(size=(60, 2)) + 50]

@@ -1,4 +1,4 @@
-"""Tests for fedlib.partition: coverage, disjointness, seeds, skew, shapes of each scheme, bad input."""
+"""Tests for fedlib.data.partition: coverage, disjointness, seeds, skew, shapes of each scheme, bad input."""
 from __future__ import annotations
 
 import matplotlib
@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from fedlib.partition import (  # noqa: E402
+from fedlib.data.partition import (  # noqa: E402
     SCHEMES,
     dirichlet_partition,
     iid_partition,

@@ -1,4 +1,4 @@
-"""fedlib.privacy: the dp-accounting wrapper, checked against independent closed forms (scipy's normal
+"""fedlib.core.privacy: the dp-accounting wrapper, checked against independent closed forms (scipy's normal
 cdf: Balle & Wang's exact delta(epsilon) of the Gaussian mechanism; T Gaussian releases of noise
 multiplier z compose exactly like one release of multiplier z / sqrt(T))."""
 import math
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from fedlib import privacy as pv
+from fedlib.core import privacy as pv
 
 
 def _exact_delta(z: float, eps: float) -> float:

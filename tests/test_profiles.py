@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedlib import profiles
+from fedlib.runner import profiles
 
 REPO = Path(__file__).resolve().parent.parent
 

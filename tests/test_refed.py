@@ -1,4 +1,4 @@
-"""Tests for fedlib.refed: Re-Fed cache selection (PIM, Eqs. 3-5) and the replay baselines."""
+"""Tests for fedlib.papers.refed: Re-Fed cache selection (PIM, Eqs. 3-5) and the replay baselines."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedlib.fcil import FederatedIncrementalLearner
-from fedlib.federated import FedConfig, LinearHead, MLPHead
-from fedlib.incremental import make_stream, run_class_incremental
-from fedlib.refed import (LEARNERS, FixedLearner, ReplayLearner, importance_scores, last_layer_grad_sq_norms,
+from fedlib.federated.fcil import FederatedIncrementalLearner
+from fedlib.federated.gradient import FedConfig, LinearHead, MLPHead
+from fedlib.federated.incremental import make_stream, run_class_incremental
+from fedlib.papers.refed import (LEARNERS, FixedLearner, ReplayLearner, importance_scores, last_layer_grad_sq_norms,
                           make_learner, per_sample_grad_sq_norms, q_lambda, rounds_to_best, select_top,
                           train_pim)
 

@@ -1,10 +1,10 @@
-"""fedlib.stats: one std convention (sample), paired differences with t intervals."""
+"""fedlib.evaluation.stats: one std convention (sample), paired differences with t intervals."""
 import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats as st
 
-from fedlib import stats
+from fedlib.evaluation import stats
 
 
 def test_mean_std_uses_the_sample_std():

@@ -3,10 +3,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedlib import stsa
-from fedlib.analytic import SufficientStats, ridge_fit
-from fedlib.incremental import make_stream, run_class_incremental
-from fedlib.messages import Message
+from fedlib.papers import stsa
+from fedlib.core.linalg import SufficientStats, ridge_fit
+from fedlib.federated.incremental import make_stream, run_class_incremental
+from fedlib.core.messages import Message
 
 
 def _toy(n=600, d=5, classes=6, seed=0):

@@ -24,9 +24,9 @@ import torch
 from tqdm import tqdm
 
 from fedlib.bench import write_report
-from fedlib import afl
-from fedlib.analytic import SufficientStats, as_tensor
-from fedlib.utils import resolve_device
+from fedlib.papers import afl
+from fedlib.core.linalg import SufficientStats, as_tensor
+from fedlib.core.devices import resolve_device
 
 
 def _timed(fn):

@@ -9,9 +9,9 @@ Prints, in one run on this machine:
    / 255), 10 IID clients, n_y = 500 landmarks, 25 FedDL rounds (a fixed count for timing; the chapter runs to a plateau),
    perplexity 30 and sklearn's default 1000 t-SNE iterations. Wall time of each (and of FedDL and
    the Nystrom step alone), the time ratio, and CA 10-NN (k-NN accuracy in the embedding, 70/30
-   split; ``fedlib.embedding_metrics.knn_accuracy``) of both embeddings.
+   split; ``fedlib.evaluation.embedding.knn_accuracy``) of both embeddings.
 2. The clients' work in one FedDL round at the paper's scale: every client computes the gradient
-   of its MMD^2 term (Eq. 13) at the current landmarks. ``fedlib.fedtsne.mmd2_u_grad`` (vectorized:
+   of its MMD^2 term (Eq. 13) at the current landmarks. ``fedlib.papers.fedtsne.mmd2_u_grad`` (vectorized:
    two matrix products and an elementwise exp) against :func:`mmd2_u_grad_loop`, the same gradient
    as a Python loop over landmarks and points, one m-vector per (landmark, point) pair. Default:
    40,000 images (a second stratified subset) split IID over 10 clients of 4,000 (the paper's
@@ -57,7 +57,7 @@ def mmd2_u_grad_loop(X, Y, gamma: float) -> np.ndarray:
 
     k(a, b) = exp(-gamma ||a - b||^2). One Python iteration per (landmark, point) and per
     (landmark, landmark) pair, numpy only for the m-vector arithmetic. X (n, m), Y (n_y, m) ->
-    (n_y, m), float64. The naive reference for ``fedlib.fedtsne.mmd2_u_grad``."""
+    (n_y, m), float64. The naive reference for ``fedlib.papers.fedtsne.mmd2_u_grad``."""
     X = np.asarray(X, dtype=np.float64)
     Y = np.asarray(Y, dtype=np.float64)
     n, ny = len(X), len(Y)
@@ -88,7 +88,7 @@ def relative_difference(a: np.ndarray, b: np.ndarray) -> float:
 
 def load_points(name: str, n: int | None, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Stratified subset of n points of train + test (``Dataset.subset``), pixels / 255, flattened."""
-    from fedlib.data import load_dataset
+    from fedlib.data.datasets import load_dataset
 
     ds = load_dataset(name)
     total = len(ds.y_train) + len(ds.y_test)
@@ -115,7 +115,7 @@ def _threads() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dataset", default="fashion_mnist", help="a fedlib.data dataset (default fashion_mnist)")
+    parser.add_argument("--dataset", default="fashion_mnist", help="a fedlib.data.datasets dataset (default fashion_mnist)")
     parser.add_argument("--points", type=int, default=10000, help="stratified subset of train + test")
     parser.add_argument("--clients", type=int, default=10, help="IID clients")
     parser.add_argument("--landmarks", type=int, default=500, help="n_y")
@@ -139,9 +139,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import sklearn
 
-    from fedlib import fedtsne as ft
-    from fedlib.embedding_metrics import knn_accuracy
-    from fedlib.partition import make_partition
+    from fedlib.papers import fedtsne as ft
+    from fedlib.evaluation.embedding import knn_accuracy
+    from fedlib.data.partition import make_partition
 
     (X, y), t_load = _timed(lambda: load_points(args.dataset, args.points, args.seed))
     n, m = X.shape

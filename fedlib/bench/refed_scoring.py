@@ -8,10 +8,10 @@ This benchmark measures that scoring step alone (no PIM update) on SmallCNNs of 
 inputs, labels and weights (the arithmetic does not depend on the values). Timed in one process,
 float32 (what the notebook runs), batches of ``--batch-size``, for every model size:
 
-(a) ``fedlib.refed.per_sample_grad_sq_norms``: ``torch.func.vmap(grad)`` over each batch;
+(a) ``fedlib.papers.refed.per_sample_grad_sq_norms``: ``torch.func.vmap(grad)`` over each batch;
 (b) :func:`loop_grad_sq_norms`: one forward + ``backward`` per sample, the norm summed over
     ``p.grad`` of every parameter (the plain autograd reference);
-(c) ``fedlib.refed.last_layer_grad_sq_norms``: the closed form ||pi - e_y||^2 (||h||^2 + 1) for the
+(c) ``fedlib.papers.refed.last_layer_grad_sq_norms``: the closed form ||pi - e_y||^2 (||h||^2 + 1) for the
     output layer only (forward pass only): a different quantity (the classifier's share of the
     norm), timed for the ``grad_norm="last_layer"`` option, compared with (b) restricted to the
     classifier's parameters.
@@ -42,8 +42,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlib.bench import write_report
-from fedlib.models import SmallCNN
-from fedlib.refed import last_layer_grad_sq_norms, per_sample_grad_sq_norms
+from fedlib.federated.models import SmallCNN
+from fedlib.papers.refed import last_layer_grad_sq_norms, per_sample_grad_sq_norms
 
 __all__ = ["loop_grad_sq_norms", "relative_difference", "main"]
 

@@ -17,10 +17,10 @@ on the values; only the count pattern (the non-empty terms) matters.
 
 Timed in one process, k_mode = "global" (the paper / authors' code):
 
-(a) ``fedlib.stsa.gram_estimate`` (one (M, #non-empty) matrix product) + ``ridge_solve``;
+(a) ``fedlib.papers.stsa.gram_estimate`` (one (M, #non-empty) matrix product) + ``ridge_solve``;
 (b) :func:`gram_per_class`: a Python loop over classes, each class's between-client scatter plus
     its mean term as one matrix product over its non-empty dummy clients;
-(c) ``fedlib.stsa.gram_estimate_eq9``: eq. 9 as printed, one M x M outer product per non-empty
+(c) ``fedlib.papers.stsa.gram_estimate_eq9``: eq. 9 as printed, one M x M outer product per non-empty
     (dummy, class) term. At full size it takes far longer than (a), so it is timed on the first N
     classes (N chosen from a one-class pilot so the run takes about ``--eq9-seconds``) and the
     full-size time is printed as a labelled linear extrapolation in the number of classes.
@@ -40,9 +40,9 @@ import torch
 from torch import Tensor
 
 from fedlib.bench import write_report
-from fedlib.analytic import ridge_solve
-from fedlib.partition import make_partition
-from fedlib.stsa import K_MODES, dummy_split, gram_estimate, gram_estimate_eq9, upload_floats
+from fedlib.core.linalg import ridge_solve
+from fedlib.data.partition import make_partition
+from fedlib.papers.stsa import K_MODES, dummy_split, gram_estimate, gram_estimate_eq9, upload_floats
 
 __all__ = ["make_uploads", "gram_per_class", "relative_difference", "main"]
 
@@ -86,7 +86,7 @@ def gram_per_class(class_sums: Tensor, counts: Tensor, k_mode: str = "global") -
         G_hat += D_i^T D_i,   D_i = [rows sqrt((n-1)/(K-1) n_k) (s_k / n_k - m);  sqrt(n) m]
 
     one (K_i + 1, M) matrix and one product per class (the between-client scatter plus the mean
-    term). K = 1 leaves only the mean term. Same shapes as :func:`fedlib.stsa.gram_estimate`."""
+    term). K = 1 leaves only the mean term. Same shapes as :func:`fedlib.papers.stsa.gram_estimate`."""
     if k_mode not in K_MODES:
         raise ValueError(f"k_mode must be one of {K_MODES}, got {k_mode!r}")
     class_sums = class_sums.to(torch.float64)

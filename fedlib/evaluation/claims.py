@@ -12,7 +12,7 @@ checked offline (``evidence`` says why); a ``condition`` qualifies a claim that 
 contains both), which is not a refutation.
 The record is displayed as a verdict box (with an HTML anchor) and stored in the cell's output
 metadata under ``fedlib-claim``. :func:`collect` reads the records back from the executed notebooks,
-so the ledger page (:func:`ledger_markdown`, written by the book's Sphinx extension ``fedlib.book``)
+so the ledger page (:func:`ledger_markdown`, written by the book's Sphinx extension ``fedlib.runner.book``)
 is built from what ran, never typed by hand.
 """
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Image networks trained from scratch, image tensors and frozen-backbone embeddings.
 
 Every model here exposes ``.features(x)`` (N, C, H, W) -> (N, dim), ``.head(z)`` -> logits
-(N, num_classes) and ``forward = head(features(x))``, like the heads of :mod:`fedlib.federated`,
-so they run in :func:`fedlib.federated.run_federated` (MOON included).
+(N, num_classes) and ``forward = head(features(x))``, like the heads of :mod:`fedlib.federated.gradient`,
+so they run in :func:`fedlib.federated.gradient.run_federated` (MOON included).
 
 SmallResNet     CIFAR-style ResNet (He et al., CVPR 2016, Sec. 4.2): 3x3 stem, no max-pool,
                 BasicBlock stages, global average pool; BatchNorm or GroupNorm
@@ -22,8 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .federated import ClientData, FedConfig, History, run_federated
-from .utils import check_choice, resolve_device
+from fedlib.federated.gradient import ClientData, FedConfig, History, run_federated
+from fedlib.core.validate import check_choice
+from fedlib.core.devices import resolve_device
 
 __all__ = [
     "NORMS", "BasicBlock", "SmallResNet", "resnet18_cifar", "SmallCNN", "group_norm_groups",

@@ -29,7 +29,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from .partition import make_partition
+from fedlib.data.partition import make_partition
 
 __all__ = ["Task", "ClassIncrementalStream", "make_stream", "IncrementalLearner", "IncrementalResult",
            "run_class_incremental", "accuracy_matrix_metrics", "task_offset"]
@@ -150,7 +150,7 @@ class IncrementalLearner(Protocol):
 
     ``learn_task(t, clients, num_seen)``: one stage; ``clients`` is a list of K (x_k, y_k) with y_k
     re-indexed labels in the task's block ``[task_offset(clients), num_seen)``; returns the bytes uploaded by all clients in this stage
-    (measured from :class:`fedlib.messages.Message` objects). ``predict(x, num_seen)``: (N,)
+    (measured from :class:`fedlib.core.messages.Message` objects). ``predict(x, num_seen)``: (N,)
     labels by argmax over the first ``num_seen`` classes.
     """
 
@@ -266,10 +266,10 @@ def scratch_backbone_features(dataset, stream: ClassIncrementalStream, num_clien
                               seed: int, config, widths=(8, 16, 32), cache_dir=None, progress: bool = True):
     """Stage 1 of the paper's "training from scratch" setting, on a small CIFAR-style ResNet.
 
-    A :class:`fedlib.models.SmallResNet` is trained by FedAvg (``config``: a FedConfig) on task 1's
+    A :class:`fedlib.federated.models.SmallResNet` is trained by FedAvg (``config``: a FedConfig) on task 1's
     clients only (the partition :func:`run_class_incremental` draws for task 1 with the same
     ``num_clients``, ``beta``, ``seed``), then frozen; every train / test image is embedded once.
-    Returns ``(features, stage1)``: a :class:`fedlib.features.Features` (N, widths[-1]) and a dict
+    Returns ``(features, stage1)``: a :class:`fedlib.data.features.Features` (N, widths[-1]) and a dict
     with the stage-1 upload bytes, seconds and test accuracy on task 1. Both are cached on disk
     (same directory as the pretrained-feature cache), keyed by the data and every setting.
     """
@@ -277,8 +277,8 @@ def scratch_backbone_features(dataset, stream: ClassIncrementalStream, num_clien
     import json
     from dataclasses import asdict
 
-    from .features import Features, _fingerprint, _load_cached, _save_cached, default_cache_dir
-    from .models import SmallResNet, embed, images_to_tensor, train_fedavg_backbone
+    from fedlib.data.features import Features, _fingerprint, _load_cached, _save_cached, default_cache_dir
+    from fedlib.federated.models import SmallResNet, embed, images_to_tensor, train_fedavg_backbone
 
     settings = json.dumps({"K": num_clients, "beta": beta, "seed": seed, "widths": list(widths),
                            "order": stream.class_order.tolist(), "config": asdict(config) | {"device": None}},

@@ -1,7 +1,7 @@
 """Gradient-based baselines for federated class-incremental learning (FCIL).
 
-:class:`FederatedIncrementalLearner` implements :class:`fedlib.incremental.IncrementalLearner`
-on top of :func:`fedlib.federated.run_federated` (no second training loop): stage t runs
+:class:`FederatedIncrementalLearner` implements :class:`fedlib.federated.incremental.IncrementalLearner`
+on top of :func:`fedlib.federated.gradient.run_federated` (no second training loop): stage t runs
 ``config.rounds`` FedAvg rounds on that stage's clients, starting from the global model at the
 end of stage t-1 (``model_fn()`` at stage 0). The model has ``num_classes`` outputs (every class
 of the stream); with ``s_t`` = classes seen after stage t and ``o_t = s_{t-1}`` the old ones,
@@ -30,9 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .federated import FedAlgorithm, FedConfig, History, build_from_registry, run_federated
-from .messages import Message
-from .utils import check_choice, check_positive
+from fedlib.federated.gradient import FedAlgorithm, FedConfig, History, build_from_registry, run_federated
+from fedlib.core.messages import Message
+from fedlib.core.validate import check_choice, check_positive
 
 __all__ = ["IncrementalAlgorithm", "Finetune", "FedEWC", "FedLwF", "METHODS", "make_method",
            "empirical_fisher", "stage_seed", "stage_config", "FederatedIncrementalLearner"]
@@ -285,7 +285,7 @@ def make_method(name: str, **hparams) -> IncrementalAlgorithm:
 # the learner
 # ----------------------------------------------------------------------------------------------
 class FederatedIncrementalLearner:
-    """A gradient-based FCIL baseline as an :class:`fedlib.incremental.IncrementalLearner`.
+    """A gradient-based FCIL baseline as an :class:`fedlib.federated.incremental.IncrementalLearner`.
 
     ``model_fn()`` builds a model mapping x (N, ...) to logits (N, num_classes) over *all* classes
     of the stream (e.g. ``lambda: LinearHead(d, C)``). Stage 0 starts from ``model_fn()``, stage

@@ -29,7 +29,7 @@ Decisions the paper leaves open (notes Sec. 8), all constructor options of :clas
   keeps min(M, |pool|) old samples on top of the new data.
 * [D3] caches are rebuilt once per task, at the boundary, by **all** K clients, from the final
   global model of the previous task (not per round as Alg. 1 prints). Each task runs FedAvg with
-  its own seed (:func:`fedlib.fcil.stage_seed`), so each task samples its own clients.
+  its own seed (:func:`fedlib.federated.fcil.stage_seed`), so each task samples its own clients.
 * [D4] the PIM starts at w^{t-1}. [D5] mini-batch SGD on mean CE + (q/2)||v - w||^2
   (``prox_scaling="mean"``); ``"sum"`` divides q by |pool| (Eq. 3's summed gradient, literally).
   [D7] PIM: plain SGD (momentum ``pim_momentum=0``), lr ``pim_lr`` (default ``config.lr``).
@@ -48,7 +48,7 @@ Decisions the paper leaves open (notes Sec. 8), all constructor options of :clas
 
 Class-incremental (``scenario="class"``): a single head over all classes, CE on the first
 ``num_seen`` logits (future classes masked). Domain-incremental (``"domain"``): all classes are
-always seen (no masking). Fed-EWC / Fed-LwF are :mod:`fedlib.fcil`'s methods run by the same
+always seen (no masking). Fed-EWC / Fed-LwF are :mod:`fedlib.federated.fcil`'s methods run by the same
 learner without memory (for ``"domain"``, LwF distils all classes).
 """
 from __future__ import annotations
@@ -67,9 +67,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .fcil import IncrementalAlgorithm, _threads, make_method, stage_config
-from .federated import FedConfig, FedProx, History, run_federated
-from .utils import check_choice, resolve_device
+from fedlib.federated.fcil import IncrementalAlgorithm, _threads, make_method, stage_config
+from fedlib.federated.gradient import FedConfig, FedProx, History, run_federated
+from fedlib.core.validate import check_choice
+from fedlib.core.devices import resolve_device
 
 __all__ = ["SELECTIONS", "WEIGHTINGS", "MEMORY_MODES", "SCENARIOS", "GRAD_NORMS", "LOSSES", "LEARNERS",
            "q_lambda", "importance_scores", "select_top", "per_sample_grad_sq_norms",
@@ -420,7 +421,7 @@ def rounds_to_best(history: History) -> int:
 # ----------------------------------------------------------------------------------------------
 class ReplayLearner:
     """Federated incremental learning with a per-client replay cache (an
-    :class:`fedlib.incremental.IncrementalLearner`).
+    :class:`fedlib.federated.incremental.IncrementalLearner`).
 
     ``model_fn()`` maps x (N, ...) to logits (N, num_classes) over all classes of the stream. Stage
     t (0-based): (1) t > 0 and ``selection != "none"``: every client selects its cache from its

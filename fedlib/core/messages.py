@@ -51,3 +51,25 @@ class Message:
 def total_nbytes(messages: Iterable[Message]) -> int:
     """Sum of the measured sizes of ``messages``."""
     return sum(m.nbytes for m in messages)
+
+
+@dataclass
+class Cost:
+    """What a run cost, all measured: bytes uploaded and broadcast (sums of ``Message.nbytes``,
+    a broadcast counted once per receiving client) and seconds of federated work."""
+
+    bytes_up: int = 0
+    bytes_down: int = 0
+    seconds: float = 0.0
+
+    def __add__(self, other: "Cost") -> "Cost":
+        return Cost(self.bytes_up + other.bytes_up, self.bytes_down + other.bytes_down,
+                    self.seconds + other.seconds)
+
+    @property
+    def mib_up(self) -> float:
+        return self.bytes_up / 2**20
+
+    @property
+    def mib_down(self) -> float:
+        return self.bytes_down / 2**20

@@ -5,7 +5,7 @@ After stage 1 the backbone F is frozen; a random ReLU layer R (regenerated on ev
 shared seed) maps its d-dim features to Phi(x) = ReLU(F(x) W_rand) in R^M (eq. 1). Per stage t:
 
 * STSA: client k uploads G_{t,k} = X^T X (M, M) and C_{t,k} = X^T Y (M, c_t): the
-  :class:`fedlib.analytic.SufficientStats` that AFL uses. The server sums them over clients
+  :class:`fedlib.core.linalg.SufficientStats` that AFL uses. The server sums them over clients
   (spatial, eq. 2), adds G over stages and concatenates C column-wise (temporal, eq. 4), and
   solves W_t = (G_{1:t} + gamma I)^{-1} C_{1:t} (eq. 8): exactly joint ridge on all data seen.
 * STSA-E: client k uploads only class sums C and counts n, split over K_D dummy clients; the
@@ -33,12 +33,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .afl import aggregate as afl_aggregate
-from .afl import client_update as afl_client_update
-from .analytic import SufficientStats, as_tensor, one_hot, ridge_fit, ridge_solve
-from .incremental import task_offset
-from .messages import Message
-from .utils import check_choice, check_positive
+from fedlib.papers.afl import aggregate as afl_aggregate
+from fedlib.papers.afl import client_update as afl_client_update
+from fedlib.core.linalg import SufficientStats, as_tensor, one_hot, ridge_fit, ridge_solve
+from fedlib.federated.incremental import task_offset
+from fedlib.core.messages import Message
+from fedlib.core.validate import check_choice, check_positive
 
 __all__ = ["RandomFeatures", "stsa_client", "stsae_client", "dummy_split", "gram_estimate", "gram_estimate_eq9",
            "add_upload_noise", "STSAServer", "predict", "STSALearner", "AFLStagewiseLearner",
@@ -294,10 +294,10 @@ def predict(weights: Tensor, phi: Tensor, head: str = "argmax") -> Tensor:
 
 
 # ----------------------------------------------------------------------------------------------
-# learners for the class-incremental protocol (fedlib.incremental)
+# learners for the class-incremental protocol (fedlib.federated.incremental)
 # ----------------------------------------------------------------------------------------------
 class STSALearner:
-    """STSA / STSA-E as an :class:`fedlib.incremental.IncrementalLearner` on frozen features.
+    """STSA / STSA-E as an :class:`fedlib.federated.incremental.IncrementalLearner` on frozen features.
 
     Clients receive backbone features (n_k, d) (the frozen stage-1 backbone applied beforehand;
     the backbone's own cost is reported separately) and labels in the stage's class block.
@@ -379,7 +379,7 @@ class JointRidgeLearner:
     and fits ridge on it after every stage, W_t = argmin ||Phi W - Y||^2 + gamma ||W||^2 over the
     data of stages 1..t (same random features and gamma as STSA). No federation, no upload.
 
-    ``solver="ridge"``: the pooled statistics and Cholesky solve of :mod:`fedlib.analytic`
+    ``solver="ridge"``: the pooled statistics and Cholesky solve of :mod:`fedlib.core.linalg`
     (``ridge_fit``, recomputed from all data seen at every stage); ``solver="lstsq"``: numpy
     ``lstsq`` on the augmented system [Phi; sqrt(gamma) I] W = [Y; 0], which never forms a Gram
     matrix (independent of the statistics STSA aggregates; slower)."""

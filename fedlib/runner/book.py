@@ -1,4 +1,4 @@
-"""Sphinx extension of the book (``sphinx: extra_extensions: [fedlib.book]`` in ``_config.yml``).
+"""Sphinx extension of the book (``sphinx: extra_extensions: [fedlib.runner.book]`` in ``_config.yml``).
 
 When the build starts it
 1. refuses any executed notebook that holds an error output (or that papermill marked as failed):
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from sphinx.errors import ExtensionError
 
-from fedlib import claims
+from fedlib.evaluation import claims
 
 
 def notebook_errors(path: Path) -> list[str]:
@@ -34,10 +34,10 @@ def _on_builder_inited(app) -> None:
     if bad:
         detail = "; ".join(f"{name}: {errs[0]}" for name, errs in bad.items())
         raise ExtensionError(f"executed notebook(s) with errors must not be rendered: {detail}. "
-                             "Re-run them (python -m fedlib.profiles NAME) or delete them.")
+                             "Re-run them (python -m fedlib.runner NAME) or delete them.")
     table = src / app.config.fedlib_claims_table
     table.parent.mkdir(parents=True, exist_ok=True)
-    from fedlib.profiles import notebook_names
+    from fedlib.runner.profiles import notebook_names
     order = notebook_names()
     extra = sorted(p.stem for p in executed.glob("*.ipynb") if p.stem not in order)
     records = claims.collect(executed, order + extra)

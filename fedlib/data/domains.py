@@ -25,9 +25,9 @@ images (100 / 25 per class) and no two domains share a source image. optdigits k
 own split (1,437 / 360). A domain's ``name`` records its part and the seed, so it can key a cache.
 
 :func:`make_domain_stream` concatenates the domains and returns a :class:`DomainIncrementalStream`,
-a :class:`fedlib.incremental.ClassIncrementalStream` whose tasks are the domains: every task holds
+a :class:`fedlib.federated.incremental.ClassIncrementalStream` whose tasks are the domains: every task holds
 all C classes (``offset`` 0, ``classes`` = 0..C-1), ``relabel`` is the identity and
-``num_seen(t) = C``. The class-incremental runner :func:`fedlib.incremental.run_class_incremental`
+``num_seen(t) = C``. The class-incremental runner :func:`fedlib.federated.incremental.run_class_incremental`
 then runs domain-incremental learning unchanged: stage t partitions domain t's training data over
 the clients (Dirichlet(beta) label skew inside the domain, redrawn per task, Re-Fed [D2]; beta None
 = IID) and ``A[t, tau]`` is the accuracy on domain tau's test set after stage t, predicted by argmax
@@ -40,8 +40,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .data import Dataset, load_dataset
-from .incremental import ClassIncrementalStream, Task
+from fedlib.data.datasets import Dataset, load_dataset
+from fedlib.federated.incremental import ClassIncrementalStream, Task
 
 __all__ = ["DOMAIN_NAMES", "MNIST_DOMAINS", "digit_domains", "DomainIncrementalStream", "make_domain_stream"]
 
@@ -126,7 +126,7 @@ def digit_domains(names: Sequence[str] = ("mnist", "optdigits", "inverted", "rot
                   seed: int = 0, n_per_domain: int | None = None) -> list[Dataset]:
     """Digit domains (stand-ins for Re-Fed's Digit-10, **not the paper's data**), in the order of ``names``.
 
-    Each is a :class:`fedlib.data.Dataset` of uint8 28x28 images with labels 0..9 (``DIGIT_CLASSES``)
+    Each is a :class:`fedlib.data.datasets.Dataset` of uint8 28x28 images with labels 0..9 (``DIGIT_CLASSES``)
     and its own train/test split. The MNIST-based domains (``MNIST_DOMAINS``) use disjoint,
     class-stratified parts of MNIST-5k's fixed train and test splits (one part per MNIST-based
     domain requested, drawn with ``seed``); ``optdigits`` keeps the loader's split and is resized
@@ -216,7 +216,7 @@ def make_domain_stream(domains: Sequence[Dataset]):
 
     Returns ``(stream, x_train, y_train, x_test, y_test)``; task t's ``train_idx`` / ``test_idx``
     are the (contiguous) positions of domain t in the concatenated arrays. Pass them straight to
-    :func:`fedlib.incremental.run_class_incremental`. All domains must share ``classes``, image
+    :func:`fedlib.federated.incremental.run_class_incremental`. All domains must share ``classes``, image
     shape and dtype, and each domain's training split must hold every one of the C labels 0..C-1
     (its test labels a subset of them).
     """

@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .analytic import Array, SufficientStats, as_tensor, numerical_rank, one_hot, ridge_solve
-from .messages import Message
-from .utils import check_choice, check_positive
+from fedlib.core.linalg import Array, SufficientStats, as_tensor, numerical_rank, one_hot, ridge_solve
+from fedlib.core.messages import Message
+from fedlib.core.validate import check_choice, check_positive
 
 SERVERS = ("pairwise", "one_solve")
 

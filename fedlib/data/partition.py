@@ -23,7 +23,7 @@ from numbers import Integral, Real
 import numpy as np
 import pandas as pd
 
-from .utils import check_choice
+from fedlib.core.validate import check_choice
 
 SCHEMES = ("iid", "dirichlet", "shards", "one_class")
 

@@ -41,7 +41,7 @@ Fed-SpeClust (Algorithm 3). Client p uploads K_{X_p,Y} (n_p, n_y); K_hat = C W^+
 C = [K_{X_1,Y}; ...], W = K_YY; spectral clustering on clip_0(K_hat).
 
 "+" variants (Sec. 5; notes Sec. 2.6, 3, 8.7). (epsilon, delta)-DP per client, replace-one adjacency,
-client sizes public; noise calibrated and epsilon reported by :mod:`fedlib.privacy` (dp-accounting):
+client sizes public; noise calibrated and epsilon reported by :mod:`fedlib.core.privacy` (dp-accounting):
 
 * ``noise="dp_data"`` (Theorem 4): rows clipped to a PUBLIC tau_X, then X_p <- X_p + N(0, s^2) once,
   before anything is uploaded, with s from the analytic Gaussian mechanism for Delta_2 = 2 tau_X (valid
@@ -72,9 +72,9 @@ from typing import Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from .messages import Message
-from .partition import make_partition
-from .utils import check_choice, check_positive
+from fedlib.core.messages import Message
+from fedlib.data.partition import make_partition
+from fedlib.core.validate import check_choice, check_positive
 
 __all__ = ["sq_distances", "gaussian_kernel", "mmd2_u", "mmd2_u_grad", "lipschitz_bound", "client_median_sqdist",
            "dp_noise_sd", "paper_noise_sd", "data_sensitivity", "gradient_sensitivity",
@@ -146,7 +146,7 @@ def _check_clients(client_data) -> list[np.ndarray]:
 
 
 def _resolve_parts(n: int, parts, seed: int) -> list[np.ndarray]:
-    """``parts``: an int P (IID split by :func:`fedlib.partition.make_partition`) or P index arrays that
+    """``parts``: an int P (IID split by :func:`fedlib.data.partition.make_partition`) or P index arrays that
     partition range(n) (disjoint, covering every row)."""
     if isinstance(parts, (Integral, np.integer)) and not isinstance(parts, bool):
         p = int(parts)
@@ -324,7 +324,7 @@ def gradient_sensitivity(n_p: int, n_landmarks: int, gamma: float, tau_x: float,
 
 def dp_noise_sd(epsilon: float, delta: float, sensitivity: float, mechanism: str = "dp_data",
                 compositions: int = 1, accountant: str = "pld") -> float:
-    """Gaussian-mechanism noise sd for (epsilon, delta)-DP, calibrated by :mod:`fedlib.privacy`
+    """Gaussian-mechanism noise sd for (epsilon, delta)-DP, calibrated by :mod:`fedlib.core.privacy`
     (dp-accounting), never by a hand-written composition formula.
 
     * ``"dp_data"`` (Theorem 4): one release, the analytic Gaussian mechanism (Balle & Wang 2018),
@@ -332,7 +332,7 @@ def dp_noise_sd(epsilon: float, delta: float, sensitivity: float, mechanism: str
     * ``"dp_gradient"`` (Theorem 6's setting): ``compositions`` = T Gaussian releases composed by the
       ``accountant`` ("pld" or "rdp"): sd = z(epsilon, delta, T) x ``sensitivity``.
     """
-    from . import privacy
+    from fedlib.core import privacy
 
     epsilon, delta = _check_epsilon_delta(epsilon, delta)
     sensitivity = _check_real("sensitivity", sensitivity)
@@ -372,7 +372,7 @@ class FedDLResult:
     Algorithms 2-3 upload from; it is never sent.
 
     Privacy: ``epsilon`` is the epsilon SPENT at ``delta`` by every client's releases during FedDL, from
-    the accountant (:mod:`fedlib.privacy`); ``math.inf`` for noise "none" and "heuristic" (no
+    the accountant (:mod:`fedlib.core.privacy`); ``math.inf`` for noise "none" and "heuristic" (no
     guarantee). ``noise_multiplier`` = sd / sensitivity, ``sensitivity`` (P,) the l2-sensitivity each
     client's noise is calibrated to, ``privacy_ledger`` one line per kind of release and how it is
     covered."""
@@ -429,7 +429,7 @@ DP_SENSITIVITIES = ("kernel", "theorem6")
 
 def _check_dp_options(noise, init, gamma, tau_x, tau_y, dp_sensitivity, dp_accountant, landmark_bounds):
     """The DP-specific checks of :func:`feddl` (all before any work)."""
-    from .privacy import ACCOUNTANTS
+    from fedlib.core.privacy import ACCOUNTANTS
 
     check_choice("dp_sensitivity", dp_sensitivity, DP_SENSITIVITIES)
     check_choice("dp_accountant", dp_accountant, ACCOUNTANTS)
@@ -508,7 +508,7 @@ def feddl(client_data: Sequence, n_landmarks: int = 500, *, rounds: int = 100, l
     ``progress`` shows a tqdm bar over the rounds. Returns a :class:`FedDLResult` (landmarks (n_y, m),
     per-round objective, bytes, seconds, epsilon spent).
     """
-    from . import privacy
+    from fedlib.core import privacy
 
     # ---- checks, all before any work
     data = _check_clients(client_data)
@@ -1027,7 +1027,7 @@ SPLITS = ("iid", "non_iid")
 
 
 def load_points(name: str, n_points: int | None = None, seed: int = 0, root=None):
-    """n points of a registered dataset (``fedlib.data.DATASETS``), the one rule of the Fed-tSNE chapters.
+    """n points of a registered dataset (``fedlib.data.datasets.DATASETS``), the one rule of the Fed-tSNE chapters.
 
     Train and test are pooled (nothing here is trained on labels), images flattened and scaled to
     [0, 1] (pixels / 255). With ``n_points`` below the pooled size: a stratified draw of exactly
@@ -1036,7 +1036,7 @@ def load_points(name: str, n_points: int | None = None, seed: int = 0, root=None
     class names)."""
     from sklearn.model_selection import train_test_split
 
-    from .data import load_dataset
+    from fedlib.data.datasets import load_dataset
 
     ds = load_dataset(name, root=root)
     total = len(ds.y_train) + len(ds.y_test)
@@ -1229,7 +1229,7 @@ def _list_overlap(a: np.ndarray, b: np.ndarray) -> float:
 
 
 class EmbeddingScorer:
-    """The paper's embedding metrics (``fedlib.embedding_metrics``: CA k-NN, NPA k-NN, NMI, SC) for
+    """The paper's embedding metrics (``fedlib.evaluation.embedding``: CA k-NN, NPA k-NN, NMI, SC) for
     one dataset X (n, m), labels (n,), with the high-dimensional k-NN lists computed once and reused
     for every embedding (``embedding_report`` recomputes them each time; the values are equal).
 
@@ -1238,7 +1238,7 @@ class EmbeddingScorer:
     ones; ``scorer.release()`` frees the cached exact distance matrix."""
 
     def __init__(self, X, labels, ks: Sequence[int] | None = None):
-        from . import embedding_metrics as em
+        from fedlib.evaluation import embedding as em
 
         self._em = em
         self.X = _as_matrix("X", X)

@@ -21,7 +21,7 @@ cifar100        ``torchvision.datasets.CIFAR100``                           need
 mnist5k, optdigits and animal_mnist have no official train/test split; fedlib fixes a stratified
 80/20 split drawn with seed 0 (:func:`stratified_split`), so every notebook sees the same one.
 
-Run ``python -m fedlib.data`` to see which datasets are available locally.
+Run ``python -m fedlib.data.datasets`` to see which datasets are available locally.
 """
 from __future__ import annotations
 
@@ -172,11 +172,10 @@ def _from_fixed_split(name: str, x: np.ndarray, y: np.ndarray, classes: tuple[st
 
 
 def default_data_root() -> Path:
-    """``$FEDLIB_DATA`` if set, else ``<repo>/data/raw`` (repo = parent of the fedlib package)."""
-    env = os.environ.get("FEDLIB_DATA")
-    if env:
-        return Path(env).expanduser()
-    return Path(__file__).resolve().parent.parent / "data" / "raw"
+    """``$FEDLIB_DATA`` if set, else ``<repo>/data/raw`` (:mod:`fedlib.runner.paths`)."""
+    from fedlib.runner.paths import data_root
+
+    return data_root()
 
 
 _IDX_DTYPES = {
@@ -414,7 +413,7 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, download: boo
 
 
 # --------------------------------------------------------------------------------------------
-# CLI: python -m fedlib.data
+# CLI: python -m fedlib.data.datasets
 # --------------------------------------------------------------------------------------------
 
 
@@ -435,7 +434,7 @@ def availability(root: str | os.PathLike | None = None) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fedlib.data", description="Report which datasets are available locally.")
+    parser = argparse.ArgumentParser(prog="python -m fedlib.data.datasets", description="Report which datasets are available locally.")
     parser.add_argument("--root", default=None, help="data root (default: $FEDLIB_DATA or <repo>/data/raw)")
     args = parser.parse_args(argv)
     root = default_data_root() if args.root is None else Path(args.root)

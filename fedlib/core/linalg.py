@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .utils import check_positive
+from fedlib.core.validate import check_positive
 
 Array = np.ndarray | torch.Tensor
 
@@ -219,7 +219,7 @@ def synthetic_features(n: int, dim: int, num_classes: int, kind: str = "gaussian
     singular values s log-spaced so that ``cond(X^T X) = condition`` exactly; labels
     ``argmax(X W0 + noise)``, so the least-squares residual is not zero.
     """
-    from .utils import check_choice
+    from fedlib.core.validate import check_choice
 
     check_choice("kind", kind, ("gaussian", "mean_dominated", "ill_conditioned"))
     rng = np.random.default_rng(seed)

@@ -344,7 +344,7 @@ def stsa_claim_values(claim: pd.Series) -> pd.Series:
 # with the seed text (they agree). Cells are stored as printed, "mean±std", and split into two
 # float columns (stat = mean / std). Metrics are fractions, not %: CA = k-NN classification
 # accuracy in the 2-D embedding, NPA = k-NN neighbour preservation, NMI / SC of k-means on the
-# embedding, ARI of spectral clustering (recipes: fedlib.embedding_metrics). Setting of Tables
+# embedding, ARI of spectral clustering (recipes: fedlib.evaluation.embedding). Setting of Tables
 # 1-4: 40,000 points, n_y = 500 landmarks; Tables 1-2: 10 clients, non-IID = one class per client,
 # "+" = gradient noise N(0, sd²(∇f_p)) (β = 1). Number of runs behind mean ± std: not stated.
 # ---------------------------------------------------------------------------------------------

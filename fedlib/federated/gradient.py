@@ -3,7 +3,7 @@
 ``run_federated`` drives rounds of *sample clients -> broadcast -> local SGD -> upload ->
 aggregate -> evaluate*. A method is a :class:`FedAlgorithm` object whose hooks change only
 what differs from FedAvg: an extra local loss term, per-client persistent state, or the server
-aggregation. Every broadcast and upload is a :class:`fedlib.messages.Message`, so the byte
+aggregation. Every broadcast and upload is a :class:`fedlib.core.messages.Message`, so the byte
 counts in :class:`History` are measured, not estimated.
 
 Models are any ``torch.nn.Module`` mapping ``x`` (N, ...) to logits (N, C); clients are
@@ -25,8 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .messages import Message
-from .utils import check_choice, check_positive, resolve_device, seed_everything
+from fedlib.core.messages import Message
+from fedlib.core.validate import check_choice, check_positive
+from fedlib.core.devices import resolve_device
+from fedlib.core.seeds import seed_everything
 
 __all__ = [
     "FedConfig", "FedContext", "History", "FedAlgorithm", "FedAvg", "FedProx", "FedDyn",

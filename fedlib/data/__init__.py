@@ -1,0 +1,1 @@
+"""Data: dataset registry and loaders, client partitions, frozen-backbone features, digit domains."""

@@ -1,0 +1,1 @@
+"""Evaluation: metrics, statistics and reporting, the claims ledger, the papers' printed tables."""
