@@ -81,7 +81,7 @@ from fedlib.papers import afl
 from fedlib.evaluation import claims
 
 from fedlib.evaluation import paper_tables as paper_results
-from fedlib.core.linalg import (SufficientStats, accuracy as head_accuracy, gram_report, normal_equations_tolerance,
+from fedlib.core.linalg import (SufficientStats, head_accuracy, gram_report, normal_equations_tolerance,
                              relative_error, ridge_solve)
 from fedlib.data.datasets import load_dataset
 from fedlib.data.features import BACKBONES, extract_features

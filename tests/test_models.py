@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedlib.federated.gradient import FedConfig, accuracy
+from fedlib.federated.gradient import FedConfig
+from fedlib.evaluation.metrics import model_accuracy as accuracy
 from fedlib.federated.models import (
     SmallCNN, SmallResNet, embed, group_norm_groups, images_to_tensor, resnet18_cifar,
     train_fedavg_backbone,

@@ -202,10 +202,11 @@ def predict(weights: torch.Tensor, x: Array) -> torch.Tensor:
     return (xt @ weights).argmax(dim=1)
 
 
-def accuracy(weights: torch.Tensor, x: Array, labels: Array) -> float:
+def head_accuracy(weights: torch.Tensor, x: Array, labels: Array) -> float:
     """Top-1 accuracy of the linear head ``weights`` (d, C) on (x, labels)."""
-    pred = predict(weights, x).cpu()
-    return float((pred == as_tensor(labels, torch.int64)).double().mean())
+    from fedlib.evaluation.metrics import accuracy
+
+    return accuracy(predict(weights, x).cpu(), as_tensor(labels, torch.int64))
 
 
 def synthetic_features(n: int, dim: int, num_classes: int, kind: str = "gaussian", seed: int = 0,

@@ -109,6 +109,12 @@ class Dataset:
             classes=self.classes,
         )
 
+    def at_most(self, n_train: int | None = None, n_test: int | None = None, seed: int = 0) -> "Dataset":
+        """:meth:`subset` capped at the split sizes: a split with no more than n samples is kept whole
+        (as with ``None``), so a profile's sizes work on small datasets too."""
+        cap = lambda n, labels: None if n is None or n >= len(labels) else n  # noqa: E731
+        return self.subset(cap(n_train, self.y_train), cap(n_test, self.y_test), seed)
+
 
 def _stratified_counts(labels: np.ndarray, n: int) -> dict[int, int]:
     """Per-class sample counts summing to ``n``, proportional to the class sizes in ``labels``.

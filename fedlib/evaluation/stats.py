@@ -31,12 +31,24 @@ def sample_std(values) -> float:
     return float(v.std(ddof=1)) if v.size > 1 else math.nan
 
 
+def pm(mean: float, std: float, digits: int = 2) -> str:
+    """``"mean ± std"`` with ``digits`` decimals: the one format of a ± in the book."""
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
 def mean_std(values, digits: int = 2, scale: float = 1.0) -> str:
     """``"m ± s"`` of ``scale * values`` with the sample std; one run gives ``"m (n=1)"``."""
     v = scale * _as_vector("values", values)
     if v.size == 1:
         return f"{v[0]:.{digits}f} (n=1)"
-    return f"{v.mean():.{digits}f} ± {v.std(ddof=1):.{digits}f}"
+    return pm(v.mean(), v.std(ddof=1), digits)
+
+
+def pm_frame(summary: pd.DataFrame, digits: int = 2, scale: float = 1.0) -> pd.Series:
+    """``"m ± s"`` per row of a :func:`summarize` frame (columns ``mean``, ``std``, ``n``); rows of one
+    run read ``"m (n=1)"``."""
+    return pd.Series([f"{scale * m:.{digits}f} (n=1)" if n == 1 else pm(scale * m, scale * s, digits)
+                      for m, s, n in zip(summary["mean"], summary["std"], summary["n"])], index=summary.index)
 
 
 def summarize(df: pd.DataFrame, by, value: str) -> pd.DataFrame:

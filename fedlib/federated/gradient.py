@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlib.core.messages import Message
+from fedlib.evaluation.metrics import model_accuracy
 from fedlib.core.validate import check_choice, check_positive
 from fedlib.core.devices import resolve_device
 from fedlib.core.seeds import seed_everything
@@ -160,21 +161,6 @@ class MOONHead(nn.Module):
 # ----------------------------------------------------------------------------------------------
 # helpers
 # ----------------------------------------------------------------------------------------------
-@torch.no_grad()
-def accuracy(model: nn.Module, x: Tensor, y: Tensor, batch_size: int = 8192) -> float:
-    """Top-1 accuracy of ``model`` on (x, y), in eval mode and without gradients."""
-    n = int(x.shape[0])
-    if n == 0:
-        return float("nan")
-    was_training = model.training
-    model.eval()
-    correct = torch.zeros((), dtype=torch.int64, device=y.device)
-    for s in range(0, n, batch_size):
-        correct += (model(x[s:s + batch_size]).argmax(1) == y[s:s + batch_size]).sum()
-    model.train(was_training)
-    return correct.item() / n
-
-
 def average_states(states: Sequence[dict[str, Tensor]], weights: Sequence[float]) -> dict[str, Tensor]:
     """sum_k w_k * state_k for floating entries; integer buffers (e.g. BN counters) from the first."""
     out: dict[str, Tensor] = {}
@@ -706,7 +692,7 @@ def _run(model_fn, clients, test, algorithm, config, progress, num_classes) -> H
         if r % config.eval_every == 0 or r == config.rounds:
             _sync(device)
             t_eval = time.perf_counter()
-            acc = float("nan") if x_test is None else accuracy(global_model, x_test, y_test)
+            acc = float("nan") if x_test is None else model_accuracy(global_model, x_test, y_test)
             hist.round.append(r)
             hist.test_acc.append(acc)
             hist.wall_s.append(t_eval - t0 - eval_s)

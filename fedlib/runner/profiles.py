@@ -29,6 +29,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from fedlib.runner import specs
 from fedlib.runner.paths import EXECUTED_DIR, FAILED_DIR, NOTEBOOK_DIR, PROFILE_FILE, REPO  # noqa: F401
 
 
@@ -94,6 +95,7 @@ def resolve_parameters(name: str, profile: str, overrides: Mapping[str, Any] | N
     if unknown:
         raise ValueError(f"unknown parameter(s) {', '.join(unknown)} for notebook {name!r}; "
                          f"allowed: {', '.join(defaults)}")
+    specs.check(name, {**defaults, **params, "profile": profile})   # typed checks, before any work
     return params
 
 

@@ -1,0 +1,190 @@
+"""Typed parameter specifications of the chapters, checked by the runner before anything executes.
+
+Each chapter ``notebooks/NAME.py`` has a :class:`Spec` in the module of its paper
+(``fedlib.runner.specs.afl`` ...): one typed entry per parameter of its ``parameters`` cell, and
+cross-parameter rules. :func:`check` raises ValueError naming the parameter and what is allowed, so
+a bad value fails in a second, not after minutes of work, and the notebooks hold no checking code
+(they call ``check(NAME, globals())`` once, for readers who edit the parameters cell by hand).
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from fedlib.core import validate
+
+
+class Param:
+    """One parameter's type; ``__call__(name, value)`` returns the checked value or raises."""
+
+    def __call__(self, name: str, value):
+        raise NotImplementedError
+
+    def __or__(self, other: "Param") -> "Param":
+        return OneOf(self, other)
+
+
+@dataclass(frozen=True)
+class Int(Param):
+    minimum: int | None = None
+    maximum: int | None = None
+
+    def __call__(self, name, value):
+        return validate.check_int(name, value, self.minimum, self.maximum)
+
+
+@dataclass(frozen=True)
+class Real(Param):
+    low: float | None = None
+    high: float | None = None
+    strict: bool = True
+
+    def __call__(self, name, value):
+        return validate.check_real(name, value, low=self.low, high=self.high, strict=self.strict)
+
+
+@dataclass(frozen=True)
+class Bool(Param):
+    def __call__(self, name, value):
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be true or false, got {value!r}")
+        return value
+
+
+@dataclass(frozen=True)
+class Str(Param):
+    def __call__(self, name, value):
+        if not isinstance(value, str):
+            raise ValueError(f"{name} must be a string, got {value!r}")
+        return value
+
+
+@dataclass(frozen=True)
+class Choice(Param):
+    options: tuple
+
+    def __init__(self, options):
+        object.__setattr__(self, "options", tuple(options))
+
+    def __call__(self, name, value):
+        validate.check_choice(name, value, self.options)
+        return value
+
+
+@dataclass(frozen=True)
+class Null(Param):
+    def __call__(self, name, value):
+        if value is not None:
+            raise ValueError(f"{name} must be null, got {value!r}")
+        return value
+
+
+NULL = Null()
+
+
+@dataclass(frozen=True)
+class OneOf(Param):
+    """The first alternative that accepts the value; the error lists every alternative's message."""
+
+    alternatives: tuple
+
+    def __init__(self, *alternatives: Param):
+        object.__setattr__(self, "alternatives", tuple(alternatives))
+
+    def __call__(self, name, value):
+        errors = []
+        for alt in self.alternatives:
+            try:
+                return alt(name, value)
+            except ValueError as err:
+                errors.append(str(err))
+        raise ValueError(" or ".join(errors))
+
+
+@dataclass(frozen=True)
+class List(Param):
+    """A list of ``item`` values: at least ``least`` of them, optionally distinct or increasing."""
+
+    item: Param
+    least: int = 1
+    distinct: bool = False
+    increasing: bool = False
+
+    def __call__(self, name, value):
+        if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence):
+            raise ValueError(f"{name} must be a list, got {value!r}")
+        out = [self.item(f"{name}[{i}]", v) for i, v in enumerate(value)]
+        if len(out) < self.least:
+            raise ValueError(f"{name} must hold at least {self.least} value(s), got {value!r}")
+        if self.distinct and len(set(map(repr, out))) != len(out):
+            raise ValueError(f"{name} must not repeat a value, got {value!r}")
+        if self.increasing and any(b <= a for a, b in zip(out, out[1:])):
+            raise ValueError(f"{name} must be strictly increasing, got {value!r}")
+        return out
+
+
+def Seeds(least: int = 1) -> List:
+    """Distinct non-negative integer seeds, at least ``least`` of them."""
+    return List(Int(0), least=least, distinct=True)
+
+
+@dataclass(frozen=True)
+class Dict(Param):
+    """A mapping with keys from ``keys`` (a Choice or Str) and values of type ``value``."""
+
+    keys: Param
+    value: Param
+
+    def __call__(self, name, value):
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{name} must be a mapping, got {value!r}")
+        return {self.keys(f"{name} key", k): self.value(f"{name}[{k!r}]", v) for k, v in value.items()}
+
+
+Rule = Callable[[Mapping[str, Any]], None]
+COMMON = {"profile": Choice(("smoke", "quick", "paper"))}   # set by the runner in every chapter
+
+
+@dataclass
+class Spec:
+    """A chapter's parameters: ``params`` maps every name of its ``parameters`` cell to a type;
+    ``rules`` are cross-parameter checks (each raises ValueError naming the parameters)."""
+
+    params: dict[str, Param]
+    rules: list[Rule] = field(default_factory=list)
+
+    def check(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        types = {**COMMON, **self.params}
+        unknown = sorted(set(values) - set(types))
+        if unknown:
+            raise ValueError(f"unknown parameter(s) {', '.join(unknown)}; allowed: {', '.join(types)}")
+        out = {name: types[name](name, v) for name, v in values.items()}
+        for rule in self.rules:
+            rule({**values, **out})
+        return out
+
+
+PAPER_OF = {"afl_derivation": "afl", "afl_benchmark": "afl", "stsa_derivation": "stsa", "stsa_benchmark": "stsa",
+            "fedtsne_derivation": "fedtsne", "fedtsne_benchmark": "fedtsne", "fedtsne_privacy": "fedtsne",
+            "fedspeclust": "fedtsne", "refed_theory": "refed", "refed_benchmark": "refed"}
+
+
+def spec(chapter: str) -> Spec:
+    """The :class:`Spec` of ``chapter`` (``SPECS[chapter]`` in the module of its paper)."""
+    validate.check_choice("chapter", chapter, PAPER_OF)
+    module = importlib.import_module(f"fedlib.runner.specs.{PAPER_OF[chapter]}")
+    return module.SPECS[chapter]
+
+
+def check(chapter: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    """Check ``chapter``'s parameters found in ``values`` (a dict or a notebook's ``globals()``).
+
+    Returns the checked values; raises ValueError naming the parameter and what is allowed.
+    """
+    s = spec(chapter)
+    known = {name: values[name] for name in {**COMMON, **s.params} if name in values}
+    missing = sorted(set(s.params) - set(known) - set(COMMON))
+    if missing:
+        raise ValueError(f"{chapter}: parameter(s) {', '.join(missing)} not given")
+    return s.check(known)
