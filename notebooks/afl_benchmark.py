@@ -66,8 +66,8 @@ paper_rounds = 200               # the baselines' rounds inferred from the paper
 
 # %%
 import functools
-import math
 import time
+
 import numpy as np
 import pandas as pd
 import seaborn as sns
@@ -80,17 +80,18 @@ from fedlib.papers import afl
 
 from fedlib.evaluation import claims
 
-from fedlib.evaluation import paper_tables as paper_results
+from fedlib.evaluation import tables as paper_results
 from fedlib.core.linalg import (SufficientStats, head_accuracy, gram_report, normal_equations_tolerance,
-                             relative_error, ridge_solve)
+                             qr_reference, relative_error, ridge_solve)
 from fedlib.data.datasets import load_dataset
-from fedlib.data.features import BACKBONES, extract_features
-from fedlib.federated.gradient import FedConfig, LinearHead, MOONHead, make_algorithm, run_federated
-from fedlib.data.partition import make_partition, partition_report, plot_partition
-from fedlib.evaluation.stats import mean_std, paired_difference, summarize
-from fedlib.core.validate import check_choice, check_positive
+from fedlib.data.features import extract_features
+from fedlib.federated.gradient import FedConfig, make_algorithm, run_federated
+from fedlib.data.partition import partition_report, plot_partition
+from fedlib.evaluation.stats import mean_std, paired_difference, pm, summarize
 from fedlib.core.devices import resolve_device
+from fedlib.runner import specs
 
+specs.check("afl_benchmark", globals())
 sns.set_theme(style="whitegrid")
 dev = resolve_device(device)
 print(f"profile={profile}, device={dev}, torch threads={torch.get_num_threads()}")
@@ -98,41 +99,16 @@ print(f"profile={profile}, device={dev}, torch threads={torch.get_num_threads()}
 # %% [markdown]
 # ## 1. Data, partitions and frozen features
 #
-# Every parameter is checked first (unknown method or backbone, $\alpha\le 0$, $\gamma<0$, more
-# clients than samples, shards that do not divide the data...), and every partition is drawn
-# from the labels, so bad input fails in seconds, before the feature extraction and training.
+# Every parameter was checked by the chapter's typed specification (`fedlib.runner.specs.afl`: unknown
+# method or backbone, $\alpha\le 0$, $\gamma<0$, ...) and every partition is drawn from the labels
+# here (more clients than samples, shards that do not divide the data...), so bad input fails in
+# seconds, before the feature extraction and training. Partitions are drawn once per (setting, $K$,
+# seed) and shared by all methods (`afl.SettingPartitions`).
 
 # %%
-@functools.lru_cache(maxsize=None)
-def partition(setting, k, pseed):
-    """Client index arrays (drawn once, then reused) for a setting ("alpha", a) / ("shards", s) / ("iid", None)."""
-    kind, value = setting
-    if kind == "alpha":
-        return make_partition(data.y_train, k, "dirichlet", alpha=value, seed=pseed)
-    if kind == "shards":
-        return make_partition(data.y_train, k, "shards", shards_per_client=value, seed=pseed)
-    return make_partition(data.y_train, k, "iid", seed=pseed)
-
-
-def label(setting):
-    return {"alpha": f"α={setting[1]}", "shards": f"s={setting[1]}", "iid": "IID"}[setting[0]]
-
-
-for method in methods + resample_methods:
-    make_algorithm(method)
-unknown = sorted(set(resample_methods) - set(methods))
-if unknown:
-    raise ValueError(f"resample_methods must be a subset of methods {methods}, got extra {unknown}")
-if len(seeds) < 2 or len(set(seeds)) != len(seeds):
-    raise ValueError(f"seeds must hold at least 2 distinct training seeds (for a std and paired CIs), got {seeds}")
-if moon_hidden is not None:
-    check_positive("moon_hidden", moon_hidden)
-check_positive("paper_rounds", paper_rounds)
-check_choice("backbone", backbone, BACKBONES)
-for g in [gamma, *gammas]:
-    check_positive("gamma", g, strict=False)
 data = load_dataset(dataset)
 data = data.subset(n_train, n_test) if (n_train or n_test) else data
+partition, label = afl.SettingPartitions(data.y_train), afl.setting_label
 settings = [("alpha", a) for a in alphas] + [("shards", s) for s in shards]
 sweep = [("alpha", a) for a in table3_alphas] + [("iid", None)]
 for setting in settings:
@@ -174,14 +150,9 @@ report = gram_report(stats.gram)
 print("pooled Gram:", {k: f"{v:.3g}" for k, v in report.items()})
 
 # independent reference: Householder QR of X (live columns; dead ones get weight 0)
-live = np.abs(feats.x_train).max(axis=0) > 0
 t0 = time.perf_counter()
-q, r = np.linalg.qr(feats.x_train[:, live].astype(np.float64))
-w_qr = np.zeros((feats.dim, C))
-w_qr[live] = np.linalg.solve(r, q.T @ np.eye(C)[feats.y_train])
+w_qr = qr_reference(feats.x_train, feats.y_train, C)
 qr_seconds = time.perf_counter() - t0
-del q, r
-w_qr = torch.from_numpy(w_qr)
 qr_error = relative_error(w_joint.cpu(), w_qr)
 qr_tol = normal_equations_tolerance(report["condition number"])
 print(f"normal equations vs QR of X: max rel. difference {qr_error:.1e} (tolerance 2·κ·eps = {qr_tol:.1e}; "
@@ -221,8 +192,7 @@ for setting in settings:
                           device=dev)
         afl_rows.append({"setting": label(setting), "partition seed": pseed,
                          "accuracy": head_accuracy(res.weights, feats.x_test, feats.y_test),
-                         "seconds": res.client_seconds + res.server_seconds,
-                         "upload bytes/client": float(np.mean(res.upload_bytes)),
+                         "seconds": res.cost.seconds, "upload bytes/client": res.cost.bytes_up / num_clients,
                          "uploads per client": len(res.upload_bytes) / num_clients,
                          "max rel. |W - W_QR|": relative_error(res.weights.cpu(), w_qr)})
 afl_runs = pd.DataFrame(afl_rows)
@@ -253,21 +223,6 @@ assert afl_runs["max rel. |W - W_QR|"].max() < qr_tol
 # it needs a generator architecture and hyperparameters that the AFL paper does not give.
 
 # %%
-def clients_for(parts):
-    return [(x_tr[p], y_tr[p]) for p in parts]
-
-
-def model_fn(method):
-    d = feats.dim
-    return (lambda: MOONHead(d, C, hidden=moon_hidden)) if method == "moon" else (lambda: LinearHead(d, C))
-
-
-def per_round_upload(hist, parts):
-    """Measured bytes one client uploads in one round (last round's increment / uploads)."""
-    active = [k for k in hist.participants[-1] if len(parts[k]) > 0]
-    return (hist.bytes_up[-1] - hist.bytes_up[-2]) / len(active)
-
-
 config = dict(rounds=rounds, local_epochs=local_epochs, batch_size=batch_size, lr=lr,
               participation=participation, device=str(dev), eval_every=1)
 print(f"MOON head: l1 {feats.dim} -> {moon_hidden or feats.dim}"
@@ -275,38 +230,17 @@ print(f"MOON head: l1 {feats.dim} -> {moon_hidden or feats.dim}"
       f"l2 -> 256, l3 -> {C}")
 
 
-def run_grid(protocol, jobs):
-    out, frames = [], []
-    for setting, method, seed, pseed in tqdm(jobs, desc=f"{protocol} runs"):
-        parts = partition(setting, num_clients, pseed)
-        hist = run_federated(model_fn(method), clients_for(parts), (x_te, y_te), make_algorithm(method),
-                             FedConfig(seed=seed, **config), progress=False)
-        out.append({"protocol": protocol, "setting": label(setting), "method": method, "seed": seed,
-                    "partition seed": pseed, "accuracy": hist.final_acc, "best accuracy": hist.best_acc,
-                    "seconds": hist.wall_s[-1], "seconds per round": hist.wall_s[-1] / rounds,
-                    "seconds to final accuracy": hist.time_to_final(),
-                    "upload bytes/client/round": per_round_upload(hist, parts)})
-        frame = hist.to_frame()
-        frame[["setting", "method", "seed"]] = label(setting), method, seed
-        frames.append(frame)
-    return pd.DataFrame(out), pd.concat(frames, ignore_index=True)
-
-
+run_grid = functools.partial(afl.run_baselines, partitions=partition, num_clients=num_clients, train=(x_tr, y_tr),
+                             test=(x_te, y_te), num_classes=C, config=config, moon_hidden=moon_hidden)
 runs, curves = run_grid("fixed partition", [(s, m, sd, partition_seed) for s in settings for m in methods
                                             for sd in seeds])
 
 # %%
 afl_acc = afl_summary["mean"]
-
-
-def accuracies(frame, s, m):
-    """Final accuracies of method m in setting s, ordered by training seed (for pairing)."""
-    return frame[(frame.setting == s) & (frame.method == m)].sort_values("seed")["accuracy"].to_numpy()
-
-
+accuracies = afl.seed_ordered_accuracies
 table = pd.DataFrame({m: [mean_std(accuracies(runs, s, m), 2, 100) for s in map(label, settings)]
                       for m in methods}, index=[label(s) for s in settings])
-table["AFL"] = [f"{100 * afl_acc[s]:.2f} ± 0.00" for s in table.index]
+table["AFL"] = [pm(100 * afl_acc[s], 0.0) for s in table.index]
 print(f"Ours: {dataset}, {backbone}@{input_size}px, K={num_clients}, one fixed partition per setting "
       f"(partition seed {partition_seed}), {len(seeds)} training seeds, {rounds} rounds x {local_epochs} local "
       f"epoch(s); test accuracy (%) mean ± sample std over the training seeds (the partition's variance is not in it)")
@@ -469,7 +403,8 @@ rows = []
 for k in tqdm(client_counts, desc="client counts"):
     parts = partition(("alpha", invariance_alpha), k, partition_seed)
     res = afl.run_afl(feats.x_train, feats.y_train, parts, C, gamma=gamma, device=dev)
-    hist = run_federated(model_fn("fedavg"), clients_for(parts), (x_te, y_te), make_algorithm("fedavg"),
+    hist = run_federated(afl.baseline_model_fn("fedavg", feats.dim, C), [(x_tr[p], y_tr[p]) for p in parts],
+                         (x_te, y_te), make_algorithm("fedavg"),
                          FedConfig(seed=seeds[0], **config), progress=False)
     rows += [{"K": k, "method": "AFL", "accuracy": head_accuracy(res.weights, feats.x_test, feats.y_test)},
              {"K": k, "method": "FedAvg (1 seed)", "accuracy": hist.final_acc}]
@@ -557,7 +492,8 @@ display(table)
 rows = []
 for setting in tqdm(sweep, desc="heterogeneity sweep"):
     parts = partition(setting, num_clients, partition_seed)
-    hist = run_federated(model_fn("fedavg"), clients_for(parts), (x_te, y_te), make_algorithm("fedavg"),
+    hist = run_federated(afl.baseline_model_fn("fedavg", feats.dim, C), [(x_tr[p], y_tr[p]) for p in parts],
+                         (x_te, y_te), make_algorithm("fedavg"),
                          FedConfig(seed=seeds[0], **config), progress=False)
     res = afl.run_afl(feats.x_train, feats.y_train, parts, C, gamma=gamma, device=dev)
     rows.append({"setting": label(setting), "FedAvg (1 seed)": 100 * hist.final_acc,

@@ -65,12 +65,14 @@ from fedlib.papers import afl
 
 from fedlib.evaluation import claims
 
-from fedlib.evaluation import paper_tables as paper_results
+from fedlib.evaluation import tables as paper_results
 from fedlib.core.linalg import (SufficientStats, gram_report, lstsq_reference, normal_equations_tolerance, predict,
                              relative_error, synthetic_features)
 from fedlib.data.partition import make_partition
 from fedlib.data.datasets import load_dataset
+from fedlib.runner import specs
 
+specs.check("afl_derivation", globals())
 sns.set_theme(style="whitegrid")
 torch.set_num_threads(max(1, torch.get_num_threads()))
 rng = np.random.default_rng(seed)
@@ -279,15 +281,7 @@ claims.register(
 # $\gamma=0$) and *with* RI ($\gamma=1$ plus eq. 15). Ours uses the same recipe:
 
 # %%
-rows = []
-for k in table1_clients:
-    parts = np.array_split(np.arange(n_samples), k)
-    no_ri = afl.run_afl(x2, y2, parts, num_classes, gamma=0.0, server="pairwise", inverse="pinv")
-    with_ri = afl.run_afl(x2, y2, parts, num_classes, gamma=1.0, server="pairwise")
-    rows.append({"K": k, "N_k": len(parts[0]),
-                 "ΔW w/o RI (ours)": float((no_ri.weights - w_joint2).abs().sum()),
-                 "ΔW w/ RI (ours)": float((with_ri.weights - w_joint2).abs().sum())})
-table1 = pd.DataFrame(rows).set_index("K")
+table1 = afl.table1_deviations(x2, y2, num_classes, table1_clients, w_joint2)
 paper_table1 = paper_results.afl_table1()
 display(table1.join(paper_table1, how="left").style.format("{:.2e}", subset=[c for c in table1.columns] + list(paper_table1.columns)))
 
@@ -335,9 +329,7 @@ for k, gamma in [(10, 10.0), (100, 1.0), (1000, 0.1)]:
     parts = make_partition(y, k, "iid", seed=seed)
     res = afl.run_afl(x, y, parts, num_classes, gamma=gamma, server="one_solve", restore=False)
     # independent ridge reference: NumPy lstsq on the augmented system [X; sqrt(K gamma) I] W = [Y; 0]
-    aug_x = np.vstack([x, np.sqrt(k * gamma) * np.eye(x.shape[1])])
-    aug_y = np.vstack([np.eye(num_classes)[y], np.zeros((x.shape[1], num_classes))])
-    w_ridge = torch.from_numpy(np.linalg.lstsq(aug_x, aug_y, rcond=None)[0])
+    w_ridge = lstsq_reference(x, y, num_classes, lam=k * gamma)
     rows.append({"K": k, "gamma": gamma, "K·gamma": k * gamma,
                  "max rel. |W^r_agg - ridge(λ=Kγ)|": relative_error(res.weights, w_ridge),
                  "max rel. |W^r_agg - W_joint|": relative_error(res.weights, w_joint)})

@@ -75,13 +75,14 @@ from IPython.display import Markdown
 from sklearn.cluster import SpectralClustering
 from threadpoolctl import threadpool_limits
 
-from fedlib.evaluation import claims
+from fedlib.evaluation import claims, report
 from fedlib.papers import fedtsne as ft
-from fedlib.evaluation import paper_tables as paper_results
-from fedlib.data.datasets import DATASETS
+from fedlib.evaluation import tables as paper_results
 from fedlib.evaluation.embedding import clustering_ari, clustering_nmi
 from fedlib.evaluation.stats import mean_std, paired_difference
-from fedlib.core.validate import check_choice
+from fedlib.runner import specs
+
+specs.check("fedspeclust", globals())
 
 sns.set_theme(style="whitegrid")
 # Many small matrix products (FedDL: one per client and round) and k-means on 10-dimensional
@@ -91,25 +92,6 @@ if threads is not None:
     threadpool_limits(limits=threads)
 t_start = time.perf_counter()
 
-# ---- every parameter is checked here, before any long work
-for name in datasets + [sweep_dataset]:
-    check_choice("dataset", name, DATASETS)
-check_choice("gamma_rule", gamma_rule, ft.GAMMA_RULES)
-for pname, value, low in [("num_clients", num_clients, 2), ("n_landmarks", n_landmarks, 2), ("max_rounds", max_rounds, 11),
-                          ("rounds", 1 if rounds == "plateau" else rounds, 1),
-                          ("derivation_dim", derivation_dim, 1), ("derivation_points", derivation_points, 3)]:
-    if not isinstance(value, int) or value < low:
-        raise ValueError(f"{pname} must be an integer >= {low}, got {value!r}")
-if max_points is not None and (not isinstance(max_points, int) or max_points < 4 * num_clients):
-    raise ValueError(f"max_points must be null or an integer >= 4 * num_clients, got {max_points!r}")
-if len(seeds) < 2 or len(set(seeds)) != len(seeds):
-    raise ValueError(f"seeds must be a list of at least 2 distinct integers (paired differences), got {seeds!r}")
-if threads is not None and (not isinstance(threads, int) or threads < 1):
-    raise ValueError(f"threads must be null or an integer >= 1, got {threads!r}")
-if beta < 0:
-    raise ValueError(f"beta must be >= 0, got {beta!r}")
-if sorted(set(landmark_grid)) != list(landmark_grid) or min(landmark_grid) < 2:
-    raise ValueError(f"landmark_grid must be increasing distinct integers >= 2, got {landmark_grid!r}")
 print(f"profile={profile}: datasets={datasets}, <= {max_points} points each, P={num_clients}, "
       f"n_y={n_landmarks}, S={rounds} rounds, seeds={seeds}")
 
@@ -166,7 +148,7 @@ rng = np.random.default_rng(0)
 m_syn, n_syn = derivation_dim, derivation_points
 X_syn = rng.standard_normal((n_syn, m_syn))
 Y_pool = rng.standard_normal((max(40, (m_syn + 1) * (m_syn + 2) // 2 + 10), m_syn))
-gamma_syn = 1.0 / np.median(ft.sq_distances(X_syn)[np.triu_indices(n_syn, 1)])
+gamma_syn = ft.median_kernel_width(X_syn)        # 1 / median pairwise squared distance
 rank_sq, rank_poly = m_syn + 2, (m_syn + 1) * (m_syn + 2) // 2
 kernels = {
     f"squared distances (rank <= m+2 = {rank_sq})": (lambda A, B=None: ft.sq_distances(A, B), rank_sq),
@@ -256,8 +238,7 @@ data, splits, info = {}, {}, []
 for name in dict.fromkeys(datasets + [sweep_dataset]):
     X, y, classes = ft.load_points(name, max_points, seed=0)
     n_classes = len(classes)
-    if n_landmarks > len(X) or max(landmark_grid) > len(X):
-        raise ValueError(f"{name}: {len(X)} points, fewer than the landmarks asked for")
+    ft.check_fits(name, len(X), strict=False, n_landmarks=n_landmarks, **{"max(landmark_grid)": max(landmark_grid)})
     data[name] = (X, y, n_classes)
     splits[name] = {seed: {label: ft.client_split(y, num_clients, split, seed)
                            for split, label in (("iid", "IID"), ("non_iid", "non-IID"))} for seed in seeds}
@@ -351,23 +332,14 @@ assert (same["IID"] - same["non-IID"]).abs().max() < 1e-2
 COLS = [("central", "pooled")] + [(v, s) for v, s, _ in VARIANTS]
 COL_NAMES = ["SpeClust (central)", "Fed IID", "Fed+ IID", "Fed non-IID", "Fed+ non-IID"]
 STAND_IN = {"optdigits": "COIL-20", "mnist5k": "MNIST", "animal_mnist": "Mice-Protein"}
-
-
-def pm(mean, std):
-    return f"{mean:.4f} ± {std:.4f}"
-
-
-def cell(name, col, metric):
-    v = runs[(runs.dataset == name) & (runs.variant == col[0]) & (runs.split == col[1])].sort_values("seed")[metric]
-    return v.to_numpy()
-
-
+# the per-seed values of one (dataset, setting, metric), in seed order: what the paired differences pair
+cells = {(name, col, metric): report.column_by(runs, metric, dataset=name, variant=col[0], split=col[1])
+         for name in datasets for col in COLS for metric in ("NMI", "ARI")}
 ours = pd.DataFrame({(f"{name} (for {STAND_IN.get(name, '-')})", metric):
-                     {cn: mean_std(cell(name, col, metric), digits=4) for col, cn in zip(COLS, COL_NAMES)}
+                     {cn: mean_std(cells[name, col, metric], digits=4) for col, cn in zip(COLS, COL_NAMES)}
                      for name in datasets for metric in ("NMI", "ARI")}).T
 paper = paper_results.fedtsne_table5()
-paper_fmt = pd.DataFrame({idx: {cn: pm(paper.loc[idx, (*col, "mean")], paper.loc[idx, (*col, "std")])
-                                for col, cn in zip(COLS, COL_NAMES)} for idx in paper.index}).T
+paper_fmt = report.pm_table(paper, COLS).set_axis(COL_NAMES, axis=1)
 print("PAPER, Table 5 (its datasets; mean ± std over an unstated number of runs):")
 display(paper_fmt)
 print(f"OURS, stand-in datasets (n <= {max_points}, P={num_clients}, n_y={n_landmarks}, S={rounds_for}, beta={beta}; "
@@ -390,7 +362,7 @@ pdiff, prow = {}, []
 for name in datasets:
     for metric in ("NMI", "ARI"):
         for label, a, b in PAIRS:
-            d = pdiff[name, metric, label] = paired_difference(cell(name, a, metric), cell(name, b, metric))
+            d = pdiff[name, metric, label] = paired_difference(cells[name, a, metric], cells[name, b, metric])
             prow.append({"dataset": f"{name} (for {STAND_IN.get(name, '-')})", "metric": metric, "comparison": label,
                          "mean [95% CI] (ours) or difference of means (paper)": d.format(4)})
 for idx in paper.index:
@@ -425,9 +397,9 @@ for idx in paper.index:
                        **{cn: paper.loc[idx, (*col, "mean")] - base for col, cn in zip(COLS[1:], COL_NAMES[1:])}})
 for name in datasets:
     for metric in ("NMI", "ARI"):
-        base = cell(name, COLS[0], metric).mean()
+        base = cells[name, COLS[0], metric].mean()
         delta_rows.append({"source": "ours", "dataset": f"{name} (for {STAND_IN.get(name, '-')})", "metric": metric,
-                           **{cn: cell(name, col, metric).mean() - base for col, cn in zip(COLS[1:], COL_NAMES[1:])}})
+                           **{cn: cells[name, col, metric].mean() - base for col, cn in zip(COLS[1:], COL_NAMES[1:])}})
 deltas = pd.DataFrame(delta_rows).set_index(["source", "dataset", "metric"])
 display(deltas.style.format("{:+.4f}"))
 diag = runs[runs["variant"] != "central"].groupby(["dataset", "variant", "split"])[

@@ -97,12 +97,14 @@ from IPython.display import Markdown
 from sklearn.manifold import TSNE
 from threadpoolctl import threadpool_limits
 
-from fedlib.evaluation import claims
+from fedlib.evaluation import claims, report
 from fedlib.evaluation import embedding as em
 from fedlib.papers import fedtsne as ft
-from fedlib.evaluation import paper_tables as paper_results
-from fedlib.data.datasets import DATASETS
+from fedlib.evaluation import tables as paper_results
 from fedlib.evaluation.stats import mean_std, paired_difference
+from fedlib.runner import specs
+
+specs.check("fedtsne_benchmark", globals())
 
 sns.set_theme(style="whitegrid")
 threadpool_limits(num_threads)
@@ -113,77 +115,15 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 T_START = time.perf_counter()
 timings = {}
 
-METHOD_NAMES = {"tsne": "t-SNE", "umap": "UMAP"}
-FED_NAMES = {"tsne": "Fed-tSNE", "umap": "Fed-UMAP"}
+METHOD_NAMES, FED_NAMES, VARIANTS = ft.METHOD_NAMES, ft.FED_NAMES, ft.VARIANTS
 SPLIT_NAMES = {"iid": "IID", "non_iid": "non-IID"}
-VARIANTS = ["Fed", "Fed+"]
 METRICS = paper_results.FEDTSNE_METRICS
 KS = em.PAPER_KS
 PLATEAU_WINDOW = 0.1       # the rule's window: the last 10 % of the rounds, at least 10 rounds
 PLATEAU_MIN_WINDOW = 10
 FED_PLUS_LABEL = "paper's heuristic noise (no formal DP guarantee; see the privacy chapter)"
 
-
-# ---- every parameter is checked before any long work
-def _is_int(v, lo):
-    return isinstance(v, int) and not isinstance(v, bool) and v >= lo
-
-
-def check_int(name, v, lo):
-    if not _is_int(v, lo):
-        raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
-
-
-def check_seeds(name, s, least=1):
-    if (not isinstance(s, (list, tuple)) or len(s) < least or not all(_is_int(x, 0) for x in s)
-            or len(set(s)) != len(s)):
-        raise ValueError(f"{name} must be a list of at least {least} distinct integers >= 0, got {s!r}")
-
-
-if not datasets:
-    raise ValueError("datasets must name at least one dataset")
-for name in datasets:
-    if name not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; allowed: {', '.join(DATASETS)}")
-    if name not in n_points:
-        raise ValueError(f"n_points needs an entry for {name!r}")
-    if n_points[name] is not None:
-        check_int(f"n_points[{name}]", n_points[name], 200)
-if sweep_dataset not in datasets:
-    raise ValueError(f"sweep_dataset must be one of datasets {datasets}, got {sweep_dataset!r}")
-check_seeds("seeds", seeds, least=2)
-check_seeds("sweep_seeds", sweep_seeds)
-if umap_epochs is not None:
-    check_int("umap_epochs", umap_epochs, 1)
-if not (rounds == "plateau" or _is_int(rounds, 1)):
-    raise ValueError(f"rounds must be 'plateau' or an integer >= 1, got {rounds!r}")
-for name, v, lo in [("num_clients", num_clients, 2), ("n_landmarks", n_landmarks, 2),
-                    ("plateau_check", plateau_check, 1), ("max_rounds", max_rounds, 1),
-                    ("tsne_max_iter", tsne_max_iter, 250), ("umap_neighbors", umap_neighbors, 2),
-                    ("scatter_points", scatter_points, 10), ("num_threads", num_threads, 1)]:
-    check_int(name, v, lo)
-if max_rounds < max(plateau_check, PLATEAU_MIN_WINDOW + 1):
-    raise ValueError(f"max_rounds must be >= plateau_check and > {PLATEAU_MIN_WINDOW}, got {max_rounds}")
-for name, v, strict in [("beta", beta, False), ("perplexity", perplexity, True), ("umap_min_dist", umap_min_dist, False),
-                        ("plateau_tol", plateau_tol, True)]:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or (v <= 0 if strict else v < 0):
-        raise ValueError(f"{name} must be a finite number {'> 0' if strict else '>= 0'}, got {v!r}")
-if not methods:
-    raise ValueError("methods must name at least one of tsne, umap")
-for m in methods + landmark_methods:
-    if m not in METHOD_NAMES:
-        raise ValueError(f"unknown method {m!r}; allowed: tsne, umap")
-for s in landmark_splits:
-    if s not in SPLIT_NAMES:
-        raise ValueError(f"unknown split {s!r}; allowed: {', '.join(SPLIT_NAMES)}")
-for v in landmark_variants:
-    if v not in VARIANTS:
-        raise ValueError(f"unknown landmark variant {v!r}; allowed: Fed, Fed+")
-for k in iid_client_counts + noniid_client_counts:
-    check_int("client count", k, 2)
 CLIENT_RUNS = [("iid", k) for k in iid_client_counts] + [("non_iid", k) for k in noniid_client_counts]
-for ny in landmark_counts:
-    check_int("landmark_counts entry", ny, 2)
 if len(seeds) < 5:
     print(f"NOTE: {len(seeds)} seeds (fewer than 5): the confidence intervals below are wide and carry no conclusion.")
 
@@ -206,13 +146,11 @@ data = {name: ft.load_points(name, n_points[name], seed=0) for name in datasets}
 for name, (X, y, _) in data.items():
     for split in SPLIT_NAMES:
         ft.client_split(y, num_clients, split, seeds[0])
-    if n_landmarks >= len(y) or max(KS) >= 0.7 * len(y) or perplexity >= len(y):
-        raise ValueError(f"{name}: n_landmarks, the metrics' k and the perplexity must be < {len(y)} points")
+    ft.check_fits(name, len(y), n_landmarks=n_landmarks, perplexity=perplexity, **{"max(KS) / 0.7": max(KS) / 0.7})
 sweep_X, sweep_y, _ = data[sweep_dataset]
 for split, k in CLIENT_RUNS:
     ft.client_split(sweep_y, k, split, sweep_seeds[0])
-if max(landmark_counts, default=0) >= len(sweep_y):
-    raise ValueError(f"landmark counts must be < the {len(sweep_y)} points of {sweep_dataset}")
+ft.check_fits(sweep_dataset, len(sweep_y), **{"max(landmark_counts)": max(landmark_counts, default=None)})
 
 sizes = pd.DataFrame([{"dataset": name, "points": X.shape[0], "features m": X.shape[1], "classes": len(c),
                        "seeds": len(seeds)} for name, (X, y, c) in data.items()]).set_index("dataset")
@@ -243,11 +181,6 @@ scorers = {name: ft.EmbeddingScorer(X, y) for name, (X, y, _) in data.items()}
 # and how far the landmarks have moved, $\lVert Y^s-Y^0\rVert_F/\lVert Y^S-Y^0\rVert_F$.
 
 # %%
-def squared_nystrom(X, Y):
-    """The server's D-hat from the landmarks Y, in the row order of X (Eqs. 21-22 on squared distances)."""
-    return ft.nystrom_distances(ft.sq_distances(X, Y), ft.sq_distances(Y))
-
-
 t0 = time.perf_counter()
 LIMIT = max_rounds if rounds == "plateau" else rounds          # the most rounds a noise-free run may take
 CHECKPOINTS = [c for c in (10, 25, 50, 100, 200, 400, 800, 1600) if c <= LIMIT]
@@ -267,7 +200,7 @@ for name, (X, y, _) in data.items():
             path = np.linalg.norm(tr.landmarks[tr.rounds] - tr.landmarks[0])
             for s, Y in tr.landmarks.items():
                 conv_rows.append({"dataset": name, "split": SPLIT_NAMES[split], "round": s,
-                                  "D-hat 10-NN": scorers[name].distance_quality(squared_nystrom(X, Y))["D-hat 10-NN"],
+                                  "D-hat 10-NN": scorers[name].distance_quality(ft.nystrom_estimate(X, Y))["D-hat 10-NN"],
                                   "moved": np.linalg.norm(Y - tr.landmarks[0]) / path})
     scorers[name].release()
 conv = pd.DataFrame(conv_rows)
@@ -332,7 +265,7 @@ idx = np.random.default_rng(0).permutation(len(y))[:scatter_points]
 fig, axes = plt.subplots(1, len(show_rounds), figsize=(4.2 * len(show_rounds), 4.0), squeeze=False)
 for ax, s in zip(axes[0], show_rounds):
     Z = TSNE(n_components=2, perplexity=perplexity, init="random", random_state=seeds[0], max_iter=tsne_max_iter,
-             metric="precomputed").fit_transform(squared_nystrom(X, tr.landmarks[s]))
+             metric="precomputed").fit_transform(ft.nystrom_estimate(X, tr.landmarks[s]))
     sns.scatterplot(x=Z[idx, 0], y=Z[idx, 1], hue=np.asarray(classes, dtype=object)[y[idx]], hue_order=list(classes),
                     palette=sns.color_palette("tab10", len(classes)), s=5, linewidth=0, ax=ax, legend=False,
                     rasterized=True)
@@ -381,32 +314,16 @@ if late:
 # neighbours computed once per dataset; checked equal to `embedding_report` on the first embedding).
 
 # %%
-def embed(method, X, parts, seed, res=None, n_y=n_landmarks, keep=False):
-    """Central (res None) or federated t-SNE / UMAP with the chapter's settings."""
-    central = res is None
-    if method == "tsne":
-        return ft.fed_tsne(X, parts, n_y, centralized=central, feddl_result=res, perplexity=perplexity,
-                           tsne_kwargs={"max_iter": tsne_max_iter}, seed=seed, keep_distances=keep)
-    return ft.fed_umap(X, parts, n_y, centralized=central, feddl_result=res, n_neighbors=umap_neighbors,
-                       min_dist=umap_min_dist, umap_kwargs={"n_epochs": umap_epochs}, seed=seed, keep_distances=keep)
-
-
-def learn_landmarks(X, parts, variant, seed, n_rounds, n_y=n_landmarks):
-    return ft.feddl([X[p] for p in parts], n_y, rounds=n_rounds, noise="heuristic" if variant == "Fed+" else "none",
-                    beta=beta, seed=seed)
-
-
-def share(fd):
-    return ft.plateau_share(fd.objective, window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW)
-
-
+# the chapter's t-SNE / UMAP settings, for every ft.embed call (centralized when no FedDL run is given)
+EMBED = dict(perplexity=perplexity, tsne_max_iter=tsne_max_iter, umap_neighbors=umap_neighbors,
+             umap_min_dist=umap_min_dist, umap_epochs=umap_epochs)
 rows, keep_Z, dist_rows, cost_rows, dist_bytes = [], {}, [], [], {}
 for name, (X, y, classes) in data.items():
     t0 = time.perf_counter()
     sc = scorers[name]
     for seed in seeds:
         for method in methods:
-            res = embed(method, X, None, seed)
+            res = ft.embed(method, X, None, n_landmarks, seed=seed, **EMBED)
             if seed == seeds[0] and method == methods[0]:
                 ref = em.embedding_report(X, res.embedding, y, seed=seed)
                 ours = sc(res.embedding, seed)
@@ -419,10 +336,12 @@ for name, (X, y, classes) in data.items():
             parts = ft.client_split(y, num_clients, split, seed)
             tr = traces[name, split, seed]
             for variant in VARIANTS:   # Fed: the noise-free run of Sec. 2; Fed+: as many rounds, with noise
-                fd = tr.result if variant == "Fed" else learn_landmarks(X, parts, variant, seed, tr.rounds)
+                fd = tr.result if variant == "Fed" else ft.learn_landmarks(X, parts, variant, n_landmarks, tr.rounds,
+                                                                           beta=beta, seed=seed)
                 runs.append((variant, SPLIT_NAMES[split], fd, parts))
+                share = ft.plateau_share(fd.objective, window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW)
                 cost_rows.append({"dataset": name, "seed": seed, "variant": variant, "split": SPLIT_NAMES[split],
-                                  "rounds": fd.rounds, "plateau share": share(fd), "FedDL s": fd.seconds,
+                                  "rounds": fd.rounds, "plateau share": share, "FedDL s": fd.seconds,
                                   "gamma": fd.gamma, "FedDL upload MiB": fd.upload_bytes / 2**20})
         y0 = {split: fd.init_landmarks for variant, split, fd, _ in runs if variant == "Fed"}
         # equal up to the rounding of the clients' sums (the moments are summed in another order)
@@ -431,7 +350,7 @@ for name, (X, y, classes) in data.items():
         runs.insert(0, ("untrained", "any", dataclasses.replace(fd_iid, landmarks=fd_iid.init_landmarks), parts_iid))
         for variant, split, fd, parts in runs:
             for i, method in enumerate(methods):
-                res = embed(method, X, parts, seed, res=fd, keep=i == 0)
+                res = ft.embed(method, X, parts, n_landmarks, seed=seed, feddl_result=fd, keep_distances=i == 0, **EMBED)
                 if i == 0:
                     dist_rows.append({"dataset": name, "seed": seed, "variant": variant, "split": split,
                                       **sc.distance_quality(res.distances)})
@@ -505,46 +424,20 @@ for name, (X, y, classes) in data.items():
 # Fed+ = the paper's heuristic noise (no formal DP guarantee; see the privacy chapter).
 
 # %%
-def ours_table(name):
-    sub = results[results.dataset == name]
-    long = sub.melt(id_vars=["embedding", "variant", "split"], value_vars=METRICS, var_name="metric")
-    t = (long.groupby(["embedding", "metric", "variant", "split"])["value"].agg(lambda v: mean_std(v, digits=4))
-         .unstack(["variant", "split"]))
-    order = [(METHOD_NAMES[m], k) for m in methods for k in METRICS]
-    return t.reindex(index=pd.MultiIndex.from_tuples(order, names=["embedding", "metric"]),
-                     columns=pd.MultiIndex.from_tuples(SETTING_ORDER, names=["variant", "split"]))
-
-
-def paper_fmt(frame):
-    out = pd.DataFrame(index=frame.index)
-    for variant, split in SETTING_ORDER:
-        if (variant, split, "mean") not in frame.columns:
-            out[(variant, split)] = "-"
-            continue
-        out[(variant, split)] = [f"{m:.4f} ± {s:.4f}" for m, s in zip(frame[(variant, split, "mean")],
-                                                                        frame[(variant, split, "std")])]
-    out.columns = pd.MultiIndex.from_tuples(out.columns, names=["variant", "split"])
-    return out
-
-
-def beside(paper, paper_label, ours, ours_label):
-    both = pd.concat({paper_label: paper.reindex(ours.index), ours_label: ours}, names=["source"])
-    both = both.reorder_levels(["embedding", "metric", "source"])
-    return both.reindex(pd.MultiIndex.from_tuples([(e, m, s) for e, m in ours.index for s in (paper_label, ours_label)],
-                                                  names=both.index.names))
-
-
+ROW_ORDER = [(METHOD_NAMES[m], k) for m in methods for k in METRICS]
 PAPER_TABLES = {"mnist5k": (paper_results.fedtsne_table1, "paper Table 1: MNIST, 40,000 points"),
                 "fashion_mnist": (paper_results.fedtsne_table2, "paper Table 2: Fashion-MNIST, 40,000 points")}
 for name in datasets:
     label = f"ours: {name}, {len(data[name][1])} points, {len(seeds)} seeds"
     print(f"=== {name} ===")
+    ours = report.mean_std_table(results[results.dataset == name], METRICS, ["embedding"], ["variant", "split"],
+                                 row_order=ROW_ORDER, column_order=SETTING_ORDER)
     if name in PAPER_TABLES:
         fn, plabel = PAPER_TABLES[name]
-        display(beside(paper_fmt(fn()), plabel, ours_table(name), label))
+        display(report.beside(report.pm_table(fn(), SETTING_ORDER, names=["variant", "split"]), ours, (plabel, label)))
     else:
         print(f"{label} (the paper has no table for this dataset)")
-        display(ours_table(name))
+        display(ours)
 
 # %% [markdown]
 # ### Paired differences
@@ -563,22 +456,15 @@ COMPARISONS = [("Fed IID - central", ("Fed", "IID"), ("central", "pooled")),
                ("Fed+ IID - Fed IID", ("Fed+", "IID"), ("Fed", "IID")),
                ("Fed+ non-IID - Fed non-IID", ("Fed+", "non-IID"), ("Fed", "non-IID"))]
 DIFF_METRICS = ["CA 10-NN", "NPA 10-NN", "NMI"]
-
-
-def values(frame, name, emb, setting, metric):
-    sub = frame[(frame.dataset == name) & (frame.variant == setting[0]) & (frame.split == setting[1])]
-    if emb is not None:
-        sub = sub[sub.embedding == emb]
-    return sub.sort_values("seed")[metric].to_numpy()
-
-
 pdiff, diff_rows = {}, []
 for name in datasets:
     paper = PAPER_TABLES[name][0]() if name in PAPER_TABLES else None
     for emb in [METHOD_NAMES[m] for m in methods]:
         for metric in DIFF_METRICS:
             for label, a, b in COMPARISONS:
-                d = paired_difference(values(results, name, emb, a, metric), values(results, name, emb, b, metric))
+                d = paired_difference(
+                    report.column_by(results, metric, dataset=name, embedding=emb, variant=a[0], split=a[1]),
+                    report.column_by(results, metric, dataset=name, embedding=emb, variant=b[0], split=b[1]))
                 pdiff[name, emb, metric, label] = d
                 p = np.nan
                 if paper is not None and "untrained" not in label:
@@ -606,7 +492,8 @@ display(dq.groupby(["dataset", "quantity", "variant", "split"])["value"].agg(lam
 dq_rows, train_gain = [], {}
 for name in datasets:
     for label, a, b in COMPARISONS[2:]:
-        d = paired_difference(values(dist_q, name, None, a, "D-hat 10-NN"), values(dist_q, name, None, b, "D-hat 10-NN"))
+        d = paired_difference(report.column_by(dist_q, "D-hat 10-NN", dataset=name, variant=a[0], split=a[1]),
+                              report.column_by(dist_q, "D-hat 10-NN", dataset=name, variant=b[0], split=b[1]))
         dq_rows.append({"dataset": name, "comparison": label, "D-hat 10-NN: mean [95% CI]": d.format(4)})
         if label == "Fed IID - untrained":
             train_gain[name] = d
@@ -687,8 +574,8 @@ for seed in sweep_seeds:
     for split, k in CLIENT_RUNS:
         parts = ft.client_split(sweep_y, k, split, seed)
         for variant in VARIANTS:
-            fd = learn_landmarks(sweep_X, parts, variant, seed, S_sweep)
-            res = embed("tsne", sweep_X, parts, seed, res=fd)
+            fd = ft.learn_landmarks(sweep_X, parts, variant, n_landmarks, S_sweep, beta=beta, seed=seed)
+            res = ft.embed("tsne", sweep_X, parts, n_landmarks, seed=seed, feddl_result=fd, **EMBED)
             crow.append({"seed": seed, "split": SPLIT_NAMES[split], "clients": k,
                          "method": "Fed-tSNE" + ("+" if variant == "Fed+" else ""),
                          "gamma": fd.gamma, **sweep_scorer(res.embedding, seed)})
@@ -716,18 +603,10 @@ ours_c = (clients_df.melt(id_vars=["split", "clients", "method"], value_vars=["N
           .unstack("clients"))
 print(f"Ours: {sweep_dataset}, {len(sweep_y)} points; {SWEEP_NOTE}")
 display(ours_c)
-
-
-def paper_clients(frame):
-    ks = frame.columns.get_level_values(0).unique()
-    return pd.DataFrame({k: [f"{m:.3f} ± {s:.3f}" for m, s in zip(frame[(k, "mean")], frame[(k, "std")])] for k in ks},
-                        index=frame.index)
-
-
 print("Paper, Table 3 (non-IID MNIST, 40,000 points) - the paper's numbers")
-display(paper_clients(paper_results.fedtsne_table3()))
+display(report.pm_table(paper_results.fedtsne_table3(), digits=3))
 print("Paper, Table 4 (IID MNIST, 40,000 points) - the paper's numbers")
-display(paper_clients(paper_results.fedtsne_table4()))
+display(report.pm_table(paper_results.fedtsne_table4(), digits=3))
 
 # %% [markdown]
 # ## 7. Number of landmarks (paper Fig. 6)
@@ -746,13 +625,6 @@ display(paper_clients(paper_results.fedtsne_table4()))
 # 1e-6; asserted when the grid reaches that size).
 
 # %%
-def plain_nystrom(X, Y):
-    """Eq. 22 on plain Euclidean distances, symmetrized, clipped at 0, zero diagonal."""
-    H = np.maximum(ft.nystrom(np.sqrt(ft.sq_distances(X, Y)), np.sqrt(ft.sq_distances(Y))), 0.0)
-    np.fill_diagonal(H, 0.0)
-    return H
-
-
 t0 = time.perf_counter()
 lrow, qrow = [], []
 m_dim = sweep_X.shape[1]
@@ -761,15 +633,16 @@ for seed in sweep_seeds:
         parts = ft.client_split(sweep_y, num_clients, split, seed)
         for ny in landmark_counts:
             for variant in landmark_variants:
-                fd = learn_landmarks(sweep_X, parts, variant, seed, S_sweep, n_y=ny)
-                for estimate, D_hat in [("FedDL landmarks, squared", squared_nystrom(sweep_X, fd.landmarks)),
-                                        ("untrained landmarks, squared", squared_nystrom(sweep_X, fd.init_landmarks)),
-                                        ("FedDL landmarks, plain", plain_nystrom(sweep_X, fd.landmarks))]:
+                fd = ft.learn_landmarks(sweep_X, parts, variant, ny, S_sweep, beta=beta, seed=seed)
+                share = ft.plateau_share(fd.objective, window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW)
+                for estimate, D_hat in [("FedDL landmarks, squared", ft.nystrom_estimate(sweep_X, fd.landmarks)),
+                                        ("untrained landmarks, squared", ft.nystrom_estimate(sweep_X, fd.init_landmarks)),
+                                        ("FedDL landmarks, plain", ft.nystrom_estimate(sweep_X, fd.landmarks, False))]:
                     qrow.append({"seed": seed, "split": SPLIT_NAMES[split], "n_y": ny, "variant": variant,
-                                 "estimate": estimate, "plateau share": share(fd),
+                                 "estimate": estimate, "plateau share": share,
                                  **sweep_scorer.distance_quality(D_hat)})
                 for method in landmark_methods:
-                    res = embed(method, sweep_X, parts, seed, res=fd, n_y=ny)
+                    res = ft.embed(method, sweep_X, parts, ny, seed=seed, feddl_result=fd, **EMBED)
                     lrow.append({"seed": seed, "split": SPLIT_NAMES[split], "n_y": ny,
                                  "method": FED_NAMES[method] + ("+" if variant == "Fed+" else ""),
                                  **sweep_scorer(res.embedding, seed)})
@@ -837,12 +710,7 @@ plus_cost = {(n, e, lab): pdiff[n, e, "CA 10-NN", lab] for n in datasets for e i
 worst_fed = min(d.mean for d in fed_vs_central.values())
 worst_split = max(abs(d.mean) for d in split_gap.values())
 worst_plus = min(d.mean for d in plus_cost.values())
-
-
-def listing(dct):
-    return "; ".join(f"{' '.join(map(str, k))}: {d.format(4)}" for k, d in dct.items())
-
-
+listing = report.listing
 claims.register(
     "fedtsne-close-to-centralized", "fedtsne",
     "Fed-tSNE and Fed-UMAP keep nearly all the structure of centralized t-SNE and UMAP; the accuracy drop "

@@ -45,20 +45,18 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
-from sklearn.neighbors import NearestNeighbors
-
-from fedlib.evaluation import claims
 
 from fedlib.core import privacy
-from fedlib.papers import fedtsne as ft
-from fedlib.data.datasets import load_dataset
 from fedlib.data.partition import make_partition
+from fedlib.evaluation import claims
+from fedlib.evaluation import embedding as em
+from fedlib.papers import fedtsne as ft
+from fedlib.runner import specs
 
+specs.check("fedtsne_derivation", globals())
 sns.set_theme(style="whitegrid")
 rng = np.random.default_rng(seed)
-digits = load_dataset("optdigits")
-x_all = np.concatenate([digits.x_train, digits.x_test]).reshape(-1, 64).astype(np.float64) / 255.0
-y_all = np.concatenate([digits.y_train, digits.y_test])
+x_all, y_all, _ = ft.load_points("optdigits")     # train and test pooled, pixels / 255
 keep = rng.choice(len(x_all), min(n_points, len(x_all)), replace=False)
 X, labels = x_all[keep], y_all[keep]
 n, m = X.shape
@@ -85,10 +83,7 @@ print(f"profile={profile}: optdigits {n} points in R^{m}, {num_clients} clients,
 #   +\frac{4\gamma}{n_y(n_y-1)}\big[K_{YY}Y-\mathrm{diag}(\mathbf 1^\top K_{YY})Y\big].$$
 
 # %%
-def expected_k(s2, dmu2, gamma, dim):
-    return (1 + 2 * gamma * s2) ** (-dim / 2) * np.exp(-gamma * dmu2 / (1 + 2 * gamma * s2))
-
-
+expected_k = ft.expected_gaussian_kernel
 dim, gamma_g, mu2 = 3, 0.5, np.array([0.7, 0.0, 0.0])
 exact = expected_k(2.0, 0.0, gamma_g, dim) - 2 * expected_k(2.0, 0.49, gamma_g, dim) + expected_k(2.0, 0.0, gamma_g, dim)
 u_vals, v_vals = [], []
@@ -132,7 +127,7 @@ assert grad_err < 1e-7
 # %%
 parts = {"IID": make_partition(labels, num_clients, "iid", seed=seed),
          "one class per client": make_partition(labels, num_clients, "one_class", seed=seed)}
-gamma = 1.0 / np.median(ft.sq_distances(X)[np.triu_indices(n, 1)])
+gamma = ft.median_kernel_width(X)                # 1 / median pairwise squared distance
 Y0 = X.mean(0) + rng.standard_normal((n_landmarks, m)) * X.std(0)
 pooled = ft.mmd2_u_grad(X, Y0, gamma)
 rows = []
@@ -258,16 +253,7 @@ claims.register(
 
 # %%
 true_d = np.sqrt(ft.sq_distances(X))
-nn_true = NearestNeighbors(n_neighbors=11, metric="precomputed").fit(true_d).kneighbors(return_distance=False)
-
-
-def quality(landmarks):
-    est = ft.nystrom_distances(ft.sq_distances(X, landmarks), ft.sq_distances(landmarks))
-    nn_est = NearestNeighbors(n_neighbors=11, metric="precomputed").fit(est).kneighbors(return_distance=False)
-    overlap = np.mean([len(set(a) & set(b)) / 11 for a, b in zip(nn_true, nn_est)])
-    return np.linalg.norm(est - true_d) / np.linalg.norm(true_d), overlap
-
-
+nn_true = em.neighbour_lists(true_d, 11, "precomputed")     # the exact 11-NN of every point, once
 rows = []
 for ny_ in landmark_grid:
     y_init = X.mean(0) + rng.standard_normal((ny_, m)) * X.std(0)
@@ -276,7 +262,7 @@ for ny_ in landmark_grid:
         choices[f"FedDL, {name}"] = ft.feddl([X[p] for p in pp], ny_, rounds=feddl_rounds, init=y_init, gamma=gamma,
                                              seed=seed).landmarks
     for name, yl in choices.items():
-        err, ov = quality(yl)
+        err, ov = em.distance_estimate_quality(ft.nystrom_estimate(X, yl), true_d, 11, nn_true)
         rows.append({"n_y": ny_, "landmarks": name, "rel. error of D_hat": err, "10-NN overlap": ov})
 sweep = pd.DataFrame(rows)
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))

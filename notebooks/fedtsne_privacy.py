@@ -55,7 +55,7 @@ tsne_max_iter = 400
 seed = 0                   # data subset and partition (fixed; the seeds above vary noise and embedding)
 
 # %%
-import math
+from functools import partial
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -69,6 +69,9 @@ from fedlib.core import privacy
 from fedlib.papers import fedtsne as ft
 from fedlib.evaluation.embedding import kmeans_nmi, knn_accuracy
 from fedlib.evaluation.stats import mean_std, paired_difference
+from fedlib.runner import specs
+
+specs.check("fedtsne_privacy", globals())
 
 sns.set_theme(style="whitegrid")
 rng = np.random.default_rng(seed)
@@ -81,16 +84,10 @@ n, m = X.shape
 parts = ft.client_split(labels, num_clients, "iid", seed=seed)
 
 # public choices, from the public sample only
-gamma = 1.0 / float(np.median(ft.sq_distances(X_pub)[np.triu_indices(len(X_pub), 1)]))
+gamma = ft.median_kernel_width(X_pub)                 # 1 / median pairwise squared distance
 tau_x = float(np.linalg.norm(X_pub, axis=1).max())
 clipped = float(np.mean(np.linalg.norm(X, axis=1) > tau_x))
-
-
-def public_init(s):
-    r = np.random.default_rng(1000 + s)
-    return np.clip(X_pub.mean(0) + X_pub.std(0) * r.standard_normal((n_landmarks, m)), 0.0, 1.0)
-
-
+# Y^0 of seed s: ft.public_landmarks(X_pub, n_landmarks, s), Gaussian with the public sample's moments, in [0, 1]
 print(f"profile={profile}: optdigits, {n} client points in R^{m}, {num_clients} IID clients, n_y={n_landmarks}, "
       f"{rounds} rounds, {len(seeds)} seeds; public sample of {len(X_pub)}: gamma={gamma:.4f}, "
       f"tau_X={tau_x:.3f} ({100 * clipped:.1f}% of client rows get clipped under data perturbation)")
@@ -104,20 +101,9 @@ print(f"profile={profile}: optdigits, {n} client points in R^{m}, {num_clients} 
 # k-means on it.
 
 # %%
-def embed(res, method, s):
-    kw = dict(feddl_result=res, seed=s)
-    if method == "tsne":
-        out = ft.fed_tsne(X, parts, n_landmarks, tsne_kwargs={"max_iter": tsne_max_iter}, **kw)
-    else:
-        out = ft.fed_umap(X, parts, n_landmarks, **kw)
-    return out
-
-
-def run_feddl(s, noise="none", **kw):
-    return ft.feddl([X[p] for p in parts], n_landmarks, rounds=rounds, gamma=gamma, init=public_init(s),
-                    landmark_bounds=(0.0, 1.0), noise=noise, seed=s, **kw)
-
-
+# every FedDL run of this chapter: the public gamma, the pixel box, the public Y^0 of its seed
+run_feddl = partial(ft.feddl, [X[p] for p in parts], n_landmarks, rounds=rounds, gamma=gamma,
+                    landmark_bounds=(0.0, 1.0))
 variants = [("Fed (no noise)", "none", None, {})]
 variants += [(f"heuristic beta={b:g}", "heuristic", b, {"beta": b}) for b in betas if b > 0]
 variants += [(f"data perturbation eps={e:g}", "dp_data", e,
@@ -127,9 +113,9 @@ variants += [(f"gradient perturbation eps={e:g}", "dp_gradient", e,
 rows = []
 for s in seeds:
     for name, noise, level, kw in variants:
-        res = run_feddl(s, noise, **kw)
+        res = run_feddl(init=ft.public_landmarks(X_pub, n_landmarks, s), noise=noise, seed=s, **kw)
         for method in methods:
-            out = embed(res, method, s)
+            out = ft.embed(method, X, parts, n_landmarks, seed=s, feddl_result=res, tsne_max_iter=tsne_max_iter)
             rows.append({"variant": name, "noise": noise, "level": level, "method": method, "seed": s,
                          "FedDL epsilon": res.epsilon, "end-to-end epsilon": out.epsilon,
                          "CA 10-NN": knn_accuracy(out.embedding, labels, 10, seed=s),
@@ -149,27 +135,8 @@ print(f"{len(runs)} embeddings")
 NAMES = {"tsne": "Fed-tSNE+", "umap": "Fed-UMAP+"}
 MECHANISMS = {"dp_data": "data perturbation", "dp_gradient": "gradient perturbation (FedDL only)"}
 
-
-def table(df, metric):
-    out = []
-    ref = df[df.noise == "none"].set_index(["method", "seed"])[metric]
-    for (method, name), g in df.groupby(["method", "variant"], sort=False):
-        g = g.set_index("seed")
-        row = {"method": method, "variant": name,
-               "FedDL epsilon spent": "inf (no guarantee)" if math.isinf(g["FedDL epsilon"].max())
-               else f"{g['FedDL epsilon'].max():.4g}",
-               "end-to-end epsilon": "inf" if math.isinf(g["end-to-end epsilon"].max())
-               else f"{g['end-to-end epsilon'].max():.4g}",
-               metric: mean_std(g[metric], 3), "paired diff vs Fed": "-"}
-        if g.noise.iloc[0] != "none" and len(g) >= 2:
-            row["paired diff vs Fed"] = paired_difference(g[metric].values,
-                                                           ref.loc[method].loc[g.index].values).format(3)
-        out.append(row)
-    return pd.DataFrame(out)
-
-
-ca_table = table(runs, "CA 10-NN")
-nmi_table = table(runs, "NMI")
+ca_table = ft.privacy_table(runs, "CA 10-NN")
+nmi_table = ft.privacy_table(runs, "NMI")
 with pd.option_context("display.max_colwidth", 60, "display.width", 250):
     print(ca_table.to_string(index=False))
     print()
@@ -231,7 +198,7 @@ beta_runs = runs[runs.noise.isin(["none", "heuristic"])].copy()
 beta_runs["beta"] = beta_runs.level.fillna(0.0).astype(float)
 nominal = {}
 for b in [b for b in betas if b > 0]:
-    res = run_feddl(seeds[0], "heuristic", beta=b)
+    res = run_feddl(init=ft.public_landmarks(X_pub, n_landmarks, seeds[0]), noise="heuristic", beta=b, seed=seeds[0])
     eps_p = []
     for p, ix in enumerate(parts):
         z = res.noise_sd[:, p] / ft.kernel_gradient_sensitivity(len(ix), n_landmarks, gamma)

@@ -104,6 +104,7 @@ num_threads = 1
 
 # %%
 import time
+from functools import partial
 
 T_START = time.perf_counter()
 
@@ -116,72 +117,28 @@ from IPython.display import Markdown, display
 from scipy.stats import spearmanr
 
 from fedlib.evaluation import claims
-from fedlib.data.datasets import DATASETS, load_dataset
-from fedlib.data.domains import DOMAIN_NAMES, digit_domains, make_domain_stream
-from fedlib.federated.gradient import FedConfig
-from fedlib.federated.incremental import make_stream, run_class_incremental
-from fedlib.federated.models import SmallCNN, images_to_tensor, resnet18_cifar
-from fedlib.papers.refed import (GRAD_NORMS, LEARNERS, MEMORY_MODES, WEIGHTINGS, make_learner, q_lambda,
-                          rounds_to_best, select_top, train_pim)
-from fedlib.evaluation.stats import mean_std, paired_difference, summarize
-from fedlib.core.validate import check_choice, check_positive
+from fedlib.evaluation.compare import refed_label
+from fedlib.data.datasets import load_dataset
+from fedlib.data.domains import digit_domains, make_domain_stream
+from fedlib.federated.incremental import make_stream
+from fedlib.federated.models import images_to_tensor, make_model
+from fedlib.federated.learner import select_top
+from fedlib.papers.refed import REPLAY_METHODS, ScenarioRuns, train_pim
+from fedlib.evaluation.stats import mean_std, paired_difference
+from fedlib.runner import specs
+from fedlib.runner.specs.refed import check_total_memory
 
 sns.set_theme(style="whitegrid")
 torch.set_num_threads(num_threads)
 # "refed_proxy" is Re-Fed with the last-layer closed form instead of Eq. 4's exact norms (a learner
-# option, not a method of its own); every other name is a method of fedlib.papers.refed.LEARNERS
-PIM_METHODS = ("refed", "refed_balanced", "refed_proxy")
-REPLAY = PIM_METHODS + ("fedavg_replay", "fedprox_replay")
-METHOD_NAMES = tuple(LEARNERS) + ("refed_proxy",)
+# option, not a method of its own: fedlib.papers.refed.PIM_METHODS); every other name is a method of
+# fedlib.papers.refed.LEARNERS (fedlib.runner.specs.refed.METHOD_NAMES)
+specs.check("refed_benchmark", globals())   # the runner ran the same checks before executing
 
-# every parameter is checked before any long work
-check_choice("dataset", dataset, DATASETS)
-check_choice("model", model, ["smallcnn", "resnet18"])
-check_choice("grad_norm", grad_norm, GRAD_NORMS)
-check_choice("memory_mode", memory_mode, MEMORY_MODES)
-for m in methods + methods_domain + sweep_methods:
-    check_choice("method", m, METHOD_NAMES)
-for w in weightings:
-    check_choice("weighting", w, WEIGHTINGS)
-for d in domains:
-    check_choice("domain", d, DOMAIN_NAMES)
-for name, value in [("alpha", alpha), ("alpha_domain", alpha_domain), ("participation", participation),
-                    ("lr", lr), ("lr_domain", lr_domain)] + [("alphas", a) for a in alphas + lam_alphas]:
-    check_positive(name, value)
-for name, value in [("memory", memory), ("memory_domain", memory_domain), ("rounds", rounds),
-                    ("rounds_domain", rounds_domain), ("first_rounds_domain", first_rounds_domain),
-                    ("local_epochs", local_epochs),
-                    ("local_epochs_domain", local_epochs_domain), ("pim_epochs", pim_epochs),
-                    ("num_clients", num_clients)] + [("memories", m) for m in memories]:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-if not seeds or not sweep_seeds or not set(seeds) | set(sweep_seeds) <= set(range(10**6)) \
-        or len(set(seeds)) != len(seeds):
-    raise ValueError(f"seeds and sweep_seeds must be non-empty lists of distinct non-negative ints, got {seeds}, "
-                     f"{sweep_seeds}")
-if not 0.0 <= first_task_min_acc < 1.0:
-    raise ValueError(f"first_task_min_acc must be in [0, 1), got {first_task_min_acc!r}")
-if "refed" not in methods:
-    raise ValueError("methods must contain 'refed' (Re-Fed itself)")
-for lr_, lam_ in [(lr, lam_) for lam_ in lams + [lam]] + [(lr_domain, lam_domain)]:
-    if lr_ * q_lambda(lam_) >= 2.0:   # q_lambda also checks 0 < lambda < 1
-        raise ValueError(f"lr * q(lambda) = {lr_ * q_lambda(lam_):.3g} >= 2 for lambda {lam_}: the PIM step diverges")
-if device.startswith("cuda") and not torch.cuda.is_available():
-    raise ValueError(f"device {device!r} requested but CUDA is not available on this machine")
-if "early" not in weightings:
-    raise ValueError("weightings must contain 'early' (Re-Fed itself)")
-
-
-def at_most(n, labels):
-    """n, or None (keep all) when the split has no more than n samples."""
-    return None if n is None or n >= len(labels) else n
-
-
-ds = load_dataset(dataset)
-ds = ds.subset(at_most(n_train, ds.y_train), at_most(n_test, ds.y_test))
+ds = load_dataset(dataset).at_most(n_train, n_test)
 SCEN = {"class": {"name": f"class-incremental / {dataset}", "x_train": images_to_tensor(ds.x_train),
                   "y_train": ds.y_train, "x_test": images_to_tensor(ds.x_test), "y_test": ds.y_test,
-                  "stream": lambda seed: make_stream(ds.y_train, ds.y_test, num_tasks, seed=seed),
+                  "stream": partial(make_stream, ds.y_train, ds.y_test, num_tasks),
                   "alpha": alpha, "lr": lr, "memory": memory, "lam": lam, "rounds": rounds, "first_rounds": None,
                   "epochs": local_epochs}}
 print(f"{ds.name}: {len(ds.y_train)} train / {len(ds.y_test)} test images, {num_tasks} tasks")
@@ -189,36 +146,19 @@ if domain:
     doms = digit_domains(domains, seed=0, n_per_domain=n_per_domain)
     d_stream, dx_tr, dy_tr, dx_te, dy_te = make_domain_stream(doms)
     SCEN["domain"] = {"name": "domain-incremental / digits", "x_train": images_to_tensor(dx_tr), "y_train": dy_tr,
-                      "x_test": images_to_tensor(dx_te), "y_test": dy_te, "stream": lambda seed: d_stream,
+                      "x_test": images_to_tensor(dx_te), "y_test": dy_te, "stream": d_stream,
                       "alpha": alpha_domain, "lr": lr_domain, "memory": memory_domain, "lam": lam_domain,
                       "rounds": rounds_domain, "first_rounds": first_rounds_domain, "epochs": local_epochs_domain}
     for d in doms:
         print(f"  domain {d.name}: {len(d.y_train)} train / {len(d.y_test)} test")
-channels = int(SCEN["class"]["x_train"].shape[1])
-if any(int(s["x_train"].shape[1]) != channels for s in SCEN.values()):
-    raise ValueError("both scenarios must have the same number of image channels")
+channels = int(SCEN["class"]["x_train"].shape[1])   # the same in both scenarios (checked by the spec)
 
 # memory_mode 'total' needs M above every client's new-task size (notes D1): checked for every run now
-if memory_mode == "total":
-    for key, s in SCEN.items():
-        m_list = [s["memory"]] + (memories if key == "class" else [])
-        a_list = [s["alpha"]] + (alphas + lam_alphas if key == "class" else [])
-        for seed in sorted(set(seeds) | set(sweep_seeds)):
-            st = s["stream"](seed)
-            for a in set(a_list):
-                biggest = max(len(p) for t in range(st.num_tasks)
-                              for p in st.client_partitions(t, s["y_train"], num_clients, a, seed))
-                if min(m_list) <= biggest:
-                    raise ValueError(f"{key}: memory_mode 'total' needs M > {biggest} (largest new task of a client, "
-                                     f"alpha {a}, seed {seed}), got M {min(m_list)}; use memory_mode 'replay'")
+check_total_memory(memory_mode, [(key, s["stream"], s["y_train"], [s["memory"]] + (memories if key == "class" else []),
+                                  [s["alpha"]] + (alphas + lam_alphas if key == "class" else [])) for key, s in SCEN.items()],
+                   set(seeds) | set(sweep_seeds), num_clients)
 
-
-def model_fn():
-    if model == "smallcnn":
-        return SmallCNN(channels, 10, 28, cnn_width, cnn_hidden)
-    return resnet18_cifar(channels, 10)
-
-
+model_fn = partial(make_model, model, channels, 10, image_size=28, width=cnn_width, hidden=cnn_hidden)
 print("model:", model, f"{sum(p.numel() for p in model_fn().parameters()):,} parameters; device {device}")
 
 # %% [markdown]
@@ -231,96 +171,31 @@ print("model:", model, f"{sum(p.numel() for p in model_fn().parameters()):,} par
 # checks the cross-references between the tables.
 
 # %%
-PAPER_METHODS = ["FedAvg", "FedProx", "Fixed", "DANN+FL", "Shared", "FCIL", "FedCIL", "Re-Fed"]
-PAPER_TABLE1 = {  # Table 1: final accuracy (%) of the global model after all tasks
-    "CIFAR10 (alpha 1.0)": "26.73±1.12 25.87±0.68 19.21±0.06 24.86±2.31 23.91±1.70 25.04±0.11 27.35±1.24 29.22±0.49",
-    "CIFAR100 (alpha 5.0)": "17.21±1.35 18.03±0.91 9.27±0.22 19.73±2.17 18.30±1.53 23.02±0.66 17.98±1.46 25.61±0.88",
-    "Tiny-ImageNet (alpha 10)": "27.58±0.74 21.82±0.90 12.34±0.23 20.77±1.31 22.19±0.54 29.58±0.15 24.41±0.95 32.07±0.27",
-    "Digit10 (alpha 0.1)": "77.59±0.39 79.09±0.58 71.26±0.04 76.44±1.05 74.77±0.23 77.59±0.39 83.85±0.80 85.96±0.14",
-    "Office31 (alpha 1)": "39.25±1.61 43.01±1.59 37.44±0.72 45.21±2.10 37.55±0.69 39.25±1.61 46.26±2.24 50.80±0.77",
-    "DomainNet (alpha 10)": "51.73±2.32 49.12±2.71 46.30±1.42 50.01±3.31 41.76±1.26 51.73±2.32 47.28±3.01 56.66±0.50",
-}
-PAPER_TABLE2_COLS = [(a, l) for a in (0.1, 0.5, 1.0, 10) for l in (0.2, 0.5, 0.8)]
-PAPER_TABLE2 = {  # Table 2: Re-Fed accuracy (%) versus alpha and lambda
-    "CIFAR10": "18.75±1.30 18.61±1.09 17.91±0.81 26.25±1.64 26.00±0.97 25.62±0.52 27.05±0.88 27.80±0.21 29.22±0.49 "
-               "38.43±0.43 40.04±0.19 42.17±0.25",
-    "Office31": "41.25±1.01 39.29±1.34 38.18±0.68 46.86±0.91 47.64±0.53 47.13±1.16 43.81±0.73 48.67±0.99 50.08±0.77 "
-                "52.79±1.28 55.92±0.38 58.51±0.46",
-    "Tiny-ImageNet": "22.32±0.12 20.51±0.98 18.00±1.30 24.60±0.48 25.42±0.59 24.39±0.66 24.88±0.87 27.15±0.78 "
-                     "27.84±0.73 29.03±0.30 30.26±0.24 32.07±0.27",
-}
-PAPER_TABLE3 = {  # Table 3: communication rounds to the best accuracy, summed over tasks (150 per task)
-    "CIFAR10 (5 tasks)": "613±2.67 685±3.00 142±0.67 712±3.67 574±1.33 590±2.67 738±4.00 562±1.67",
-    "CIFAR100 (10 tasks)": "1103±2.33 1246±3.00 137±2.00 1258±4.67 1154±3.33 1095±2.67 1311±5.67 1039±4.33",
-    "Tiny-ImageNet (10 tasks)": "1197±2.67 1234±2.67 132±3.00 1305±3.67 1278±4.33 1185±2.33 1317±3.33 1128±3.67",
-    "Digit10 (4 tasks)": "410±1.67 412±0.67 112±0.33 483±1.33 372±2.00 410±1.67 419±2.67 325±1.33",
-    "Office31 (3 tasks)": "413±2.67 429±2.00 144±0.67 436±3.67 391±1.12 413±2.67 431±3.33 388±1.67",
-    "DomainNet (6 tasks)": "726±3.33 767±2.67 141±1.67 752±4.00 694±2.67 726±3.33 791±3.67 661±2.33",
-}
-PAPER_TABLE4_COLS = [(m, M) for m in ("FedAvg", "DANN+FL", "FCIL", "Re-Fed") for M in (1000, 2000, 3000)]
-PAPER_TABLE4 = {  # Table 4: accuracy (%) versus memory size M
-    "Digit10": "77.05±0.24 77.59±0.39 81.64±0.31 75.16±0.86 76.44±1.05 83.34±0.97 77.50±0.24 77.59±0.39 81.64±0.31 "
-               "82.30±0.16 85.96±0.14 86.32±0.04",
-    "CIFAR10": "26.73±1.12 30.19±1.63 33.41±0.92 24.86±2.31 27.65±1.34 30.09±1.06 25.04±0.11 29.14±0.19 31.77±0.28 "
-               "29.22±0.49 32.83±0.20 33.41±0.74",
-    "CIFAR100": "17.21±1.35 23.58±1.82 29.90±2.11 19.73±2.17 25.56±2.68 28.49±1.98 23.02±0.66 26.12±0.54 29.06±0.89 "
-                "25.61±0.88 28.41±0.24 29.90±0.71",
-    "Tiny-ImageNet": "24.42±0.59 27.58±0.74 31.50±0.63 18.06±1.08 20.77±1.31 26.93±0.77 25.20±1.12 29.58±0.15 "
-                     "33.44±0.38 28.31±0.19 32.07±0.27 35.66±0.42",
-}
-PAPER_TABLE10_COLS = ["CIFAR10", "CIFAR100", "Tiny-ImageNet", "Digit10", "Office31", "DomainNet"]
-PAPER_TABLE10 = {  # Table 10: final accuracy (%) by the weighting of the gradient norms
-    "Early-Emphasis (Re-Fed)": "29.22 25.61 32.07 85.96 50.80 56.66",
-    "Average-Weighting": "28.73 24.88 30.42 85.71 48.95 56.04",
-    "Late-Emphasis (reversed ranking)": "26.57 22.18 28.08 84.36 47.29 53.90",
-}
+from fedlib.evaluation import tables as paper_tables
 
-
-def paper_frame(rows, columns):
-    return pd.DataFrame({k: v.split() for k, v in rows.items()}, index=columns).T
-
-
-def mean_of(cell):
-    return float(cell.split("±")[0])
-
-
-paper1 = paper_frame(PAPER_TABLE1, PAPER_METHODS)
-paper2 = paper_frame(PAPER_TABLE2, pd.MultiIndex.from_tuples(PAPER_TABLE2_COLS, names=["alpha", "lambda"]))
-paper3 = paper_frame(PAPER_TABLE3, PAPER_METHODS)
-paper4 = paper_frame(PAPER_TABLE4, pd.MultiIndex.from_tuples(PAPER_TABLE4_COLS, names=["method", "M"]))
-paper10 = paper_frame(PAPER_TABLE10, PAPER_TABLE10_COLS)
-# cross-references inside the paper (its defaults: CIFAR10 lambda 0.8, alpha 1.0, M 1000)
-refed_c10 = [mean_of(paper1.loc["CIFAR10 (alpha 1.0)", "Re-Fed"]), mean_of(paper2.loc["CIFAR10", (1.0, 0.8)]),
-             mean_of(paper4.loc["CIFAR10", ("Re-Fed", 1000)]), mean_of(paper10.loc["Early-Emphasis (Re-Fed)", "CIFAR10"])]
-assert len(set(refed_c10)) == 1, refed_c10
-assert mean_of(paper1.loc["Digit10 (alpha 0.1)", "Re-Fed"]) == mean_of(paper4.loc["Digit10", ("Re-Fed", 2000)])
-assert (paper1.loc[["Digit10 (alpha 0.1)", "Office31 (alpha 1)", "DomainNet (alpha 10)"], "FCIL"]
-        == paper1.loc[["Digit10 (alpha 0.1)", "Office31 (alpha 1)", "DomainNet (alpha 10)"], "FedAvg"]).all()
-for col in PAPER_TABLE10_COLS:
-    early, avg, late = (float(paper10.loc[r, col]) for r in PAPER_TABLE10)
-    assert early > avg > late, col
-print("Checked: Table 1's CIFAR10 Re-Fed value", refed_c10[0], "appears in Tables 2, 4 and 10; "
-      "FCIL equals FedAvg in every domain-incremental row; Early > Average > Late in all six columns.")
-print("Inconsistency kept as printed: Office31 Re-Fed is", paper1.loc["Office31 (alpha 1)", "Re-Fed"], "in Table 1 and",
-      paper2.loc["Office31", (1.0, 0.8)], "in Table 2 (alpha 1.0, lambda 0.8).")
+paper1, paper2, paper3, paper4, paper10 = (f(printed=True) for f in (
+    paper_tables.refed_table1, paper_tables.refed_table2, paper_tables.refed_table3, paper_tables.refed_table4,
+    paper_tables.refed_table10))
+print("\n".join(paper_tables.refed_consistency()))   # cross-references between the paper's tables
 print("Paper, Table 1 (final accuracy, %) - the paper's numbers on the paper's datasets")
 display(paper1)
 
 # %% [markdown]
 # ## The runs
 #
-# One function runs one method through one stream. Every learner gets the same `FedConfig`
+# `fedlib.papers.refed.run_scenario` runs one method through one stream and returns its metrics row;
+# `ScenarioRuns` caches the runs by their settings. Every learner gets the same `FedConfig`
 # (plain SGD as Eqs. 3 and 6, [D7]). The run's seed drives the model initialisation, the class
 # order and the partitions; every task draws its own participating clients and mini-batch orders
-# from a seed derived from the run's seed and the task (`fedlib.federated.fcil.stage_seed`; task 1 uses the
-# run's seed itself), so the methods of one seed share data, partitions and client draws and pair
+# from a seed derived from the run's seed and the task (`fedlib.federated.learner.stage_config`; task 1 uses
+# the run's seed itself; every client shuffles its mini-batches with its own generator), so the methods of one seed share data, partitions and client draws and pair
 # by seed. Re-Fed's cache is rebuilt once per task by all clients [D3], its PIM starts at the
 # global model [D4] and selects a plain top-$k$ [D6] (class-balanced Re-Fed: per-class top-$k$
 # with equal quotas).
 # `memory_mode = "replay"` reads $M$ as the replay-buffer size (Sec. 4.1 of the paper); under
 # `"total"` (Sec. 3.1) a Dirichlet partition with small $\alpha$ gives some client a new task larger
 # than any small $M$, so the $\alpha$ sweep would be infeasible [D1]. After every run the storage
-# constraint of the mode is checked on what the clients hold (`ReplayLearner.check_memory`:
+# constraint of the mode is checked on what the clients hold (`GradientLearner.check_memory`:
 # earlier-task samples counted from their task ids; `"replay"`: at most $M$ of them; `"total"`:
 # cache plus new task at most $M$; both: the cache is as full as the rule allows). In the
 # domain-incremental stream the first domain gets `first_rounds_domain` rounds so that it is
@@ -329,85 +204,18 @@ display(paper1)
 # every task. A run is cached by its settings, so the sweeps reuse the main runs.
 
 # %%
-RUNS = {}
-MEMORY_CHECKS = {"runs": 0, "client-stages": 0}
-
-
-def label_of(method):
-    """Table label: the Re-Fed rows say which gradient norm they use."""
-    if method == "refed_proxy" or (method in PIM_METHODS and grad_norm == "last_layer"):
-        return ("refed" if method == "refed_proxy" else method) + " [last-layer proxy]"
-    return method + (" [exact Eq. 4]" if method in PIM_METHODS else "")
-
-
-def run(scen, method, seed, *, alpha_=None, memory_=None, lam_=None, weighting="early", track=False):
-    s = SCEN[scen]
-    alpha_ = s["alpha"] if alpha_ is None else alpha_
-    memory_ = s["memory"] if memory_ is None else memory_
-    lam_ = s["lam"] if lam_ is None else lam_
-    pim_ = method in PIM_METHODS
-    key = (scen, method, seed, alpha_, memory_ if method in REPLAY else None, lam_ if pim_ else None,
-           weighting if pim_ else None)
-    if key in RUNS and (RUNS[key]["tracked"] or not track):
-        return RUNS[key]
-    stream = s["stream"](seed)
-    config = FedConfig(rounds=s["rounds"], local_epochs=s["epochs"], batch_size=batch_size, lr=s["lr"], momentum=momentum,
-                       weight_decay=0.0, participation=participation, seed=seed, device=device,
-                       num_threads=num_threads, eval_every=1 if track else 10**6)
-    pos_test = stream.relabel(s["y_test"])
-
-    def eval_data(t):
-        idx = np.concatenate([stream.tasks[tau].test_idx for tau in range(t + 1)])
-        return s["x_test"][idx], torch.from_numpy(pos_test[idx])
-
-    kw = dict(method_hparams.get(method, {}))
-    if method in REPLAY:
-        kw["memory_mode"] = memory_mode
-    if pim_:
-        kw.update(lam=lam_, weighting=weighting, pim_epochs=pim_epochs,
-                  grad_norm="last_layer" if method == "refed_proxy" else grad_norm)
-    if s["first_rounds"] is not None:
-        kw["first_rounds"] = s["first_rounds"]
-    learner = make_learner("refed" if method == "refed_proxy" else method, model_fn, config, num_classes=10,
-                           memory=memory_, scenario=scen, progress=False, eval_data=eval_data if track else None, **kw)
-    label = label_of(method) + ("" if weighting == "early" or not pim_ else f" ({weighting})")
-    res = run_class_incremental(learner, stream, s["x_train"], s["y_train"], s["x_test"], s["y_test"], num_clients,
-                                alpha_, seed, config={"scenario": s["name"], "seed": seed, "alpha": alpha_,
-                                                      "M": memory_ if method in REPLAY else 0,
-                                                      "lambda": lam_ if pim_ else np.nan, "weighting": weighting},
-                                progress=False)
-    res.method = label
-    cor = [rounds_to_best(h) for h in learner.histories] if track else []
-    for h in learner.histories:
-        if h is not None:
-            h.final_state = None   # every stage's weights: not needed after the run
-    violations = learner.check_memory()
-    assert not violations, violations[:3]
-    MEMORY_CHECKS["runs"] += 1
-    MEMORY_CHECKS["client-stages"] += sum(len(log["new"]) for log in learner.memory_log[1:] if len(log)) \
-        if method in REPLAY else 0
-    if not all(bool(torch.isfinite(p).all()) for p in learner.model.parameters()):
-        raise FloatingPointError(f"{label} ({scen}, seed {seed}) diverged: non-finite weights; lower lr or the "
-                                 "method's regularisation weight")
-    RUNS[key] = {"result": res, "learner": learner, "tracked": track, "cor": cor, "method": method,
-                 "row": {**res.summary(), "key": method, "top1_T": 100 * res.top1[-1],
-                         "CoR_sum": sum(cor) if track else np.nan}}
-    return RUNS[key]
-
-
-def main_run(scen, method, seed):
-    return run(scen, method, seed, track=True)
-
-
+run = ScenarioRuns(SCEN, model_fn=model_fn, num_clients=num_clients, batch_size=batch_size, momentum=momentum,
+                   participation=participation, device=device, num_threads=num_threads, memory_mode=memory_mode,
+                   pim_epochs=pim_epochs, grad_norm=grad_norm, method_hparams=method_hparams)
 SCEN_METHODS = {"class": methods, "domain": methods_domain}
 main_rows = {}
 for scen in SCEN:
     t0 = time.perf_counter()
-    main_rows[scen] = [main_run(scen, m, seed)["row"] for seed in seeds for m in SCEN_METHODS[scen]]
+    main_rows[scen] = [run(scen, m, seed, track=True)["row"] for seed in seeds for m in SCEN_METHODS[scen]]
     print(f"{SCEN[scen]['name']}: {len(SCEN_METHODS[scen])} methods x {len(seeds)} seeds in "
           f"{time.perf_counter() - t0:.0f} s")
-print(f"storage constraint of memory_mode {memory_mode!r} checked after every run: {MEMORY_CHECKS['runs']} runs, "
-      f"{MEMORY_CHECKS['client-stages']} (client, task) caches of the replay methods, no violation")
+print(f"storage constraint of memory_mode {memory_mode!r} checked after every run: {run.memory_checks['runs']} runs, "
+      f"{run.memory_checks['client-stages']} (client, task) caches of the replay methods, no violation")
 
 # %% [markdown]
 # ## Final and average accuracy (the paper's Table 1)
@@ -434,7 +242,7 @@ display(paper1)
 same_first = ["refed", "refed_balanced", "refed_proxy", "fedavg", "fedavg_replay", "fixed"]
 for scen in SCEN:
     for seed in seeds:
-        first = {m: main_run(scen, m, seed)["result"].acc[0, 0] for m in same_first if m in SCEN_METHODS[scen]}
+        first = {m: run(scen, m, seed, track=True)["result"].acc[0, 0] for m in same_first if m in SCEN_METHODS[scen]}
         assert len(set(first.values())) == 1, (scen, seed, first)
 print("Checked: on task 1, " + ", ".join(m for m in same_first if m in methods + methods_domain)
       + " reach identical accuracy for every seed and scenario (no cache yet), as in the paper's Tables 5-9.")
@@ -462,7 +270,7 @@ for scen in SCEN:
             vb = df[df.key == b].set_index("seed").loc[seeds, metric].to_numpy()
             d = paired_difference(va, vb)
             DIFFS[(scen, a, b, metric)] = d
-            rows.append({"scenario": SCEN[scen]["name"], "comparison": f"{label_of(a)} - {label_of(b)}",
+            rows.append({"scenario": SCEN[scen]["name"], "comparison": f"{refed_label(a, grad_norm)} - {refed_label(b, grad_norm)}",
                          "metric": metric, "mean difference [95% CI] (points)": str(d),
                          "resolved (CI excludes 0)": d.excludes_zero,
                          "seeds a > b": f"{int((va > vb).sum())} of {len(seeds)}"})
@@ -515,22 +323,22 @@ for scen in SCEN:
 
 # %%
 diag_rows = []
-replay_methods = [m for m in REPLAY if m in methods]
+replay_methods = [m for m in REPLAY_METHODS if m in methods]
 for m in replay_methods:
     for seed in seeds:
-        lrn = main_run("class", m, seed)["learner"]
+        lrn = run("class", m, seed, track=True)["learner"]
         for t, log in enumerate(lrn.memory_log):
             if t < 2 or "old_tasks" not in log:
                 continue
             old_cls = log["pool_classes"].sum(0) > 0
             union = log["old_classes"].sum(0)
-            diag_rows.append({"method": label_of(m), "seed": seed, "boundary": t,
+            diag_rows.append({"method": refed_label(m, grad_norm), "seed": seed, "boundary": t,
                               "last old task, share of the pool (%)": 100 * log["pool_tasks"][:, t - 1].sum() / log["pool"].sum(),
                               "last old task, share of the cache (%)": 100 * log["old_tasks"][:, t - 1].sum() / log["old"].sum(),
                               "smallest class count, union of caches": int(union[old_cls].min()),
                               "(client, class) pairs lost": int(((log["pool_classes"] > 0) & (log["old_classes"] == 0)).sum()),
                               "unused cache storage (samples, all clients)": int((
-                                  (lrn.memory - log["new"] if memory_mode == "total" else lrn.memory)
+                                  (lrn.replay.memory - log["new"] if memory_mode == "total" else lrn.replay.memory)
                                   - log["old"]).clip(min=0).sum())})
 diag = pd.DataFrame(diag_rows)
 if len(diag):
@@ -539,19 +347,19 @@ if len(diag):
     per_seed = diag.groupby(["method", "seed"], sort=False).mean(numeric_only=True).drop(columns="boundary")
     display(per_seed.groupby("method", sort=False).agg(lambda v: mean_std(v.to_numpy(), 1)))
     print("mean over boundaries per seed, then mean ± sample std over seeds")
-    final_task = pd.DataFrame([{"method": label_of(m), "seed": seed, **{f"task {tau + 1}": 100 * a for tau, a in
-                               enumerate(main_run("class", m, seed)["result"].acc[-1])}}
+    final_task = pd.DataFrame([{"method": refed_label(m, grad_norm), "seed": seed, **{f"task {tau + 1}": 100 * a for tau, a in
+                               enumerate(run("class", m, seed, track=True)["result"].acc[-1])}}
                                for m in replay_methods for seed in seeds])
     print("Final accuracy per task (%), mean ± sample std over seeds")
     display(final_task.groupby("method", sort=False).agg(lambda v: mean_std(v.to_numpy(), 1)).drop(columns="seed"))
     if {"refed", "fedavg_replay"} <= set(replay_methods) and len(seeds) > 1:
         col = "last old task, share of the cache (%)"
-        d_share = paired_difference(per_seed.loc[label_of("refed")][col].to_numpy(),
-                                    per_seed.loc[label_of("fedavg_replay")][col].to_numpy())
-        d_last = paired_difference(final_task[final_task.method == label_of("refed")][f"task {num_tasks - 1}"].to_numpy(),
-                                   final_task[final_task.method == label_of("fedavg_replay")][f"task {num_tasks - 1}"].to_numpy())
-        d_first = paired_difference(final_task[final_task.method == label_of("refed")]["task 1"].to_numpy(),
-                                    final_task[final_task.method == label_of("fedavg_replay")]["task 1"].to_numpy())
+        d_share = paired_difference(per_seed.loc[refed_label("refed", grad_norm)][col].to_numpy(),
+                                    per_seed.loc[refed_label("fedavg_replay", grad_norm)][col].to_numpy())
+        d_last = paired_difference(final_task[final_task.method == refed_label("refed", grad_norm)][f"task {num_tasks - 1}"].to_numpy(),
+                                   final_task[final_task.method == refed_label("fedavg_replay", grad_norm)][f"task {num_tasks - 1}"].to_numpy())
+        d_first = paired_difference(final_task[final_task.method == refed_label("refed", grad_norm)]["task 1"].to_numpy(),
+                                    final_task[final_task.method == refed_label("fedavg_replay", grad_norm)]["task 1"].to_numpy())
         confirmed = d_share.high < 0 and d_last.high < 0
         display(Markdown(
             f"Re-Fed minus random replay, paired by seed: share of the last old task in the cache "
@@ -576,8 +384,8 @@ if "domain" in SCEN:
     rows = []
     for m in methods_domain:
         for seed in seeds:
-            acc = main_run("domain", m, seed)["result"].acc
-            rows.append({"method": label_of(m), "seed": seed, "domain 1 after task 1 (%)": 100 * acc[0, 0],
+            acc = run("domain", m, seed, track=True)["result"].acc
+            rows.append({"method": refed_label(m, grad_norm), "seed": seed, "domain 1 after task 1 (%)": 100 * acc[0, 0],
                          "domain 1 after the last task (%)": 100 * acc[-1, 0]})
     first_dom = pd.DataFrame(rows)
     display(first_dom.groupby("method", sort=False).agg(lambda v: mean_std(v.to_numpy(), 1)).drop(columns="seed"))
@@ -591,8 +399,8 @@ if "domain" in SCEN:
 # ## Accuracy after each task
 
 # %%
-curves = pd.concat([RUNS[k]["result"].curve().assign(method=RUNS[k]["result"].method)
-                    for k in RUNS if RUNS[k]["tracked"]], ignore_index=True)
+curves = pd.concat([run.runs[k]["result"].curve().assign(method=run.runs[k]["result"].method)
+                    for k in run.runs if run.runs[k]["tracked"]], ignore_index=True)
 g = sns.relplot(data=curves, x="stage", y="A_t", hue="method", col="scenario", kind="line", marker="o",
                 errorbar="sd", height=3.6, aspect=1.15, facet_kws={"sharey": False, "sharex": False})
 g.set_axis_labels("task t (tasks seen)", "A_t: mean accuracy over seen tasks (%)")
@@ -600,7 +408,7 @@ g.figure.suptitle("Accuracy after each task (mean ± sample sd over seeds)", y=1
 plt.show()
 
 rows = []
-for k, v in RUNS.items():
+for k, v in run.runs.items():
     if v["tracked"] and k[2] == seeds[0]:
         start = 0
         for t, h in enumerate(v["learner"].histories):
@@ -628,7 +436,7 @@ plt.show()
 cor = main.groupby(["scenario", "method"], sort=False)["CoR_sum"].agg(lambda v: mean_std(v.to_numpy(), 1)).unstack("method")
 print("Ours: rounds to best, summed over tasks, mean ± sample std over seeds")
 display(cor)
-for k, v in RUNS.items():
+for k, v in run.runs.items():
     if v["tracked"] and k[1] == "fixed":
         assert v["cor"][1:] == [0] * (len(v["cor"]) - 1)
 print("Paper, Table 3 (150 rounds per task) - the paper's numbers on the paper's datasets")
@@ -644,7 +452,7 @@ display(paper3)
 
 # %%
 m_grid = sorted(set(memories) | {memory})
-rows = [run("class", m, seed, memory_=M)["row"] for M in m_grid for m in sweep_methods for seed in sweep_seeds]
+rows = [run("class", m, seed, memory=M)["row"] for M in m_grid for m in sweep_methods for seed in sweep_seeds]
 by_m = pd.DataFrame(rows)
 ax = sns.lineplot(data=by_m, x="M", y="A_T", hue="method", marker="o", errorbar=None)
 ax.set(xlabel="memory M (samples per client)", ylabel="final accuracy A_T (%)",
@@ -655,18 +463,18 @@ if {"refed", "fedavg_replay"} <= set(sweep_methods):
     gap["Re-Fed - random (points)"] = gap["refed"] - gap["fedavg_replay"]
     share = {}
     for M in m_grid:
-        logs = [log for seed in sweep_seeds for t, log in enumerate(run("class", "refed", seed, memory_=M)["learner"].memory_log)
+        logs = [log for seed in sweep_seeds for t, log in enumerate(run("class", "refed", seed, memory=M)["learner"].memory_log)
                 if t >= 2 and "old_tasks" in log]
         share[M] = 100 * sum(log["old_tasks"][:, -1].sum() for log in logs) / max(1, sum(log["old"].sum() for log in logs))
     gap["Re-Fed: last old task's share of the cache (%)"] = pd.Series(share)
 print(f"Ours: A_T (%) by M, seeds {sweep_seeds} (one-seed sweep: a pattern, not a result)")
 display(gap.round(2))
-pools = [int(log["pool"].max()) for seed in sweep_seeds for m in sweep_methods if m in REPLAY
-         for log in run("class", m, seed, memory_=max(m_grid))["learner"].memory_log if len(log)]
+pools = [int(log["pool"].max()) for seed in sweep_seeds for m in sweep_methods if m in REPLAY_METHODS
+         for log in run("class", m, seed, memory=max(m_grid))["learner"].memory_log if len(log)]
 if {"refed", "fedavg_replay"} <= set(sweep_methods) and pools and max(m_grid) >= max(pools):
     for seed in sweep_seeds:
-        a = run("class", "refed", seed, memory_=max(m_grid))["result"].acc
-        b = run("class", "fedavg_replay", seed, memory_=max(m_grid))["result"].acc
+        a = run("class", "refed", seed, memory=max(m_grid))["result"].acc
+        b = run("class", "fedavg_replay", seed, memory=max(m_grid))["result"].acc
         assert np.array_equal(a, b, equal_nan=True)
     print(f"Checked: at M = {max(m_grid)} (>= every pool, largest {max(pools)}) Re-Fed and random replay "
           "give identical accuracy matrices.")
@@ -686,9 +494,9 @@ display(paper4)
 # %%
 a_grid = sorted(set(alphas) | {alpha})
 l_grid = sorted(set(lams) | {lam})
-rows = [run("class", m, seed, alpha_=a)["row"] for a in a_grid for m in sweep_methods for seed in sweep_seeds]
+rows = [run("class", m, seed, alpha=a)["row"] for a in a_grid for m in sweep_methods for seed in sweep_seeds]
 by_alpha = pd.DataFrame(rows)
-rows = [run("class", "refed", seed, alpha_=a, lam_=l)["row"] for a in lam_alphas for l in l_grid for seed in sweep_seeds]
+rows = [run("class", "refed", seed, alpha=a, lam=l)["row"] for a in lam_alphas for l in l_grid for seed in sweep_seeds]
 by_lam = pd.DataFrame(rows)
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
 sns.lineplot(data=by_alpha, x="alpha", y="A_T", hue="method", marker="o", errorbar=None, ax=axes[0])
@@ -736,7 +544,7 @@ display(paper10)
 
 # %%
 if exact_check:
-    ref = main_run("class", "refed", seeds[0])["learner"]
+    ref = run("class", "refed", seeds[0], track=True)["learner"]
     k = int(np.argmax([len(s[1]) for s in ref.local_sets]))
     x_pool, y_pool = ref.local_sets[k][0].to(device), ref.local_sets[k][1].to(device)
     res_g = {}
@@ -782,7 +590,7 @@ for scen in SCEN:
               f"expected local epochs of training per later task ({pim_epochs / per_task:.0%}; the paper: 40 against "
               f"150 x 0.4 x 20 = 1200, {40 / 1200:.1%})")
         print(f"  PIM + scoring cost about {c.wall_s['refed'] - c.wall_s['fedavg_replay']:.1f} s per run "
-              f"({label_of('refed')}); upload equal to random replay: "
+              f"({refed_label('refed', grad_norm)}); upload equal to random replay: "
               f"{np.isclose(c.MiB_up['refed'], c.MiB_up['fedavg_replay'])}")
     if {"refed", "refed_proxy"} <= set(c.index):
         print(f"  a Re-Fed run with exact norms takes {c.wall_s['refed'] / c.wall_s['refed_proxy']:.2f} x the time "
@@ -802,14 +610,14 @@ for scen in SCEN:
           ", ".join(f"{m} {v:.1f}" for m, v in ranking.items()))
     for (sc, a, b, metric), d in DIFFS.items():
         if sc == scen and metric == "A_T":
-            print(f"  A_T {label_of(a)} - {label_of(b)}: {d} -> "
+            print(f"  A_T {refed_label(a, grad_norm)} - {refed_label(b, grad_norm)}: {d} -> "
                   + ("resolved" if d.excludes_zero else "not resolved"))
     if {"fedavg", "fedavg_replay"} <= set(df.key):
         f_ = df.groupby("key")["F_T"].mean()
         print(f"  forgetting F_T (mean): no memory {f_['fedavg']:.1f}, random replay {f_['fedavg_replay']:.1f}, "
               f"Re-Fed {f_['refed']:.1f}")
 print(f"\nnotebook compute time: {time.perf_counter() - T_START:.0f} s (profile {profile}, "
-      f"{len(RUNS)} runs, {num_threads} torch thread(s), device {device})")
+      f"{len(run.runs)} runs, {num_threads} torch thread(s), device {device})")
 
 # %% [markdown]
 # The paper's absolute numbers (ResNet-18, 150 rounds of 20 local epochs per task) are not

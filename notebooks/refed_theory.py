@@ -68,13 +68,13 @@ grad_samples = 48          # samples in the gradient-norm checks
 # %%
 import copy
 import time
+from functools import partial
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
 import torch
-import torch.nn.functional as F
 from scipy.stats import spearmanr
 from torch import nn
 
@@ -82,24 +82,22 @@ from fedlib.evaluation import claims
 from fedlib.federated.gradient import FedConfig, LinearHead
 from fedlib.federated.incremental import make_stream, run_class_incremental
 from fedlib.federated.models import SmallCNN, SmallResNet
-from fedlib.papers.refed import (importance_scores, last_layer_grad_sq_norms, make_learner, per_sample_grad_sq_norms,
-                          q_lambda, train_pim)
+from fedlib.evaluation.compare import CheckLog, max_state_difference, relative_difference, states_equal
+from fedlib.core import seeds
+from fedlib.core.persample import grad_sq_norms, last_layer_grad_sq_norms, reference_grad_sq_norms
+from fedlib.federated.learner import KeepWeights
+from fedlib.papers.refed import importance_scores, make_learner, q_lambda, train_pim
+from fedlib.papers.refed_theory import exact_pim, g_rate, prototype_images, random_quadratic, repaired_schedule
+from fedlib.runner import specs
+
+specs.check("refed_theory", globals())   # the runner ran the same checks before executing
 
 torch.set_num_threads(1)  # small models; the machine is shared
 sns.set_theme(style="whitegrid")
 rng = np.random.default_rng(seed)
 t_start = time.perf_counter()
-CHECKS = []
-
-
-def check(claim, value, bound, op="<="):
-    """Assert ``value op bound``, print it with its tolerance, and record it for the summary."""
-    ok = {"<=": value <= bound, ">=": value >= bound, "<": value < bound, ">": value > bound, "==": value == bound}[op]
-    CHECKS.append({"check": claim, "measured": value, "required": f"{op} {bound}", "passed": bool(ok)})
-    print(f"{'OK  ' if ok else 'FAIL'} {claim}: {value:.4g} (required {op} {bound:.3g})"
-          if isinstance(value, float) else f"{'OK  ' if ok else 'FAIL'} {claim}: {value} (required {op} {bound})")
-    assert ok, claim
-
+CHECKS = CheckLog()      # every asserted check, printed with its tolerance and summarised at the end
+check = CHECKS.check
 
 print(f"profile={profile}: d={dim}, mu={mu}, L={L_smooth}, horizon={horizon}, mc_reps={mc_reps}")
 
@@ -161,35 +159,17 @@ check("max |1/(1+2q(lam)) - lam|", float(np.abs(1 / (1 + 2 * q_grid) - lam_grid)
 # as $\lambda\to0$ and $\lVert\hat v-a\rVert\le\frac{q}{\mu+q}\lVert a-\hat w\rVert\to0$ as $\lambda\to1$.
 #
 # ### 2.1 The exact PIM on a quadratic
-# A random rotation $Q$, spectrum evenly spaced in $[\mu, L]$. We compute $\hat v$ by a linear
-# solve (not from the eigen formulas), and compare the derivatives with central finite differences.
+# A random rotation $Q$, spectrum evenly spaced in $[\mu, L]$ (`fedlib.papers.refed_theory.Quadratic`).
+# We compute $\hat v$ by a linear solve (not from the eigen formulas), and compare the derivatives
+# with central finite differences.
 
 # %%
-Q, _ = np.linalg.qr(rng.standard_normal((dim, dim)))
-h_eig = np.linspace(mu, L_smooth, dim)
-H = Q @ np.diag(h_eig) @ Q.T
-a_loc = rng.standard_normal(dim)                    # local optimum a = w_hat_k
-w_hat = a_loc + 0.5 * rng.standard_normal(dim)      # global optimum w_hat
-c_eig = Q.T @ (a_loc - w_hat)
-f_quad = lambda v: 0.5 * (v - a_loc) @ H @ (v - a_loc)
-
-
-def v_hat(lam, H=H, a=a_loc, w=w_hat):
-    q = q_lambda(float(lam))
-    return np.linalg.solve(H + q * np.eye(len(a)), H @ a + q * w)
-
-
-def dist_loss(lam):
-    v = v_hat(lam)
-    return float(((v - w_hat) ** 2).sum()), float(f_quad(v))
-
-
-lemma = pd.DataFrame([(l, *dist_loss(l)) for l in lam_grid], columns=["lambda", "dist", "loss"])
+quad = random_quadratic(rng, dim, mu, L_smooth)   # f(v) = (v - a)^T H (v - a) / 2; a = w_hat_k, global optimum w_hat
+lemma = pd.DataFrame([(l, *quad.dist_loss(l)) for l in lam_grid], columns=["lambda", "dist", "loss"])
 eps = 1e-6
-fd = np.array([[(a - b) / (2 * eps) for a, b in zip(dist_loss(l + eps), dist_loss(l - eps))] for l in lam_grid])
-q_ = q_grid[:, None]
-ddist = (h_eig ** 2 * c_eig ** 2 / (lam_grid[:, None] ** 2 * (h_eig + q_) ** 3)).sum(1)
-dloss = -(q_grid * ddist) / 2
+fd = np.array([[(a - b) / (2 * eps) for a, b in zip(quad.dist_loss(l + eps), quad.dist_loss(l - eps))]
+               for l in lam_grid])
+ddist, dloss = quad.lemma1_derivatives(lam_grid)
 check("Lemma 1: min d||v-w||^2/dlam over the grid (closed form)", float(ddist.min()), 0.0, ">=")
 check("Lemma 1: max df(v)/dlam over the grid (closed form)", float(dloss.max()), 0.0, "<=")
 check("max rel. error, closed-form vs finite-difference d dist/dlam",
@@ -203,14 +183,14 @@ check("loss non-increasing on the solved grid (max step)", float(np.diff(lemma["
 for lam_lim in [1e-4, 1e-6]:
     q_lim = q_lambda(lam_lim)
     check(f"lam={lam_lim:g}: ||v-w_hat|| / (L ||a-w_hat|| / q)",
-          float(np.linalg.norm(v_hat(lam_lim) - w_hat) / (L_smooth * np.linalg.norm(a_loc - w_hat) / q_lim)), 1.0)
+          float(np.linalg.norm(quad.pim(lam_lim) - quad.w_hat) / (L_smooth * np.linalg.norm(quad.a - quad.w_hat) / q_lim)), 1.0)
 lam_hi = 1 - 1e-6
 check("lam=1-1e-6: ||v-a|| / (q ||a-w_hat|| / (mu+q))",
-      float(np.linalg.norm(v_hat(lam_hi) - a_loc) / (q_lambda(lam_hi) / (mu + q_lambda(lam_hi)) * np.linalg.norm(a_loc - w_hat))), 1.0)
+      float(np.linalg.norm(quad.pim(lam_hi) - quad.a) / (q_lambda(lam_hi) / (mu + q_lambda(lam_hi)) * np.linalg.norm(quad.a - quad.w_hat))), 1.0)
 
 fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
 axes[0].plot(lemma["lambda"], lemma["dist"])
-axes[0].axhline(float(((a_loc - w_hat) ** 2).sum()), ls="--", c="gray", label=r"$\|a-\hat w\|^2$ (local optimum)")
+axes[0].axhline(float(((quad.a - quad.w_hat) ** 2).sum()), ls="--", c="gray", label=r"$\|a-\hat w\|^2$ (local optimum)")
 axes[0].set(xlabel=r"$\lambda$", ylabel=r"$\|\hat v(\lambda)-\hat w\|^2$", title="distance to the global optimum")
 axes[0].legend()
 axes[1].plot(lemma["lambda"], lemma["loss"], c="C1")
@@ -237,29 +217,16 @@ plt.show()
 # rotated coordinates, then scanned over $\lambda$ and $s$.
 
 # %%
-def pim_gd(lam, steps, eta=pim_eta):
-    q = q_lambda(float(lam))
-    v = w_hat.copy()
-    for _ in range(steps):
-        v = v - eta * (H @ (v - a_loc) + q * (v - w_hat))
-    return v
-
-
-def pim_closed(lam, steps, eta=pim_eta):
-    u = h_eig + q_lambda(float(lam))
-    gs = (1 - (1 - eta * u) ** steps) / u
-    return w_hat + Q @ (h_eig * gs * c_eig)
-
-
 lam_fin = lam_grid[pim_eta * (L_smooth + q_grid) < 2]  # stable steps only
-err = max(np.abs(pim_gd(l, s) - pim_closed(l, s)).max() for l in lam_fin[::7] for s in pim_steps)
+err = max(np.abs(quad.pim_steps(l, s, pim_eta) - quad.pim_steps_closed(l, s, pim_eta)).max()
+          for l in lam_fin[::7] for s in pim_steps)
 check("finite-step PIM: max |gradient descent - closed form|", float(err), 1e-10)
 rows = []
 for s in pim_steps:
     for l in lam_fin:
-        v = pim_closed(l, s)
+        v = quad.pim_steps_closed(l, s, pim_eta)
         rows.append({"s": s, "lambda": l, "eta (L+q)": pim_eta * (L_smooth + q_lambda(float(l))),
-                     "dist": float(((v - w_hat) ** 2).sum()), "loss": float(f_quad(v))})
+                     "dist": float(((v - quad.w_hat) ** 2).sum()), "loss": float(quad.loss(v))})
 fin = pd.DataFrame(rows)
 mono = []
 for s, grp in fin.groupby("s"):
@@ -320,25 +287,6 @@ torch.manual_seed(seed)
 w_lr = LinearHead(8, 4).double()
 
 
-def exact_pim(w_model, x, y, lam):
-    v = copy.deepcopy(w_model)
-    anchor = [p.detach().clone() for p in w_model.parameters()]
-    opt = torch.optim.LBFGS(v.parameters(), lr=1, max_iter=1000, tolerance_grad=1e-13, tolerance_change=1e-16,
-                            history_size=50, line_search_fn="strong_wolfe")
-    q = q_lambda(lam)
-
-    def closure():
-        opt.zero_grad()
-        loss = F.cross_entropy(v(x), y) + 0.5 * q * sum(((p - p0) ** 2).sum() for p, p0 in zip(v.parameters(), anchor))
-        loss.backward()
-        return loss
-
-    for _ in range(3):
-        opt.step(closure)
-    with torch.no_grad():
-        dist = float(sum(((p - p0) ** 2).sum() for p, p0 in zip(v.parameters(), anchor)))
-        return v, dist, float(F.cross_entropy(v(x), y))
-
 
 rows = []
 for lam in logreg_lambdas:
@@ -386,66 +334,20 @@ check("train_pim (full batch) reaches the minimiser: max relative gap", float(lo
 #
 # $$\mathbb E[(e^{t+1}_i)^2]=(1-\eta_t(h_i+q))^2\,\mathbb E[(e^t_i)^2]+\eta_t^2\,\frac{\sigma^2+q^2g(t)}{d}.$$
 #
-# This recursion gives $\mathbb E\lVert e^t\rVert^2$ **exactly** (no Monte Carlo error); a Monte
-# Carlo simulation in the rotated coordinates checks it first. We use the notes' choice
+# This recursion gives $\mathbb E\lVert e^t\rVert^2$ **exactly** (no Monte Carlo error,
+# `Quadratic.exact_error`); a Monte Carlo simulation in the rotated coordinates
+# (`Quadratic.monte_carlo_error`) checks it first. We use the notes' choice
 # $g(t)=g_0/\sqrt{t+1}$, $A=2g_0$.
 
 # %%
-def g_fun(t, t0=1.0):
-    return g0 * np.sqrt(t0 / (np.asarray(t, dtype=float) + t0))
-
-
-def spectrum(L):
-    return np.linspace(mu, L, dim)
-
-
-def exact_error(L, lam, A, t0=1.0, T=horizon):
-    """E||v^t - v_hat||^2 for t = 0..T and the ratio LHS/RHS of Lemma 2 (eq. 13) at every step."""
-    h, q = spectrum(L), q_lambda(lam)
-    c = Q.T @ (a_loc - w_hat)
-    m = (h * c / (h + q)) ** 2  # e^0 = w_hat - v_hat has eigen-coordinates -h c / (h + q)
-    M_bound = float(np.linalg.norm(a_loc - w_hat))
-    Bc = sigma + q * (M_bound + sigma / mu)
-    err, lemma2 = np.empty(T + 1), np.empty(T)
-    for t in range(T + 1):
-        err[t] = m.sum()
-        if t == T:
-            break
-        g, eta = g_fun(t, t0), 2 * g_fun(t, t0) / (A * (mu + q))
-        m = (1 - eta * (h + q)) ** 2 * m + eta ** 2 * (sigma ** 2 + q ** 2 * g) / dim
-        rhs = ((1 - eta * (mu + q)) * err[t] + eta ** 2 * Bc ** 2 + eta ** 2 * q ** 2 * g
-               + 2 * eta ** 2 * q * Bc * np.sqrt(g) + 2 * eta * q * np.sqrt(err[t] * g))
-        lemma2[t] = m.sum() / rhs
-    B0 = Bc ** 2 + q ** 2 * g0 + 2 * q * np.sqrt(g0) * Bc
-    C = max(err[0] / g0, 16.0, 4 * B0 / (A * (mu + q) ** 2 * (1 - 1 / (1 + mu / q))))
-    return err, lemma2, C
-
-
-def monte_carlo_error(L, lam, A, reps, T, seed_mc):
-    """The same quantity by simulation of the PIM iteration in the rotated coordinates."""
-    r = np.random.default_rng(seed_mc)
-    h, q = spectrum(L), q_lambda(lam)
-    HL = Q @ np.diag(h) @ Q.T
-    vh = np.linalg.solve(HL + q * np.eye(dim), HL @ a_loc + q * w_hat)
-    v = np.tile(w_hat, (reps, 1))
-    out = np.empty((T + 1, reps))
-    for t in range(T + 1):
-        out[t] = ((v - vh) ** 2).sum(1)
-        if t == T:
-            break
-        g, eta = g_fun(t), 2 * g_fun(t) / (A * (mu + q))
-        w_t = w_hat + np.sqrt(g / dim) * r.standard_normal((reps, dim))
-        grad = (v - a_loc) @ HL + sigma / np.sqrt(dim) * r.standard_normal((reps, dim))
-        v = v - eta * (grad + q * (v - w_t))
-    return out
-
-
 A_paper = 2 * g0
 T_mc = min(horizon, 300)
 z_max = 0.0
 for L in [thm_L[0], thm_L[-1]]:
-    err, _, _ = exact_error(L, thm_lambdas[-1], A_paper, T=T_mc)
-    mc = monte_carlo_error(L, thm_lambdas[-1], A_paper, mc_reps, T_mc, seed + 1)
+    quad_L = quad.with_spectrum(np.linspace(mu, L, dim))
+    err, _, _ = quad_L.exact_error(thm_lambdas[-1], A_paper, sigma=sigma, g0=g0, horizon=T_mc)
+    mc = quad_L.monte_carlo_error(thm_lambdas[-1], A_paper, sigma=sigma, g0=g0, horizon=T_mc, reps=mc_reps,
+                                  rng=seeds.rng(seed, "monte_carlo"))
     se = mc.std(1, ddof=1) / np.sqrt(mc_reps)
     z_max = max(z_max, float(np.max(np.abs(mc.mean(1)[1:] - err[1:]) / se[1:])))
 check(f"Monte Carlo ({mc_reps} reps) vs exact recursion: max |z| over {T_mc} rounds", z_max, 5.0)
@@ -462,8 +364,9 @@ check(f"Monte Carlo ({mc_reps} reps) vs exact recursion: max |z| over {T_mc} rou
 rows, curves = [], []
 for L in thm_L:
     for lam in thm_lambdas:
-        err, lemma2, C = exact_error(L, lam, A_paper)
-        ratio = err / g_fun(np.arange(horizon + 1))
+        err, lemma2, C = quad.with_spectrum(np.linspace(mu, L, dim)).exact_error(lam, A_paper, sigma=sigma, g0=g0,
+                                                                                 horizon=horizon)
+        ratio = err / g_rate(np.arange(horizon + 1), g0)
         q = q_lambda(lam)
         rows.append({"L": L, "lambda": lam, "q": q, "eta_0 (L+q)": 2 * g0 * (L + q) / (A_paper * (mu + q)),
                      "max ratio": ratio.max(), "argmax t": int(ratio.argmax()), "final ratio": ratio[-1],
@@ -559,15 +462,10 @@ t_ax = np.arange(horizon)
 alg = []
 for L in thm_L:
     for lam in thm_lambdas:
-        q = q_lambda(lam)
-        M_bound = float(np.linalg.norm(a_loc - w_hat))
-        Bc = sigma + q * (M_bound + sigma / mu)
-        g, g1 = g_fun(t_ax), g_fun(t_ax + 1)
-        Bt = Bc ** 2 + q ** 2 * g + 2 * q * np.sqrt(g) * Bc
+        g, g1 = g_rate(t_ax, g0), g_rate(t_ax + 1, g0)
+        Bt = quad.eq15_B(lam, sigma, g)
         C = thm[(thm.L == L) & (thm["lambda"] == lam)]["paper C"].iloc[0]
-        base = (1 - 2 * g / A_paper) * C * g + 4 * g ** 2 / (A_paper ** 2 * (mu + q) ** 2) * Bt
-        printed = base + 4 * q * np.sqrt(C) * g / (A_paper * (mu + q))
-        corrected = base + 4 * q * np.sqrt(C) * g ** 2 / (A_paper * (mu + q))
+        printed, corrected = quad.eq14(lam, A_paper, C, sigma=sigma, g=g)
         bad = np.flatnonzero(printed > C * g1)
         alg.append({"L": L, "lambda": lam, "printed (14) <= C g(t+1) fails from t": int(bad[0]) if len(bad) else -1,
                     "printed: rounds failing": len(bad), "corrected: max (14)/(C g(t+1))": float((corrected / (C * g1)).max()),
@@ -600,14 +498,11 @@ check("item 3: rates excluded among 1/(t+1), (t+1)^-1.5, geometric",
 rep_rows = []
 for L in thm_L:
     for lam in thm_lambdas:
-        q = q_lambda(lam)
-        A_fix = 2 * g0 * (L + q) / (mu + q)
-        t0 = 1.0
-        while g0 ** 2 < A_fix * (g0 - g_fun(1, t0)):
-            t0 *= 1.25
-        g = g_fun(np.arange(horizon + 1), t0)
+        A_fix, t0 = repaired_schedule(L, mu, lam, g0)
+        g = g_rate(np.arange(horizon + 1), g0, t0)
         a_ok = bool(np.all(A_fix * (g[:-1] - g[1:]) <= g[:-1] ** 2 * (1 + 1e-12)))
-        err, lemma2, C = exact_error(L, lam, A_fix, t0=t0)
+        err, lemma2, C = quad.with_spectrum(np.linspace(mu, L, dim)).exact_error(lam, A_fix, sigma=sigma, g0=g0,
+                                                                                 horizon=horizon, t0=t0)
         rep_rows.append({"L": L, "lambda": lam, "A": A_fix, "t0": t0, "rate condition holds": a_ok,
                          "max Lemma 2 LHS/RHS": lemma2.max(), "max ratio / C": float((err / g).max() / C)})
 repair = pd.DataFrame(rep_rows)
@@ -634,25 +529,13 @@ check("item 4 (repaired A, t0): max E||v^t - v_hat||^2 / (C g(t))", float(repair
 # %%
 zeta = rng.standard_normal(dim)
 zeta *= np.sqrt(g0) / np.linalg.norm(zeta)
-zt = Q.T @ zeta
 rows, floor_rows = [], []
 for lam in thm_lambdas:
-    q = q_lambda(lam)
-    h = h_eig
-    bias_i = (q * zt / (h + q)) ** 2
-    var_i = const_eta ** 2 * sigma ** 2 / dim / (1 - (1 - const_eta * (h + q)) ** 2)
-    # e_0 = w - v_hat(w_hat) = (w_hat + zeta) - v_hat; track mean and second moment per coordinate
-    mean = Q.T @ (w_hat + zeta - v_hat(lam))
-    var = np.zeros(dim)
-    target = Q.T @ (v_hat(lam, w=w_hat + zeta) - v_hat(lam))  # the fixed point of the mean
-    for s in range(const_steps + 1):
-        rows.append({"lambda": lam, "s": s, "E||v_s - v_hat||^2": float((mean ** 2 + var).sum())})
-        mean = target + (1 - const_eta * (h + q)) * (mean - target)
-        var = (1 - const_eta * (h + q)) ** 2 * var + const_eta ** 2 * sigma ** 2 / dim
-    floor = float(bias_i.sum() + var_i.sum())
-    floor_rows.append({"lambda": lam, "q": q, "bias": float(bias_i.sum()), "variance": float(var_i.sum()),
-                       "floor (formula)": floor, f"recursion at s={const_steps}": rows[-1]["E||v_s - v_hat||^2"]})
-const = pd.DataFrame(rows)
+    curve, bias, variance = quad.constant_step(lam, zeta, eta=const_eta, sigma=sigma, steps=const_steps)
+    rows.append(pd.DataFrame({"lambda": lam, "s": np.arange(const_steps + 1), "E||v_s - v_hat||^2": curve}))
+    floor_rows.append({"lambda": lam, "q": q_lambda(lam), "bias": bias, "variance": variance,
+                       "floor (formula)": bias + variance, f"recursion at s={const_steps}": curve[-1]})
+const = pd.concat(rows, ignore_index=True)
 floors = pd.DataFrame(floor_rows)
 print(floors.to_string(index=False, float_format="%.5g"))
 check("constant eta: recursion at s_max vs floor formula (max rel. error)",
@@ -686,78 +569,43 @@ plt.show()
 # %%
 img = 8
 protos = rng.standard_normal((num_classes, 1, img, img)).astype(np.float32)
-
-
-def draw_images(n_per):
-    y = np.repeat(np.arange(num_classes), n_per)
-    x = protos[y] + rng.standard_normal((len(y), 1, img, img)).astype(np.float32)
-    return x, y
-
-
-x_tr, y_tr = draw_images(n_per_class)
-x_te, y_te = draw_images(n_test_per_class)
+x_tr, y_tr = prototype_images(protos, n_per_class, rng)
+x_te, y_te = prototype_images(protos, n_test_per_class, rng)
 stream = make_stream(y_tr, y_te, num_tasks, seed=seed)
 config = FedConfig(rounds=rounds, local_epochs=local_epochs, batch_size=16, lr=0.1, momentum=0.0, weight_decay=0.0,
                    participation=0.5, seed=seed, device="cpu", num_threads=1)
-
-
-def model_fn():
-    return SmallCNN(1, num_classes, img, width=4, hidden=16)
-
-
-def recording(learner):
-    """Wrap learn_task to keep a copy of the global weights after every stage."""
-    learn = learner.learn_task
-    learner.states = []
-
-    def learn_task(t, clients, num_seen):
-        out = learn(t, clients, num_seen)
-        learner.states.append({k: v.clone() for k, v in learner.model.state_dict().items()})
-        return out
-
-    learner.learn_task = learn_task
-    return learner
-
-
+model_fn = partial(SmallCNN, 1, num_classes, img, width=4, hidden=16)
 runs = {"fedavg": {}, "refed": dict(memory=20, memory_mode="replay", pim_epochs=pim_epochs),
         "fedavg_replay": dict(memory=20, memory_mode="replay"),
         "refed (memory holds all)": dict(memory=10_000, memory_mode="replay", pim_epochs=1),
         "fedavg_replay (memory holds all)": dict(memory=10_000, memory_mode="replay")}
 learners, results = {}, {}
+kept = {name: KeepWeights() for name in runs}   # the global weights after every stage
 t0 = time.perf_counter()
 for name, kw in runs.items():
-    learners[name] = recording(make_learner(name.split(" ")[0], model_fn, config, num_classes=num_classes,
-                                            progress=False, **kw))
+    learners[name] = make_learner(name.split(" ")[0], model_fn, config, num_classes=num_classes,
+                                  progress=False, on_stage_end=[kept[name]], **kw)
     results[name] = run_class_incremental(learners[name], stream, x_tr, y_tr, x_te, y_te, num_clients=num_clients,
                                           beta=1.0, seed=seed, progress=False)
 print(f"{len(runs)} runs in {time.perf_counter() - t0:.1f} s")
 
-
-def same(a, b):
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
-def max_diff(a, b):
-    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
-
-
 rows = []
 for t in range(num_tasks):
     rows.append({"stage": t + 1,
-                 "refed == fedavg": same(learners["refed"].states[t], learners["fedavg"].states[t]),
-                 "max |refed - fedavg|": max_diff(learners["refed"].states[t], learners["fedavg"].states[t]),
-                 "refed == fedavg_replay": same(learners["refed"].states[t], learners["fedavg_replay"].states[t]),
-                 "memory holds all: refed == fedavg_replay": same(learners["refed (memory holds all)"].states[t],
-                                                                   learners["fedavg_replay (memory holds all)"].states[t])})
+                 "refed == fedavg": states_equal(kept["refed"].weights[t], kept["fedavg"].weights[t]),
+                 "max |refed - fedavg|": max_state_difference(kept["refed"].weights[t], kept["fedavg"].weights[t]),
+                 "refed == fedavg_replay": states_equal(kept["refed"].weights[t], kept["fedavg_replay"].weights[t]),
+                 "memory holds all: refed == fedavg_replay": states_equal(kept["refed (memory holds all)"].weights[t],
+                                                                           kept["fedavg_replay (memory holds all)"].weights[t])})
 ident = pd.DataFrame(rows)
 print(ident.to_string(index=False))
 summary = pd.DataFrame([r.summary() for r in results.values()]).set_index(pd.Index(list(results), name="learner"))
 print(summary[["A_T", "A_avg", "F_T", "MiB_up"]].round(3).to_string())
-n_params = sum(v.numel() for v in learners["fedavg"].states[0].values())
+n_params = sum(v.numel() for v in kept["fedavg"].weights[0].values())
 check(f"stage 1: Re-Fed vs FedAvg global weights, tensors not bit-identical ({n_params} numbers)",
-      int(not same(learners["refed"].states[0], learners["fedavg"].states[0])), 0, "==")
+      int(not states_equal(kept["refed"].weights[0], kept["fedavg"].weights[0])), 0, "==")
 check("stage 1: Re-Fed vs FedAvg+random replay, tensors not bit-identical",
-      int(not same(learners["refed"].states[0], learners["fedavg_replay"].states[0])), 0, "==")
+      int(not states_equal(kept["refed"].weights[0], kept["fedavg_replay"].weights[0])), 0, "==")
 check("stages >= 2: Re-Fed differs from FedAvg (max |difference|)",
       float(min(ident["max |refed - fedavg|"].iloc[1:])) if num_tasks > 1 else 1.0, 0.0, ">")
 check("memory holds the pool: stages where Re-Fed != random replay",
@@ -768,8 +616,8 @@ _ = claims.register(
     "refed-task1-is-fedavg", "refed",
     "On the first task, before anything is cached, Re-Fed is plain FedAvg (its first-task results equal "
     "FedAvg's in the paper's Tables 5-9).",
-    holds=bool(same(learners["refed"].states[0], learners["fedavg"].states[0])
-               and same(learners["refed"].states[0], learners["fedavg_replay"].states[0])),
+    holds=bool(states_equal(kept["refed"].weights[0], kept["fedavg"].weights[0])
+               and states_equal(kept["refed"].weights[0], kept["fedavg_replay"].weights[0])),
     evidence=f"global weights after task 1 bit-identical (torch.equal on all {n_params} numbers) for Re-Fed, "
              f"FedAvg and FedAvg with random replay; from task 2 on Re-Fed differs from FedAvg "
              f"(smallest max |difference| {float(min(ident['max |refed - fedavg|'].iloc[1:])) if num_tasks > 1 else float('nan'):.3g}).")
@@ -786,7 +634,7 @@ _ = claims.register(
 
 # %%
 w_task1 = model_fn()
-w_task1.load_state_dict(learners["fedavg"].states[0])
+w_task1.load_state_dict(kept["fedavg"].weights[0])
 pos_tr = stream.relabel(y_tr)
 parts = stream.client_partitions(0, y_tr, num_clients, 1.0, seed)
 rows = []
@@ -829,7 +677,7 @@ plt.show()
 # `last_layer_grad_sq_norms` evaluates it with one forward pass. Checks against a per-sample
 # autograd loop over the last layer's parameters, with $s<C$ (masked classes) and for a bias-free
 # last layer: the identity itself evaluated in the model's precision (float64: tolerance
-# $10^{-10}$, float32: $10^{-4}$), `per_sample_grad_sq_norms(names=[last layer])` (same tolerances),
+# $10^{-10}$, float32: $10^{-4}$), `grad_sq_norms(names=[last layer])` (same tolerances),
 # and `fedlib`'s closed form, which computes in float32 whatever the model's precision (its
 # docstring; tolerance $10^{-5}$). Then the question the notes raise ([D13]): how well does the
 # cheap last-layer norm rank samples like the exact all-parameter norm of eq. 4? Only one thing
@@ -840,41 +688,13 @@ plt.show()
 # setting; the benchmark chapter measures what it costs in accuracy.
 
 # %%
-def loop_norms(model, x, y, num_seen, names=None):
-    """Per-sample squared gradient norms by one backward pass per sample (eval mode)."""
-    model.eval()
-    params = [p for n, p in model.named_parameters() if names is None or n in names]
-    out = []
-    for i in range(len(y)):
-        loss = F.cross_entropy(model(x[i:i + 1])[:, :num_seen], y[i:i + 1])
-        grads = torch.autograd.grad(loss, params)
-        out.append(sum((g_ ** 2).sum() for g_ in grads))
-    return torch.stack(out).detach()
-
-
-def rel_err(a, b):
-    return float((a.double() - b.double()).abs().max() / b.double().abs().max())
-
-
 pick = rng.choice(len(y_tr), grad_samples, replace=False)
 xg = torch.from_numpy(x_tr[pick])
 yg = torch.from_numpy(pos_tr[pick]) % 3   # labels < num_seen = 3 (classes 3.. masked)
 seen = 3
 head = ["classifier.weight", "classifier.bias"]
 cnn = model_fn()
-cnn.load_state_dict(learners["fedavg"].states[-1])
-rows = []
-def closed_form(model, layer, x, y, num_seen):
-    """||pi - e_y||^2 (||h||^2 + 1[bias]) in the model's own precision (h: the input of ``layer``)."""
-    seen_io = {}
-    handle = layer.register_forward_hook(lambda m, inp, out: seen_io.update(h=inp[0]))
-    with torch.no_grad():
-        logits = model.eval()(x)
-    handle.remove()
-    r = torch.softmax(logits[:, :num_seen], 1) - F.one_hot(y, num_seen).to(logits.dtype)
-    return r.pow(2).sum(1) * (seen_io["h"].pow(2).sum(1) + (1.0 if layer.bias is not None else 0.0))
-
-
+cnn.load_state_dict(kept["fedavg"].weights[-1])
 rows = []
 for dtype, tol in [(torch.float64, 1e-10), (torch.float32, 1e-4)]:
     xd = xg.to(dtype)
@@ -882,11 +702,12 @@ for dtype, tol in [(torch.float64, 1e-10), (torch.float32, 1e-4)]:
     nobias = nn.Sequential(nn.Flatten(), nn.Linear(img * img, 16), nn.Tanh(), nn.Linear(16, num_classes, bias=False))
     for name, model, layer, names in [("SmallCNN", cnn, "classifier", head), ("MLP, no bias", nobias, "3", ["3.weight"])]:
         m_ = copy.deepcopy(model).to(dtype)
-        loop = loop_norms(m_, xd, yg, seen, names)
+        loop = reference_grad_sq_norms(m_, xd, yg, seen, names)
         rows.append({"model": name, "dtype": str(dtype)[6:],
-                     "identity vs loop": rel_err(closed_form(m_, m_.get_submodule(layer), xd, yg, seen), loop),
-                     "fedlib closed form vs loop": rel_err(last_layer_grad_sq_norms(m_, xd, yg, seen), loop),
-                     "fedlib vmap(last layer) vs loop": rel_err(per_sample_grad_sq_norms(m_, xd, yg, seen, names=names), loop),
+                     "identity vs loop": relative_difference(
+                         last_layer_grad_sq_norms(m_, xd, yg, seen, m_.get_submodule(layer), dtype=None), loop),
+                     "fedlib closed form vs loop": relative_difference(last_layer_grad_sq_norms(m_, xd, yg, seen), loop),
+                     "fedlib vmap(last layer) vs loop": relative_difference(grad_sq_norms(m_, xd, yg, seen, names=names), loop),
                      "tolerance": tol})
 closed_tab = pd.DataFrame(rows)
 print(closed_tab.to_string(index=False, float_format="%.2e"))
@@ -908,7 +729,7 @@ check("||pi - e_y||^2 in [0, 2]: max", float(pi_part.max()), 2.0)
 rank_rows = []
 for k, p in enumerate(parts):
     xk, yk = torch.from_numpy(x_tr[p]), torch.from_numpy(pos_tr[p])
-    full = per_sample_grad_sq_norms(w_task1, xk, yk, stream.num_seen(0))
+    full = grad_sq_norms(w_task1, xk, yk, stream.num_seen(0))
     last = last_layer_grad_sq_norms(w_task1, xk, yk, stream.num_seen(0))
     rank_rows.append({"client": k, "pool": len(p), "Spearman(last layer, all params)": float(spearmanr(last.numpy(), full.numpy())[0]),
                       "last-layer share of ||grad||^2 (median)": float((last / full).median()),
@@ -922,7 +743,7 @@ print(f"Spearman rank correlation (measured, not asserted): min {rank.iloc[:, 2]
 
 fig, ax = plt.subplots(figsize=(4.6, 3.8))
 xk, yk = torch.from_numpy(x_tr[parts[0]]), torch.from_numpy(pos_tr[parts[0]])
-ax.loglog(per_sample_grad_sq_norms(w_task1, xk, yk, stream.num_seen(0)), last_layer_grad_sq_norms(w_task1, xk, yk, stream.num_seen(0)), "o", alpha=0.6)
+ax.loglog(grad_sq_norms(w_task1, xk, yk, stream.num_seen(0)), last_layer_grad_sq_norms(w_task1, xk, yk, stream.num_seen(0)), "o", alpha=0.6)
 ax.set(xlabel=r"all parameters $\|\nabla_\theta\ell\|^2$ (eq. 4)", ylabel=r"last layer $\|\pi-e_y\|^2(\|h\|^2+1)$",
        title="client 0's pool after task 1")
 plt.show()
@@ -930,7 +751,7 @@ plt.show()
 # %% [markdown]
 # ## 7. Vectorised per-sample gradient norms (eq. 4) against a per-sample loop
 #
-# `per_sample_grad_sq_norms` computes $G(x_i)=\lVert\nabla_\theta\ell(f_\theta(x_i),y_i)\rVert^2$ for all
+# `grad_sq_norms` computes $G(x_i)=\lVert\nabla_\theta\ell(f_\theta(x_i),y_i)\rVert^2$ for all
 # trainable parameters with `torch.func.vmap(grad(...))`, in chunks, in eval mode (a per-sample
 # gradient of a batch statistic is ill-defined). We compare it with one backward pass per sample,
 # for the CNN and for a small ResNet with BatchNorm (eval mode uses the running statistics, which we
@@ -950,10 +771,10 @@ for name, model in [("SmallCNN", cnn), ("SmallResNet (BN)", resnet)]:
     for dtype, tol in [(torch.float64, 1e-10), (torch.float32, 1e-4)]:
         m_ = copy.deepcopy(model).to(dtype)
         xd = xg.to(dtype)
-        ref = loop_norms(m_, xd, yg, seen)
-        vm = per_sample_grad_sq_norms(m_, xd, yg, seen, batch_size=7)
+        ref = reference_grad_sq_norms(m_, xd, yg, seen)
+        vm = grad_sq_norms(m_, xd, yg, seen, batch_size=7)
         rows.append({"model": name, "dtype": str(dtype)[6:], "params": sum(p.numel() for p in m_.parameters()),
-                     "vmap vs loop": rel_err(vm, ref), "tolerance": tol})
+                     "vmap vs loop": relative_difference(vm, ref), "tolerance": tol})
 vm_tab = pd.DataFrame(rows)
 print(vm_tab.to_string(index=False, float_format="%.2e"))
 for _, r in vm_tab.iterrows():
@@ -964,8 +785,8 @@ xk, yk = torch.from_numpy(x_tr[parts[0]]), torch.from_numpy(pos_tr[parts[0]])
 res = train_pim(w_task1, xk, yk, stream.num_seen(0), lam=0.5, epochs=3, lr=config.lr, batch_size=16,
                 generator=torch.Generator().manual_seed(123))
 first = torch.randperm(len(yk), generator=torch.Generator().manual_seed(123))[:16]
-at_w = per_sample_grad_sq_norms(w_task1, xk[first], yk[first], stream.num_seen(0), batch_size=16)
-check("train_pim: G^1 (first batch) vs per-sample norms at w, max rel. error", rel_err(res.grad_sq[0, first], at_w), 1e-6)
+at_w = grad_sq_norms(w_task1, xk[first], yk[first], stream.num_seen(0), batch_size=16)
+check("train_pim: G^1 (first batch) vs per-sample norms at w, max rel. error", relative_difference(res.grad_sq[0, first], at_w), 1e-6)
 p_ = torch.arange(1, 4, dtype=torch.float64)[:, None]
 check("eq. 5: max |scores('early') - sum_p G^p / p|", float((res.scores("early") - (res.grad_sq.double() / p_).sum(0)).abs().max()), 1e-12)
 check("Table 10: 'late' is the early ranking reversed (max |late + early|)",
@@ -990,7 +811,7 @@ check("Table 10: 'late' is the early ranking reversed (max |late + early|)",
 # The table below lists every assertion of this page with its measured value.
 
 # %%
-summary_checks = pd.DataFrame(CHECKS)
+summary_checks = CHECKS.frame()
 with pd.option_context("display.max_colwidth", 90, "display.width", 200):
     print(summary_checks.to_string(index=False, float_format="%.3g"))
 assert summary_checks["passed"].all()

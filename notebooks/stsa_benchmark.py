@@ -104,46 +104,27 @@ from IPython.display import Markdown
 
 from fedlib.evaluation import claims
 
-from fedlib.evaluation import paper_tables as paper_results
+from fedlib.evaluation import tables as paper_results
 
 from fedlib.papers import stsa
 from fedlib.evaluation.stats import mean_std, paired_difference
-from fedlib.data.datasets import DATASETS, load_dataset
-from fedlib.federated.fcil import METHODS, FederatedIncrementalLearner
-from fedlib.federated.gradient import FedConfig, LinearHead
+from fedlib.data.datasets import load_dataset
+from fedlib.federated.gradient import FedConfig
 from fedlib.data.features import extract_features
 from fedlib.federated.incremental import make_stream, run_class_incremental, scratch_backbone_features
 from fedlib.federated.models import SmallResNet, images_to_tensor
-from fedlib.core.validate import check_choice, check_positive
+from fedlib.runner import specs
 
+specs.check("stsa_benchmark", globals())   # every parameter is checked before any long work
 sns.set_theme(style="whitegrid")
 torch.set_num_threads(num_threads)
-
-# every parameter is checked before any long work
-for name in datasets + [scratch_dataset]:
-    check_choice("dataset", name, DATASETS)
-for b in betas:
-    check_positive("beta", b)
-for m in baselines + scratch_baselines:
-    check_choice("baseline", m, METHODS)
-check_choice("head", head, stsa.HEADS)
-for value, pname in [(M, "M"), (M_scratch, "M_scratch"), (num_dummy, "num_dummy")]:
-    if value < 1:
-        raise ValueError(f"{pname} must be >= 1, got {value}")
-if not set(baseline_seeds) <= set(seeds):
-    raise ValueError(f"baseline_seeds must be a subset of seeds={seeds}, got {baseline_seeds}")
-check_positive("skew_scale", skew_scale, strict=False)
-def at_most(n, labels):
-    """n, or None (keep all) when the split has no more than n samples."""
-    return None if n is None or n >= len(labels) else n
-
 
 data = {}
 for name in datasets + ([scratch_dataset] if scratch else []):
     ds = load_dataset(name)
     n_tr, n_te = subsets.get(name, [None, None])
     data[name] = ds.subset(n_tr, n_te) if (n_tr or n_te) else ds
-    data[name] = data[name].subset(at_most(n_train, data[name].y_train), at_most(n_test, data[name].y_test))
+    data[name] = data[name].at_most(n_train, n_test)
     make_stream(data[name].y_train, data[name].y_test, num_tasks)  # T must divide the classes
     print(f"{name}: {len(data[name].y_train)} train / {len(data[name].y_test)} test images, "
           f"{len(data[name].classes)} classes, {num_tasks} tasks")
@@ -161,7 +142,7 @@ for name in datasets:
     ds = load_dataset(name)
     ds = ds.subset(*subsets[name]) if name in subsets else ds
     cached = extract_features(ds, backbone=backbone, input_size=input_size, device=device)
-    feats[name] = cached.subset(at_most(n_train, cached.y_train), at_most(n_test, cached.y_test))  # same draw as data[name]
+    feats[name] = cached.at_most(n_train, n_test)  # same draw as data[name]
     assert np.array_equal(feats[name].y_train, data[name].y_train)
     print(f"{cached.name}: {cached.x_train.shape} ({time.perf_counter() - t0:.1f} s, cached); "
           f"experiments use {feats[name].x_train.shape[0]} train / {feats[name].x_test.shape[0]} test")
@@ -173,48 +154,12 @@ for name in datasets:
 # method of a comparison uses the same partitions, drawn with that minimum client size.
 
 # %%
-def fed_config(seed, rounds=rounds_per_task):
-    return FedConfig(rounds=rounds, local_epochs=local_epochs, batch_size=64, lr=lr, weight_decay=0.0,
-                     seed=seed, device=device, num_threads=num_threads, eval_every=10**6)
-
-
-def make_learner(method, dim, num_classes, m_features, seed, k_dummy=num_dummy, gamma_=gamma, model_fn=None,
-                 rounds=rounds_per_task, **kw):
-    if method == "STSA":
-        return stsa.STSALearner(dim, num_classes, m_features, gamma_, head=head, rf_seed=seed, seed=seed, name=method, **kw)
-    if method in ("STSA-E", "STSA-E (per-class K)"):
-        k_mode = "global" if method == "STSA-E" else "per_class"
-        return stsa.STSALearner(dim, num_classes, m_features, gamma_, variant="stsa_e", num_dummy=k_dummy,
-                                k_mode=k_mode, head=head, rf_seed=seed, seed=seed, name=method, **kw)
-    if method == "AFL (stage-wise)":
-        return stsa.AFLStagewiseLearner(dim, num_classes, m_features, gamma_, rf_seed=seed, name=method)
-    if method == JOINT:
-        return stsa.JointRidgeLearner(dim, num_classes, m_features, gamma_, rf_seed=seed, name=method)
-    model_fn = model_fn or partial(LinearHead, dim, num_classes)
-    return FederatedIncrementalLearner(model_fn, fed_config(seed, rounds), method, num_classes=num_classes,
-                                       progress=False, **baseline_hparams.get(method, {}))
-
-
-ANALYTIC = ["STSA", "STSA-E", "STSA-E (per-class K)", "AFL (stage-wise)"]
-JOINT = "Joint (centralized ridge)"
-
-
-def run(method, f, beta, seed, setting, m_features, clients=num_clients, stream=None, k_dummy=num_dummy,
-        skew=0.0, return_learner=False, **kw):
-    """One FCIL run; ``skew`` > 0 shifts client k's features by its own delta_k (feature skew) and the
-    test features by a random client's shift."""
-    stream = stream or make_stream(f.y_train, f.y_test, num_tasks, seed=seed)
-    learner = make_learner(method, f.x_train.shape[1], len(f.classes), m_features, seed, k_dummy=k_dummy, **kw)
-    x_test = f.x_test
-    if skew > 0:
-        learner = stsa.FeatureSkewLearner(learner, stsa.client_shifts(clients, f.x_train.shape[1], skew,
-                                                                     f.x_train.std(0), seed=seed))
-        x_test = learner.shift_test(f.x_test, seed=seed)
-    res = run_class_incremental(learner, stream, f.x_train, f.y_train, x_test, f.y_test, clients, beta, seed,
-                                config={"setting": setting, "beta": beta, "seed": seed}, progress=False,
-                                min_size=k_dummy)
-    return (res, learner) if return_learner else res
-
+fed_kwargs = dict(rounds=rounds_per_task, local_epochs=local_epochs, batch_size=64, lr=lr, weight_decay=0.0,
+                  device=device, num_threads=num_threads, eval_every=10**6)   # the gradient baselines' FedConfig
+ANALYTIC, JOINT = list(stsa.ANALYTIC), stsa.JOINT
+# one run: run(method, features, beta, seed, setting, M, **changes) -> IncrementalResult (stsa.run_fcil)
+run = partial(stsa.run_fcil, num_tasks=num_tasks, num_clients=num_clients, gamma=gamma, num_dummy=num_dummy,
+              head=head, fed_kwargs=fed_kwargs, baseline_hparams=baseline_hparams)
 
 results = []
 for name in datasets:
@@ -247,15 +192,18 @@ if scratch:
         for seed in scratch_seeds:
             stream = make_stream(ds.y_train, ds.y_test, num_tasks, seed=seed)
             f, cost = scratch_backbone_features(ds, stream, num_clients, beta, seed,
-                                                fed_config(seed, scratch_rounds), widths=tuple(scratch_widths))
+                                                FedConfig(seed=seed, **{**fed_kwargs, "rounds": scratch_rounds}),
+                                                widths=tuple(scratch_widths))
             stage1.append({"beta": beta, "seed": seed, **cost})
             for method in ANALYTIC + [JOINT]:
                 results.append(run(method, f, beta, seed, f"scratch / {scratch_dataset}", M_scratch, stream=stream))
     img_train, img_test = images_to_tensor(ds.x_train), images_to_tensor(ds.x_test)
     for method in scratch_baselines:
         stream = make_stream(ds.y_train, ds.y_test, num_tasks, seed=0)
-        learner = make_learner(method, None, len(ds.classes), None, 0, rounds=scratch_baseline_rounds,
-                               model_fn=partial(SmallResNet, 1, len(ds.classes), tuple(scratch_widths)))
+        learner = stsa.make_fcil_learner(method, None, len(ds.classes), None, gamma, 0,
+                                         fed_kwargs={**fed_kwargs, "rounds": scratch_baseline_rounds},
+                                         baseline_hparams=baseline_hparams,
+                                         model_fn=partial(SmallResNet, 1, len(ds.classes), tuple(scratch_widths)))
         results.append(run_class_incremental(learner, stream, img_train, ds.y_train, img_test, ds.y_test,
                                              num_clients, 0.5, 0, config={"setting": f"scratch / {scratch_dataset}",
                                                                          "beta": 0.5, "seed": 0},
@@ -417,7 +365,8 @@ for m_ in ablation_M:
 if scratch:
     stream0 = make_stream(data[scratch_dataset].y_train, data[scratch_dataset].y_test, num_tasks, seed=abl_seed)
     f_s, _ = scratch_backbone_features(data[scratch_dataset], stream0, num_clients, abl_beta, abl_seed,
-                                       fed_config(abl_seed, scratch_rounds), widths=tuple(scratch_widths))
+                                       FedConfig(seed=abl_seed, **{**fed_kwargs, "rounds": scratch_rounds}),
+                                       widths=tuple(scratch_widths))
     for m_ in ablation_M_scratch:
         for method in ["STSA", "STSA-E"]:
             rows.append({"ablation": "M (scratch)", "value": m_, "method": method,
@@ -425,16 +374,16 @@ if scratch:
 for k in ablation_K:
     for method in ["STSA", "STSA-E", "STSA-E (per-class K)"]:
         rows.append({"ablation": "K (K·K_D fixed)", "value": k, "method": method,
-                     **run(method, f0, abl_beta, abl_seed, "abl", M, clients=k,
-                           k_dummy=max(1, ablation_clients_total // k)).summary()})
+                     **run(method, f0, abl_beta, abl_seed, "abl", M, num_clients=k,
+                           num_dummy=max(1, ablation_clients_total // k)).summary()})
 for kd in ablation_dummy:
     for method in ["STSA-E", "STSA-E (per-class K)"]:
         rows.append({"ablation": "K_D", "value": kd, "method": method,
-                     **run(method, f0, abl_beta, abl_seed, "abl", M, k_dummy=kd).summary()})
+                     **run(method, f0, abl_beta, abl_seed, "abl", M, num_dummy=kd).summary()})
 for gm in ablation_gamma:
     for method in ["STSA", "STSA-E"]:
         rows.append({"ablation": "gamma", "value": gm, "method": method,
-                     **run(method, f0, abl_beta, abl_seed, "abl", M, gamma_=gm).summary()})
+                     **run(method, f0, abl_beta, abl_seed, "abl", M, gamma=gm).summary()})
 ablation = pd.DataFrame(rows)
 g = sns.relplot(data=ablation, x="value", y="A_T", hue="method", col="ablation", kind="line", marker="o",
                 height=3.0, aspect=1.0, facet_kws={"sharex": False, "sharey": False}, col_wrap=3)
@@ -469,7 +418,7 @@ for q, s in [[0.0, 0.0]] + noise_grid:
         if q == 0 and label != "STSA" and label != "STSA-E1":
             continue  # without noise E1, E2, E3 and the rounded variant are the same STSA-E run
         for seed in noise_seeds:
-            # the noise is q * s * N(0, 1) from a per-seed generator: grid points with the same q*s are the same run
+            # the noise is q * s * N(0, 1) from each client's own stream (seed, stage, client): equal q*s, same run
             key = (label, seed, round(q * s, 12))
             if key not in done:
                 kw = {"round_counts": True} if rounded else {}

@@ -61,8 +61,6 @@ comm_M = [512, 768, 1250, 2500, 5000, 10000]
 seed = 0
 
 # %%
-import time
-
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -73,15 +71,16 @@ from IPython.display import Markdown, display
 
 from fedlib.evaluation import claims
 
-from fedlib.evaluation import paper_tables as paper_results
+from fedlib.evaluation import tables as paper_results
 
 from fedlib.papers import stsa
 from fedlib.core.linalg import SufficientStats, relative_error, ridge_fit, ridge_solve, synthetic_features
 from fedlib.evaluation.stats import mean_std, paired_difference
 from fedlib.federated.incremental import make_stream, run_class_incremental
-from fedlib.core.messages import Message
 from fedlib.data.partition import make_partition
+from fedlib.runner import specs
 
+specs.check("stsa_derivation", globals())
 sns.set_theme(style="whitegrid")
 rng = np.random.default_rng(seed)
 x_all, y_all = synthetic_features(n_samples + n_samples // 5, dim, num_classes, kind="mean_dominated", seed=seed)
@@ -184,20 +183,13 @@ stream = make_stream(y_all, y_test, num_tasks, seed=seed)
 pos = stream.relabel(y_all)
 
 
-class Recorder(stsa.STSALearner):
-    """STSALearner that keeps the head after every stage (for the check only)."""
-
-    def learn_task(self, t, clients, num_seen):
-        out = super().learn_task(t, clients, num_seen)
-        self.history = getattr(self, "history", []) + [self.weights.clone()]
-        return out
-
-
-learner = Recorder(dim, num_classes, M, gamma, rf_seed=seed)
+heads = []   # the head after every stage, kept by the learner's on_stage_end callback
+learner = stsa.STSALearner(dim, num_classes, M, gamma, rf_seed=seed,
+                           on_stage_end=[lambda t, lrn: heads.append(lrn.weights.clone())])
 result = run_class_incremental(learner, stream, x_all, y_all, x_test, y_test, num_clients=5, beta=0.1,
                                seed=seed, progress=False)
 rows = []
-for t, w_t in enumerate(learner.history):
+for t, w_t in enumerate(heads):
     idx = np.concatenate([stream.tasks[i].train_idx for i in range(t + 1)])
     w_joint = ridge_fit(phi[idx], pos[idx], stream.num_seen(t), lam=gamma)
     rows.append({"stage": t + 1, "classes seen": stream.num_seen(t), "samples seen": len(idx),
@@ -216,7 +208,7 @@ for task in stream.tasks:
     for half in np.array_split(task.train_idx, 2):
         server_split.receive_stage([stsa.stsa_client(x_all[half], pos[half] - task.offset, task.num_classes, rf)],
                                    task.offset)
-w_final = learner.history[-1]
+w_final = heads[-1]
 print(f"reverse order: {relative_error(server_rev.solve(num_classes), w_final):.1e}; "
       f"two sub-stages per task: {relative_error(server_split.solve(num_classes), w_final):.1e}")
 err_rev = relative_error(server_rev.solve(num_classes), w_final)
@@ -287,23 +279,7 @@ exact_err = relative_error(stsa.gram_estimate(xc[:, :, None], torch.ones(60, 1, 
 print(f"printed eq. 9 vs PSD form: {identity_err:.1e};  one sample per client (K = n): {exact_err:.1e}")
 assert identity_err < 1e-10 and exact_err < 1e-10
 
-
-def design_monte_carlo(x, counts, k_mode, reps, rng):
-    """Running mean of G_hat over random assignments of x's rows to clients of sizes ``counts``."""
-    cuts = np.cumsum(counts)[:-1]
-    n_t = torch.tensor(counts, dtype=torch.float64)[:, None]
-    total = torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64)
-    errors, g = [], x.T @ x
-    checkpoints = set(np.unique(np.geomspace(10, reps, 12).astype(int)).tolist())
-    for r in range(1, reps + 1):
-        groups = np.split(rng.permutation(len(x)), cuts)
-        total += stsa.gram_estimate(torch.stack([x[gr].sum(0) for gr in groups])[:, :, None], n_t, k_mode)
-        if r in checkpoints:
-            errors.append({"repetitions": r, "rel. error of the mean": float((total / r - g).norm() / g.norm())})
-    return pd.DataFrame(errors), total / reps
-
-
-mc, mean_ghat = design_monte_carlo(xc[:, :48], counts, "global", mc_reps, rng)
+mc, mean_ghat = stsa.design_monte_carlo(xc[:, :48], counts, "global", mc_reps, rng)
 slope = np.polyfit(np.log(mc["repetitions"]), np.log(mc["rel. error of the mean"]), 1)[0]
 fig, ax = plt.subplots(figsize=(5, 3.5))
 ax.loglog(mc["repetitions"], mc["rel. error of the mean"], "o-", label=f"Monte Carlo (slope {slope:.2f})")
@@ -342,7 +318,7 @@ for kd in bias_dummy:
                               for k, p in enumerate(parts)])
     # ... then the expectation over which class-0 samples land in which dummy client (design-based)
     for mode in stsa.K_MODES:
-        _, mean_ghat = design_monte_carlo(xs, counts0, mode, max(100, mc_reps // 10), rng)
+        _, mean_ghat = stsa.design_monte_carlo(xs, counts0, mode, max(100, mc_reps // 10), rng)
         rows.append({"K_D": kd, "K = 5 K_D": 5 * kd, "K_i (holding class 0)": int((counts0 > 0).sum()), "k_mode": mode,
                      "covariance ratio": float(torch.trace(mean_ghat - mean_term) / torch.trace(scatter))})
 bias = pd.DataFrame(rows)
@@ -371,23 +347,10 @@ x0 = x_all[y_all == 0]
 feat_std = x_all.std(0)
 k_skew = 5
 sizes = np.diff(np.linspace(0, len(x0), k_skew + 1).astype(int))
-n_skew = torch.tensor(sizes, dtype=torch.float64)[:, None]
 rows = []
 for scale in skew_scales:
-    shifts = stsa.client_shifts(k_skew, dim, scale, feat_std, seed=seed)
-    est, true = [], []
-    for _ in range(skew_reps):
-        xs_ = x0[rng.permutation(len(x0))] + np.repeat(shifts, sizes, axis=0)   # client k's rows carry delta_k
-        ph = rf(xs_)
-        sums_s = torch.stack([g.sum(0) for g in torch.split(ph, sizes.tolist())])[:, :, None]
-        g_hat_s = stsa.gram_estimate(sums_s, n_skew, "per_class")
-        m_s = ph.mean(0)
-        est.append(float(torch.trace(g_hat_s)) - len(ph) * float(m_s @ m_s))
-        true.append(float(((ph - m_s) ** 2).sum()))
-    est, true = np.array(est), np.array(true)
-    ratio = est.mean() / true.mean()
-    # standard error of the ratio of means (delta method)
-    se = np.std(est - ratio * true, ddof=1) / np.sqrt(skew_reps) / true.mean()
+    shifts = stsa.client_shifts(k_skew, dim, scale, feat_std, seed=seed)   # client k's rows carry delta_k
+    ratio, se = stsa.feature_skew_scatter_ratio(x0, rf, sizes, shifts, skew_reps, rng)
     rows.append({"shift scale s": scale, "covariance ratio E[tr(G_hat - n m m^T)] / E[tr S]": ratio,
                  "MC std. error": se})
 skew = pd.DataFrame(rows)
@@ -471,17 +434,9 @@ tr1, tr2 = np.trace(sigma), np.trace(sigma @ sigma)
 mu = np.full(d_small, 2.0)
 rows = []
 for k in mse_clients:
-    errs = []
-    sizes = np.array_split(np.arange(mse_n), k)
-    for _ in range(mse_reps):
-        xg = torch.from_numpy(rng.multivariate_normal(mu, sigma, mse_n))
-        sums_k = torch.stack([xg[s].sum(0) for s in sizes])[:, :, None]
-        n_k = torch.tensor([len(s) for s in sizes], dtype=torch.float64)[:, None]
-        errs.append(float(((stsa.gram_estimate(sums_k, n_k) - xg.T @ xg) ** 2).sum()))
-    n = mse_n
-    exact = (n - k) / (k - 1) * ((n - k) * tr2 + (n - 1) * tr1 ** 2) + (n - k) * tr2 if k > 1 else np.nan
-    rows.append({"K": k, "Monte Carlo": np.mean(errs), "MC std. error": np.std(errs) / np.sqrt(mse_reps),
-                 "exact law": exact, "paper shape ((K+1)/(K-1))^2": ((k + 1) / (k - 1)) ** 2})
+    mc_mean, mc_se = stsa.gram_error_monte_carlo(mu, sigma, mse_n, k, mse_reps, rng)
+    rows.append({"K": k, "Monte Carlo": mc_mean, "MC std. error": mc_se, "exact law": stsa.gram_error_law(mse_n, k, sigma),
+                 "paper shape ((K+1)/(K-1))^2": ((k + 1) / (k - 1)) ** 2})
 law = pd.DataFrame(rows)
 law["paper shape (scaled at K=2)"] = law["paper shape ((K+1)/(K-1))^2"] * law["Monte Carlo"].iloc[0] / law[
     "paper shape ((K+1)/(K-1))^2"].iloc[0]
@@ -500,12 +455,7 @@ plt.show()
 
 # Lemma 3.5 by Monte Carlo (d=5, Sigma=diag(1..5), n=10)
 n_l = 10
-m_vals = []
-for _ in range(mse_reps):
-    xl = rng.multivariate_normal(np.zeros(d_small), sigma, n_l)
-    xs_ = xl.sum(0)
-    m_vals.append(((xl.T @ xl - np.outer(xs_, xs_) / n_l) ** 2).sum())
-lemma = {"Monte Carlo": np.mean(m_vals), "Wishart (n-1)[n tr S^2 + (tr S)^2]": (n_l - 1) * (n_l * tr2 + tr1 ** 2),
+lemma = {"Monte Carlo": stsa.centred_scatter_sq_norm_monte_carlo(sigma, n_l, mse_reps, rng), "Wishart (n-1)[n tr S^2 + (tr S)^2]": (n_l - 1) * (n_l * tr2 + tr1 ** 2),
          "paper's Lemma 3.5 ((n-1)/n)(tr S)^2": (n_l - 1) / n_l * tr1 ** 2}
 print(pd.Series(lemma).to_string(float_format="%.1f"))
 assert abs(lemma["Monte Carlo"] / lemma["Wishart (n-1)[n tr S^2 + (tr S)^2]"] - 1) < 0.1
@@ -521,13 +471,7 @@ claims.register(
 
 # B is independent of S - B, not of S (Gaussian, one class, K equal clients): correlation of the traces
 n_b, k_b = 12, 4
-tb, ts = [], []
-for _ in range(mse_reps):
-    xb = rng.standard_normal((n_b, 2))
-    mb = xb.mean(0)
-    tb.append(n_b // k_b * ((xb.reshape(k_b, n_b // k_b, 2).mean(1) - mb) ** 2).sum())
-    ts.append(((xb - mb) ** 2).sum())
-tb, ts = np.array(tb), np.array(ts)
+tb, ts = stsa.scatter_traces(n_b, k_b, mse_reps, rng)
 corr = {"corr(tr B, tr(S - B))": np.corrcoef(tb, ts - tb)[0, 1], "corr(tr B, tr S)": np.corrcoef(tb, ts)[0, 1],
         "sqrt((K-1)/(n-1)) (Wishart)": np.sqrt((k_b - 1) / (n_b - 1))}
 print(pd.Series(corr).to_string(float_format="%.3f"))
@@ -549,23 +493,7 @@ assert abs(corr["corr(tr B, tr S)"] - corr["sqrt((K-1)/(n-1)) (Wishart)"]) < se_
 # first $K=5$ and $n$ from `rate_ns`; then $n$ = `rate_n_fixed` and $K\cdot K_D$ from `rate_clients`.
 
 # %%
-def plugin_errors(n_rate, k_rate, rep):
-    """One draw: per-sample and (1/n) plug-in errors of STSA-E's head, and the oracle error."""
-    xr, yr = synthetic_features(n_rate, 20, 5, kind="gaussian", seed=100 * rep + n_rate + 7 * k_rate)
-    xr = xr + np.eye(5)[yr] @ np.random.default_rng(rep).standard_normal((5, 20))
-    parts_r = np.array_split(np.random.default_rng(rep).permutation(n_rate), k_rate)
-    rfr = stsa.RandomFeatures(20, 20)
-    msgs = [stsa.stsae_client(xr[p], yr[p], 5, rfr) for p in parts_r]
-    g_hat = stsa.gram_estimate(torch.cat([m["C"] for m in msgs]), torch.cat([m["n"] for m in msgs]), "per_class")
-    st = SufficientStats.from_data(xr, yr, 5)
-    w_e, w_o = ridge_solve(g_hat, st.xty, 1.0), ridge_solve(st.gram, st.xty, 1.0)
-    xt_ = torch.from_numpy(xr)
-    plug = float((xt_ @ (w_e - w_o)).norm())
-    return {"n": n_rate, "K K_D": k_rate, "plug-in, per sample ||X(W_E - W*)||/sqrt(n)": plug / np.sqrt(n_rate),
-            "plug-in (1/n)||X(W_E - W*)||": plug / n_rate,
-            "oracle (1/n)||XW* - Y||": float((xt_ @ w_o - torch.eye(5, dtype=torch.float64)[yr]).norm()) / n_rate}
-
-
+plugin_errors = stsa.plugin_errors   # one draw: (n, K K_D, repetition) -> the three errors
 rate = pd.DataFrame([plugin_errors(n_rate, 5, r) for n_rate in rate_ns for r in range(rate_reps)]).groupby("n").mean()
 rate_k = pd.DataFrame([plugin_errors(rate_n_fixed, k, r) for k in rate_clients for r in range(rate_reps)]).groupby("K K_D").mean()
 per_sample = "plug-in, per sample ||X(W_E - W*)||/sqrt(n)"
@@ -629,12 +557,7 @@ assert rank <= bound and float(eig[0]) > -1e-9 * float(eig[-1])
 # is not a sum of the uploads: masked uploads break it.
 
 # %%
-def masked(tensors, rng):
-    k = len(tensors)
-    masks = [[torch.from_numpy(rng.standard_normal(tuple(tensors[0].shape))) * 1e3 for _ in range(k)] for _ in range(k)]
-    return [t + sum(masks[i][j] for j in range(i + 1, k)) - sum(masks[j][i] for j in range(i)) for i, t in enumerate(tensors)]
-
-
+masked = stsa.pairwise_masked
 msgs5 = [stsa.stsa_client(x_all[p], y_all[p], num_classes, rf) for p in parts]
 g_masked = masked([m["G"] for m in msgs5], rng)
 print(f"STSA, sum of masked G_k vs sum of G_k: {relative_error(sum(g_masked), sum(m['G'] for m in msgs5)):.1e}")

@@ -274,3 +274,106 @@ def test_pairwise_gamma0_collinear_client_clear_error(data):
     xd = np.hstack([x, x[:, :1]])
     with pytest.raises(ValueError, match="numerical rank 24 < d = 25"):
         afl.run_afl(xd, y, np.array_split(np.arange(N), 2), C, gamma=0.0, server="pairwise")
+
+
+# ----------------------------------------------------------------------------------------------
+# the one protocol: AFLClient + servers driven by simulate(), measured cost
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("server", ["pairwise", "one_solve"])
+def test_run_afl_cost_is_measured_and_nothing_is_broadcast(data, server):
+    from fedlib.core.protocol import EMPTY
+
+    x, y, _ = data
+    parts = make_partition(y, 6, "iid", seed=0)
+    res = afl.run_afl(x, y, parts, C, gamma=1.0, server=server)
+    assert res.cost.bytes_up == sum(res.upload_bytes) == 6 * ((D * D + D * C) * 8 + 8) == res.total_upload_bytes
+    assert res.cost.bytes_down == 0 and afl.make_server(server).broadcast() is EMPTY
+    assert res.cost.seconds >= res.server_seconds > 0
+
+
+def test_client_program_step_equals_client_update(data):
+    x, y, _ = data
+    client = afl.AFLClient(C, gamma=2.0)
+    state = client.init_state(3)
+    msg = client.step((x[:50], y[:50]), state, afl.make_server().broadcast())
+    ref = afl.client_update(x[:50], y[:50], C, gamma=2.0, client="client3")
+    assert msg.sender == "client3" and torch.equal(msg["W"], ref["W"]) and torch.equal(msg["C"], ref["C"])
+
+
+@pytest.mark.parametrize("server", ["pairwise", "one_solve"])
+def test_receive_of_a_list_equals_one_by_one(data, server):
+    x, y, _ = data
+    uploads = [afl.client_update(x[p], y[p], C) for p in np.array_split(np.arange(N), 4)]
+    together, apart = afl.make_server(server), afl.make_server(server)
+    together.receive(uploads)
+    for u in uploads:
+        apart.receive([u])
+    assert together.count == apart.count == 4 and together.gamma_sum == 4.0
+    torch.testing.assert_close(together.result()[0], apart.result()[0], rtol=0, atol=0)
+
+
+def test_aggregate_of_uploads_equals_run_afl(data):
+    x, y, _ = data
+    parts = make_partition(y, 5, "dirichlet", alpha=0.5, seed=2)
+    uploads = [afl.client_update(x[p], y[p], C) for p in parts]
+    res = afl.aggregate(uploads)
+    assert torch.equal(res.weights, afl.run_afl(x, y, parts, C).weights)
+    assert res.cost.bytes_up == sum(u.nbytes for u in uploads)
+
+
+def test_benchmark_helpers(data):
+    import pandas as pd
+
+    _, y, _ = data
+    parts = afl.SettingPartitions(y)
+    first = parts(("alpha", 0.5), 10, 0)
+    assert parts(("alpha", 0.5), 10, 0) is first and sum(len(p) for p in first) == N
+    assert sum(len(p) for p in parts(("shards", 2), 10, 0)) == N and len(parts(("iid", None), 7, 1)) == 7
+    assert [afl.setting_label(s) for s in [("alpha", 0.1), ("shards", 2), ("iid", None)]] == ["α=0.1", "s=2", "IID"]
+    with pytest.raises(ValueError, match="unknown setting kind 'beta'"):
+        parts(("beta", 1.0), 10, 0)
+    frame = pd.DataFrame({"setting": ["a"] * 3 + ["b"], "method": ["m"] * 4, "seed": [2, 0, 1, 0],
+                          "accuracy": [0.2, 0.0, 0.1, 0.9]})
+    np.testing.assert_array_equal(afl.seed_ordered_accuracies(frame, "a", "m"), [0.0, 0.1, 0.2])
+
+
+def test_run_baselines_measures_the_per_round_upload(data):
+    x, y, _ = data
+    xt, yt = torch.from_numpy(x[:200]).float(), torch.from_numpy(y[:200])
+    parts = afl.SettingPartitions(y)
+    config = dict(rounds=2, local_epochs=1, batch_size=32, lr=0.05, device="cpu", eval_every=1)
+    runs, curves = afl.run_baselines("t", [(("iid", None), "fedavg", 0, 0)], parts, 4,
+                                     (torch.from_numpy(x).float(), torch.from_numpy(y)), (xt, yt), C, config,
+                                     progress=False)
+    head = (D * C + C) * 4   # a float32 linear head with bias (+ what the method adds, e.g. the sample count)
+    assert head <= runs.loc[0, "upload bytes/client/round"] <= head + 64
+    assert list(curves.method.unique()) == ["fedavg"] and 0 <= runs.loc[0, "accuracy"] <= 1
+
+
+def test_qr_reference_equals_lstsq_and_zeroes_dead_columns(data):
+    from fedlib.core.linalg import qr_reference
+
+    x, y, w_joint = data
+    assert relative_error(qr_reference(x, y, C), w_joint) < 1e-10
+    dead = np.hstack([x, np.zeros((N, 1))])
+    w = qr_reference(dead, y, C)
+    assert float(w[-1].abs().max()) == 0.0 and relative_error(w[:-1], w_joint) < 1e-10
+
+
+def test_lstsq_reference_with_lam_is_ridge(data):
+    from fedlib.core.linalg import lstsq_reference
+
+    x, y, _ = data
+    expected = np.linalg.solve(x.T @ x + 4.0 * np.eye(D), x.T @ np.eye(C)[y])
+    np.testing.assert_allclose(lstsq_reference(x, y, C, lam=4.0).numpy(), expected, rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match="lam must be a finite number >= 0"):
+        lstsq_reference(x, y, C, lam=-1.0)
+
+
+def test_table1_recipe_breaks_without_ri_only_when_clients_are_rank_deficient():
+    x, y = synthetic_features(400, 16, 3, "gaussian", seed=0)
+    ref = torch.from_numpy(np.linalg.lstsq(x, np.eye(3)[y], rcond=None)[0])
+    table = afl.table1_deviations(x, y, 3, [2, 10, 40], ref)
+    assert list(table.index) == [2, 10, 40] and list(table["N_k"]) == [200, 40, 10]
+    assert (table["ΔW w/ RI (ours)"] < 1e-8).all()
+    assert table.loc[2, "ΔW w/o RI (ours)"] < 1e-8 and table.loc[40, "ΔW w/o RI (ours)"] > 1e-3

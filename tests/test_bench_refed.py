@@ -5,7 +5,7 @@ import torch
 
 from fedlib.bench import refed_scoring
 from fedlib.federated.models import SmallCNN
-from fedlib.papers.refed import per_sample_grad_sq_norms
+from fedlib.core.persample import grad_sq_norms, reference_grad_sq_norms
 
 TINY = ["--n", "24", "--batch-size", "8", "--models", "2x4", "3x5", "--repeats", "1", "--check-n", "8",
         "--threads", "1"]
@@ -25,19 +25,19 @@ def test_bench_tiny_writes_report_and_checks_pass(tmp_path):
     assert text.count(": passed)") == 4 and "FAILED" not in text
 
 
-def test_loop_matches_vectorized_in_float64_and_restores_the_model():
+def test_reference_loop_matches_vectorized_in_float64_and_restores_the_model():
     torch.manual_seed(0)
     model = SmallCNN(1, 5, 12, width=2, hidden=6).double().train()
     model.conv1.weight.requires_grad_(False)
     x = torch.randn(7, 1, 12, 12, dtype=torch.float64)
     y = torch.randint(0, 3, (7,))
-    ref = refed_scoring.loop_grad_sq_norms(model, x, y, num_seen=3)
+    ref = reference_grad_sq_norms(model, x, y, num_seen=3)
     flags = {n: p.requires_grad for n, p in model.named_parameters()}
     assert model.training and not flags["conv1.weight"] and all(p.grad is None for p in model.parameters())
     names = [n for n, _ in model.named_parameters()]
-    vec = per_sample_grad_sq_norms(model, x, y, 3, names=names, batch_size=4)
+    vec = grad_sq_norms(model, x, y, 3, names=names, batch_size=4)
     assert refed_scoring.relative_difference(vec, ref) < 1e-12
-    last = refed_scoring.loop_grad_sq_norms(model, x, y, 3, names=["classifier.weight", "classifier.bias"])
+    last = reference_grad_sq_norms(model, x, y, 3, names=["classifier.weight", "classifier.bias"])
     assert bool((last <= ref + 1e-12).all()) and bool((last > 0).all())
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from fedlib.evaluation import claims
 
-from fedlib.runner import profiles
+from fedlib.runner import profiles, specs
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = profiles.notebook_names()
@@ -70,6 +70,7 @@ def test_a_failing_run_leaves_the_chapter_unchanged(tmp_path, monkeypatch):
     monkeypatch.setattr(profiles, "NOTEBOOK_DIR", tmp_path)
     monkeypatch.setattr(profiles, "PROFILE_FILE", tmp_path / "profiles.yml")
     monkeypatch.setattr(profiles, "FAILED_DIR", tmp_path / "failed")
+    monkeypatch.setattr(specs, "spec", lambda chapter: specs.Spec({"x": specs.Int()}))
     out = tmp_path / "out.ipynb"
     out.write_text("previous good run")
     with pytest.raises(papermill.PapermillExecutionError, match="claim does not hold"):

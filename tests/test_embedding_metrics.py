@@ -137,9 +137,9 @@ def test_bad_input_raises_naming_the_parameter():
     y = np.repeat([0, 1], 10)
     with pytest.raises(ValueError, match="k=20 must be smaller than the number of points"):
         em.neighborhood_preservation(X, Z, 20)
-    with pytest.raises(ValueError, match="k must be a positive integer"):
+    with pytest.raises(ValueError, match="k must be an integer >= 1"):
         em.neighborhood_preservation(X, Z, 0)
-    with pytest.raises(ValueError, match="k must be a positive integer"):
+    with pytest.raises(ValueError, match="k must be an integer >= 1"):
         em.knn_accuracy(Z, y, 2.5)
     with pytest.raises(ValueError, match="Z has 19 points but X_high has 20"):
         em.neighborhood_preservation(X, Z[:-1], 3)
@@ -169,3 +169,20 @@ def test_bad_input_raises_naming_the_parameter():
         em.embedding_report(X, Z, y, ks=())
     with pytest.raises(ValueError, match="seed"):
         em.embedding_report(X, Z, y, ks=(1,), seed=-1)
+
+
+def test_distance_estimate_quality_and_neighbour_lists():
+    from fedlib.evaluation.embedding import distance_estimate_quality, neighbour_lists
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((40, 3))
+    D = np.sqrt(((X[:, None] - X[None]) ** 2).sum(-1))
+    assert distance_estimate_quality(D, D, 5) == (0.0, 1.0)
+    err, overlap = distance_estimate_quality(D * 2.0, D, 5)
+    assert err == pytest.approx(1.0) and overlap == 1.0                      # scaling keeps every neighbour
+    nn = neighbour_lists(D, 5, "precomputed")
+    assert nn.shape == (40, 5) and not np.any(nn == np.arange(40)[:, None])  # the point itself excluded
+    assert np.array_equal(nn, neighbour_lists(X, 5))
+    assert distance_estimate_quality(D * 2.0, D, 5, nn_exact=nn) == (err, overlap)
+    with pytest.raises(ValueError, match="square of one shape"):
+        distance_estimate_quality(D[:5], D, 5)

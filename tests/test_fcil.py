@@ -1,4 +1,4 @@
-"""Tests for fedlib.federated.fcil: Finetune / Fed-EWC / Fed-LwF baselines for federated class-incremental learning."""
+"""Tests for fedlib.federated.fcil (Finetune / Fed-EWC / Fed-LwF) run by fedlib.federated.learner.GradientLearner."""
 from __future__ import annotations
 
 import copy
@@ -9,11 +9,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedlib.federated.fcil import (METHODS, FedEWC, FederatedIncrementalLearner, empirical_fisher, make_method, stage_config,
-                         stage_seed)
-from fedlib.federated.gradient import FedAvg, FedConfig, LinearHead, run_federated
-from fedlib.federated.incremental import make_stream, run_class_incremental
+from conftest import make_cfg, make_data, states_equal
 from fedlib.core.messages import Message
+from fedlib.core.persample import fisher_diagonal
+from fedlib.core.seeds import derive_seed
+from fedlib.federated.fcil import METHODS, make_method
+from fedlib.federated.gradient import FedAvg, LinearHead, run_federated
+from fedlib.federated.incremental import make_stream, run_class_incremental
+from fedlib.federated.learner import GradientLearner, stage_config
 
 D, C, T, K, BETA = 8, 6, 3, 3, 0.5
 # Orthogonal class means a * e_c plus unit noise: forgetting comes from parameter drift that
@@ -24,19 +27,8 @@ MEAN_SCALE, SEED = 3.0, 0
 HP = {"finetune": {}, "fedlwf": {"lam": 5.0}, "fedewc": {"lam": 100.0}}
 
 
-def make_data(seed: int = SEED, n_train: int = 100, n_test: int = 50):
-    g = np.random.RandomState(seed)
-    means = np.eye(C, D) * MEAN_SCALE
-    y_tr, y_te = np.repeat(np.arange(C), n_train), np.repeat(np.arange(C), n_test)
-    x_tr = (means[y_tr] + g.randn(len(y_tr), D)).astype(np.float32)
-    x_te = (means[y_te] + g.randn(len(y_te), D)).astype(np.float32)
-    return x_tr, y_tr, x_te, y_te
-
-
 def cfg(**kw):
-    base = dict(rounds=5, local_epochs=2, batch_size=32, lr=0.1, seed=SEED, device="cpu", num_threads=1)
-    base.update(kw)
-    return FedConfig(**base)
+    return make_cfg(dict(rounds=5, local_epochs=2, batch_size=32, lr=0.1), **kw)
 
 
 def linear():
@@ -44,17 +36,13 @@ def linear():
 
 
 def learner(method, **kw):
-    return FederatedIncrementalLearner(linear, kw.pop("config", cfg()), method, num_classes=C,
-                                       progress=False, **{**HP[method], **kw})
-
-
-def states_equal(a, b):
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    return GradientLearner(linear, kw.pop("config", cfg()), method, num_classes=C,
+                           progress=False, **{**HP[method], **kw})
 
 
 @pytest.fixture(scope="module")
 def data():
-    x_tr, y_tr, x_te, y_te = make_data()
+    x_tr, y_tr, x_te, y_te = make_data(n_test=50, scale=MEAN_SCALE)
     stream = make_stream(y_tr, y_te, T, seed=SEED)
     return stream, x_tr, y_tr, x_te, y_te
 
@@ -81,7 +69,7 @@ def stage_clients(data, t):
 
 # ----------------------------------------------------------------------------------------------
 def test_methods_registry():
-    assert set(METHODS) == {"finetune", "fedewc", "fedlwf"}
+    assert set(METHODS) == {"finetune", "fedewc", "fedlwf", "fedprox"}
     assert make_method("FedLwF").hparams() == {"lam": 1.0, "T": 2.0}
     assert make_method("fedewc").lam == 100.0
 
@@ -108,8 +96,8 @@ def test_first_stage_identical_to_masked_fedavg(runs, data):
     num_seen = data[0].num_seen(0)
 
     class MaskedFedAvg(FedAvg):
-        def training_loss(self, model, x, y, global_model, client_state):
-            return F.cross_entropy(model(x)[:, :num_seen], y)
+        def training_loss(self, local, x, y):
+            return F.cross_entropy(local.model(x)[:, :num_seen], y)
 
     ref = run_federated(linear, stage_clients(data, 0), None, MaskedFedAvg(), cfg(), progress=False,
                         num_classes=C)
@@ -158,7 +146,7 @@ def test_empirical_fisher_per_sample():
     torch.manual_seed(0)
     model = LinearHead(D, C)
     x, y = torch.randn(10, D), torch.randint(0, 4, (10,))
-    fisher = empirical_fisher(model, x, y, num_seen=4, batch_size=3)
+    fisher = fisher_diagonal(model, x, y, num_seen=4, batch_size=3)
     ref = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
     for j in range(10):
         model.zero_grad()
@@ -172,17 +160,17 @@ def test_empirical_fisher_per_sample():
 
 def test_ewc_fisher_weighted_mean_and_sum(data):
     lr = learner("fedewc", config=cfg(rounds=1, local_epochs=1))
-    alg = lr.algorithm
     fishers = []
     for t in range(2):
         clients = stage_clients(data, t)
         lr.learn_task(t, clients, data[0].num_seen(t))
         n = torch.tensor([float(c[1].numel()) for c in clients])
-        per = [empirical_fisher(lr.model, x, y, data[0].num_seen(t)) for x, y in clients]
+        per = [fisher_diagonal(lr.model, x, y, data[0].num_seen(t)) for x, y in clients]
         fishers.append({k: sum(w * f[k] for w, f in zip(n / n.sum(), per)) for k in per[0]})
-    for k in alg.fisher:
-        torch.testing.assert_close(alg.fisher[k], fishers[0][k] + fishers[1][k])
-        torch.testing.assert_close(alg.anchor[k], lr.model.state_dict()[k])
+    memory = lr.server_memory  # the server's, kept across stages
+    for k in memory["fisher"]:
+        torch.testing.assert_close(memory["fisher"][k], fishers[0][k] + fishers[1][k])
+        torch.testing.assert_close(memory["anchor"][k], lr.model.state_dict()[k])
 
 
 def test_later_stage_starts_from_previous_model(data):
@@ -197,15 +185,15 @@ def test_later_stage_starts_from_previous_model(data):
 
 
 def test_stage_seeds_are_distinct_and_stage0_keeps_the_seed():
-    seeds = [stage_seed(7, t) for t in range(50)]
-    assert seeds[0] == 7 and len(set(seeds)) == 50
-    assert stage_seed(7, 3) == stage_seed(7, 3) != stage_seed(8, 3)  # deterministic, depends on the run seed
     c = cfg(seed=7)
-    assert stage_config(c, 0) == c and stage_config(c, 2).seed == seeds[2] and stage_config(c, 2).lr == c.lr
-    with pytest.raises(ValueError, match="seed must be a non-negative int"):
-        stage_seed(-1, 0)
-    with pytest.raises(ValueError, match="stage index"):
-        stage_seed(0, -1)
+    seeds = [stage_config(c, t).seed for t in range(50)]
+    assert seeds[0] == 7 and len(set(seeds)) == 50
+    assert stage_config(c, 0) == c and stage_config(c, 2).lr == c.lr
+    # derive_seed(seed, t) is the old fcil.stage_seed: SeedSequence([seed, t])'s first word
+    assert seeds[3] == derive_seed(7, 3) == int(np.random.SeedSequence([7, 3]).generate_state(1, dtype=np.uint32)[0])
+    assert stage_config(c, 3).seed != stage_config(cfg(seed=8), 3).seed
+    with pytest.raises(ValueError, match="t must be"):
+        stage_config(c, -1)
 
 
 def test_each_stage_samples_its_own_clients():
@@ -224,32 +212,32 @@ def test_each_stage_samples_its_own_clients():
     trained = {k for h in lr.histories for ids in h.participants for k in ids}
     assert len(trained) > 4  # more clients than one stage's 2 rounds x 2 clients can reach
     # stage 0 is exactly run_federated with the run's own config (its seed)
-    alg = make_method("finetune")
-    alg.begin_stage(0, 0, 1, None)
+    alg, memory = make_method("finetune"), {}
+    alg.begin_stage(memory, 0, 0, 1, None)
     ref = run_federated(linear, clients, None, alg, cfg(rounds=2, local_epochs=1, participation=0.2),
-                        progress=False, num_classes=C)
+                        progress=False, num_classes=C, memory=memory)
     assert ref.participants == lr.histories[0].participants
 
 
 def test_bad_input(data):
-    with pytest.raises(ValueError, match="allowed: finetune, fedewc, fedlwf"):
-        FederatedIncrementalLearner(linear, cfg(), "icarl", num_classes=C)
+    with pytest.raises(ValueError, match="allowed: finetune, fedewc, fedlwf, fedprox"):
+        GradientLearner(linear, cfg(), "icarl", num_classes=C)
     with pytest.raises(TypeError, match="unknown hyperparameter"):
-        FederatedIncrementalLearner(linear, cfg(), "finetune", num_classes=C, lam=1.0)
+        GradientLearner(linear, cfg(), "finetune", num_classes=C, lam=1.0)
     with pytest.raises(TypeError, match="unknown hyperparameter"):
-        FederatedIncrementalLearner(linear, cfg(), "fedewc", num_classes=C, T=2.0)
+        GradientLearner(linear, cfg(), "fedewc", num_classes=C, T=2.0)
     for bad in (-1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="lam"):
-            FederatedIncrementalLearner(linear, cfg(), "fedewc", num_classes=C, lam=bad)
+            GradientLearner(linear, cfg(), "fedewc", num_classes=C, lam=bad)
         with pytest.raises(ValueError, match="lam"):
-            FederatedIncrementalLearner(linear, cfg(), "fedlwf", num_classes=C, lam=bad)
+            GradientLearner(linear, cfg(), "fedlwf", num_classes=C, lam=bad)
     for bad in (0.0, -2.0):
         with pytest.raises(ValueError, match="T"):
-            FederatedIncrementalLearner(linear, cfg(), "fedlwf", num_classes=C, T=bad)
+            GradientLearner(linear, cfg(), "fedlwf", num_classes=C, T=bad)
     with pytest.raises(TypeError):
-        FederatedIncrementalLearner(linear, {"rounds": 1}, "finetune", num_classes=C)
+        GradientLearner(linear, {"rounds": 1}, "finetune", num_classes=C)
     with pytest.raises(ValueError, match="num_classes"):
-        FederatedIncrementalLearner(linear, cfg(), "finetune", num_classes=0)
+        GradientLearner(linear, cfg(), "finetune", num_classes=0)
     lr = learner("finetune", config=cfg(rounds=1))
     with pytest.raises(ValueError, match="in order"):
         lr.learn_task(1, stage_clients(data, 1), 4)
@@ -257,7 +245,27 @@ def test_bad_input(data):
         lr.learn_task(0, stage_clients(data, 1), 2)  # labels 2, 3 with num_seen 2
     with pytest.raises(ValueError, match="num_seen"):
         lr.learn_task(0, stage_clients(data, 0), C + 1)
-    small = FederatedIncrementalLearner(lambda: LinearHead(D, 1), cfg(rounds=1), "finetune", num_classes=C,
+    small = GradientLearner(lambda: LinearHead(D, 1), cfg(rounds=1), "finetune", num_classes=C,
                                         progress=False)
     with pytest.raises(ValueError, match="logits"):
         small.learn_task(0, stage_clients(data, 0), 2)
+
+
+def test_persample_refuses_empty_input_and_unknown_names():
+    model = LinearHead(D, C)
+    with pytest.raises(ValueError, match="at least one sample"):
+        fisher_diagonal(model, torch.zeros(0, D), torch.zeros(0, dtype=torch.long), 2)
+    with pytest.raises(ValueError, match="names"):
+        fisher_diagonal(model, torch.zeros(3, D), torch.zeros(3, dtype=torch.long), 2, names=["nope"])
+    with pytest.raises(ValueError, match="num_seen"):
+        fisher_diagonal(model, torch.zeros(3, D), torch.zeros(3, dtype=torch.long), 0)
+
+
+def test_ewc_broadcasts_fisher_and_anchor_only_after_a_stage(data):
+    """What an FedEWC client learns arrives in the broadcast: nothing at stage 0, F and theta* after."""
+    lr = learner("fedewc", config=cfg(rounds=1, local_epochs=1))
+    alg = lr.algorithm
+    lr.learn_task(0, stage_clients(data, 0), data[0].num_seen(0))
+    extra = alg.broadcast_extra(lr.server_memory)
+    assert set(extra) == {"num_seen", "num_old", "fisher", "anchor"}
+    assert alg.broadcast_extra({"num_seen": 2, "num_old": 0}) == {"num_seen": 2, "num_old": 0}

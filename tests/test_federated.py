@@ -7,12 +7,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedlib.federated.gradient import (
-    ALGORITHMS, FedConfig, FedDisco, FedDyn, FedNTD, History, LinearHead, MLPHead, MOON, MOONHead, make_algorithm,
-    run_federated, sample_clients,
-)
+from conftest import make_cfg, states_equal
 from fedlib.core.messages import Message
-from fedlib.core.seeds import seed_everything
+from fedlib.core.seeds import seed_everything, torch_generator
+from fedlib.federated.gradient import (
+    ALGORITHMS, FedConfig, FedDisco, FedDyn, FedNTD, GradientServer, History, LinearHead, Local, MOON,
+    MOONHead, make_algorithm, run_federated, sample_clients,
+)
 
 D, C, K = 20, 3, 10
 
@@ -42,14 +43,12 @@ def linear():
 
 
 def cfg(**kw):
-    base = dict(rounds=3, local_epochs=1, batch_size=16, lr=0.05, participation=1.0, seed=0,
-                device="cpu", num_threads=1)
-    base.update(kw)
-    return FedConfig(**base)
+    return make_cfg(dict(rounds=3, local_epochs=1, batch_size=16, lr=0.05, participation=1.0), **kw)
 
 
-def states_equal(a, b):
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+def local(model, glob, state=None, spare=None, **broadcast):
+    """A :class:`Local` for calling client hooks directly."""
+    return Local(model, glob, spare, state if state is not None else {}, Message("server", broadcast))
 
 
 def test_fedavg_learns(fed_data):
@@ -62,7 +61,7 @@ def test_fedavg_learns(fed_data):
 
 
 def _plain_sgd(x, y, c: FedConfig, epochs: int):
-    """Centralised mini-batch SGD with fedlib's documented seeding convention."""
+    """Centralised mini-batch SGD with fedlib's documented seeding convention (client 0's batches)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(c.num_threads)  # same kernels as the federated run
     try:
@@ -75,7 +74,7 @@ def _plain_sgd_body(x, y, c: FedConfig, epochs: int):
     seed_everything(c.seed)
     model = linear()
     opt = torch.optim.SGD(model.parameters(), lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay)
-    gen = torch.Generator().manual_seed(c.seed + 1)
+    gen = torch_generator(c.seed, "batches", 0)
     for _ in range(epochs):
         perm = torch.randperm(x.shape[0], generator=gen)
         xs, ys = x[perm], y[perm]
@@ -146,25 +145,25 @@ def test_feddisco_counts_label_upload_and_weights(fed_data):
     h = run_federated(linear, clients, test, "feddisco", cfg(rounds=1), progress=False)
     assert h.bytes_up[0] == K * ((C * D + C) * 4 + 8) + K * C * 8  # + int64 label counts once
     ups = [Message(f"client{k}", {"n": n}) for k, n in zip((0, 1, 2), (10, 30, 60))]
+    assert h.bytes_down[0] == K * (C * D + C) * 4  # the setup round broadcasts nothing
+    memory = {"discrepancy": {0: 0.0, 1: 0.5, 2: 2.0}}
     alg = FedDisco(a=0.5, b=0.1, metric="l2")  # raw discrepancy
-    alg.discrepancy = {0: 0.0, 1: 0.5, 2: 2.0}
     raw = [max(0.0, p - 0.5 * d + 0.1) for p, d in zip((0.1, 0.3, 0.6), (0.0, 0.5, 2.0))]
-    assert alg.aggregation_weights(ups) == pytest.approx([r / sum(raw) for r in raw])
+    assert alg.aggregation_weights(memory, ups) == pytest.approx([r / sum(raw) for r in raw])
     alg = FedDisco(a=0.5, b=0.1)  # kl: discrepancies normalised to sum 1 over the round
-    alg.discrepancy = {0: 0.0, 1: 0.5, 2: 2.0}
     raw = [max(0.0, p - 0.5 * d / 2.5 + 0.1) for p, d in zip((0.1, 0.3, 0.6), (0.0, 0.5, 2.0))]
-    assert alg.aggregation_weights(ups) == pytest.approx([r / sum(raw) for r in raw])
+    assert alg.aggregation_weights(memory, ups) == pytest.approx([r / sum(raw) for r in raw])
 
 
 def test_feddisco_kl_discrepancy_from_label_counts():
     """Client 0 holds classes {0, 1} equally, client 1 all classes: KL to uniform = log 2 and 0."""
     x = torch.zeros(6, 2)
     clients = [(x[:2], torch.tensor([0, 1])), (x[:4], torch.tensor([0, 1, 2, 3]))]
-    alg = FedDisco()
-    run_federated(lambda: LinearHead(2, 4), clients, (x[:2], torch.tensor([0, 1])), alg, cfg(rounds=1),
-                  progress=False)
-    assert alg.discrepancy[0] == pytest.approx(math.log(2))
-    assert alg.discrepancy[1] == pytest.approx(0.0, abs=1e-12)
+    memory = {}
+    run_federated(lambda: LinearHead(2, 4), clients, (x[:2], torch.tensor([0, 1])), FedDisco(), cfg(rounds=1),
+                  progress=False, memory=memory)
+    assert memory["discrepancy"][0] == pytest.approx(math.log(2))
+    assert memory["discrepancy"][1] == pytest.approx(0.0, abs=1e-12)
 
 
 def test_feddyn_server_update_is_algorithm1():
@@ -176,20 +175,17 @@ def test_feddyn_server_update_is_algorithm1():
             p.normal_()
     theta_prev = {k: v.clone() for k, v in model.state_dict().items()}
 
-    class Ctx:
-        client_sizes = [5, 5, 5, 0]
-
-    alg.setup(Ctx(), model)
+    server = GradientServer(alg, model, num_clients=3)  # 3 non-empty clients
     h = {k: torch.randn_like(v) for k, v in theta_prev.items()}
     for k in h:
-        alg.h[k].copy_(h[k])
+        server.memory["h"][k].copy_(h[k])
     thetas = [{k: v + torch.randn_like(v) for k, v in theta_prev.items()} for _ in range(2)]
-    alg.server_aggregate(model, [Message(f"client{i}", {"state": t, "n": 5}) for i, t in enumerate(thetas)])
-    m = 3  # non-empty clients
+    server.receive([Message(f"client{i}", {"state": t, "n": 5}) for i, t in enumerate(thetas)])
+    m = 3
     for k in theta_prev:
         h_new = h[k] - alpha / m * sum(t[k] - theta_prev[k] for t in thetas)
         expect = sum(t[k] for t in thetas) / 2 - h_new / alpha
-        torch.testing.assert_close(alg.h[k], h_new)
+        torch.testing.assert_close(server.memory["h"][k], h_new)
         torch.testing.assert_close(model.state_dict()[k], expect)
 
 
@@ -198,13 +194,13 @@ def test_fedntd_ignores_true_class():
     alg = FedNTD(beta=1.0, tau=2.0)
     g = linear().requires_grad_(False)
     x, y = torch.randn(8, D), torch.randint(0, C, (8,))
-    assert alg.local_loss(g, x, y, g, {}, logits=g(x)).abs().item() < 1e-6
-    local = g(x) + torch.randn(8, C)
-    base = alg.local_loss(None, x, y, g, {}, logits=local)
-    bumped = local.clone()
+    assert alg.local_loss(local(g, g), x, y, g(x)).abs().item() < 1e-6
+    logits = g(x) + torch.randn(8, C)
+    base = alg.local_loss(local(None, g), x, y, logits)
+    bumped = logits.clone()
     bumped[torch.arange(8), y] += 5.0  # change only the true-class logits
     assert base.item() > 0
-    assert alg.local_loss(None, x, y, g, {}, logits=bumped).item() == pytest.approx(base.item())
+    assert alg.local_loss(local(None, g), x, y, bumped).item() == pytest.approx(base.item())
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
@@ -295,13 +291,13 @@ def test_fedntd_matches_authors_formula_with_tau_squared():
     alg = FedNTD(beta=beta, tau=tau)
     g = linear().requires_grad_(False)
     x, y = torch.randn(16, D), torch.randint(0, C, (16,))
-    local = g(x) + torch.randn(16, C)
+    logits = g(x) + torch.randn(16, C)
     mask = torch.ones(16, C, dtype=torch.bool)
     mask[torch.arange(16), y] = False
-    lg, ll = g(x)[mask].view(16, C - 1), local[mask].view(16, C - 1)
+    lg, ll = g(x)[mask].view(16, C - 1), logits[mask].view(16, C - 1)
     q, p = torch.softmax(lg / tau, 1), torch.softmax(ll / tau, 1)
     expected = beta * tau ** 2 * (q * (q.log() - p.log())).sum(1).mean()
-    got = alg.local_loss(None, x, y, g, {}, logits=local)
+    got = alg.local_loss(local(None, g), x, y, logits)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-7)
 
 
@@ -319,7 +315,7 @@ def test_moon_first_participation_has_no_contrastive_term():
     model, glob = MOONHead(D, C, hidden=16, out_dim=8), MOONHead(D, C, hidden=16, out_dim=8)
     x, y = torch.randn(32, D), torch.randint(0, C, (32,))
     alg = MOON(mu=1.0, tau=0.5)
-    loss = alg.training_loss(model, x, y, glob, {"prev": None})
+    loss = alg.training_loss(local(model, glob, {"prev": None}), x, y)
     torch.testing.assert_close(loss, torch.nn.functional.cross_entropy(model(x), y))
 
 
@@ -328,8 +324,7 @@ def test_moon_contrastive_term_matches_eq3():
     model, glob, prev = (MOONHead(D, C, hidden=16, out_dim=8) for _ in range(3))
     x, y = torch.randn(32, D), torch.randint(0, C, (32,))
     alg = MOON(mu=2.0, tau=0.5)
-    alg.prev_model = prev
-    loss = alg.training_loss(model, x, y, glob, {"prev": prev.state_dict()})
+    loss = alg.training_loss(local(model, glob, {"prev": prev.state_dict()}, spare=prev), x, y)
     z, zg, zp = model.features(x), glob.features(x), prev.features(x)
     cos = torch.nn.functional.cosine_similarity
     e_pos, e_neg = torch.exp(cos(z, zg) / 0.5), torch.exp(cos(z, zp) / 0.5)
@@ -344,3 +339,45 @@ def test_moon_round_one_equals_fedavg(fed_data):
     b = run_federated(model_fn, clients, test, "fedavg", cfg(rounds=1), progress=False)
     for k in a.final_state:
         torch.testing.assert_close(a.final_state[k], b.final_state[k], rtol=0, atol=0)
+
+
+def test_history_cost_and_callbacks(fed_data):
+    clients, test = fed_data
+    seen = []
+    h = run_federated(linear, clients, test, "fedavg", cfg(rounds=2),
+                      progress=False, callbacks=[lambda r, server, cost: seen.append((r, cost.bytes_up))])
+    assert [r for r, _ in seen] == [1, 2] and seen[-1][1] == h.bytes_up[-1] == h.cost.bytes_up
+    assert h.cost.bytes_down == h.bytes_down[-1] and h.cost.seconds == pytest.approx(h.wall_s[-1])
+
+
+def test_client_batches_do_not_depend_on_the_other_clients(fed_data):
+    """Each client draws its mini-batch order from its own generator: client 0's single-round
+    update is the same whether it trains alone or with every other client."""
+    clients, test = fed_data
+    from fedlib.core.protocol import ClientStates
+    from fedlib.federated.gradient import GradientClient
+
+    def upload(ids):
+        seed_everything(0)
+        model = linear()
+        client = GradientClient(make_algorithm("fedavg"), model, cfg(), C)
+        states = ClientStates(client)
+        msg = Message("server", {"state": model.state_dict()})
+        return {k: client.step(clients[k], states[k], msg) for k in ids}[0]["state"]
+
+    assert states_equal(upload([0]), upload(range(K)))
+
+
+def test_feddyn_and_moon_keep_state_per_client(fed_data):
+    """FedDyn's correction and MOON's previous model live in each client's own state."""
+    clients, test = fed_data
+    from fedlib.core.protocol import ClientStates
+
+    states = ClientStates()
+    run_federated(linear, clients[:3], test, "feddyn", cfg(rounds=2), progress=False, states=states)
+    grads = [states[k]["grad"] for k in range(3)]
+    assert all(g is not None for g in grads) and not torch.equal(grads[0][0], grads[1][0])
+    states = ClientStates()
+    run_federated(lambda: MOONHead(D, C, hidden=16, out_dim=8), clients[:3], test, "moon", cfg(rounds=1),
+                  progress=False, states=states)
+    assert sorted(states) == [0, 1, 2] and all(states[k]["prev"] is not None for k in range(3))

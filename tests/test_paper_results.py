@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedlib.evaluation import paper_tables as pr
+from fedlib.evaluation import tables as pr
 
 BETAS = [1.0, 0.5, 0.1]
 METRICS = ["A_avg", "A_T", "F_T"]
@@ -244,3 +244,45 @@ def test_fedtsne_metric_names_match_embedding_report():
     y = np.repeat([0, 1], 60)
     report = embedding_report(np.hstack([Z, Z]), Z, y)
     assert set(pr.FEDTSNE_METRICS) <= set(report)
+
+
+# ---------------------------------------------------------------- Re-Fed, Tables 1-4 and 10
+def test_refed_tables_layout_and_spot_values():
+    t1 = pr.refed_table1()
+    assert t1.shape == (6, 16) and t1.index.name == "dataset (paper)"
+    assert list(t1.columns.get_level_values("method").unique()) == pr.REFED_METHODS
+    assert t1.loc["CIFAR10 (alpha 1.0)", ("Re-Fed", "mean")] == 29.22
+    assert t1.loc["CIFAR100 (alpha 5.0)", ("Fixed", "std")] == 0.22
+    assert t1.loc["DomainNet (alpha 10)", ("FedCIL", "mean")] == 47.28
+    t2 = pr.refed_table2()
+    assert t2.shape == (3, 24) and t2.columns.names == ["alpha", "lambda", "stat"]
+    assert t2.loc["Office31", (1.0, 0.8, "mean")] == 50.08 and t2.loc["Tiny-ImageNet", (10, 0.2, "std")] == 0.30
+    t3 = pr.refed_table3()
+    assert t3.loc["Digit10 (4 tasks)", ("Re-Fed", "mean")] == 325 and t3.loc["Office31 (3 tasks)", ("Shared", "std")] == 1.12
+    t4 = pr.refed_table4()
+    assert t4.loc["Digit10", ("FCIL", 1000, "mean")] == 77.50 and t4.loc["Tiny-ImageNet", ("Re-Fed", 3000, "mean")] == 35.66
+    t10 = pr.refed_table10()
+    assert t10.shape == (3, 6) and t10.loc["Average-Weighting", "Office31"] == 48.95
+    assert all(dtype == np.float64 for t in (t1, t2, t3, t4, t10) for dtype in t.dtypes)
+
+
+def test_refed_tables_printed_cells_are_strings_as_printed():
+    p1 = pr.refed_table1(printed=True)
+    assert p1.shape == (6, 8) and list(p1.columns) == pr.REFED_METHODS
+    assert p1.loc["Office31 (alpha 1)", "Re-Fed"] == "50.80±0.77"
+    assert pr.refed_table2(printed=True).loc["CIFAR10", (0.1, 0.2)] == "18.75±1.30"
+    assert pr.refed_table4(printed=True).columns.names == ["method", "M"]
+    assert pr.refed_table10(printed=True).loc["Late-Emphasis (reversed ranking)", "DomainNet"] == "53.90"
+
+
+def test_refed_consistency_reports_checks_and_the_office31_typo():
+    lines = pr.refed_consistency()
+    assert len(lines) == 2 and "29.22" in lines[0] and "50.80±0.77" in lines[1] and "50.08±0.77" in lines[1]
+
+
+def test_printed_cells_reject_a_cell_without_std():
+    from fedlib.evaluation.tables._printed import cells
+
+    assert cells("1.5±0.1 2±3") == [1.5, 0.1, 2.0, 3.0]
+    with pytest.raises(ValueError, match="mean±std"):
+        cells("1.5")

@@ -60,12 +60,12 @@ def test_calibration_spends_at_most_the_target_and_is_tight(accountant):
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda: pv.gaussian_epsilon(1.0, 0.0), "delta"),
+    (lambda: pv.gaussian_epsilon(1.0, 0.0), r"delta must be a finite number > 0.0 and < 1.0, got 0.0"),
     (lambda: pv.gaussian_epsilon(1.0, 1e-5, 0), "steps"),
     (lambda: pv.gaussian_epsilon(-1.0, 1e-5), "noise multipliers"),
     (lambda: pv.gaussian_epsilon(1.0, 1e-5, 1, "moments"), "accountant"),
     (lambda: pv.calibrate_noise_multiplier(0.0, 1e-5), "epsilon"),
-    (lambda: pv.calibrate_noise_multiplier(1.0, 1.0), "delta"),
+    (lambda: pv.calibrate_noise_multiplier(1.0, 1.0), r"delta must be a finite number > 0.0 and < 1.0, got 1.0"),
     (lambda: pv.calibrate_noise_multiplier(1.0, 1e-5, 1, "gdp"), "accountant"),
     (lambda: pv.analytic_gaussian_sigma(1.0, 1e-5, -1.0), "sensitivity"),
     (lambda: pv.analytic_gaussian_epsilon(0.0, 1e-5), "sigma"),
@@ -74,3 +74,19 @@ def test_calibration_spends_at_most_the_target_and_is_tight(accountant):
 def test_bad_input_raises_value_error(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_checks_come_from_fedlib_core_validate_with_their_ranges():
+    assert pv.check_epsilon(2) == 2.0 and isinstance(pv.check_epsilon(2), float)
+    assert pv.check_delta(1e-5) == 1e-5
+    assert pv.check_accountant("rdp") == "rdp"
+    for bad in (0.0, -1.0, math.inf, True, "1"):
+        with pytest.raises(ValueError, match="epsilon must be a finite number > 0"):
+            pv.check_epsilon(bad)
+    for bad in (0.0, 1.0, 2.0, math.nan):
+        with pytest.raises(ValueError, match=r"delta must be a finite number > 0.0 and < 1.0"):
+            pv.check_delta(bad)
+    with pytest.raises(ValueError, match="unknown accountant 'gdp'; allowed: pld, rdp"):
+        pv.check_accountant("gdp")
+    with pytest.raises(ValueError, match="steps must be an integer >= 1"):
+        pv.calibrate_noise_multiplier(1.0, 1e-5, 1.5)

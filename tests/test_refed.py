@@ -1,35 +1,25 @@
 """Tests for fedlib.papers.refed: Re-Fed cache selection (PIM, Eqs. 3-5) and the replay baselines."""
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
-from fedlib.federated.fcil import FederatedIncrementalLearner
-from fedlib.federated.gradient import FedConfig, LinearHead, MLPHead
+from conftest import make_cfg, make_data, states_equal
+from fedlib.core.persample import grad_sq_norms, last_layer_grad_sq_norms, reference_grad_sq_norms
+from fedlib.federated.gradient import LinearHead, MLPHead
 from fedlib.federated.incremental import make_stream, run_class_incremental
-from fedlib.papers.refed import (LEARNERS, FixedLearner, ReplayLearner, importance_scores, last_layer_grad_sq_norms,
-                          make_learner, per_sample_grad_sq_norms, q_lambda, rounds_to_best, select_top,
-                          train_pim)
+from fedlib.federated.learner import FixedLearner, GradientLearner, select_top
+from fedlib.papers.refed import (LEARNERS, RefedReplay, importance_scores, make_learner, q_lambda, rounds_to_best,
+                                 train_pim)
 
 D, C, T, K, SEED = 8, 6, 3, 3, 0
 
 
-def make_data(seed: int = SEED, n_train: int = 100, n_test: int = 30, shift=None):
-    g = np.random.RandomState(seed)
-    means = np.eye(C, D) * 3.0 + (0.0 if shift is None else shift)
-    y_tr, y_te = np.repeat(np.arange(C), n_train), np.repeat(np.arange(C), n_test)
-    x_tr = (means[y_tr] + g.randn(len(y_tr), D)).astype(np.float32)
-    x_te = (means[y_te] + g.randn(len(y_te), D)).astype(np.float32)
-    return x_tr, y_tr, x_te, y_te
-
-
 def cfg(**kw):
-    base = dict(rounds=3, local_epochs=1, batch_size=32, lr=0.1, seed=SEED, device="cpu", num_threads=1,
-                participation=0.67)
-    base.update(kw)
-    return FedConfig(**base)
+    return make_cfg(dict(rounds=3, local_epochs=1, batch_size=32, lr=0.1, participation=0.67), **kw)
 
 
 def linear():
@@ -38,19 +28,6 @@ def linear():
 
 def mlp():
     return MLPHead(D, C, hidden=16)
-
-
-def states_equal(a, b):
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # tiny models: more threads only add OpenMP contention on a shared 2-core machine
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 @pytest.fixture(scope="module")
@@ -120,30 +97,20 @@ def test_select_top_ties_and_class_balance():
 # ----------------------------------------------------------------------------------------------
 # per-sample gradient norms (Eq. 4)
 # ----------------------------------------------------------------------------------------------
-def autograd_loop(model, x, y, num_seen, names):
-    params = dict(model.named_parameters())
-    out = []
-    for i in range(len(y)):
-        loss = F.cross_entropy(model(x[i:i + 1])[:, :num_seen], y[i:i + 1])
-        grads = torch.autograd.grad(loss, [params[n] for n in names])
-        out.append(sum(g.pow(2).sum() for g in grads))
-    return torch.stack(out)
-
-
 def test_per_sample_norms_match_autograd_loop_and_closed_form():
     torch.manual_seed(0)
     model = mlp()
     x, y = torch.randn(20, D), torch.randint(0, 4, (20,))
     names = [n for n, _ in model.named_parameters()]
-    exact = per_sample_grad_sq_norms(model, x, y, 4, batch_size=7)  # chunks of 7: 3 vmap calls
+    exact = grad_sq_norms(model, x, y, 4, batch_size=7)  # chunks of 7: 3 vmap calls
     assert exact.shape == (20,)
-    assert torch.allclose(exact, autograd_loop(model, x, y, 4, names), rtol=1e-5, atol=1e-7)
+    assert torch.allclose(exact, reference_grad_sq_norms(model, x, y, 4, names), rtol=1e-5, atol=1e-7)
     last = ["classifier.weight", "classifier.bias"]
-    ref = autograd_loop(model, x, y, 4, last)
-    assert torch.allclose(per_sample_grad_sq_norms(model, x, y, 4, names=last), ref, rtol=1e-5, atol=1e-7)
+    ref = reference_grad_sq_norms(model, x, y, 4, last)
+    assert torch.allclose(grad_sq_norms(model, x, y, 4, names=last), ref, rtol=1e-5, atol=1e-7)
     assert torch.allclose(last_layer_grad_sq_norms(model, x, y, 4), ref, rtol=1e-5, atol=1e-7)
     lin = linear()  # for a linear model the closed form is the exact all-parameter norm
-    assert torch.allclose(last_layer_grad_sq_norms(lin, x, y, 4), per_sample_grad_sq_norms(lin, x, y, 4),
+    assert torch.allclose(last_layer_grad_sq_norms(lin, x, y, 4), grad_sq_norms(lin, x, y, 4),
                           rtol=1e-5, atol=1e-7)
     # a model whose output is not its last Linear's output is refused
     bad = torch.nn.Sequential(torch.nn.Linear(D, C), torch.nn.Tanh())
@@ -242,7 +209,7 @@ def test_check_memory_catches_each_modes_constraint(data):
 
 
 def test_each_task_samples_its_own_clients(data):
-    """Regression: ReplayLearner passed the same config (seed) to run_federated at every task, so
+    """Regression: the replay learner passed the same config (seed) to run_federated at every task, so
     every task drew the same client subsets and batch orders."""
     lr = run_stages(make_learner("fedavg_replay", linear, cfg(rounds=2, participation=0.34), num_classes=C,
                                  memory=40, memory_mode="replay", progress=False), data, beta=1.0)
@@ -257,7 +224,7 @@ def test_each_task_samples_its_own_clients(data):
 def test_class_balanced_refed_gives_every_class_the_same_quota(data):
     lr = run_stages(make_learner("refed_balanced", linear, cfg(), num_classes=C, memory=40, memory_mode="replay",
                                  pim_epochs=1, progress=False), data, stages=2, beta=1.0)
-    assert lr.class_balanced == "equal" and lr.check_memory() == []
+    assert lr.replay.class_balanced == "equal" and lr.check_memory() == []
     selected = 0
     for k in range(K):
         pool = stage_clients(data, 0, beta=1.0)[k][1]
@@ -287,8 +254,8 @@ def test_task1_identity_with_fedavg(data):
     assert states_equal(refed.model.state_dict(), fedavg.model.state_dict())
     assert states_equal(refed.model.state_dict(), replay.model.state_dict())
     # with n_k-weighted aggregation it is bit-identical to fcil's Finetune (plain FedAvg + masked CE)
-    sized = ReplayLearner(linear, c, num_classes=C, memory=100, aggregation="size", progress=False)
-    fcil = FederatedIncrementalLearner(linear, c, "finetune", num_classes=C, progress=False)
+    sized = make_learner("refed", linear, c, num_classes=C, memory=100, aggregation="size", progress=False)
+    fcil = GradientLearner(linear, c, "finetune", num_classes=C, progress=False)
     for lr in (sized, fcil):
         lr.learn_task(0, stage_clients(data, 0, beta=1.0), data[0].num_seen(0))
     assert states_equal(sized.model.state_dict(), fcil.model.state_dict())
@@ -389,8 +356,10 @@ def test_bad_input(data):
             make_learner("refed", linear, c, num_classes=C, **{"memory": 100, **kw})
     with pytest.raises(ValueError, match="method"):
         make_learner("icarl", linear, c, num_classes=C)
-    with pytest.raises(ValueError, match="selection"):
-        ReplayLearner(linear, c, num_classes=C, selection="herding", memory=10)
+    with pytest.raises(TypeError, match="replay"):
+        GradientLearner(linear, c, num_classes=C, replay="herding")
+    with pytest.raises(ValueError, match="aggregation"):
+        GradientLearner(linear, c, num_classes=C, aggregation="median")
     with pytest.raises(ValueError, match="memory"):
         make_learner("fedprox_replay", linear, c, num_classes=C)
     with pytest.raises(TypeError):
@@ -408,3 +377,100 @@ def test_bad_input(data):
     with pytest.raises(ValueError, match="same 3 clients"):
         lr.learn_task(1, stage_clients(data, 1)[:2], data[0].num_seen(1))
     assert isinstance(make_learner("fixed", linear, c, num_classes=C, memory=5), FixedLearner)
+
+
+def test_cache_is_client_state_and_callbacks_observe_the_run(data):
+    """The replay cache lives in each client's own state across stages; on_stage_end and round
+    callbacks see every stage and round (what the notebooks used to monkey-patch for)."""
+    kept, rounds = [], []
+    lr = make_learner("fedavg_replay", linear, cfg(rounds=2), num_classes=C, memory=40, memory_mode="replay",
+                      progress=False, callbacks=[lambda r, server, cost: rounds.append(r)],
+                      on_stage_end=[lambda t, learner: kept.append((t, copy.deepcopy(learner.model.state_dict())))])
+    run_stages(lr, data, beta=1.0)
+    assert [t for t, _ in kept] == [0, 1, 2] and rounds == [1, 2] * T
+    assert states_equal(kept[-1][1], lr.model.state_dict())
+    locals_ = [lr.states[k]["local"] for k in range(K)]
+    assert all(loc[0] is not other[0] for i, loc in enumerate(locals_) for other in locals_[i + 1:])
+    assert [len(loc[1]) for loc in locals_] == lr.memory_log[-1]["local"].tolist()
+    assert all(int((loc[2] < T - 1).sum()) == lr.memory_log[-1]["old"][k] for k, loc in enumerate(locals_))
+    fixed = make_learner("fixed", linear, cfg(rounds=1), num_classes=C, progress=False,
+                         on_stage_end=[lambda t, learner: kept.append((t, None))])
+    run_stages(fixed, data)
+    assert [t for t, _ in kept[-T:]] == list(range(T))
+
+
+def test_refed_selection_uses_each_clients_own_stream(data):
+    """Client k's cache at stage t depends only on its own pool, the broadcast model and
+    torch_generator(seed, "cache", t, k): two identical runs give identical caches, and the
+    RefedReplay policy object keeps no per-client state."""
+    runs = [run_stages(make_learner("refed", linear, cfg(), num_classes=C, memory=40, memory_mode="replay",
+                                    pim_epochs=1, progress=False), data, stages=2) for _ in range(2)]
+    for k in range(K):
+        assert all(torch.equal(a, b) for a, b in zip(runs[0].local_sets[k], runs[1].local_sets[k]))
+    assert isinstance(runs[0].replay, RefedReplay) and set(vars(runs[0].replay)) == {
+        "memory", "memory_mode", "lam", "pim_epochs", "pim_lr", "pim_momentum", "weighting", "prox_scaling",
+        "grad_norm", "class_balanced"}
+
+
+# ----------------------------------------------------------------------------------------------
+# the benchmark chapter's runs (run_scenario, ScenarioRuns)
+# ----------------------------------------------------------------------------------------------
+def _scenario(data):
+    stream, x_tr, y_tr, x_te, y_te = data
+    return {"name": "toy", "x_train": torch.from_numpy(x_tr), "y_train": y_tr, "x_test": torch.from_numpy(x_te),
+            "y_test": y_te, "stream": lambda seed: make_stream(y_tr, y_te, T, seed=seed), "alpha": 1.0, "lr": 0.1,
+            "memory": 15, "lam": 0.8, "rounds": 2, "first_rounds": None, "epochs": 1}
+
+
+SETTINGS = dict(model_fn=linear, num_clients=K, batch_size=32, momentum=0.0, participation=0.67, device="cpu",
+                num_threads=1, memory_mode="replay", pim_epochs=2, grad_norm="exact", num_classes=C,
+                method_hparams={"fedprox_replay": {"mu": 0.01}})
+
+
+def test_run_scenario_equals_the_direct_run(data):
+    from fedlib.papers.refed import run_scenario
+
+    scen = _scenario(data)
+    for method in ["refed", "fedprox_replay", "fedavg"]:
+        out = run_scenario(scen, "class", method, SEED, **SETTINGS)
+        # the reference: the learner built and run by hand
+        stream = make_stream(scen["y_train"], scen["y_test"], T, seed=SEED)
+        kw = {"memory_mode": "replay"} if method != "fedavg" else {}
+        if method == "refed":
+            kw.update(lam=0.8, weighting="early", pim_epochs=2, grad_norm="exact")
+        if method == "fedprox_replay":
+            kw["mu"] = 0.01
+        config = make_cfg(dict(rounds=2, local_epochs=1, batch_size=32, lr=0.1, participation=0.67,
+                               momentum=0.0, weight_decay=0.0, eval_every=10**6))
+        learner = make_learner(method, linear, config, num_classes=C, memory=15, progress=False, **kw)
+        ref = run_class_incremental(learner, stream, scen["x_train"], scen["y_train"], scen["x_test"],
+                                    scen["y_test"], K, 1.0, SEED, progress=False)
+        assert np.array_equal(out["result"].acc, ref.acc, equal_nan=True), method
+        assert states_equal(out["learner"].model.state_dict(), learner.model.state_dict())
+        row = out["row"]
+        assert row["key"] == method and row["A_T"] == pytest.approx(ref.summary()["A_T"])
+        assert row["top1_T"] == pytest.approx(100 * ref.top1[-1]) and np.isnan(row["CoR_sum"])
+        assert out["cor"] == [] and not out["tracked"]
+        assert out["client_stages"] == (0 if method == "fedavg" else
+                                        sum(len(log["new"]) for log in learner.memory_log[1:] if len(log)))
+
+
+def test_scenario_runs_cache_tracking_and_proxy(data):
+    from fedlib.papers.refed import PIM_METHODS, REPLAY_METHODS, ScenarioRuns
+
+    assert set(PIM_METHODS) <= set(REPLAY_METHODS) and "fedavg" not in REPLAY_METHODS
+    runs = ScenarioRuns({"class": _scenario(data)}, **SETTINGS)
+    a = runs("class", "fedavg", SEED)
+    assert runs("class", "fedavg", SEED) is a                        # cached
+    assert runs("class", "fedavg", SEED, memory=99, lam=0.3) is a    # memory and lambda do not apply to FedAvg
+    tracked = runs("class", "fedavg", SEED, track=True)              # an untracked run does not serve a tracked one
+    assert tracked is not a and tracked["tracked"] and len(tracked["cor"]) == T
+    assert tracked["row"]["CoR_sum"] == sum(tracked["cor"])
+    assert runs("class", "fedavg", SEED) is tracked                  # a tracked run serves an untracked request
+    assert np.array_equal(tracked["result"].acc, a["result"].acc, equal_nan=True)
+    proxy = runs("class", "refed_proxy", SEED, memory=10)
+    assert proxy["learner"].replay.grad_norm == "last_layer" and proxy["result"].method == "refed [last-layer proxy]"
+    late = runs("class", "refed", SEED, weighting="late")
+    assert late["learner"].replay.weighting == "late" and late["result"].method.endswith("(late)")
+    assert runs.memory_checks["runs"] == 4 and len(runs.runs) == 3   # the tracked FedAvg run replaced the untracked
+    assert runs.memory_checks["client-stages"] == proxy["client_stages"] + late["client_stages"] > 0

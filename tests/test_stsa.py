@@ -285,15 +285,8 @@ def test_feature_skew_learner_shifts_each_client_and_checks_the_client_count():
 def test_between_client_scatter_is_independent_of_s_minus_b_not_of_s():
     """The derivation's step: for Gaussian features, B ~ Wishart(Sigma, K-1) and S - B ~ Wishart(Sigma,
     n-K) are independent; B and S = B + (S - B) are not (corr(tr B, tr S) = sqrt((K-1)/(n-1)))."""
-    rng = np.random.default_rng(0)
-    n, k, reps = 12, 4, 4000
-    tb, ts = np.empty(reps), np.empty(reps)
-    for r in range(reps):
-        x = rng.standard_normal((n, 2))
-        m = x.mean(0)
-        means = x.reshape(k, n // k, 2).mean(1)
-        tb[r] = (n // k) * ((means - m) ** 2).sum()
-        ts[r] = ((x - m) ** 2).sum()
+    n, k = 12, 4
+    tb, ts = stsa.scatter_traces(n, k, 4000, np.random.default_rng(0))
     assert abs(np.corrcoef(tb, ts - tb)[0, 1]) < 0.06
     assert np.corrcoef(tb, ts)[0, 1] == pytest.approx(np.sqrt((k - 1) / (n - 1)), abs=0.06)
 
@@ -336,3 +329,155 @@ def test_stsae_refuses_a_partition_with_clients_smaller_than_k_d_before_any_work
 def test_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+# ----------------------------------------------------------------------------------------------
+# the one protocol: client program, server, broadcast, measured cost, per-client seeds, callbacks
+# ----------------------------------------------------------------------------------------------
+def _stage_clients(x, y, stream, t, k, beta=0.5, min_size=1):
+    parts = stream.client_partitions(t, y, k, beta, min_size=min_size)
+    return [(torch.from_numpy(x[p]), torch.from_numpy(stream.relabel(y[p]))) for p in parts]
+
+
+@pytest.mark.parametrize("variant, extra", [("stsa", {}), ("stsa_e", {"num_dummy": 2})])
+def test_learner_cost_is_measured_and_counts_the_broadcast(variant, extra):
+    from fedlib.core.protocol import simulate
+    from fedlib.core.seeds import derive_seed
+
+    x, y = _toy()
+    xt, yt = _toy(60, seed=1)
+    stream = make_stream(y, yt, 3, seed=0)
+    learner = stsa.STSALearner(5, 6, M=16, gamma=0.5, variant=variant, rf_seed=3, seed=4, **extra)
+    res = run_class_incremental(learner, stream, x, y, xt, yt, 4, 0.5, min_size=2, progress=False)
+    assert learner.cost.bytes_up == int(res.bytes_up.sum()) > 0
+    # the broadcast: rf_seed, M, stage, offset, num_classes (5 numbers of 8 bytes) to 4 clients, 3 stages
+    assert learner.cost.bytes_down == 3 * 4 * 5 * 8
+    assert learner.cost.seconds > 0
+    # the clients' states persist across stages: R was regenerated once per client, from the broadcast seed
+    assert sorted(learner.states) == [0, 1, 2, 3]
+    assert all(torch.equal(s["features"].weight, learner.features.weight) for s in learner.states.values())
+    if variant == "stsa_e":  # dummy split of client k at stage t from derive_seed(seed, "dummy_split", t, k)
+        server = stsa.STSAServer(16, 6, 0.5, "stsa_e")
+        server.begin_stage(rf_seed=3, M=16, stage=1, offset=2, num_classes=2)
+        clients = _stage_clients(x, y, stream, 1, 2, min_size=2)
+        simulate(server, learner.client, clients)
+        for k, (xk, yk) in enumerate(clients):
+            expect = stsa.stsae_client(xk, yk.numpy() - 2, 2, learner.features, 2,
+                                       seed=derive_seed(4, "dummy_split", 1, k))
+            got = learner.client.step((xk, yk), learner.client.init_state(k), server.broadcast())
+            assert torch.equal(got["C"], expect["C"]) and torch.equal(got["n"], expect["n"])
+
+
+def test_upload_noise_is_drawn_per_client_from_its_own_stream():
+    from fedlib.core.seeds import torch_generator
+
+    x, y = _toy()
+    client = stsa.STSAClient("stsa", seed=7, noise=(0.1, 1.0), noise_entries=("C",))
+    server = stsa.STSAServer(8, 6, 1.0)
+    server.begin_stage(rf_seed=0, M=8, stage=2, offset=0, num_classes=6)
+    data = (torch.from_numpy(x[:50]), torch.from_numpy(y[:50]))
+    clean = stsa.STSAClient("stsa").step(data, {"k": 1, "name": "client1", "features": None}, server.broadcast())
+    noisy = client.step(data, client.init_state(1), server.broadcast())
+    expect = stsa.add_upload_noise(clean, 0.1, 1.0, torch_generator(7, "upload_noise", 2, 1), entries=("C",))
+    assert torch.equal(noisy["C"], expect["C"]) and torch.equal(noisy["G"], clean["G"])
+    other = client.step(data, client.init_state(2), server.broadcast())
+    assert not torch.equal(other["C"], noisy["C"])   # another client, another stream
+
+
+def test_on_stage_end_callbacks_see_every_stage_head():
+    x, y = _toy()
+    xt, yt = _toy(60, seed=1)
+    stream = make_stream(y, yt, 3, seed=0)
+    seen = []
+    keep = [lambda t, lrn: seen.append((t, lrn.weights.clone()))]
+    learner = stsa.STSALearner(5, 6, M=16, gamma=0.5, on_stage_end=keep)
+    run_class_incremental(learner, stream, x, y, xt, yt, 3, 0.5, progress=False)
+    assert [t for t, _ in seen] == [0, 1, 2] and [w.shape[1] for _, w in seen] == [2, 4, 6]
+    assert torch.equal(seen[-1][1], learner.weights)
+
+
+def test_afl_stagewise_learner_runs_on_the_protocol_with_its_cost():
+    x, y = _toy()
+    xt, yt = _toy(60, seed=1)
+    stream = make_stream(y, yt, 3, seed=0)
+    learner = stsa.AFLStagewiseLearner(5, 6, M=16, gamma=2.0)
+    res = run_class_incremental(learner, stream, x, y, xt, yt, 4, 0.5, progress=False)
+    # each client: W (M, c_t), C (M, M), gamma; broadcast adds the per-client gamma (6 numbers)
+    assert int(res.bytes_up.sum()) == learner.cost.bytes_up == 3 * 4 * ((16 * 2 + 16 * 16) * 8 + 8)
+    assert learner.cost.bytes_down == 3 * 4 * 6 * 8
+
+
+def test_server_receive_stage_equals_broadcast_then_receive():
+    x, y = _toy()
+    rf = stsa.RandomFeatures(5, 12, seed=1)
+    msgs = [stsa.stsa_client(x[k::3], y[k::3], 6, rf) for k in range(3)]
+    a, b = stsa.STSAServer(12, 8, 1.0), stsa.STSAServer(12, 8, 1.0)
+    a.receive_stage(msgs, offset=2)
+    b.begin_stage(rf_seed=1, M=12, stage=0, offset=2, num_classes=6)
+    b.receive(msgs)
+    assert torch.equal(a.solve(8), b.result())
+
+
+def test_run_fcil_and_the_learner_factory():
+    from fedlib.data.features import Features
+
+    x, y = _toy()
+    xt, yt = _toy(60, seed=1)
+    feats = Features("toy", x.astype(np.float32), y, xt.astype(np.float32), yt, tuple(range(6)))
+    kw = dict(num_tasks=3, num_clients=3, gamma=1.0, num_dummy=2)
+    for method in list(stsa.ANALYTIC) + [stsa.JOINT]:
+        res, lrn = stsa.run_fcil(method, feats, 0.5, 0, "toy", 16, return_learner=True, **kw)
+        assert res.method == method and res.acc.shape == (3, 3) and lrn.cost.bytes_up == int(res.bytes_up.sum())
+    skewed = stsa.run_fcil("STSA", feats, 0.5, 0, "toy", 16, skew=0.5, **kw)
+    plain = stsa.run_fcil("STSA", feats, 0.5, 0, "toy", 16, **kw)
+    assert not np.array_equal(skewed.acc, plain.acc)   # the features arrive shifted per client
+
+
+def test_derivation_helpers():
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal((30, 4)))
+    errors, mean = stsa.design_monte_carlo(x, [10, 10, 10], "global", 50, np.random.default_rng(1))
+    assert list(errors.columns) == ["repetitions", "rel. error of the mean"] and mean.shape == (4, 4)
+    row = stsa.plugin_errors(200, 5, 0)
+    assert row["n"] == 200 and row["K K_D"] == 5 and row["plug-in (1/n)||X(W_E - W*)||"] > 0
+    tensors = [torch.ones(3, 3) * k for k in range(4)]
+    masked = stsa.pairwise_masked([t.double() for t in tensors], np.random.default_rng(0))
+    assert torch.allclose(sum(masked), sum(t.double() for t in tensors), atol=1e-9)
+    assert float((masked[0] - tensors[0]).abs().max()) > 1.0
+
+
+def test_validators_name_the_parameter():
+    with pytest.raises(ValueError, match=r"num_dummy \(K_D\) must be an integer >= 1"):
+        stsa.STSALearner(5, 6, M=8, gamma=1.0, num_dummy=0)
+    with pytest.raises(ValueError, match="M must be an integer >= 1"):
+        stsa.RandomFeatures(5, 0)
+    with pytest.raises(ValueError, match="num_clients must be an integer >= 1"):
+        stsa.client_shifts(True, 3, 0.1, 1.0)
+
+
+def test_gram_error_law_matches_monte_carlo_and_vanishes_at_k_equal_n():
+    sigma = np.diag([1.0, 2.0, 3.0])
+    mean, se = stsa.gram_error_monte_carlo(np.ones(3), sigma, 20, 4, 800, np.random.default_rng(0))
+    assert abs(mean - stsa.gram_error_law(20, 4, sigma)) < 5 * se
+    assert stsa.gram_error_law(20, 20, sigma) == 0.0
+    with pytest.raises(ValueError, match="k must be an integer >= 2"):
+        stsa.gram_error_law(20, 1, sigma)
+
+
+def test_feature_skew_scatter_ratio_is_one_without_shifts_and_above_with_them():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((60, 4))
+    rf = stsa.RandomFeatures(4, 4)
+    sizes = np.array([15, 15, 15, 15])
+    flat, se = stsa.feature_skew_scatter_ratio(x, rf, sizes, np.zeros((4, 4)), 300, rng)
+    assert abs(flat - 1) < 4 * se
+    skewed, se2 = stsa.feature_skew_scatter_ratio(x, rf, sizes, stsa.client_shifts(4, 4, 1.0, 1.0), 300, rng)
+    assert skewed - 1 > 4 * se2
+
+
+def test_lemma_3_5_quantity_follows_the_wishart_law_not_the_paper():
+    sigma = np.diag([1.0, 2.0])
+    value = stsa.centred_scatter_sq_norm_monte_carlo(sigma, 6, 3000, np.random.default_rng(0))
+    tr1, tr2 = 3.0, 5.0
+    assert value == pytest.approx(5 * (6 * tr2 + tr1 ** 2), rel=0.1)   # (n-1)[n tr S^2 + (tr S)^2]
+    with pytest.raises(ValueError, match="n = 10 must be a multiple of k = 4"):
+        stsa.scatter_traces(10, 4, 5, np.random.default_rng(0))

@@ -10,29 +10,23 @@ Prints, in one run on this machine:
    B = X^T Y accumulated in chunks) against one plain float64 matrix product ``X^T X`` of the same
    size, as GFLOP/s and a ratio.
 
-    python -m fedlib.bench.afl_aggregation [--clients 1000] [--dim 1280] [--out FILE]
+    python -m fedlib.bench.afl_aggregation [--clients 1000] [--dim 1280] [--repeats 3] [--out FILE]
+
+The report goes to ``book/benchmarks/afl_aggregation.txt`` unless ``--out`` says otherwise
+(``--out -``: print only).
 """
 from __future__ import annotations
 
-import argparse
-import platform
 import sys
-import time
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from fedlib.bench import write_report
+from fedlib import bench
 from fedlib.papers import afl
 from fedlib.core.linalg import SufficientStats, as_tensor
 from fedlib.core.devices import resolve_device
-
-
-def _timed(fn):
-    t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0
 
 
 def aggregation(clients: int, dim: int, classes: int, per_client: int, device, seed: int = 0) -> dict:
@@ -59,42 +53,42 @@ def accumulation(n: int, dim: int, classes: int, device, repeats: int = 3) -> di
     x = rng.standard_normal((n, dim)).astype(np.float32)
     y = rng.integers(0, classes, n)
     x64 = as_tensor(x, torch.float64, device)
-    t_stats = min(_timed(lambda: SufficientStats.from_data(x, y, classes, device=device))[1] for _ in range(repeats))
-    t_plain = min(_timed(lambda: x64.T @ x64)[1] for _ in range(repeats))
+    t = bench.measure({"stats": lambda: SufficientStats.from_data(x, y, classes, device=device),
+                       "plain": lambda: x64.T @ x64}, repeats, warmup=False)
+    t_stats, t_plain = t["stats"].best, t["plain"].best
     flops = 2.0 * n * dim * (dim + classes)
     return {"t_stats": t_stats, "t_plain": t_plain, "gflops_stats": flops / t_stats / 1e9,
             "gflops_plain": 2.0 * n * dim * dim / t_plain / 1e9}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench.parser(__doc__, "afl_aggregation", seed=None)
     parser.add_argument("--clients", type=int, default=1000)
     parser.add_argument("--dim", type=int, default=1280)
     parser.add_argument("--classes", type=int, default=10)
     parser.add_argument("--per-client", type=int, default=20, help="samples per client (N_k < d: RI needed)")
     parser.add_argument("--samples", type=int, default=20000, help="rows for the accumulation benchmark")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", help="also write the report to this file")
     args = parser.parse_args(argv)
+    bench.require_positive(parser, args, "clients", "dim", "classes", "per_client", "samples", "repeats")
     device = resolve_device(args.device)
     agg = aggregation(args.clients, args.dim, args.classes, args.per_client, device)
-    acc = accumulation(args.samples, args.dim, args.classes, device)
+    acc = accumulation(args.samples, args.dim, args.classes, device, args.repeats)
+    w = 36
     lines = [
-        f"machine: {platform.machine()}, {torch.get_num_threads()} torch threads, device {device}, torch {torch.__version__}",
+        bench.machine(device=device, torch=torch.__version__),
         f"AFL aggregation, K={args.clients} clients, d={args.dim}, C={args.classes}, N_k={args.per_client}, gamma=1, float64:",
-        f"  upload per client (measured)        {agg['upload_mb']:.2f} MB",
-        f"  pairwise AA law (paper, eqs. 9-10)  {agg['t_pairwise']:.2f} s  (server time; client solves excluded)",
-        f"  one-solve form (summed statistics)  {agg['t_one_solve']:.2f} s",
-        f"  time ratio pairwise / one-solve     {agg['t_pairwise'] / agg['t_one_solve']:.1f}x",
-        f"  max |W_pairwise - W_one_solve|      {agg['max_diff']:.2e} (max |W| = {agg['max_abs_w']:.2e})",
-        f"Statistics accumulation, N={args.samples}, d={args.dim} (float32 features -> float64):",
-        f"  SufficientStats.from_data           {acc['t_stats'] * 1e3:.1f} ms  ({acc['gflops_stats']:.1f} GFLOP/s)",
-        f"  plain float64 X^T X, same size      {acc['t_plain'] * 1e3:.1f} ms  ({acc['gflops_plain']:.1f} GFLOP/s)",
-        f"  rate ratio accumulation / plain     {acc['gflops_stats'] / acc['gflops_plain']:.2f}",
+        bench.row("upload per client (measured)", f"{agg['upload_mb']:.2f} MB", w),
+        bench.row("pairwise AA law (paper, eqs. 9-10)", f"{agg['t_pairwise']:.2f} s  (server time; client solves excluded)", w),
+        bench.row("one-solve form (summed statistics)", f"{agg['t_one_solve']:.2f} s", w),
+        *bench.ratio_rows({"pairwise": agg["t_pairwise"], "one-solve": agg["t_one_solve"]}, "one-solve", w),
+        bench.row("max |W_pairwise - W_one_solve|", f"{agg['max_diff']:.2e} (max |W| = {agg['max_abs_w']:.2e})", w),
+        f"Statistics accumulation, N={args.samples}, d={args.dim} (float32 features -> float64), best of {args.repeats}:",
+        bench.row("SufficientStats.from_data", f"{acc['t_stats'] * 1e3:.1f} ms  ({acc['gflops_stats']:.1f} GFLOP/s)", w),
+        bench.row("plain float64 X^T X, same size", f"{acc['t_plain'] * 1e3:.1f} ms  ({acc['gflops_plain']:.1f} GFLOP/s)", w),
+        bench.row("rate ratio accumulation / plain", f"{acc['gflops_stats'] / acc['gflops_plain']:.2f}", w),
     ]
-    report = "\n".join(lines)
-    write_report(report, args.out)
-    return 0
+    return bench.finish(lines, args.out, width=w)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,9 @@ Prints, in one run on this machine:
    (check < 1e-10).
 
     python -m fedlib.bench.fedtsne_speed [--points 10000] [--rounds 25] [--loop-points 40000] [--out FILE]
+
+The report goes to ``book/benchmarks/fedtsne_speed.txt`` unless ``--out`` says otherwise
+(``--out -``: print only).
 """
 from __future__ import annotations
 
@@ -29,24 +32,16 @@ import os
 # other down by up to 10x. Set before sklearn is imported (a value the caller set is kept).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import argparse  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
-import resource  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from fedlib.bench import write_report  # noqa: E402
+from fedlib import bench  # noqa: E402
+from fedlib.bench import relative_difference, timed  # noqa: E402
 
 __all__ = ["mmd2_u_grad_loop", "load_points", "relative_difference", "main"]
-
-
-def _timed(fn):
-    t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0
 
 
 def mmd2_u_grad_loop(X, Y, gamma: float) -> np.ndarray:
@@ -81,11 +76,6 @@ def mmd2_u_grad_loop(X, Y, gamma: float) -> np.ndarray:
     return grad
 
 
-def relative_difference(a: np.ndarray, b: np.ndarray) -> float:
-    """max |a - b| / max |b|."""
-    return float(np.abs(a - b).max() / max(float(np.abs(b).max()), 1e-300))
-
-
 def load_points(name: str, n: int | None, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Stratified subset of n points of train + test (``Dataset.subset``), pixels / 255, flattened."""
     from fedlib.data.datasets import load_dataset
@@ -114,7 +104,7 @@ def _threads() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench.parser(__doc__, "fedtsne_speed")
     parser.add_argument("--dataset", default="fashion_mnist", help="a fedlib.data.datasets dataset (default fashion_mnist)")
     parser.add_argument("--points", type=int, default=10000, help="stratified subset of train + test")
     parser.add_argument("--clients", type=int, default=10, help="IID clients")
@@ -124,13 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tsne-max-iter", type=int, default=1000, help="t-SNE iterations (sklearn default 1000)")
     parser.add_argument("--loop-points", type=int, default=40000, help="part 2: points of the round (stratified)")
     parser.add_argument("--loop-clients", type=int, default=10, help="part 2: IID clients of the round")
-    parser.add_argument("--repeats", type=int, default=3, help="vectorized gradient: best of this many runs")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", help="also write the report to this file")
     args = parser.parse_args(argv)
-    for name in ("points", "clients", "landmarks", "rounds", "loop_points", "loop_clients", "repeats"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    bench.require_positive(parser, args, "points", "clients", "landmarks", "rounds", "loop_points", "loop_clients",
+                           "repeats")
     if args.tsne_max_iter < 250:
         parser.error("--tsne-max-iter must be >= 250 (sklearn's minimum)")
     if args.loop_points < 2 * args.loop_clients:
@@ -142,45 +128,43 @@ def main(argv: list[str] | None = None) -> int:
     from fedlib.papers import fedtsne as ft
     from fedlib.evaluation.embedding import knn_accuracy
     from fedlib.data.partition import make_partition
+    from fedlib.core.seeds import derive_seed
 
-    (X, y), t_load = _timed(lambda: load_points(args.dataset, args.points, args.seed))
+    (X, y), t_load = timed(lambda: load_points(args.dataset, args.points, args.seed))
     n, m = X.shape
     parts = make_partition(y, args.clients, "iid", seed=args.seed)
     tsne_kw = {"perplexity": args.perplexity, "tsne_kwargs": {"max_iter": args.tsne_max_iter}, "seed": args.seed}
 
     # ---- 1. centralized and federated t-SNE, same points, same t-SNE settings
-    central, t_central = _timed(lambda: ft.fed_tsne(X, None, centralized=True, **tsne_kw))
-    fd, t_feddl = _timed(lambda: ft.feddl([X[p] for p in parts], args.landmarks, rounds=args.rounds, seed=args.seed))
-    fed, t_fed_embed = _timed(lambda: ft.fed_tsne(X, parts, args.landmarks, feddl_result=fd, **tsne_kw))
+    central, t_central = timed(lambda: ft.fed_tsne(X, None, centralized=True, **tsne_kw))
+    fd, t_feddl = timed(lambda: ft.feddl([X[p] for p in parts], args.landmarks, rounds=args.rounds, seed=args.seed))
+    fed, t_fed_embed = timed(lambda: ft.fed_tsne(X, parts, args.landmarks, feddl_result=fd, **tsne_kw))
     Y = fd.landmarks
 
     def nystrom_step():
         B = np.vstack([ft.client_sq_distances(X[p], Y)["sq_distances"] for p in parts])
         return ft.nystrom_distances(B, ft.sq_distances(Y))
 
-    _, t_nystrom = _timed(nystrom_step)
+    _, t_nystrom = timed(nystrom_step)
     t_fed = t_feddl + t_fed_embed
     ca_central = knn_accuracy(central.embedding, y, 10, seed=args.seed)
     ca_fed = knn_accuracy(fed.embedding, y, 10, seed=args.seed)
 
     # ---- 2. the clients' gradients of one FedDL round: vectorized against the loop
-    X2, y2 = load_points(args.dataset, args.loop_points, args.seed + 1)
+    X2, y2 = load_points(args.dataset, args.loop_points, derive_seed(args.seed, "loop points"))
     clients = [X2[p] for p in make_partition(y2, args.loop_clients, "iid", seed=args.seed)]
     ft.mmd2_u_grad(clients[0][:10], Y[:10], fd.gamma)  # warm-up
-    times = []
-    for _ in range(args.repeats):
-        g_vec, t = _timed(lambda: [ft.mmd2_u_grad(c, Y, fd.gamma) for c in clients])
-        times.append(t)
-    t_vec = min(times)
-    g_loop, t_loop = _timed(lambda: [mmd2_u_grad_loop(c, Y, fd.gamma) for c in clients])
+    vec = bench.measure({"(a)": lambda: [ft.mmd2_u_grad(c, Y, fd.gamma) for c in clients]}, args.repeats,
+                        warmup=False)["(a)"]
+    g_vec, t_vec = vec.out, vec.best
+    g_loop, t_loop = timed(lambda: [mmd2_u_grad_loop(c, Y, fd.gamma) for c in clients])
     diff = max(relative_difference(b, a) for a, b in zip(g_vec, g_loop))
     sizes = [len(c) for c in clients]
     pairs = sum(sizes) * len(Y) + len(clients) * len(Y) * (len(Y) - 1)
-    peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
     ok = diff < tol
 
     def row(label: str, value: str) -> str:
-        return f"  {label:<46}{value}"
+        return bench.row(label, value, 46)
 
     lines = [
         f"machine: {platform.machine()}, {os.cpu_count()} CPUs, {_threads()}, "
@@ -195,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         row("    FedDL, all clients and rounds", f"{t_feddl:.1f} s  ({t_feddl / args.rounds:.2f} s per round)"),
         row("    uploads + Nystrom + t-SNE", f"{t_fed_embed:.1f} s"),
         row("    of which uploads + Nystrom (separate run)", f"{t_nystrom:.1f} s"),
-        row("time ratio Fed-tSNE / centralized", f"{t_fed / t_central:.2f}x"),
+        *bench.ratio_rows({"Fed-tSNE": t_fed, "centralized": t_central}, "centralized", 46, fmt=".2f"),
         row("CA 10-NN centralized", f"{ca_central:.4f}"),
         row("CA 10-NN Fed-tSNE", f"{ca_fed:.4f}  (difference {ca_fed - ca_central:+.4f})"),
         row("upload, all clients", f"{fed.upload_bytes / 2**20:.1f} MiB float64 (FedDL "
@@ -205,14 +189,11 @@ def main(argv: list[str] | None = None) -> int:
         f"({pairs} kernel pairs)",
         row("(a) fedtsne.mmd2_u_grad, vectorized", f"{t_vec:.3f} s  (all clients; best of {args.repeats})"),
         row("(b) mmd2_u_grad_loop, per-point Python loop", f"{t_loop:.1f} s  ({t_loop / pairs * 1e6:.2f} us per pair)"),
-        row("time ratio (b) / (a)", f"{t_loop / t_vec:.0f}x"),
-        row("max rel. difference (b) vs (a)", f"{diff:.2e}  (max over clients of max |G_b - G_a| / max |G_a|; "
-            f"check < {tol:g}: {'passed' if ok else 'FAILED'})"),
-        row("peak resident memory", f"{peak_gib:.2f} GiB"),
+        *bench.ratio_rows({"(a)": t_vec, "(b)": t_loop}, "(a)", 46, fmt=".0f"),
+        bench.check_row("max rel. difference (b) vs (a)", diff, tol,
+                        "max over clients of max |G_b - G_a| / max |G_a|", 46),
     ]
-    report = "\n".join(lines)
-    write_report(report, args.out)
-    return 0 if ok else 1
+    return bench.finish(lines, args.out, ok, 46)
 
 
 if __name__ == "__main__":

@@ -8,10 +8,10 @@ This benchmark measures that scoring step alone (no PIM update) on SmallCNNs of 
 inputs, labels and weights (the arithmetic does not depend on the values). Timed in one process,
 float32 (what the notebook runs), batches of ``--batch-size``, for every model size:
 
-(a) ``fedlib.papers.refed.per_sample_grad_sq_norms``: ``torch.func.vmap(grad)`` over each batch;
-(b) :func:`loop_grad_sq_norms`: one forward + ``backward`` per sample, the norm summed over
-    ``p.grad`` of every parameter (the plain autograd reference);
-(c) ``fedlib.papers.refed.last_layer_grad_sq_norms``: the closed form ||pi - e_y||^2 (||h||^2 + 1) for the
+(a) ``fedlib.core.persample.grad_sq_norms``: ``torch.func.vmap(grad)`` over each batch;
+(b) ``fedlib.core.persample.reference_grad_sq_norms``: one forward + autograd backward per sample,
+    the norm summed over every parameter's gradient (the plain autograd reference);
+(c) ``fedlib.core.persample.last_layer_grad_sq_norms``: the closed form ||pi - e_y||^2 (||h||^2 + 1) for the
     output layer only (forward pass only): a different quantity (the classifier's share of the
     norm), timed for the ``grad_norm="last_layer"`` option, compared with (b) restricted to the
     classifier's parameters.
@@ -38,45 +38,16 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from fedlib.bench import write_report
 from fedlib.federated.models import SmallCNN
-from fedlib.papers.refed import last_layer_grad_sq_norms, per_sample_grad_sq_norms
+from fedlib.core.persample import grad_sq_norms, last_layer_grad_sq_norms, reference_grad_sq_norms
 
-__all__ = ["loop_grad_sq_norms", "relative_difference", "main"]
+__all__ = ["relative_difference", "main"]
 
 TOL = 1e-8
 TOL_LAST = 1e-5  # last_layer_grad_sq_norms computes in float32 even for a float64 model
-
-
-def loop_grad_sq_norms(model: nn.Module, x: Tensor, y: Tensor, num_seen: int,
-                       names: list[str] | None = None) -> Tensor:
-    """||grad CE(f(x_i)[:num_seen], y_i)||^2 for every sample, one autograd backward per sample.
-
-    Over the parameters ``names`` (default: all). Eval mode, restored afterwards; the model's
-    ``requires_grad`` flags and ``.grad`` are restored too. Returns (n,) in the model's dtype.
-    """
-    named = dict(model.named_parameters())
-    names = list(named) if names is None else list(names)
-    flags = {n: p.requires_grad for n, p in named.items()}
-    was_training = model.training
-    model.eval()
-    for n, p in named.items():
-        p.requires_grad_(n in names)
-    params = [named[n] for n in names]
-    out = torch.empty(int(x.shape[0]), dtype=params[0].dtype)
-    try:
-        for i in range(int(x.shape[0])):
-            loss = F.cross_entropy(model(x[i:i + 1])[:, :num_seen], y[i:i + 1].long())
-            grads = torch.autograd.grad(loss, params)
-            out[i] = sum(g.pow(2).sum() for g in grads)
-    finally:
-        for n, p in named.items():
-            p.requires_grad_(flags[n])
-        model.train(was_training)
-    return out
 
 
 def relative_difference(a: Tensor, b: Tensor) -> float:
@@ -112,14 +83,14 @@ def measure(width: int, hidden: int, args) -> tuple[list[str], bool]:
     c, bs = args.classes, args.batch_size
 
     methods = {
-        "a": lambda: _batched(lambda xb, yb: per_sample_grad_sq_norms(model, xb, yb, c, batch_size=bs), x, y, bs),
-        "b": lambda: loop_grad_sq_norms(model, x, y, c),
+        "a": lambda: _batched(lambda xb, yb: grad_sq_norms(model, xb, yb, c, batch_size=bs), x, y, bs),
+        "b": lambda: reference_grad_sq_norms(model, x, y, c),
         "c": lambda: _batched(lambda xb, yb: last_layer_grad_sq_norms(model, xb, yb, c), x, y, bs),
     }
     k_warm = min(args.n, bs)                                     # warm-up (vmap tracing, allocator)
-    per_sample_grad_sq_norms(model, x[:k_warm], y[:k_warm], c, batch_size=bs)
+    grad_sq_norms(model, x[:k_warm], y[:k_warm], c, batch_size=bs)
     last_layer_grad_sq_norms(model, x[:k_warm], y[:k_warm], c)
-    loop_grad_sq_norms(model, x[:8], y[:8], c)
+    reference_grad_sq_norms(model, x[:8], y[:8], c)
     times: dict[str, list[float]] = {k: [] for k in methods}
     outs: dict[str, Tensor] = {}
     for _ in range(args.repeats):
@@ -134,9 +105,9 @@ def measure(width: int, hidden: int, args) -> tuple[list[str], bool]:
     m64 = copy.deepcopy(model).double()
     k = min(args.check_n, args.n)
     x64, y64 = x[:k].double(), y[:k]
-    ref_all = loop_grad_sq_norms(m64, x64, y64, c)
-    vec_all = _batched(lambda xb, yb: per_sample_grad_sq_norms(m64, xb, yb, c, batch_size=bs), x64, y64, bs)
-    ref_last = loop_grad_sq_norms(m64, x64, y64, c, names=last)
+    ref_all = reference_grad_sq_norms(m64, x64, y64, c)
+    vec_all = _batched(lambda xb, yb: grad_sq_norms(m64, xb, yb, c, batch_size=bs), x64, y64, bs)
+    ref_last = reference_grad_sq_norms(m64, x64, y64, c, names=last)
     closed = last_layer_grad_sq_norms(m64, x64, y64, c)
     diff_a = relative_difference(vec_all, ref_all)
     diff_c = relative_difference(closed, ref_last)

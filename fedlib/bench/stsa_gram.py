@@ -26,31 +26,25 @@ Timed in one process, k_mode = "global" (the paper / authors' code):
     full-size time is printed as a labelled linear extrapolation in the number of classes.
 
     python -m fedlib.bench.stsa_gram [--M 5000] [--classes 100] [--clients 5] [--dummy 50] [--out FILE]
+
+The report goes to ``book/benchmarks/stsa_gram.txt`` unless ``--out`` says otherwise (``--out -``: print only).
 """
 from __future__ import annotations
 
-import argparse
-import platform
-import resource
 import sys
-import time
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from fedlib.bench import write_report
+from fedlib import bench
+from fedlib.bench import relative_difference, timed
 from fedlib.core.linalg import ridge_solve
+from fedlib.core.seeds import derive_seed
 from fedlib.data.partition import make_partition
 from fedlib.papers.stsa import K_MODES, dummy_split, gram_estimate, gram_estimate_eq9, upload_floats
 
 __all__ = ["make_uploads", "gram_per_class", "relative_difference", "main"]
-
-
-def _timed(fn):
-    t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0
 
 
 def make_uploads(M: int, classes: int, clients: int, dummy: int, per_class: int = 500, beta: float = 0.5,
@@ -65,7 +59,7 @@ def make_uploads(M: int, classes: int, clients: int, dummy: int, per_class: int 
     counts = []
     for k, part in enumerate(parts):
         local = labels[part]
-        for chunk in dummy_split(local, dummy, split="random", seed=seed * 1000 + k):
+        for chunk in dummy_split(local, dummy, split="random", seed=derive_seed(seed, "dummy", k)):
             counts.append(np.bincount(local[chunk], minlength=classes))
     counts_t = torch.from_numpy(np.stack(counts)).to(torch.float64)                  # (J, c)
     gen = torch.Generator().manual_seed(seed)
@@ -109,13 +103,8 @@ def gram_per_class(class_sums: Tensor, counts: Tensor, k_mode: str = "global") -
     return out
 
 
-def relative_difference(a: Tensor, b: Tensor) -> float:
-    """max |a - b| / max |b|."""
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench.parser(__doc__, "stsa_gram", repeats=None)
     parser.add_argument("--M", type=int, default=5000, help="random features")
     parser.add_argument("--classes", type=int, default=100)
     parser.add_argument("--clients", type=int, default=5, help="real clients K")
@@ -125,12 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gamma", type=float, default=1e4, help="ridge gamma (paper, ResNet-18: 1e4)")
     parser.add_argument("--eq9-seconds", type=float, default=120.0,
                         help="target seconds for (c); it runs on all classes if they fit")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", help="also write the report to this file")
     args = parser.parse_args(argv)
+    bench.require_positive(parser, args, "M", "classes", "clients", "dummy", "per_class")
     tol = 1e-10
 
-    (sums, counts), t_gen = _timed(lambda: make_uploads(args.M, args.classes, args.clients, args.dummy,
+    (sums, counts), t_gen = timed(lambda: make_uploads(args.M, args.classes, args.clients, args.dummy,
                                                         args.per_class, args.beta, args.seed))
     J, c = counts.shape
     nonempty = int((counts > 0).sum())
@@ -138,24 +126,23 @@ def main(argv: list[str] | None = None) -> int:
     torch.ones(256, 256, dtype=torch.float64) @ torch.ones(256, 256, dtype=torch.float64)  # BLAS warm-up
 
     # (a) vectorized estimate + solve
-    g_a, t_a = _timed(lambda: gram_estimate(sums, counts, "global"))
-    _, t_solve = _timed(lambda: ridge_solve(g_a, rhs, args.gamma))
+    g_a, t_a = timed(lambda: gram_estimate(sums, counts, "global"))
+    _, t_solve = timed(lambda: ridge_solve(g_a, rhs, args.gamma))
     # (b) per-class loop
-    g_b, t_b = _timed(lambda: gram_per_class(sums, counts, "global"))
+    g_b, t_b = timed(lambda: gram_per_class(sums, counts, "global"))
     diff_b = relative_difference(g_b, g_a)
     del g_b
     # (c) eq. 9 as printed: pilot on class 0, then the first N classes
-    _, t_pilot = _timed(lambda: gram_estimate_eq9(sums[:, :, :1], counts[:, :1], "global"))
+    _, t_pilot = timed(lambda: gram_estimate_eq9(sums[:, :, :1], counts[:, :1], "global"))
     n_c = int(min(c, max(1, args.eq9_seconds // max(t_pilot, 1e-9))))
-    g_c, t_c = _timed(lambda: gram_estimate_eq9(sums[:, :, :n_c], counts[:, :n_c], "global"))
+    g_c, t_c = timed(lambda: gram_estimate_eq9(sums[:, :, :n_c], counts[:, :n_c], "global"))
     if n_c == c:
         g_a_sub, t_a_sub = g_a, t_a
     else:
-        g_a_sub, t_a_sub = _timed(lambda: gram_estimate(sums[:, :, :n_c], counts[:, :n_c], "global"))
+        g_a_sub, t_a_sub = timed(lambda: gram_estimate(sums[:, :, :n_c], counts[:, :n_c], "global"))
     diff_c = relative_difference(g_c, g_a_sub)
     nonempty_c = int((counts[:, :n_c] > 0).sum())
     t_c_full = t_c / n_c * c
-    peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20          # Linux: KiB
 
     mib64 = args.dummy * (args.M + 1) * c * 8 / 2**20
     mib32 = upload_floats("stsa_e", args.M, c, args.dummy) * 4 / 2**20
@@ -163,10 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     full = n_c == c
     label_c = "measured, all classes" if full else f"MEASURED ON {n_c} OF {c} CLASSES"
     def row(label: str, value: str) -> str:
-        return f"  {label:<42}{value}"
+        return bench.row(label, value, 42)
 
     lines = [
-        f"machine: {platform.machine()}, {torch.get_num_threads()} torch threads, device cpu, torch {torch.__version__}",
+        bench.machine(device="cpu", torch=torch.__version__),
         f"STSA-E server Gram estimate (eq. 9, k_mode=global), float64, one process:",
         f"  M={args.M} features, {c} classes, {args.clients} clients x K_D={args.dummy} = {J} dummy clients, "
         f"{args.per_class} samples/class, Dirichlet beta={args.beta}, split=random",
@@ -188,22 +175,17 @@ def main(argv: list[str] | None = None) -> int:
                 f"(NOT measured)"),
         ]
     lines += [
-        row("time ratio (b) / (a)", f"{t_b / t_a:.1f}x  (estimate only, full size, both measured)"),
-        row("time ratio (c) / (a)", f"{t_c / t_a_sub:.1f}x  (estimate only, measured on {n_c} of {c} classes)"),
+        *bench.ratio_rows({"(a)": t_a, "(b)": t_b}, "(a)", 42, "(estimate only, full size, both measured)"),
+        *bench.ratio_rows({"(a)": t_a_sub, "(c)": t_c}, "(a)", 42, f"(estimate only, measured on {n_c} of {c} classes)"),
     ]
     if not full:
         lines.append(row("time ratio (c) / (a), full size", f"{t_c_full / t_a:.1f}x  "
                          f"(EXTRAPOLATED (c) / measured (a))"))
     lines += [
-        row("max rel. difference (b) vs (a)", f"{diff_b:.2e}  (max |G_b - G_a| / max |G_a|, all classes; "
-            f"check < {tol:g}: {'passed' if diff_b < tol else 'FAILED'})"),
-        row("max rel. difference (c) vs (a)", f"{diff_c:.2e}  (on {n_c} of {c} classes; "
-            f"check < {tol:g}: {'passed' if diff_c < tol else 'FAILED'})"),
-        row("peak resident memory", f"{peak_gib:.2f} GiB"),
+        bench.check_row("max rel. difference (b) vs (a)", diff_b, tol, "max |G_b - G_a| / max |G_a|, all classes", 42),
+        bench.check_row("max rel. difference (c) vs (a)", diff_c, tol, f"on {n_c} of {c} classes", 42),
     ]
-    report = "\n".join(lines)
-    write_report(report, args.out)
-    return 0 if ok else 1
+    return bench.finish(lines, args.out, ok, 42)
 
 
 if __name__ == "__main__":

@@ -242,12 +242,30 @@ def synthetic_features(n: int, dim: int, num_classes: int, kind: str = "gaussian
     return x + 5.0, labels
 
 
-def lstsq_reference(x: Array, labels: Array, num_classes: int) -> torch.Tensor:
+def lstsq_reference(x: Array, labels: Array, num_classes: int, lam: float = 0.0) -> torch.Tensor:
     """Independent reference for the least-squares head (d, C): NumPy's SVD-based ``lstsq`` on X
-    itself (never on X^T X), float64, minimum-norm when X is rank-deficient."""
+    itself (never on X^T X), float64, minimum-norm when X is rank-deficient. With ``lam`` > 0 the
+    ridge head ``(X^T X + lam I)^{-1} X^T Y`` from the augmented system [X; sqrt(lam) I] W = [Y; 0]."""
+    check_positive("lam", lam, strict=False)
     xn = np.asarray(x.cpu() if isinstance(x, torch.Tensor) else x, dtype=np.float64)
     yn = np.eye(num_classes)[np.asarray(labels.cpu() if isinstance(labels, torch.Tensor) else labels)]
+    if lam > 0:
+        xn = np.vstack([xn, np.sqrt(lam) * np.eye(xn.shape[1])])
+        yn = np.vstack([yn, np.zeros((xn.shape[1], num_classes))])
     return torch.from_numpy(np.linalg.lstsq(xn, yn, rcond=None)[0])
+
+
+def qr_reference(x: Array, labels: Array, num_classes: int) -> torch.Tensor:
+    """Independent reference for the least-squares head (d, C): a Householder QR of X's live columns
+    (NumPy, float64; never X^T X), ``W = R^{-1} Q^T Y``; a column that is 0 in every sample gets weight 0
+    (the minimum-norm choice). Needs the live columns to have full column rank."""
+    xn = np.asarray(x.cpu() if isinstance(x, torch.Tensor) else x)
+    yn = np.asarray(labels.cpu() if isinstance(labels, torch.Tensor) else labels)
+    live = np.abs(xn).max(axis=0) > 0
+    q, r = np.linalg.qr(xn[:, live].astype(np.float64))
+    w = np.zeros((xn.shape[1], num_classes))
+    w[live] = np.linalg.solve(r, q.T @ np.eye(num_classes)[yn])
+    return torch.from_numpy(w)
 
 
 def normal_equations_tolerance(condition: float, dtype: torch.dtype | str = torch.float64, safety: float = 2.0) -> float:

@@ -22,40 +22,34 @@ from __future__ import annotations
 
 import functools
 import math
-from numbers import Real
 from typing import Sequence
 
 import numpy as np
 
+from fedlib.core.validate import check_choice, check_int, check_positive, check_real
+
 __all__ = ["ACCOUNTANTS", "gaussian_epsilon", "calibrate_noise_multiplier", "analytic_gaussian_sigma",
-           "analytic_gaussian_epsilon", "dwork_roth_sigma"]
+           "analytic_gaussian_epsilon", "dwork_roth_sigma",
+           "check_epsilon", "check_delta", "check_accountant"]
 
 ACCOUNTANTS = ("pld", "rdp")
 _PLD_DISCRETIZATION = 1e-4
 
 
-def _check_epsilon(epsilon) -> float:
-    if isinstance(epsilon, bool) or not isinstance(epsilon, Real) or not (np.isfinite(epsilon) and epsilon > 0):
-        raise ValueError(f"epsilon must be a finite number > 0, got {epsilon!r}")
-    return float(epsilon)
+def check_epsilon(epsilon) -> float:
+    """``epsilon`` as a float, finite and > 0, else ValueError naming it."""
+    return check_positive("epsilon", epsilon)
 
 
-def _check_delta(delta) -> float:
-    if isinstance(delta, bool) or not isinstance(delta, Real) or not 0.0 < delta < 1.0:
-        raise ValueError(f"delta must be in the open interval (0, 1), got {delta!r}")
-    return float(delta)
+def check_delta(delta) -> float:
+    """``delta`` as a float in the open interval (0, 1), else ValueError naming it."""
+    return check_real("delta", delta, low=0.0, high=1.0)
 
 
-def _check_positive(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not (np.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
-
-
-def _check_steps(steps) -> int:
-    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
-        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
-    return int(steps)
+def check_accountant(accountant) -> str:
+    """``accountant`` one of :data:`ACCOUNTANTS`, else ValueError naming the allowed ones."""
+    check_choice("accountant", accountant, ACCOUNTANTS)
+    return accountant
 
 
 def _make_accountant(accountant: str, epsilon_scale: float = 1.0):
@@ -63,8 +57,7 @@ def _make_accountant(accountant: str, epsilon_scale: float = 1.0):
     from dp_accounting.pld import PLDAccountant
     from dp_accounting.rdp import RdpAccountant
 
-    if accountant not in ACCOUNTANTS:
-        raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
+    check_accountant(accountant)
     rel = NeighboringRelation.ADD_OR_REMOVE_ONE  # see the module docstring: z = sigma / Delta
     if accountant == "pld":
         # the grid of privacy-loss values scales with the epsilon expected (speed; the PLD stays pessimistic)
@@ -87,11 +80,10 @@ def gaussian_epsilon(noise_multiplier, delta: float, steps: int = 1, accountant:
 
     ``noise_multiplier``: a number (composed ``steps`` times) or a sequence, one z per release
     (``steps`` is then ignored). ``accountant``: "pld" or "rdp". A z of 0 (no noise) gives inf."""
-    delta = _check_delta(delta)
-    if accountant not in ACCOUNTANTS:
-        raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
+    delta = check_delta(delta)
+    check_accountant(accountant)
     if np.ndim(noise_multiplier) == 0:
-        z = np.full(_check_steps(steps), float(noise_multiplier))
+        z = np.full(check_int("steps", steps, 1), float(noise_multiplier))
     else:
         z = np.asarray(noise_multiplier, dtype=np.float64).ravel()
         if z.size == 0:
@@ -116,9 +108,8 @@ def calibrate_noise_multiplier(epsilon: float, delta: float, steps: int = 1, acc
     (epsilon, delta)-DP according to ``accountant`` (Brent search of dp-accounting's
     ``calibrate_dp_mechanism``; the result is checked and nudged up so that
     ``gaussian_epsilon(z, delta, steps, accountant) <= epsilon`` holds). Cached per arguments."""
-    epsilon, delta, steps = _check_epsilon(epsilon), _check_delta(delta), _check_steps(steps)
-    if accountant not in ACCOUNTANTS:
-        raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
+    epsilon, delta, steps = check_epsilon(epsilon), check_delta(delta), check_int("steps", steps, 1)
+    check_accountant(accountant)
     return _calibrate(epsilon, delta, steps, accountant)
 
 
@@ -151,8 +142,8 @@ def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1
     epsilon of the returned sigma is <= epsilon)."""
     from dp_accounting import get_sigma_gaussian
 
-    epsilon, delta = _check_epsilon(epsilon), _check_delta(delta)
-    sensitivity = _check_positive("sensitivity", sensitivity)
+    epsilon, delta = check_epsilon(epsilon), check_delta(delta)
+    sensitivity = check_positive("sensitivity", sensitivity)
     return float(get_sigma_gaussian(epsilon, delta)) * (1.0 + 1e-9) * sensitivity
 
 
@@ -161,13 +152,13 @@ def analytic_gaussian_epsilon(sigma: float, delta: float, sensitivity: float = 1
     ``sensitivity`` (``dp_accounting.get_epsilon_gaussian``)."""
     from dp_accounting import get_epsilon_gaussian
 
-    sigma = _check_positive("sigma", sigma)
-    sensitivity = _check_positive("sensitivity", sensitivity)
-    return float(get_epsilon_gaussian(sigma / sensitivity, _check_delta(delta)))
+    sigma = check_positive("sigma", sigma)
+    sensitivity = check_positive("sensitivity", sensitivity)
+    return float(get_epsilon_gaussian(sigma / sensitivity, check_delta(delta)))
 
 
 def dwork_roth_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
     """Dwork & Roth (2014) Thm 3.22: sigma = sqrt(2 ln(1.25/delta)) Delta / epsilon, the calibration the
     paper's Theorem 4 uses. Proven for epsilon < 1 only: for comparison, never for calibration."""
-    epsilon, delta = _check_epsilon(epsilon), _check_delta(delta)
-    return math.sqrt(2.0 * math.log(1.25 / delta)) * _check_positive("sensitivity", sensitivity) / epsilon
+    epsilon, delta = check_epsilon(epsilon), check_delta(delta)
+    return math.sqrt(2.0 * math.log(1.25 / delta)) * check_positive("sensitivity", sensitivity) / epsilon

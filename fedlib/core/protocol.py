@@ -53,9 +53,10 @@ class Server(Protocol):
 
 class ClientStates(dict):
     """``{k: state}``: every client's own state, made by ``client.init_state(k)`` on first use and
-    kept across rounds and stages (as a client process keeps its memory)."""
+    kept across rounds and stages (as a client process keeps its memory). Made without a client,
+    it takes the client program of the first :func:`simulate` call it is passed to."""
 
-    def __init__(self, client: Client):
+    def __init__(self, client: Client | None = None):
         super().__init__()
         self.client = client
 
@@ -83,6 +84,8 @@ def simulate(server: Server, client: Client, data: Sequence[Any], rounds: int = 
     if rounds < 0:
         raise ValueError(f"rounds must be >= 0, got {rounds}")
     states = ClientStates(client) if states is None else states
+    if states.client is None:
+        states.client = client
     cost = Cost()
     iterator: Iterable[int] = range(1, rounds + 1)
     if progress:

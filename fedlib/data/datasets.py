@@ -37,6 +37,8 @@ from typing import Callable
 
 import numpy as np
 
+from fedlib.core.validate import check_int
+
 # Debian's dataset-fashion-mnist installs the original IDX .gz files here.
 SYSTEM_FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 
@@ -135,8 +137,7 @@ def _subset_indices(labels: np.ndarray, n: int | None, param: str, split: str, s
     size = len(labels)
     if n is None:
         return np.arange(size)
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
-        raise ValueError(f"{param} must be an int or None, got {n!r}")
+    check_int(param, n)
     if n < 0 or n > size:
         raise ValueError(f"{param}={n} is out of range: the {split} split has {size} samples (maximum {param}={size})")
     rng = np.random.default_rng([int(seed), stream])
@@ -393,6 +394,8 @@ def load_cifar100(root: Path, download: bool = False) -> Dataset:
     base = root / "cifar-100-python"
     return _torchvision_dataset("cifar100", "CIFAR100", root, download, [base / f for f in ("train", "test", "meta")])
 
+
+RGB_DATASETS = ("cifar10", "cifar100")   # (N, H, W, 3) images; every other dataset is grayscale (N, H, W)
 
 DATASETS: dict[str, Callable[..., Dataset]] = {
     "fashion_mnist": load_fashion_mnist,

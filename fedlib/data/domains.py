@@ -40,6 +40,7 @@ from typing import Sequence
 
 import numpy as np
 
+from fedlib.core.validate import check_int
 from fedlib.data.datasets import Dataset, load_dataset
 from fedlib.federated.incremental import ClassIncrementalStream, Task
 
@@ -145,9 +146,8 @@ def digit_domains(names: Sequence[str] = ("mnist", "optdigits", "inverted", "rot
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise ValueError(f"domain name(s) {', '.join(map(repr, dup))} given more than once")
-    if n_per_domain is not None and (isinstance(n_per_domain, bool) or not isinstance(n_per_domain, (int, np.integer))
-                                     or n_per_domain < 10):
-        raise ValueError(f"n_per_domain must be None or an int >= 10 (one image per class), got {n_per_domain!r}")
+    if n_per_domain is not None:
+        check_int("n_per_domain", n_per_domain, 10)   # None, or at least one image per class
     seed = int(seed)
 
     mnist_names = [n for n in names if n in MNIST_DOMAINS]

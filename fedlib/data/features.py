@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedlib.data.datasets import Dataset, default_data_root, load_dataset
-from fedlib.core.validate import check_choice
+from fedlib.core.validate import check_choice, check_int
 from fedlib.core.devices import resolve_device
 
 __all__ = [
@@ -248,8 +248,7 @@ def extract_features(dataset, backbone: str = "efficientnet_lite0", input_size: 
     data, so a changed dataset never reuses a stale file. ``root``: data root for ResNet-18 weights.
     """
     check_choice("backbone", backbone, BACKBONES)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    check_int("batch_size", batch_size, 1)
     y_train = np.asarray(dataset.y_train).astype(np.int64, copy=False)
     y_test = np.asarray(dataset.y_test).astype(np.int64, copy=False)
     classes = tuple(dataset.classes)
@@ -258,10 +257,7 @@ def extract_features(dataset, backbone: str = "efficientnet_lite0", input_size: 
         flat = lambda x: (np.asarray(x, dtype=np.float32).reshape(len(x), -1) / np.float32(255.0))
         return Features(f"{dataset.name}/raw", flat(dataset.x_train), y_train, flat(dataset.x_test), y_test, classes)
 
-    if isinstance(input_size, bool) or not isinstance(input_size, (int, np.integer)) or input_size < _MIN_INPUT_SIZE:
-        raise ValueError(f"input_size must be an integer >= {_MIN_INPUT_SIZE} for backbone {backbone!r} "
-                         f"(>= 64 recommended), got {input_size!r}")
-    input_size = int(input_size)
+    input_size = check_int("input_size", input_size, _MIN_INPUT_SIZE)   # >= 64 recommended
     name = f"{dataset.name}/{backbone}@{input_size}"
 
     path = None if cache_dir is False else feature_cache_path(dataset, backbone, input_size, cache_dir)

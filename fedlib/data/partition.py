@@ -18,12 +18,10 @@ one_class      each client holds a single class (extreme label skew)
 """
 from __future__ import annotations
 
-from numbers import Integral, Real
-
 import numpy as np
 import pandas as pd
 
-from fedlib.core.validate import check_choice
+from fedlib.core.validate import check_choice, check_int, check_positive
 
 SCHEMES = ("iid", "dirichlet", "shards", "one_class")
 
@@ -49,18 +47,8 @@ def _as_labels(labels) -> np.ndarray:
     return y.astype(np.int64, copy=False)
 
 
-def _check_int(name: str, value, minimum: int) -> int:
-    if value is None:
-        raise ValueError(f"{name} is required (an int >= {minimum}), got None")
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
 def _check_clients(y: np.ndarray, num_clients) -> int:
-    k = _check_int("num_clients", num_clients, 1)
+    k = check_int("num_clients", num_clients, 1)
     if k > len(y):
         raise ValueError(f"num_clients={k} is larger than the number of samples ({len(y)}): more clients than samples")
     return k
@@ -69,9 +57,7 @@ def _check_clients(y: np.ndarray, num_clients) -> int:
 def _check_alpha(alpha) -> float:
     if alpha is None:
         raise ValueError("alpha is required for the dirichlet scheme (a float > 0; smaller = more skew)")
-    if isinstance(alpha, bool) or not isinstance(alpha, Real) or not np.isfinite(alpha) or alpha <= 0:
-        raise ValueError(f"alpha must be a finite float > 0, got {alpha!r}")
-    return float(alpha)
+    return check_positive("alpha", alpha)
 
 
 def _finish(parts: list) -> list[np.ndarray]:
@@ -113,8 +99,8 @@ def dirichlet_partition(labels, num_clients: int, alpha: float, seed: int = 0,
     y = _as_labels(labels)
     k = _check_clients(y, num_clients)
     alpha = _check_alpha(alpha)
-    min_size = _check_int("min_size", min_size, 0)
-    max_tries = _check_int("max_tries", max_tries, 1)
+    min_size = check_int("min_size", min_size, 0)
+    max_tries = check_int("max_tries", max_tries, 1)
     n = len(y)
     if min_size * k > n:
         raise ValueError(f"min_size={min_size} is impossible: {k} clients x {min_size} > {n} samples; lower min_size")
@@ -159,7 +145,7 @@ def shard_partition(labels, num_clients: int, shards_per_client: int, seed: int 
     """
     y = _as_labels(labels)
     k = _check_clients(y, num_clients)
-    s = _check_int("shards_per_client", shards_per_client, 1)
+    s = check_int("shards_per_client", shards_per_client, 1)
     n = len(y)
     total = k * s
     if n % total != 0:
@@ -212,7 +198,7 @@ def make_partition(labels, num_clients: int, scheme: str, *, alpha: float | None
     if scheme == "dirichlet":
         return dirichlet_partition(y, num_clients, _check_alpha(alpha), seed, min_size=min_size)
     if scheme == "shards":
-        return shard_partition(y, num_clients, _check_int("shards_per_client", shards_per_client, 1), seed)
+        return shard_partition(y, num_clients, check_int("shards_per_client", shards_per_client, 1), seed)
     return one_class_partition(y, num_clients, seed)
 
 
@@ -227,7 +213,7 @@ def partition_report(labels, parts: list[np.ndarray], num_classes: int | None = 
     ``num_classes`` defaults to ``max(labels) + 1``.
     """
     y = _as_labels(labels)
-    c = int(y.max()) + 1 if num_classes is None else _check_int("num_classes", num_classes, 1)
+    c = int(y.max()) + 1 if num_classes is None else check_int("num_classes", num_classes, 1)
     if c <= y.max():
         raise ValueError(f"num_classes={c} but labels go up to {y.max()}")
     counts = np.stack([np.bincount(y[np.asarray(p, dtype=np.int64)], minlength=c) for p in parts]) \
@@ -244,7 +230,7 @@ def plot_partition(report: pd.DataFrame, ax=None, max_clients: int = 50):
     import matplotlib.pyplot as plt
     import seaborn as sns
 
-    max_clients = _check_int("max_clients", max_clients, 1)
+    max_clients = check_int("max_clients", max_clients, 1)
     if ax is None:
         _, ax = plt.subplots(figsize=(max(4.0, 0.45 * report.shape[1] + 2), max(3.0, 0.22 * min(len(report), max_clients) + 1.5)))
     k = len(report)

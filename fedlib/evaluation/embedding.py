@@ -22,7 +22,7 @@ Every function raises ``ValueError`` naming the offending parameter on bad input
 """
 from __future__ import annotations
 
-from numbers import Integral, Real
+from numbers import Integral
 from typing import Sequence
 
 import numpy as np
@@ -31,13 +31,15 @@ from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score, s
 from sklearn.model_selection import train_test_split
 from sklearn.neighbors import KNeighborsClassifier, NearestNeighbors
 
+from fedlib.core.validate import check_int, check_real
+
 PAPER_KS = (1, 10, 50)
 TEST_SIZE = 0.3  # the paper's train:test = 7:3
 KMEANS_N_INIT = 10
 
 __all__ = ["PAPER_KS", "TEST_SIZE", "KMEANS_N_INIT", "knn_accuracy", "neighborhood_preservation",
            "kmeans_labels", "kmeans_nmi", "kmeans_silhouette", "clustering_nmi", "clustering_ari",
-           "embedding_report"]
+           "embedding_report", "distance_estimate_quality", "neighbour_lists"]
 
 
 # ----------------------------------------------------------------------------- input checks
@@ -64,9 +66,7 @@ def _labels(labels, n: int, name: str = "labels") -> np.ndarray:
 
 
 def _k(k, name: str = "k") -> int:
-    if isinstance(k, bool) or not isinstance(k, Integral) or k < 1:
-        raise ValueError(f"{name} must be a positive integer, got {k!r}")
-    return int(k)
+    return check_int(name, k, 1)
 
 
 def _ks(ks, name: str = "ks") -> tuple[int, ...]:
@@ -79,9 +79,7 @@ def _ks(ks, name: str = "ks") -> tuple[int, ...]:
 
 
 def _seed(seed) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, Integral) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-    return int(seed)
+    return check_int("seed", seed, 0)
 
 
 def _same_length(Z: np.ndarray, X: np.ndarray, z_name: str, x_name: str) -> None:
@@ -91,8 +89,7 @@ def _same_length(Z: np.ndarray, X: np.ndarray, z_name: str, x_name: str) -> None
 
 # ----------------------------------------------------------------------------- CA
 def _split(labels: np.ndarray, test_size: float, seed: int, stratify: bool):
-    if isinstance(test_size, bool) or not isinstance(test_size, Real) or not 0.0 < float(test_size) < 1.0:
-        raise ValueError(f"test_size must be a fraction in (0, 1), got {test_size!r}")
+    check_real("test_size", test_size, low=0.0, high=1.0)
     if stratify:
         _, counts = np.unique(labels, return_counts=True)
         if counts.min() < 2:
@@ -302,3 +299,25 @@ def embedding_report(X_high, Z, labels, ks: Sequence[int] = PAPER_KS, seed: int 
     report["SC"] = _silhouette(Z, pred, seed, silhouette_sample_size)
     report["ARI"] = clustering_ari(labels, pred)
     return report
+
+
+def distance_estimate_quality(D_hat, D, k: int = 10, nn_exact=None) -> tuple[float, float]:
+    """How good an estimated distance matrix D_hat (n, n) is against the exact D (n, n): (relative
+    Frobenius error ||D_hat - D||_F / ||D||_F, mean over points of the share of their k nearest
+    neighbours under D_hat that are among those under D; the point itself excluded). ``nn_exact``:
+    the exact (n, k) neighbour lists, when already computed."""
+    D_hat, D = _points(D_hat, "D_hat"), _points(D, "D")
+    if D_hat.shape != D.shape or D.shape[0] != D.shape[1]:
+        raise ValueError(f"D_hat and D must be square of one shape, got {D_hat.shape} and {D.shape}")
+    k = _k(k)
+    if nn_exact is None:
+        nn_exact = neighbour_lists(D, k, "precomputed")
+    nn_hat = neighbour_lists(D_hat, k, "precomputed")
+    overlap = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(nn_exact, nn_hat)]))
+    return float(np.linalg.norm(D_hat - D) / np.linalg.norm(D)), overlap
+
+
+def neighbour_lists(A, k: int, metric: str = "euclidean") -> np.ndarray:
+    """(n, k) indices of the k nearest other points of every row of A (points (n, m), or an (n, n)
+    distance matrix with ``metric="precomputed"``), nearest first, the point itself excluded."""
+    return _neighbour_indices(_points(A, "A"), _k(k), metric)

@@ -1,23 +1,24 @@
-"""One federated training loop for every gradient-based method.
+"""Every gradient-based federated method on the one client/server protocol (:mod:`fedlib.core.protocol`).
 
-``run_federated`` drives rounds of *sample clients -> broadcast -> local SGD -> upload ->
-aggregate -> evaluate*. A method is a :class:`FedAlgorithm` object whose hooks change only
-what differs from FedAvg: an extra local loss term, per-client persistent state, or the server
-aggregation. Every broadcast and upload is a :class:`fedlib.core.messages.Message`, so the byte
-counts in :class:`History` are measured, not estimated.
+A method (:class:`FedAlgorithm` subclass: FedAvg, FedProx, FedDyn, FedNTD, MOON, FedDisco) holds
+only its hyperparameters. Its *client hooks* (``init_state``, ``begin_local``, ``local_loss`` /
+``training_loss``, ``end_local``, ``setup_upload``) see one :class:`Local` - the client's model,
+the global model rebuilt from the broadcast, the client's own ``state`` dict and the broadcast
+``Message`` - and nothing else. Its *server hooks* (``server_init``, ``broadcast_extra``,
+``receive_setup``, ``aggregation_weights``, ``aggregate``) see the server's ``memory`` dict and
+the uploads. :class:`GradientClient` (local SGD) and :class:`GradientServer` (aggregation) run
+them; :func:`run_federated` drives both with :func:`fedlib.core.protocol.simulate`, so every
+byte in :class:`History` is a measured ``Message`` size.
 
 Models are any ``torch.nn.Module`` mapping ``x`` (N, ...) to logits (N, C); clients are
 in-memory tensors. The AFL baselines (Zhuang et al., 2024, Sec. 4.4-4.5) train a head on a
 frozen backbone's cached features with :class:`LinearHead` (or :class:`MOONHead` for MOON).
-
-Implemented: FedAvg, FedProx, FedDyn, FedNTD, MOON, FedDisco (see ``ALGORITHMS``).
 """
 from __future__ import annotations
 
 import copy
 import inspect
 import math
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -25,16 +26,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedlib.core.messages import Message
+from fedlib.core.devices import resolve_device, torch_threads
+from fedlib.core.messages import Cost, Message
+from fedlib.core.protocol import EMPTY, ClientStates, RoundCallback, simulate
+from fedlib.core.seeds import seed_everything, torch_generator
+from fedlib.core.validate import check_choice, check_int, check_positive, check_real
 from fedlib.evaluation.metrics import model_accuracy
-from fedlib.core.validate import check_choice, check_positive
-from fedlib.core.devices import resolve_device
-from fedlib.core.seeds import seed_everything
 
 __all__ = [
-    "FedConfig", "FedContext", "History", "FedAlgorithm", "FedAvg", "FedProx", "FedDyn",
-    "FedNTD", "MOON", "FedDisco", "ALGORITHMS", "make_algorithm", "run_federated",
-    "LinearHead", "MLPHead", "MOONHead", "accuracy", "average_states", "sample_clients",
+    "FedConfig", "History", "Local", "FedAlgorithm", "FedAvg", "FedProx", "FedDyn", "FedNTD", "MOON",
+    "FedDisco", "ALGORITHMS", "make_algorithm", "build_from_registry", "GradientClient", "GradientServer",
+    "run_federated", "LinearHead", "MLPHead", "MOONHead", "average_states", "sample_clients", "client_id",
 ]
 
 ClientData = Sequence[tuple[Tensor, Tensor]]
@@ -69,27 +71,20 @@ class FedConfig:
 
     def __post_init__(self) -> None:
         for name in ("rounds", "local_epochs", "batch_size", "eval_every"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"{name} must be an int, got {value!r}")
-            check_positive(name, value)
+            check_int(name, getattr(self, name), 1)
         check_positive("lr", self.lr)
         if self.num_threads is not None:
-            if isinstance(self.num_threads, bool) or not isinstance(self.num_threads, int):
-                raise ValueError(f"num_threads must be an int or None, got {self.num_threads!r}")
-            check_positive("num_threads", self.num_threads)
-        if not 0.0 <= self.momentum < 1.0:
+            check_int("num_threads", self.num_threads, 1)
+        check_real("momentum", self.momentum, low=0.0, high=1.0, strict=False)
+        if self.momentum == 1.0:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
         check_positive("weight_decay", self.weight_decay, strict=False)
-        if not 0.0 < self.participation <= 1.0:
+        check_real("participation", self.participation, low=0.0, high=1.0, strict=False)
+        if self.participation == 0.0:
             raise ValueError(f"participation must be in (0, 1], got {self.participation!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed must be a non-negative int, got {self.seed!r}")
-        if not isinstance(self.device, (str, torch.device)):
-            raise ValueError(f"device must be 'cpu', 'cuda[:i]' or 'auto', got {self.device!r}")
-        if isinstance(self.device, str) and not (
-            self.device in ("auto", "cpu") or self.device.startswith("cuda")
-        ):
+        check_int("seed", self.seed, 0)
+        if not isinstance(self.device, (str, torch.device)) or (isinstance(self.device, str) and not (
+                self.device in ("auto", "cpu") or self.device.startswith("cuda"))):
             raise ValueError(f"device must be 'cpu', 'cuda[:i]' or 'auto', got {self.device!r}")
 
 
@@ -182,40 +177,49 @@ def sample_clients(num_clients: int, participation: float, generator: torch.Gene
     return sorted(torch.randperm(num_clients, generator=generator)[:m].tolist())
 
 
-@dataclass
-class FedContext:
-    """What hooks may need about the run (set by ``run_federated``)."""
+def client_id(message: Message) -> int:
+    """k of a client's upload (sender ``"client{k}"``)."""
+    return int(message.sender.removeprefix("client"))
 
-    config: FedConfig
-    device: torch.device
-    num_clients: int
-    num_classes: int
-    client_sizes: list[int]
-    client_labels: list[Tensor]  # per-client label tensors (on device); read only
-    generator: torch.Generator  # CPU generator for mini-batch shuffling (seeded with seed + 1)
-    round: int = 0
+
+def detached(model: nn.Module) -> dict[str, Tensor]:
+    """A detached copy of ``model.state_dict()`` (same device)."""
+    return {key: t.detach().clone() for key, t in model.state_dict().items()}
+
+
+@dataclass
+class Local:
+    """What a client hook may use during one local update of client ``state["id"]``: the model
+    being trained, the broadcast global model (frozen, eval mode), a spare frozen model (MOON's
+    previous model, LwF's teacher), the client's own ``state`` and the ``broadcast``. ``scratch``
+    holds what ``begin_local`` precomputes for the losses of this update."""
+
+    model: nn.Module
+    global_model: nn.Module
+    spare: nn.Module
+    state: dict[str, Any]
+    broadcast: Message
+    scratch: dict[str, Any] = field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------------------------
 # algorithms
 # ----------------------------------------------------------------------------------------------
 class FedAlgorithm:
-    """Base strategy = FedAvg's mechanics; subclasses override the hooks that differ.
+    """A method's hyperparameters and hooks; FedAvg's mechanics by default (no state of its own).
 
-    Hooks (all optional): ``setup`` (reset state, return one-off setup uploads),
-    ``init_client_state``, ``begin_local``, ``local_loss`` (extra loss term added to the
-    cross-entropy), ``training_loss`` (the whole mini-batch loss), ``end_local`` (extra upload
-    entries, client-state updates), ``aggregation_weights`` and ``server_aggregate``.
+    Client hooks (run by :class:`GradientClient`, see :class:`Local`): ``init_state(k)`` (extra
+    entries of client k's state), ``setup_upload`` (the one-off setup round, when ``needs_setup``),
+    ``begin_local``, ``local_loss`` (added to the cross-entropy), ``training_loss`` (the whole
+    mini-batch loss), ``end_local`` (extra upload entries, state updates).
+    Server hooks (run by :class:`GradientServer` on its ``memory`` dict): ``server_init``,
+    ``receive_setup``, ``broadcast_extra`` (extra broadcast entries), ``aggregation_weights``
+    (``aggregation = "size"``: n_k / sum n, ``"uniform"``: 1 / |P_t|) and ``aggregate``.
     """
 
     name = "base"
-
-    # -- lifecycle ---------------------------------------------------------------------------
-    def setup(self, ctx: FedContext, global_model: nn.Module) -> list[Message]:
-        """Reset all state for a new run; return setup uploads (their bytes count as upload)."""
-        self.ctx = ctx
-        self.client_states: dict[int, dict[str, Any]] = {}
-        return []
+    needs_setup = False  # True: clients upload ``setup_upload`` once, before round 1
+    aggregation = "size"
 
     def hparams(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in inspect.signature(type(self).__init__).parameters if k != "self"}
@@ -225,64 +229,50 @@ class FedAlgorithm:
         return f"{type(self).__name__}({args})"
 
     # -- client side -------------------------------------------------------------------------
-    def init_client_state(self, k: int) -> dict[str, Any]:
+    def init_state(self, k: int) -> dict[str, Any]:
         return {}
 
-    def client_state(self, k: int) -> dict[str, Any]:
-        if k not in self.client_states:
-            self.client_states[k] = self.init_client_state(k)
-        return self.client_states[k]
+    def setup_upload(self, y: Tensor, state: dict, num_classes: int) -> dict[str, Any]:
+        return {}
 
-    def begin_local(self, model: nn.Module, global_model: nn.Module, k: int, client_state: dict) -> None:
-        """Called after the local model received the global weights, before local SGD."""
+    def begin_local(self, local: Local) -> None:
+        """After the local model received the global weights, before local SGD."""
 
-    def local_loss(self, model: nn.Module, x: Tensor, y: Tensor, global_model: nn.Module,
-                   client_state: dict, logits: Tensor | None = None) -> Tensor | None:
-        """Extra loss term added to the cross-entropy (None = nothing)."""
+    def local_loss(self, local: Local, x: Tensor, y: Tensor, logits: Tensor) -> Tensor | None:
+        """Extra loss term added to the cross-entropy of ``logits`` (None = nothing)."""
         return None
 
-    def training_loss(self, model: nn.Module, x: Tensor, y: Tensor, global_model: nn.Module,
-                      client_state: dict) -> Tensor:
-        logits = model(x)
+    def training_loss(self, local: Local, x: Tensor, y: Tensor) -> Tensor:
+        logits = local.model(x)
         loss = F.cross_entropy(logits, y)
-        extra = self.local_loss(model, x, y, global_model, client_state, logits=logits)
+        extra = self.local_loss(local, x, y, logits)
         return loss if extra is None else loss + extra
 
-    def end_local(self, model: nn.Module, global_model: nn.Module, k: int, client_state: dict) -> dict:
-        """Called after local SGD; returns extra upload payload entries."""
+    def end_local(self, local: Local) -> dict[str, Any]:
+        """After local SGD: extra upload payload entries."""
         return {}
 
-    def local_update(self, k: int, model: nn.Module, global_model: nn.Module, x: Tensor, y: Tensor) -> Message:
-        """Local SGD on client k starting from the global weights; returns the upload Message."""
-        cfg = self.ctx.config
-        model.load_state_dict(global_model.state_dict())
-        model.train()
-        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
-                              weight_decay=cfg.weight_decay)
-        cstate = self.client_state(k)
-        self.begin_local(model, global_model, k, cstate)
-        n, bs = int(x.shape[0]), cfg.batch_size
-        for _ in range(cfg.local_epochs):
-            perm = torch.randperm(n, generator=self.ctx.generator).to(x.device, non_blocking=True)
-            xs, ys = x[perm], y[perm]
-            for s in range(0, n, bs):
-                loss = self.training_loss(model, xs[s:s + bs], ys[s:s + bs], global_model, cstate)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-        extra = self.end_local(model, global_model, k, cstate) or {}
-        state = {key: t.detach().clone() for key, t in model.state_dict().items()}
-        return Message(sender=f"client{k}", payload={"state": state, "n": n, **extra})
-
     # -- server side -------------------------------------------------------------------------
-    def aggregation_weights(self, uploads: list[Message]) -> list[float]:
-        """FedAvg weights n_k / sum n over this round's uploads."""
+    def server_init(self, memory: dict, global_model: nn.Module, num_clients: int) -> None:
+        """Before round 1 (``num_clients``: the clients that can take part)."""
+
+    def receive_setup(self, memory: dict, uploads: list[Message]) -> None:
+        """The setup round's uploads."""
+
+    def broadcast_extra(self, memory: dict) -> dict[str, Any]:
+        """Broadcast entries besides the global ``state``."""
+        return {}
+
+    def aggregation_weights(self, memory: dict, uploads: list[Message]) -> list[float]:
+        """FedAvg weights n_k / sum n over this round's uploads (``aggregation="uniform"``: equal)."""
+        if self.aggregation == "uniform":
+            return [1.0 / len(uploads)] * len(uploads)
         total = sum(u["n"] for u in uploads)
         return [u["n"] / total for u in uploads]
 
-    def server_aggregate(self, global_model: nn.Module, uploads: list[Message]) -> None:
+    def aggregate(self, memory: dict, global_model: nn.Module, uploads: list[Message]) -> None:
         """Load the weighted average of the uploaded states into ``global_model``."""
-        weights = self.aggregation_weights(uploads)
+        weights = self.aggregation_weights(memory, uploads)
         global_model.load_state_dict(average_states([u["state"] for u in uploads], weights))
 
 
@@ -295,8 +285,8 @@ class FedAvg(FedAlgorithm):
         pass
 
 
-def _param_pairs(model: nn.Module, global_model: nn.Module) -> list[tuple[Tensor, Tensor]]:
-    return list(zip(model.parameters(), global_model.parameters()))
+def _param_pairs(local: Local) -> list[tuple[Tensor, Tensor]]:
+    return list(zip(local.model.parameters(), local.global_model.parameters()))
 
 
 class FedProx(FedAlgorithm):
@@ -309,11 +299,11 @@ class FedProx(FedAlgorithm):
         check_positive("mu", mu, strict=False)
         self.mu = float(mu)
 
-    def begin_local(self, model, global_model, k, client_state):
-        self._pairs = _param_pairs(model, global_model)
+    def begin_local(self, local):
+        local.scratch["pairs"] = _param_pairs(local)
 
-    def local_loss(self, model, x, y, global_model, client_state, logits=None):
-        prox = sum(((p - g) ** 2).sum() for p, g in self._pairs)
+    def local_loss(self, local, x, y, logits):
+        prox = sum(((p - g) ** 2).sum() for p, g in local.scratch["pairs"])
         return 0.5 * self.mu * prox
 
 
@@ -321,9 +311,10 @@ class FedDyn(FedAlgorithm):
     """FedDyn (Acar et al., ICLR 2021, Algorithm 1), unweighted as printed.
 
     Client k:  theta_k = argmin L_k(theta) - <g_k, theta> + alpha/2 ||theta - theta^{t-1}||^2,
-               then g_k <- g_k - alpha (theta_k - theta^{t-1})   (g_k = grad L_k(theta_k), init 0).
+               then g_k <- g_k - alpha (theta_k - theta^{t-1})   (g_k = grad L_k(theta_k), init 0;
+               ``state["grad"]``, the client's own).
     Server:    h <- h - alpha/m sum_{k in P_t} (theta_k - theta^{t-1})   (m = number of clients),
-               theta^t = mean_{k in P_t} theta_k - h / alpha.
+               theta^t = mean_{k in P_t} theta_k - h / alpha   (``memory["h"]``).
     Applied to parameters; buffers (e.g. BN statistics) are plainly averaged. m counts the
     non-empty clients (empty ones can never participate).
     """
@@ -334,38 +325,38 @@ class FedDyn(FedAlgorithm):
         check_positive("alpha", alpha)
         self.alpha = float(alpha)
 
-    def setup(self, ctx, global_model):
-        out = super().setup(ctx, global_model)
-        self.param_names = [n for n, _ in global_model.named_parameters()]
-        self.h = {n: torch.zeros_like(p) for n, p in global_model.named_parameters()}
-        self.m = sum(1 for n in ctx.client_sizes if n > 0)
-        return out
+    def init_state(self, k):
+        return {"grad": None}
 
-    def init_client_state(self, k):
-        return {"grad": [torch.zeros_like(h) for h in self.h.values()]}
+    def begin_local(self, local):
+        local.scratch["pairs"] = _param_pairs(local)
+        if local.state["grad"] is None:
+            local.state["grad"] = [torch.zeros_like(p) for p in local.global_model.parameters()]
 
-    def begin_local(self, model, global_model, k, client_state):
-        self._pairs = _param_pairs(model, global_model)
-
-    def local_loss(self, model, x, y, global_model, client_state, logits=None):
-        lin = sum((p * g).sum() for (p, _), g in zip(self._pairs, client_state["grad"]))
-        quad = sum(((p - g) ** 2).sum() for p, g in self._pairs)
+    def local_loss(self, local, x, y, logits):
+        pairs = local.scratch["pairs"]
+        lin = sum((p * g).sum() for (p, _), g in zip(pairs, local.state["grad"]))
+        quad = sum(((p - g) ** 2).sum() for p, g in pairs)
         return 0.5 * self.alpha * quad - lin
 
     @torch.no_grad()
-    def end_local(self, model, global_model, k, client_state):
-        for (p, g), grad in zip(self._pairs, client_state["grad"]):
+    def end_local(self, local):
+        for (p, g), grad in zip(local.scratch["pairs"], local.state["grad"]):
             grad.sub_(p - g, alpha=self.alpha)
         return {}
 
+    def server_init(self, memory, global_model, num_clients):
+        memory["h"] = {n: torch.zeros_like(p) for n, p in global_model.named_parameters()}
+        memory["m"] = num_clients
+
     @torch.no_grad()
-    def server_aggregate(self, global_model, uploads):
+    def aggregate(self, memory, global_model, uploads):
         prev = {n: p.detach().clone() for n, p in global_model.named_parameters()}
         mean = average_states([u["state"] for u in uploads], [1.0 / len(uploads)] * len(uploads))
-        for n in self.param_names:
+        for n, h in memory["h"].items():
             # sum_k (theta_k - theta_prev) = |P_t| (mean - theta_prev)
-            self.h[n].sub_(mean[n] - prev[n], alpha=self.alpha * len(uploads) / self.m)
-            mean[n] = mean[n] - self.h[n] / self.alpha
+            h.sub_(mean[n] - prev[n], alpha=self.alpha * len(uploads) / memory["m"])
+            mean[n] = mean[n] - h / self.alpha
         global_model.load_state_dict(mean)
 
 
@@ -390,14 +381,13 @@ class FedNTD(FedAlgorithm):
         check_positive("tau", tau)
         self.beta, self.tau = float(beta), float(tau)
 
-    def begin_local(self, model, global_model, k, client_state):
-        global_model.eval()
-
-    def local_loss(self, model, x, y, global_model, client_state, logits=None):
-        if logits is None:
-            logits = model(x)
+    def local_loss(self, local, x, y, logits):
         with torch.no_grad():
-            g_logits = global_model(x)
+            g_logits = local.global_model(x)
+        return self.ntd_loss(logits, g_logits, y)
+
+    def ntd_loss(self, logits: Tensor, g_logits: Tensor, y: Tensor) -> Tensor:
+        """beta tau^2 KL(softmax(g_logits[not y]/tau) || softmax(logits[not y]/tau)), (B, C) logits."""
         b, c = logits.shape
         idx = torch.arange(c - 1, device=logits.device).expand(b, c - 1)
         idx = idx + (idx >= y[:, None]).long()  # the C-1 not-true class indices per row
@@ -411,8 +401,8 @@ class MOON(FedAlgorithm):
 
     l = CE + mu * l_con,  l_con = -log( e^{sim(z,z_glob)/tau} / (e^{sim(z,z_glob)/tau} + e^{sim(z,z_prev)/tau}) ),
     sim = cosine, z = ``model.features(x)``; z_glob from the frozen global model, z_prev from the
-    client's own model after its previous participation. The model must provide ``features(x)`` and
-    ``head(z)``: use :class:`MOONHead` (the authors' projection head). Stores one model per client.
+    client's own model after its previous participation (``state["prev"]``, the client's own).
+    The model must provide ``features(x)`` and ``head(z)``: use :class:`MOONHead`.
 
     Checked against the authors' code (github.com/QinbinLi/MOON, commit 8fcba3c, ``main.py::
     train_net_fedcon`` and ``model.py::ModelFedCon``):
@@ -436,38 +426,35 @@ class MOON(FedAlgorithm):
         check_positive("tau", tau)
         self.mu, self.tau = float(mu), float(tau)
 
-    def setup(self, ctx, global_model):
+    def server_init(self, memory, global_model, num_clients):
         for attr in ("features", "head"):
             if not callable(getattr(global_model, attr, None)):
                 raise TypeError(f"MOON needs a model with .features(x) and .head(z); "
                                 f"{type(global_model).__name__} has no .{attr}")
-        self.prev_model = copy.deepcopy(global_model).requires_grad_(False).eval()
-        return super().setup(ctx, global_model)
 
-    def init_client_state(self, k):
+    def init_state(self, k):
         return {"prev": None}
 
-    def begin_local(self, model, global_model, k, client_state):
-        global_model.eval()
-        if client_state["prev"] is not None:
-            self.prev_model.load_state_dict(client_state["prev"])
+    def begin_local(self, local):
+        if local.state["prev"] is not None:
+            local.spare.load_state_dict(local.state["prev"])
 
-    def training_loss(self, model, x, y, global_model, client_state):
-        z = model.features(x)
-        loss = F.cross_entropy(model.head(z), y)
-        if client_state["prev"] is None:  # no negative yet: l_con = -log(1) = 0 (authors' round 1)
+    def training_loss(self, local, x, y):
+        z = local.model.features(x)
+        loss = F.cross_entropy(local.model.head(z), y)
+        if local.state["prev"] is None:  # no negative yet: l_con = -log(1) = 0 (authors' round 1)
             return loss
         with torch.no_grad():
-            z_glob = global_model.features(x)
-            z_prev = self.prev_model.features(x)
+            z_glob = local.global_model.features(x)
+            z_prev = local.spare.features(x)
         pos = F.cosine_similarity(z, z_glob, dim=1)
         neg = F.cosine_similarity(z, z_prev, dim=1)
         sims = torch.stack([pos, neg], dim=1) / self.tau
         target = torch.zeros(z.shape[0], dtype=torch.long, device=z.device)
         return loss + self.mu * F.cross_entropy(sims, target)
 
-    def end_local(self, model, global_model, k, client_state):
-        client_state["prev"] = {key: t.detach().clone() for key, t in model.state_dict().items()}
+    def end_local(self, local):
+        local.state["prev"] = detached(local.model)
         return {}
 
 
@@ -478,43 +465,40 @@ class FedDisco(FedAlgorithm):
     discrepancy d_k compares client k's label distribution D_k with the global one D (uniform over
     the classes present in the federation): ``metric="kl"`` (the authors' default) uses KL(D_k||D)
     normalised to sum 1 over the round's clients, as in their code; ``metric="l2"`` uses the raw
-    ||D_k - D||_2. Each client uploads its label counts once, before round 1 (counted in
-    ``bytes_up``). If every p_k would be 0, falls back to n_k/N (as the authors' code).
+    ||D_k - D||_2. Each client uploads its label counts once, in a setup round before round 1
+    (counted in ``bytes_up``); the server keeps ``memory["discrepancy"][k]``. If every p_k would
+    be 0, falls back to n_k/N (as the authors' code).
     """
 
     name = "feddisco"
+    needs_setup = True
 
     def __init__(self, a: float = 0.5, b: float = 0.1, metric: str = "kl"):
         check_positive("a", a, strict=False)
         check_choice("metric", metric, ("kl", "l2"))
         self.a, self.b, self.metric = float(a), float(b), metric
 
-    def setup(self, ctx, global_model):
-        out = super().setup(ctx, global_model)
-        msgs = []
-        for k, y in enumerate(ctx.client_labels):
-            if y.numel():
-                counts = torch.bincount(y.cpu(), minlength=ctx.num_classes)
-                msgs.append(Message(sender=f"client{k}", payload={"label_counts": counts}))
-        # server side: discrepancy per client from the uploaded counts
-        total = torch.stack([m["label_counts"] for m in msgs]).sum(0)
+    def setup_upload(self, y, state, num_classes):
+        return {"label_counts": torch.bincount(y.cpu(), minlength=num_classes)}
+
+    def receive_setup(self, memory, uploads):
+        total = torch.stack([m["label_counts"] for m in uploads]).sum(0)
         present = (total > 0).double()
         global_dist = present / present.sum()
-        self.discrepancy = {}
-        for m in msgs:
-            k = int(m.sender.removeprefix("client"))
+        memory["discrepancy"] = {}
+        for m in uploads:
             c = m["label_counts"].double()
             local = c / c.sum()
             if self.metric == "kl":
                 nz = local > 0
-                self.discrepancy[k] = float((local[nz] * (local[nz] / global_dist[nz]).log()).sum())
+                d = float((local[nz] * (local[nz] / global_dist[nz]).log()).sum())
             else:
-                self.discrepancy[k] = float(torch.linalg.vector_norm(local - global_dist))
-        return out + msgs
+                d = float(torch.linalg.vector_norm(local - global_dist))
+            memory["discrepancy"][client_id(m)] = d
 
-    def aggregation_weights(self, uploads):
-        base = super().aggregation_weights(uploads)
-        d = [self.discrepancy[int(u.sender.removeprefix("client"))] for u in uploads]
+    def aggregation_weights(self, memory, uploads):
+        base = super().aggregation_weights(memory, uploads)
+        d = [memory["discrepancy"][client_id(u)] for u in uploads]
         if self.metric == "kl" and sum(d) > 0:
             d = [v / sum(d) for v in d]
         raw = [max(0.0, p - self.a * dk + self.b) for p, dk in zip(base, d)]
@@ -552,17 +536,118 @@ def make_algorithm(name: str, **hparams) -> FedAlgorithm:
 
 
 # ----------------------------------------------------------------------------------------------
-# history and loop
+# client and server programs
+# ----------------------------------------------------------------------------------------------
+def frozen_copy(model: nn.Module) -> nn.Module:
+    """A deep copy with ``requires_grad`` off, in eval mode (a receiver of broadcast weights)."""
+    return copy.deepcopy(model).requires_grad_(False).eval()
+
+
+def initial_state(method: FedAlgorithm, seed: int, k: int) -> dict[str, Any]:
+    """Client k's state before its first step: ``id``, its own mini-batch generator ``batches``
+    (``torch_generator(seed, "batches", k)``) and the method's entries."""
+    return {"id": k, "batches": torch_generator(seed, "batches", k), **method.init_state(k)}
+
+
+class GradientClient:
+    """Client program of every gradient method: local SGD from the broadcast global weights.
+
+    ``template``: a model of the run's architecture (copied; its ``requires_grad`` flags say what
+    is trained). State of client k (``init_state``): ``id`` = k, ``batches`` = its own mini-batch
+    generator ``torch_generator(seed, "batches", k)``, plus the method's entries. ``step(data,
+    state, broadcast)``: ``data`` = (x (n, ...), y (n,)) on ``device`` (or the client's local set
+    ``state["local"]`` = (x, y, task) when it keeps one); ``config.local_epochs`` epochs of SGD
+    (lr, momentum, weight decay of ``config``, a fresh optimizer, batches of ``batch_size`` in the
+    client's own random order) on ``method.training_loss``; uploads ``{"state", "n", **extra}``.
+    A broadcast without ``"state"`` is the setup round: the upload is ``method.setup_upload``.
+    """
+
+    def __init__(self, method: FedAlgorithm, template: nn.Module, config: FedConfig, num_classes: int):
+        self.method, self.config, self.num_classes = method, config, num_classes
+        self.model = copy.deepcopy(template)
+        self.global_model = frozen_copy(template)
+        self.spare = frozen_copy(template)
+        self._received: Message | None = None
+
+    def init_state(self, k: int) -> dict[str, Any]:
+        return initial_state(self.method, self.config.seed, k)
+
+    @staticmethod
+    def training_data(data, state) -> tuple[Tensor, Tensor]:
+        if "local" in state:
+            return state["local"][0], state["local"][1]
+        return data[0], data[1]
+
+    def step(self, data, state: dict[str, Any], broadcast: Message) -> Message:
+        sender = f"client{state['id']}"
+        x, y = self.training_data(data, state)
+        if "state" not in broadcast.payload:
+            return Message(sender, self.method.setup_upload(y, state, self.num_classes))
+        cfg, model = self.config, self.model
+        if broadcast is not self._received:  # in one process every client of a round gets the same message
+            self.global_model.load_state_dict(broadcast["state"])
+            self._received = broadcast
+        model.load_state_dict(broadcast["state"])
+        model.train()
+        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        local = Local(model, self.global_model, self.spare, state, broadcast)
+        self.method.begin_local(local)
+        n, bs = int(x.shape[0]), cfg.batch_size
+        for _ in range(cfg.local_epochs):
+            perm = torch.randperm(n, generator=state["batches"]).to(x.device, non_blocking=True)
+            xs, ys = x[perm], y[perm]
+            for s in range(0, n, bs):
+                loss = self.method.training_loss(local, xs[s:s + bs], ys[s:s + bs])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+        extra = self.method.end_local(local) or {}
+        return Message(sender, {"state": detached(model), "n": n, **extra})
+
+
+class GradientServer:
+    """Server program of every gradient method: broadcasts ``{"state": global weights,
+    **method.broadcast_extra(memory)}`` (or nothing, in the setup round of a method that has one),
+    aggregates the uploads with ``method.aggregate``; ``result()`` = the global model.
+    ``memory``: the server's own persistent dict (kept across stages by an incremental learner)."""
+
+    def __init__(self, method: FedAlgorithm, global_model: nn.Module, num_clients: int,
+                 memory: dict | None = None):
+        self.method, self.model = method, global_model
+        self.memory = {} if memory is None else memory
+        self.in_setup = method.needs_setup
+        method.server_init(self.memory, global_model, num_clients)
+
+    def broadcast(self) -> Message:
+        if self.in_setup:
+            return EMPTY
+        extra = self.method.broadcast_extra(self.memory)
+        return Message("server", {"state": self.model.state_dict(), **extra})
+
+    def receive(self, messages: list[Message]) -> None:
+        if self.in_setup:
+            self.method.receive_setup(self.memory, messages)
+            self.in_setup = False
+        else:
+            self.method.aggregate(self.memory, self.model, messages)
+
+    def result(self) -> nn.Module:
+        return self.model
+
+
+# ----------------------------------------------------------------------------------------------
+# history and driver
 # ----------------------------------------------------------------------------------------------
 @dataclass
 class History:
     """Per-evaluation records (rounds with ``r % eval_every == 0`` and the last round).
 
-    ``wall_s``: cumulative seconds of federated work (setup, sampling, broadcast, local training,
-    upload, aggregation) since the start, *excluding* test evaluation. ``bytes_up`` /
-    ``bytes_down``: cumulative measured Message bytes (setup uploads included in ``bytes_up``).
-    ``participants``: the sampled client ids of every round (all rounds). ``final_state``: the
-    final global model's state dict, on CPU.
+    ``wall_s``: cumulative measured seconds of federated work (setup round, broadcast, local
+    training, upload, aggregation: :class:`fedlib.core.messages.Cost` ``seconds``) since the start,
+    *excluding* test evaluation and callbacks. ``bytes_up`` / ``bytes_down``: cumulative measured
+    Message bytes (setup uploads included in ``bytes_up``). ``participants``: the sampled client ids
+    of every round (all rounds). ``final_state``: the final global model's state dict, on CPU.
+    ``cost``: the whole run's measured :class:`Cost`.
     """
 
     algorithm: str = ""
@@ -574,6 +659,7 @@ class History:
     bytes_down: list[int] = field(default_factory=list)
     participants: list[list[int]] = field(default_factory=list)
     final_state: dict[str, Tensor] | None = field(default=None, repr=False)  # global weights (CPU)
+    cost: Cost = field(default_factory=Cost)
 
     @property
     def final_acc(self) -> float:
@@ -607,35 +693,34 @@ def _warmup_optimizer() -> None:
     opt.step()
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def run_federated(model_fn: Callable[[], nn.Module], clients: ClientData, test: tuple[Tensor, Tensor] | None,
                   algorithm: FedAlgorithm | str, config: FedConfig, progress: bool = True,
-                  num_classes: int | None = None) -> History:
+                  num_classes: int | None = None, *, callbacks: Sequence[RoundCallback] = (),
+                  states: ClientStates | None = None, memory: dict | None = None,
+                  evaluate: Callable[[nn.Module, Tensor, Tensor], float] | None = None) -> History:
     """Train ``model_fn()`` federatedly with ``algorithm``; return the :class:`History`.
 
-    Per round r: sample ceil(participation*K) distinct clients (CPU torch.Generator seeded with
-    ``seed``); sampled *empty* clients are skipped (no broadcast, no upload); broadcast the global
-    state to the others (bytes down); local SGD (mini-batch order from one CPU torch.Generator
-    seeded with ``seed + 1``, consumed in client order; a fresh SGD optimizer per client);
-    uploads (bytes up); ``algorithm.server_aggregate``; test accuracy every ``eval_every`` rounds
-    and at the last round (``test=None``: no evaluation, ``test_acc`` is NaN at those rounds).
+    One :class:`GradientServer` and one :class:`GradientClient` driven by
+    :func:`fedlib.core.protocol.simulate`. Per round r: sample ceil(participation*K) distinct
+    clients (CPU torch.Generator seeded with ``seed``, server side); sampled *empty* clients are
+    skipped (no broadcast, no upload); broadcast (bytes down); local SGD of each participant in
+    increasing k (mini-batch order from the client's own generator ``torch_generator(seed,
+    "batches", k)``, a fresh SGD optimizer per update); uploads (bytes up); aggregation; test
+    accuracy every ``eval_every`` rounds and at the last round (``test=None``: no evaluation,
+    ``test_acc`` NaN; ``evaluate(model, x, y)`` replaces the plain top-1 accuracy). Methods with a
+    setup round (FedDisco) run it first. ``callbacks``: ``callback(r, server, cost)`` after round
+    r (``server.model`` = the global model), not counted in seconds. ``states``: the clients'
+    states to use (and keep; default fresh ones), ``memory``: the server's (default a fresh dict).
     ``seed_everything(seed)`` is called before ``model_fn()``, so the same config gives
     bit-identical results on CPU.
     """
-    threads = torch.get_num_threads()
-    if config.num_threads is not None:
-        torch.set_num_threads(config.num_threads)
-    try:
-        return _run(model_fn, clients, test, algorithm, config, progress, num_classes)
-    finally:
-        torch.set_num_threads(threads)
+    with torch_threads(config.num_threads):
+        return _run(model_fn, clients, test, algorithm, config, progress, num_classes, callbacks, states,
+                    memory, evaluate)
 
 
-def _run(model_fn, clients, test, algorithm, config, progress, num_classes) -> History:
+def _run(model_fn, clients, test, algorithm, config, progress, num_classes, callbacks, states, memory,
+         evaluate) -> History:
     if isinstance(algorithm, str):
         algorithm = make_algorithm(algorithm)
     if not isinstance(algorithm, FedAlgorithm):
@@ -644,14 +729,14 @@ def _run(model_fn, clients, test, algorithm, config, progress, num_classes) -> H
         raise ValueError("clients must hold at least one client")
     device = resolve_device(config.device)
     _warmup_optimizer()  # one-off lazy imports inside torch.optim stay out of wall_s
-    t0 = time.perf_counter()
 
     data = []
     for k, (x, y) in enumerate(clients):
         if x.shape[0] != y.shape[0]:
             raise ValueError(f"client {k}: x has {x.shape[0]} rows but y has {y.shape[0]}")
         data.append((x.to(device), y.to(device, dtype=torch.long)))
-    if all(x.shape[0] == 0 for x, _ in data):
+    active = [k for k, (x, _) in enumerate(data) if x.shape[0] > 0]
+    if not active:
         raise ValueError("every client is empty")
     if test is None:
         x_test = y_test = None
@@ -663,48 +748,46 @@ def _run(model_fn, clients, test, algorithm, config, progress, num_classes) -> H
 
     seed_everything(config.seed)
     global_model = model_fn().to(device)
-    local_model = copy.deepcopy(global_model)
-    global_model.requires_grad_(False).eval()  # frozen reference/teacher during local training
+    client = GradientClient(algorithm, global_model, config, num_classes)
+    global_model.requires_grad_(False).eval()  # the server's model: only aggregation writes it
+    server = GradientServer(algorithm, global_model, len(active), memory)
+    if states is None:
+        states = ClientStates(client)
     sample_gen = torch.Generator().manual_seed(config.seed)
-    ctx = FedContext(config=config, device=device, num_clients=len(data), num_classes=num_classes,
-                     client_sizes=[int(x.shape[0]) for x, _ in data],
-                     client_labels=[y for _, y in data],
-                     generator=torch.Generator().manual_seed(config.seed + 1))
-    setup_msgs = algorithm.setup(ctx, global_model)
-
     hist = History(algorithm=repr(algorithm), config=asdict(config))
-    bytes_up = sum(m.nbytes for m in setup_msgs)
-    bytes_down = 0
-    eval_s = 0.0
-    bar = _tqdm(range(1, config.rounds + 1), disable=not progress, desc=algorithm.name)
-    for r in bar:
-        ctx.round = r
+    score = evaluate or model_accuracy
+
+    def participants(r: int) -> list[int]:
         ids = sample_clients(len(data), config.participation, sample_gen)
         hist.participants.append(ids)
-        active = [k for k in ids if ctx.client_sizes[k] > 0]
-        if active:
-            broadcast = Message(sender="server", payload={"state": global_model.state_dict()})
-            bytes_down += broadcast.nbytes * len(active)
-            uploads = [algorithm.local_update(k, local_model, global_model, *data[k]) for k in active]
-            bytes_up += sum(u.nbytes for u in uploads)
-            algorithm.server_aggregate(global_model, uploads)
-            del uploads
-        if r % config.eval_every == 0 or r == config.rounds:
-            _sync(device)
-            t_eval = time.perf_counter()
-            acc = float("nan") if x_test is None else model_accuracy(global_model, x_test, y_test)
-            hist.round.append(r)
-            hist.test_acc.append(acc)
-            hist.wall_s.append(t_eval - t0 - eval_s)
-            hist.bytes_up.append(bytes_up)
-            hist.bytes_down.append(bytes_down)
-            eval_s += time.perf_counter() - t_eval
+        return [k for k in ids if data[k][0].shape[0] > 0]
+
+    def record(r: int, server_: GradientServer, cost: Cost) -> None:
+        if r % config.eval_every and r != config.rounds:
+            return
+        acc = float("nan") if x_test is None else score(global_model, x_test, y_test)
+        total = setup + cost
+        hist.round.append(r)
+        hist.test_acc.append(acc)
+        hist.wall_s.append(total.seconds)
+        hist.bytes_up.append(total.bytes_up)
+        hist.bytes_down.append(total.bytes_down)
+        if progress:
             bar.set_postfix(acc=f"{acc:.4f}")
+
+    setup = Cost()
+    if algorithm.needs_setup:
+        setup = simulate(server, client, data, 1, participants=lambda r: active, states=states, device=device)
+    bar = _tqdm(config.rounds, progress, algorithm.name)
+    cost = simulate(server, client, data, config.rounds, participants=participants, states=states,
+                    callbacks=[record, *callbacks, lambda r, s, c: bar.update(1)], device=device)
+    bar.close()
+    hist.cost = setup + cost
     hist.final_state = {k: v.detach().cpu().clone() for k, v in global_model.state_dict().items()}
     return hist
 
 
-def _tqdm(iterable, **kw):
+def _tqdm(total: int, progress: bool, desc: str):
     from tqdm import tqdm
 
-    return tqdm(iterable, **kw)
+    return tqdm(total=total, disable=not progress, desc=desc)

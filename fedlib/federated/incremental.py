@@ -29,6 +29,8 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from fedlib.core.validate import check_int
+from fedlib.core.seeds import derive_seed
 from fedlib.data.partition import make_partition
 
 __all__ = ["Task", "ClassIncrementalStream", "make_stream", "IncrementalLearner", "IncrementalResult",
@@ -90,14 +92,15 @@ class ClassIncrementalStream:
         """Split task t's training indices over K clients (indices into the full train arrays).
 
         Dirichlet(beta) label skew (NIID-Bench recipe, every client >= ``min_size`` samples as in
-        the STSA code) with a seed that differs per task, so the partition is redrawn each task;
+        the STSA code) with the seed ``derive_seed(seed, "partition", t)``, so the partition is
+        redrawn each task;
         ``beta=None`` gives an IID split.
         """
         idx = self.tasks[t].train_idx
         labels = np.asarray(y_train)[idx]
         if num_clients > len(idx):
             raise ValueError(f"num_clients={num_clients} exceeds the {len(idx)} training samples of task {t}")
-        task_seed = seed * 1000 + t
+        task_seed = derive_seed(seed, "partition", t)
         if beta is None:
             parts = make_partition(labels, num_clients, "iid", seed=task_seed)
         else:
@@ -233,8 +236,7 @@ def run_class_incremental(learner: IncrementalLearner, stream: ClassIncrementalS
 
     if beta is not None and not beta > 0:
         raise ValueError(f"beta must be > 0 (Dirichlet concentration) or None for IID, got {beta!r}")
-    if isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
-        raise ValueError(f"num_clients must be an integer >= 1, got {num_clients!r}")
+    check_int("num_clients", num_clients, 1)
     needed = getattr(learner, "min_client_size", 1)
     if min_size < needed:
         raise ValueError(f"{learner.name} needs every client to hold >= {needed} samples per task "
@@ -281,7 +283,8 @@ def scratch_backbone_features(dataset, stream: ClassIncrementalStream, num_clien
     from fedlib.federated.models import SmallResNet, embed, images_to_tensor, train_fedavg_backbone
 
     settings = json.dumps({"K": num_clients, "beta": beta, "seed": seed, "widths": list(widths),
-                           "order": stream.class_order.tolist(), "config": asdict(config) | {"device": None}},
+                           "order": stream.class_order.tolist(), "config": asdict(config) | {"device": None},
+                           "batches": "per-client"},  # run_federated's batch order (each client its own stream)
                           sort_keys=True)
     key = hashlib.sha1((settings + _fingerprint(dataset, "scratch", 0)).encode()).hexdigest()[:12]
     directory = default_cache_dir() if cache_dir is None else Path(cache_dir)

@@ -23,12 +23,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlib.federated.gradient import ClientData, FedConfig, History, run_federated
-from fedlib.core.validate import check_choice
+from fedlib.core.validate import check_choice, check_int, check_int_list
 from fedlib.core.devices import resolve_device
 
 __all__ = [
     "NORMS", "BasicBlock", "SmallResNet", "resnet18_cifar", "SmallCNN", "group_norm_groups",
-    "images_to_tensor", "embed", "train_fedavg_backbone",
+    "images_to_tensor", "embed", "train_fedavg_backbone", "MODEL_NAMES", "make_model",
 ]
 
 NORMS = ("batch", "group")
@@ -37,21 +37,6 @@ NORMS = ("batch", "group")
 # ----------------------------------------------------------------------------------------------
 # argument checks
 # ----------------------------------------------------------------------------------------------
-def _check_int(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def _check_int_tuple(name: str, value) -> tuple[int, ...]:
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) == 0:
-        raise ValueError(f"{name} must be a non-empty sequence of ints >= 1, got {value!r}")
-    for v in value:
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{name} must be a non-empty sequence of ints >= 1, got {value!r}")
-    return tuple(int(v) for v in value)
-
-
 def _check_images(x: Tensor, in_channels: int) -> None:
     if x.ndim != 4 or x.shape[1] != in_channels:
         raise ValueError(f"x must have shape (N, {in_channels}, H, W), got {tuple(x.shape)}")
@@ -115,9 +100,9 @@ class SmallResNet(nn.Module):
     def __init__(self, in_channels: int = 1, num_classes: int = 10, widths: Sequence[int] = (16, 32, 64),
                  blocks: Sequence[int] = (1, 1, 1), norm: str = "batch"):
         super().__init__()
-        self.in_channels = _check_int("in_channels", in_channels)
-        self.num_classes = _check_int("num_classes", num_classes)
-        widths, blocks = _check_int_tuple("widths", widths), _check_int_tuple("blocks", blocks)
+        self.in_channels = check_int("in_channels", in_channels, 1)
+        self.num_classes = check_int("num_classes", num_classes, 1)
+        widths, blocks = tuple(check_int_list("widths", widths, 1)), tuple(check_int_list("blocks", blocks, 1))
         if len(widths) != len(blocks):
             raise ValueError(f"widths and blocks must have the same length (one entry per stage), "
                              f"got {len(widths)} widths and {len(blocks)} blocks")
@@ -176,10 +161,10 @@ class SmallCNN(nn.Module):
     def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 28,
                  width: int = 32, hidden: int = 128):
         super().__init__()
-        self.in_channels = _check_int("in_channels", in_channels)
-        self.num_classes = _check_int("num_classes", num_classes)
-        self.image_size = _check_int("image_size", image_size, minimum=4)
-        width, hidden = _check_int("width", width), _check_int("hidden", hidden)
+        self.in_channels = check_int("in_channels", in_channels, 1)
+        self.num_classes = check_int("num_classes", num_classes, 1)
+        self.image_size = check_int("image_size", image_size, 4)
+        width, hidden = check_int("width", width, 1), check_int("hidden", hidden, 1)
         self.dim = hidden
         self.conv1 = nn.Conv2d(in_channels, width, 5, padding=2)
         self.conv2 = nn.Conv2d(width, 2 * width, 5, padding=2)
@@ -202,6 +187,20 @@ class SmallCNN(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.head(self.features(x))
+
+
+MODEL_NAMES = ("smallcnn", "resnet18")
+
+
+def make_model(name: str, in_channels: int, num_classes: int, *, image_size: int = 28, width: int = 32,
+               hidden: int = 128) -> nn.Module:
+    """A fresh network by name, for ``functools.partial(make_model, ...)`` as a ``model_fn``:
+    ``"smallcnn"``: SmallCNN(in_channels, num_classes, image_size, width, hidden); ``"resnet18"``:
+    :func:`resnet18_cifar` (in_channels, num_classes; any image size, ``width``/``hidden`` unused)."""
+    check_choice("name", name, MODEL_NAMES)
+    if name == "smallcnn":
+        return SmallCNN(in_channels, num_classes, image_size, width, hidden)
+    return resnet18_cifar(in_channels, num_classes)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -232,7 +231,7 @@ def embed(model: nn.Module, x: Tensor, batch_size: int = 1024, device="cpu") -> 
         raise ValueError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if not callable(getattr(model, "features", None)):
         raise ValueError(f"model must have a .features(x) method; {type(model).__name__} has none")
-    batch_size = _check_int("batch_size", batch_size)
+    batch_size = check_int("batch_size", batch_size, 1)
     device = resolve_device(device)
     modes = [(m, m.training) for m in model.modules()]
     home = next(model.parameters(), None)

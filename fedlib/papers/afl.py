@@ -12,6 +12,12 @@ Client k (Alg. 1, local stage) fits a ridge head on its frozen features and uplo
 
 Both end with the RI restoration (eq. 15), which removes the accumulated ``K gamma I`` and returns
 the unregularized joint least-squares head ``(X^T X)^{-1} X^T Y``: weight-invariance (Thm. 1-2).
+
+On the library's one protocol (:mod:`fedlib.core.protocol`): :class:`AFLClient` is the client
+program, both servers implement ``broadcast`` (the empty :data:`~fedlib.core.protocol.EMPTY`: AFL
+sends nothing down), ``receive(list)`` and ``result()``; :func:`run_afl` drives them with
+:func:`~fedlib.core.protocol.simulate` and returns an :class:`AFLResult` with the measured
+:class:`~fedlib.core.messages.Cost`.
 """
 from __future__ import annotations
 
@@ -21,10 +27,10 @@ from typing import Iterable, Sequence
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from fedlib.core.linalg import Array, SufficientStats, as_tensor, numerical_rank, one_hot, ridge_solve
-from fedlib.core.messages import Message
+from fedlib.core.messages import Cost, Message
+from fedlib.core.protocol import EMPTY, simulate
 from fedlib.core.validate import check_choice, check_positive
 
 SERVERS = ("pairwise", "one_solve")
@@ -106,7 +112,35 @@ def _singular_message(what: str, rank: int | None = None, dim: int | None = None
             "inverse='pinv' (the paper's Table 1 'w/o RI' recipe)")
 
 
-class PairwiseAAServer:
+class _AAServerBase:
+    """What both AFL servers share: the one-shot broadcast (nothing is sent), the loop over a round's
+    uploads and the bookkeeping of K, sum gamma, upload sizes and server seconds."""
+
+    def __init__(self):
+        self.gamma_sum = 0.0
+        self.count = 0
+        self.upload_bytes: list[int] = []
+        self.seconds = 0.0
+
+    def broadcast(self) -> Message:
+        """AFL's clients need nothing from the server (Alg. 1 is one upload): :data:`EMPTY`, 0 bytes."""
+        return EMPTY
+
+    def receive(self, messages: Sequence[Message]) -> None:
+        """Absorb uploads ``{"W", "C", "gamma"}`` in the order given (the aggregation order)."""
+        t0 = time.perf_counter()
+        for msg in messages:
+            self._absorb(msg)
+            self.gamma_sum += msg["gamma"]
+            self.count += 1
+            self.upload_bytes.append(msg.nbytes)
+        self.seconds += time.perf_counter() - t0
+
+    def _absorb(self, msg: Message) -> None:
+        raise NotImplementedError
+
+
+class PairwiseAAServer(_AAServerBase):
     """Recursive AA law, eq. (9): ``W_agg,k = W_agg W_agg,k-1 + W_k W_k`` and ``C_agg,k = C_agg,k-1 + C_k``.
 
     Starts from the first upload (Alg. 1's ``C_agg,0 = 0`` cannot be inverted). Streaming:
@@ -114,13 +148,12 @@ class PairwiseAAServer:
     """
 
     def __init__(self, sign: int = +1, inverse: str = "solve"):
+        super().__init__()
         self.sign, self.inverse = sign, inverse
         self.weights: torch.Tensor | None = None
         self.gram: torch.Tensor | None = None
-        self.gamma_sum = 0.0
-        self.count = 0
 
-    def receive(self, msg: Message) -> None:
+    def _absorb(self, msg: Message) -> None:
         w_k, c_k = msg["W"], msg["C"]
         if self.inverse == "solve" and msg["gamma"] == 0:
             # gamma = 0: C_k = X_k^T X_k may be singular; a Cholesky can still "succeed" on rounding
@@ -134,8 +167,6 @@ class PairwiseAAServer:
             w_agg, w_kk = aa_weights(self.gram, c_k, self.sign, self.inverse)
             self.weights = w_agg @ self.weights + w_kk @ w_k
             self.gram = self.gram + c_k
-        self.gamma_sum += msg["gamma"]
-        self.count += 1
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Aggregated ``(W^r_agg,K (d, C), C^r_agg,K (d, d))``."""
@@ -144,30 +175,31 @@ class PairwiseAAServer:
         return self.weights, self.gram
 
 
-class OneSolveServer:
-    """Summed statistics: ``C^r = sum_k C_k^r`` and ``B = sum_k C_k^r W_k^r (= sum_k X_k^T Y_k)``; one solve."""
+class OneSolveServer(_AAServerBase):
+    """Summed statistics: ``C^r = sum_k C_k^r`` and ``B = sum_k C_k^r W_k^r (= sum_k X_k^T Y_k)``; one
+    solve (eqs. 56-57)."""
 
     def __init__(self):
+        super().__init__()
         self.gram: torch.Tensor | None = None
         self.rhs: torch.Tensor | None = None
-        self.gamma_sum = 0.0
-        self.count = 0
 
-    def receive(self, msg: Message) -> None:
+    def _absorb(self, msg: Message) -> None:
         w_k, c_k = msg["W"], msg["C"]
         if self.gram is None:
             self.gram, self.rhs = c_k.clone(), c_k @ w_k
         else:
             self.gram += c_k
             self.rhs.addmm_(c_k, w_k)
-        self.gamma_sum += msg["gamma"]
-        self.count += 1
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(W^r_agg,K = (C^r)^{-1} B (d, C), C^r_agg,K (d, d))``, identical to the recursive law."""
         if self.gram is None:
             raise ValueError("the server has received no upload")
-        return ridge_solve(self.gram, self.rhs), self.gram
+        t0 = time.perf_counter()
+        out = ridge_solve(self.gram, self.rhs), self.gram
+        self.seconds += time.perf_counter() - t0
+        return out
 
 
 def make_server(server: str = "one_solve", sign: int = +1, inverse: str = "solve"):
@@ -188,51 +220,96 @@ def ri_restore(weights_r: torch.Tensor, gram_r: torch.Tensor, gamma_sum: float) 
 
 @dataclass
 class AFLResult:
-    """Outcome of one AFL run: the restored head and what it cost."""
+    """Outcome of one AFL run: the restored head and what it cost (measured)."""
 
     weights: torch.Tensor            # (d, C): RI-restored head (or W^r when restore=False)
     weights_regularized: torch.Tensor  # (d, C): W^r_agg,K before restoration
     gram_regularized: torch.Tensor   # (d, d): C^r_agg,K
     num_clients: int
     gamma_sum: float
-    upload_bytes: list[int] = field(default_factory=list)
-    client_seconds: float = 0.0
-    server_seconds: float = 0.0
+    cost: Cost = field(default_factory=Cost)      # bytes up / down and seconds (clients + server)
+    upload_bytes: list[int] = field(default_factory=list)   # measured size of each upload, in order
+    server_seconds: float = 0.0      # the server's share of ``cost.seconds`` (aggregation + restoration)
 
     @property
     def total_upload_bytes(self) -> int:
-        return int(sum(self.upload_bytes))
+        return self.cost.bytes_up
+
+
+def _finish(srv, restore: bool, cost: Cost) -> AFLResult:
+    """Server result (+ RI restoration, eq. 15) as an :class:`AFLResult`; restoration time counted."""
+    t0 = time.perf_counter()
+    w_r, c_r = srv.result()
+    weights = ri_restore(w_r, c_r, srv.gamma_sum) if restore else w_r
+    restore_seconds = time.perf_counter() - t0
+    cost.seconds += restore_seconds
+    return AFLResult(weights, w_r, c_r, srv.count, srv.gamma_sum, cost, list(srv.upload_bytes),
+                     srv.seconds + restore_seconds)
 
 
 def aggregate(uploads: Iterable[Message], server: str = "one_solve", restore: bool = True,
               sign: int = +1, inverse: str = "solve") -> AFLResult:
-    """Aggregate already computed uploads (a list, or a generator to stream them)."""
+    """The server side only, on already computed uploads (a list, or a generator to stream them).
+
+    ``cost.bytes_up`` is the sum of the uploads' sizes; ``cost.seconds`` the server's time.
+    """
     srv = make_server(server, sign, inverse)
-    sizes, t_server = [], 0.0
     for msg in uploads:
-        sizes.append(msg.nbytes)
-        t0 = time.perf_counter()
-        srv.receive(msg)
-        t_server += time.perf_counter() - t0
-    t0 = time.perf_counter()
-    w_r, c_r = srv.result()
-    weights = ri_restore(w_r, c_r, srv.gamma_sum) if restore else w_r
-    t_server += time.perf_counter() - t0
-    return AFLResult(weights, w_r, c_r, srv.count, srv.gamma_sum, sizes, 0.0, t_server)
+        srv.receive([msg])
+    return _finish(srv, restore, Cost(bytes_up=sum(srv.upload_bytes), seconds=srv.seconds))
+
+
+@dataclass
+class AFLClient:
+    """AFL's client program (Alg. 1, local stage) for :func:`fedlib.core.protocol.simulate`.
+
+    ``step((x_k (N_k, d), labels_k (N_k,)), state, broadcast)`` returns :func:`client_update`'s
+    upload ``{W_k^r, C_k^r, gamma}`` (eqs. 12, 14); the broadcast is empty and the state holds only
+    the client's name.
+    """
+
+    num_classes: int
+    gamma: float = 1.0
+    dtype: torch.dtype = torch.float64
+    device: str | torch.device = "cpu"
+
+    def init_state(self, k: int) -> dict:
+        return {"name": f"client{k}"}
+
+    def step(self, data, state: dict, broadcast: Message) -> Message:
+        x, labels = data
+        return client_update(x, labels, self.num_classes, self.gamma, state["name"], self.dtype, self.device)
+
+
+class _ClientData(Sequence):
+    """``data[k]`` = client k's ``(x_k, labels_k)``, sliced on demand (no copy of all clients at once)."""
+
+    def __init__(self, x: torch.Tensor, labels: np.ndarray, parts: Sequence[np.ndarray]):
+        self.x, self.labels, self.parts = x, labels, parts
+
+    def __len__(self) -> int:
+        return len(self.parts)
+
+    def __getitem__(self, k):
+        idx = np.asarray(self.parts[k], dtype=np.int64)
+        return self.x[torch.as_tensor(idx, device=self.x.device)], self.labels[idx]
 
 
 def run_afl(x: Array, labels: Array, parts: Sequence[np.ndarray], num_classes: int, gamma: float = 1.0,
             server: str = "one_solve", restore: bool = True, order: Sequence[int] | None = None,
             sign: int = +1, inverse: str = "solve", dtype: torch.dtype = torch.float64,
             device: str | torch.device = "cpu", progress: bool = False) -> AFLResult:
-    """Full AFL: every client of ``parts`` (index arrays into x (N, d) / labels (N,)) computes its
-    upload, the server aggregates in ``order`` (default 0..K-1) and restores (eq. 15).
+    """Full AFL on :func:`fedlib.core.protocol.simulate`: every client of ``parts`` (index arrays into
+    x (N, d) / labels (N,)) runs :class:`AFLClient`, the server aggregates in ``order`` (default
+    0..K-1) and restores (eq. 15). Returns an :class:`AFLResult` whose ``cost`` is measured.
 
-    Uploads are streamed: at most one client's matrices are alive at a time.
+    AFL is one communication round (each client uploads once, the broadcast is empty). The simulator
+    delivers that round's uploads one client at a time (K steps of one participant, in ``order``), so
+    at most one client's d x d matrix is alive: K = 1000 clients at d = 1280 fit in memory.
     """
     check_positive("gamma", gamma, strict=False)
     check_choice("server", server, SERVERS)
-    order = list(range(len(parts))) if order is None else list(order)
+    order = list(range(len(parts))) if order is None else [int(k) for k in order]
     if sorted(order) != list(range(len(parts))):
         raise ValueError(f"order must be a permutation of range({len(parts)})")
     if server == "pairwise" and gamma == 0 and inverse == "solve":
@@ -240,19 +317,122 @@ def run_afl(x: Array, labels: Array, parts: Sequence[np.ndarray], num_classes: i
         if small:
             raise ValueError(_singular_message(f"C_k of {len(small)} client(s) with N_k < d = {int(x.shape[1])} "
                                                f"(e.g. client {small[0]}, N_k = {len(parts[small[0]])})"))
-    x_dev = as_tensor(x, dtype, device)
-    labels = np.asarray(labels)
-    clock = {"client": 0.0}
+    srv = make_server(server, sign, inverse)
+    data = _ClientData(as_tensor(x, dtype, device), np.asarray(labels), parts)
+    cost = simulate(srv, AFLClient(num_classes, gamma, dtype, device), data, rounds=len(order),
+                    participants=lambda r: [order[r - 1]], progress=progress, desc=f"AFL clients ({server})")
+    return _finish(srv, restore, cost)
 
-    def uploads():
-        for k in tqdm(order, desc=f"AFL clients ({server})", disable=not progress):
-            t0 = time.perf_counter()
-            idx = torch.as_tensor(np.asarray(parts[k], dtype=np.int64), device=x_dev.device)
-            msg = client_update(x_dev[idx], labels[np.asarray(parts[k], dtype=np.int64)], num_classes,
-                                gamma, f"client{k}", dtype, device)
-            clock["client"] += time.perf_counter() - t0
-            yield msg
 
-    result = aggregate(uploads(), server, restore, sign, inverse)
-    result.client_seconds = clock["client"]
-    return result
+# ----------------------------------------------------------------------------------------------
+# the benchmark's protocol (notebooks/afl_benchmark.py): fixed partitions, gradient baselines
+# ----------------------------------------------------------------------------------------------
+SETTING_KINDS = ("alpha", "shards", "iid")
+
+
+def setting_label(setting: tuple) -> str:
+    """``("alpha", 0.1)`` -> "α=0.1" (NIID-1), ``("shards", 2)`` -> "s=2" (NIID-2), ``("iid", None)`` -> "IID"."""
+    kind, value = setting
+    check_choice("setting kind", kind, SETTING_KINDS)
+    return {"alpha": f"α={value}", "shards": f"s={value}", "iid": "IID"}[kind]
+
+
+class SettingPartitions:
+    """``partitions(setting, k, seed)``: client index arrays of ``labels`` (N,) for a setting
+    ``("alpha", a)`` (Dirichlet label skew), ``("shards", s)`` (s shards per client) or ``("iid", None)``,
+    drawn once per (setting, k, seed) and reused, so every method of a comparison shares them."""
+
+    def __init__(self, labels):
+        self.labels = np.asarray(labels)
+        self._cache: dict[tuple, list[np.ndarray]] = {}
+
+    def __call__(self, setting: tuple, k: int, seed: int) -> list[np.ndarray]:
+        from fedlib.data.partition import make_partition
+
+        key = (tuple(setting), int(k), int(seed))
+        if key not in self._cache:
+            kind, value = setting
+            check_choice("setting kind", kind, SETTING_KINDS)
+            if kind == "alpha":
+                parts = make_partition(self.labels, k, "dirichlet", alpha=value, seed=seed)
+            elif kind == "shards":
+                parts = make_partition(self.labels, k, "shards", shards_per_client=value, seed=seed)
+            else:
+                parts = make_partition(self.labels, k, "iid", seed=seed)
+            self._cache[key] = parts
+        return self._cache[key]
+
+
+def baseline_model_fn(method: str, dim: int, num_classes: int, moon_hidden: int | None = None):
+    """Model factory of a gradient baseline on frozen d-dim features: MOON's projection head
+    (``MOONHead``, l1 width ``moon_hidden`` or d), every other method a linear head d -> C."""
+    from fedlib.federated.gradient import LinearHead, MOONHead
+
+    if method == "moon":
+        return lambda: MOONHead(dim, num_classes, hidden=moon_hidden)
+    return lambda: LinearHead(dim, num_classes)
+
+
+def per_round_upload(hist, parts: Sequence[np.ndarray]) -> float:
+    """Measured bytes one (non-empty) client uploads in one round: the last round's increment of
+    ``hist.bytes_up`` over its participants that hold data."""
+    active = [k for k in hist.participants[-1] if len(parts[k]) > 0]
+    return (hist.bytes_up[-1] - hist.bytes_up[-2]) / len(active)
+
+
+def run_baselines(protocol: str, jobs, partitions: SettingPartitions, num_clients: int, train, test,
+                  num_classes: int, config: dict, moon_hidden: int | None = None, progress: bool = True):
+    """Run the gradient baselines of ``jobs`` = [(setting, method, seed, partition seed)] on the
+    frozen features ``train`` = (x (N, d), y (N,)) / ``test`` tensors, each with
+    ``FedConfig(seed=seed, **config)`` on ``partitions(setting, num_clients, partition seed)``.
+
+    Returns ``(runs, curves)``: one row per job (final / best accuracy, seconds, measured upload per
+    client and round) and the concatenated per-round histories.
+    """
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    from fedlib.federated.gradient import FedConfig, make_algorithm, run_federated
+
+    x_tr, y_tr = train
+    dim = int(x_tr.shape[1])
+    out, frames = [], []
+    for setting, method, seed, pseed in tqdm(jobs, desc=f"{protocol} runs", disable=not progress):
+        parts = partitions(setting, num_clients, pseed)
+        hist = run_federated(baseline_model_fn(method, dim, num_classes, moon_hidden),
+                             [(x_tr[p], y_tr[p]) for p in parts], test, make_algorithm(method),
+                             FedConfig(seed=seed, **config), progress=False)
+        out.append({"protocol": protocol, "setting": setting_label(setting), "method": method, "seed": seed,
+                    "partition seed": pseed, "accuracy": hist.final_acc, "best accuracy": hist.best_acc,
+                    "seconds": hist.wall_s[-1], "seconds per round": hist.wall_s[-1] / config["rounds"],
+                    "seconds to final accuracy": hist.time_to_final(),
+                    "upload bytes/client/round": per_round_upload(hist, parts)})
+        frame = hist.to_frame()
+        frame[["setting", "method", "seed"]] = setting_label(setting), method, seed
+        frames.append(frame)
+    return pd.DataFrame(out), pd.concat(frames, ignore_index=True)
+
+
+def seed_ordered_accuracies(frame, setting: str, method: str) -> np.ndarray:
+    """Final accuracies of ``method`` in ``setting`` (a label), ordered by training seed (for pairing)."""
+    rows = frame[(frame.setting == setting) & (frame.method == method)]
+    return rows.sort_values("seed")["accuracy"].to_numpy()
+
+
+def table1_deviations(x: Array, labels: Array, num_classes: int, clients: Sequence[int],
+                      reference: torch.Tensor):
+    """The paper's Table 1 recipe: for each K in ``clients``, an equal contiguous split of x (N, d),
+    the pairwise AA law without RI (gamma = 0, local Moore-Penrose inverse, ``inverse="pinv"``) and
+    with RI (gamma = 1, eq. 15); ``ΔW = sum |W - reference|`` (L1) for both. Returns a DataFrame
+    indexed by K with N_k and the two deviations."""
+    import pandas as pd
+
+    rows = []
+    for k in clients:
+        parts = np.array_split(np.arange(len(labels)), k)
+        no_ri = run_afl(x, labels, parts, num_classes, gamma=0.0, server="pairwise", inverse="pinv")
+        with_ri = run_afl(x, labels, parts, num_classes, gamma=1.0, server="pairwise")
+        rows.append({"K": k, "N_k": len(parts[0]),
+                     "ΔW w/o RI (ours)": float((no_ri.weights - reference).abs().sum()),
+                     "ΔW w/ RI (ours)": float((with_ri.weights - reference).abs().sum())})
+    return pd.DataFrame(rows).set_index("K")

@@ -19,7 +19,13 @@ Eq. 9 per class i with K (dummy) clients, class total n, class sums s_k, s = sum
 The paper's K is the total number of clients (``k_mode="global"``). Clients with n_k = 0 then
 contribute nothing to B while still counting in K, so the covariance part is biased low under label
 skew; ``k_mode="per_class"`` uses K_i = #{k : n_k > 0}, which is unbiased under label skew (notes
-Sec. 8.1). Unbiasedness needs P_k(x | y) to be the same on every client (label skew only): under
+Sec. 8.1). On the library's one protocol (:mod:`fedlib.core.protocol`): :class:`STSAClient` is the client
+program (its state keeps the regenerated R; the dummy split and the upload noise come from
+``derive_seed(seed, purpose, t, k)``), :class:`STSAServer` the server (its broadcast is the public
+R as ``rf_seed`` / ``M``, the stage and its class block); the learners run one round of
+:func:`~fedlib.core.protocol.simulate` per stage and add its measured cost to ``learner.cost``.
+
+Unbiasedness needs P_k(x | y) to be the same on every client (label skew only): under
 feature skew (client-specific shifts, :class:`FeatureSkewLearner`) B also holds the spread of the
 client means and G_hat overestimates the within-class scatter.
 """
@@ -27,35 +33,33 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from fedlib.papers.afl import aggregate as afl_aggregate
+from fedlib.core.linalg import SufficientStats, as_tensor, lstsq_reference, one_hot, ridge_fit, ridge_solve
+from fedlib.core.messages import Cost, Message
+from fedlib.core.protocol import ClientStates, simulate
+from fedlib.core.seeds import derive_seed, torch_generator
+from fedlib.core.validate import check_choice, check_int, check_positive
+from fedlib.federated.incremental import make_stream, run_class_incremental, task_offset
+from fedlib.papers.afl import OneSolveServer as AFLOneSolveServer
 from fedlib.papers.afl import client_update as afl_client_update
-from fedlib.core.linalg import SufficientStats, as_tensor, one_hot, ridge_fit, ridge_solve
-from fedlib.federated.incremental import task_offset
-from fedlib.core.messages import Message
-from fedlib.core.validate import check_choice, check_positive
 
 __all__ = ["RandomFeatures", "stsa_client", "stsae_client", "dummy_split", "gram_estimate", "gram_estimate_eq9",
-           "add_upload_noise", "STSAServer", "predict", "STSALearner", "AFLStagewiseLearner",
+           "add_upload_noise", "STSAClient", "STSAServer", "predict", "STSALearner", "AFLStagewiseLearner",
            "JointRidgeLearner", "FeatureSkewLearner", "client_shifts", "upload_floats", "communication_mib",
-           "VARIANTS", "K_MODES", "HEADS", "SPLITS", "MIN_COUNT"]
+           "make_fcil_learner", "run_fcil", "design_monte_carlo", "plugin_errors", "pairwise_masked",
+           "VARIANTS", "K_MODES", "HEADS", "SPLITS", "MIN_COUNT", "ANALYTIC", "JOINT"]
 
 VARIANTS = ("stsa", "stsa_e")
 K_MODES = ("global", "per_class")
 HEADS = ("argmax", "cosine")
 SPLITS = ("random", "stratified")
 MIN_COUNT = 0.5   # a (noisy) uploaded count below this is read as "the client does not hold the class"
-
-
-def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -67,8 +71,8 @@ class RandomFeatures:
     "M = 512/768" point of the paper's M ablation. Every client regenerates the same W_rand."""
 
     def __init__(self, in_dim: int, out_dim: int, seed: int = 0, device: str | torch.device = "cpu"):
-        self.in_dim = _check_int("in_dim", in_dim, 1)
-        self.out_dim = _check_int("M", out_dim, 1)
+        self.in_dim = check_int("in_dim", in_dim, 1)
+        self.out_dim = check_int("M", out_dim, 1)
         self.seed = int(seed)
         self.weight = None
         if self.out_dim != self.in_dim:
@@ -113,7 +117,7 @@ def dummy_split(labels, num_dummy: int, split: str = "random", seed: int = 0) ->
     every class the client has (fewer empty terms in eq. 9).
     """
     labels = np.asarray(labels)
-    num_dummy = _check_int("num_dummy (K_D)", num_dummy, 1)
+    num_dummy = check_int("num_dummy (K_D)", num_dummy, 1)
     check_choice("split", split, SPLITS)
     if num_dummy > len(labels):
         raise ValueError(f"num_dummy (K_D) = {num_dummy} exceeds the {len(labels)} samples of this client; "
@@ -234,12 +238,29 @@ def gram_estimate_eq9(class_sums: Tensor, counts: Tensor, k_mode: str = "global"
     return out
 
 
-class STSAServer:
-    """Spatial (eq. 2) and temporal (eq. 4) aggregation and the ridge solve (eqs. 8 / 10).
+class _StageBroadcast:
+    """What the server of a class-incremental stage sends down (``begin_stage`` sets it): the public
+    random-feature layer as its seed and width (``rf_seed``, ``M``: every client regenerates
+    W_rand, eq. 1), the stage ``t``, its class block ``[offset, offset + num_classes)``, and any
+    method constant (AFL's per-client gamma). Integers and floats: 8 bytes each, counted down."""
+
+    info: dict[str, Any] = {}
+
+    def begin_stage(self, **info) -> None:
+        self.info = dict(info)
+
+    def broadcast(self) -> Message:
+        return Message("server", dict(self.info))
+
+
+class STSAServer(_StageBroadcast):
+    """Spatial (eq. 2) and temporal (eq. 4) aggregation and the ridge solve (eqs. 8 / 10), as a
+    :class:`fedlib.core.protocol.Server`.
 
     Holds G_{1:t} (M, M) and C_{1:t} (M, num_classes) in float64; the columns of task t are the
     block [offset, offset + c_t). ``variant="stsa_e"`` replaces each stage's G_t by
-    :func:`gram_estimate` of that stage's uploads.
+    :func:`gram_estimate` of that stage's uploads. Per stage: ``begin_stage(...)`` (the broadcast,
+    :class:`_StageBroadcast`), ``receive(uploads)``, ``result()`` = W_t (eq. 8 / 10).
 
     Uploaded counts (STSA-E) are used as real numbers, so noise on them (Table 7) reaches the
     estimate; counts below :data:`MIN_COUNT` become 0 (an empty client). ``round_counts=True``
@@ -256,9 +277,10 @@ class STSAServer:
         self.gram = torch.zeros(dim, dim, dtype=torch.float64, device=device)
         self.xty = torch.zeros(dim, num_classes, dtype=torch.float64, device=device)
         self.seconds = 0.0
+        self.info = {"offset": 0, "num_classes": num_classes}
 
-    def receive_stage(self, uploads: Sequence[Message], offset: int) -> None:
-        """Aggregate one stage's uploads into the running statistics."""
+    def receive(self, uploads: Sequence[Message]) -> None:
+        """Aggregate one stage's uploads into the running statistics (block ``info["offset"]``)."""
         start = time.perf_counter()
         dev = self.gram.device
         if self.variant == "stsa":
@@ -273,8 +295,14 @@ class STSAServer:
                 counts = torch.where(counts < MIN_COUNT, torch.zeros_like(counts), counts)
             c_t = sums.sum(0)
             self.gram += gram_estimate(sums, counts, self.k_mode, self.clip)
+        offset = self.info["offset"]
         self.xty[:, offset:offset + c_t.shape[1]] += c_t
         self.seconds += time.perf_counter() - start
+
+    def receive_stage(self, uploads: Sequence[Message], offset: int) -> None:
+        """``receive`` for a stage whose class block starts at ``offset`` (no broadcast needed)."""
+        self.info = {**self.info, "offset": int(offset)}
+        self.receive(uploads)
 
     def solve(self, num_seen: int) -> Tensor:
         """W_t = (G_{1:t} + gamma I)^{-1} C_{1:t} (M, num_seen)."""
@@ -282,6 +310,10 @@ class STSAServer:
         w = ridge_solve(self.gram, self.xty[:, :num_seen], self.gamma)
         self.seconds += time.perf_counter() - start
         return w
+
+    def result(self) -> Tensor:
+        """The head after the current stage, :meth:`solve` over the classes seen so far."""
+        return self.solve(self.info["offset"] + self.info["num_classes"])
 
 
 def predict(weights: Tensor, phi: Tensor, head: str = "argmax") -> Tensor:
@@ -296,22 +328,104 @@ def predict(weights: Tensor, phi: Tensor, head: str = "argmax") -> Tensor:
 # ----------------------------------------------------------------------------------------------
 # learners for the class-incremental protocol (fedlib.federated.incremental)
 # ----------------------------------------------------------------------------------------------
-class STSALearner:
+# ----------------------------------------------------------------------------------------------
+# the client program, and learners for the class-incremental protocol (fedlib.federated.incremental)
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class STSAClient:
+    """The client program of STSA / STSA-E (and of AFL on the same random features), for
+    :func:`fedlib.core.protocol.simulate`.
+
+    ``step((x_k (n_k, d), y_k (n_k,)), state, broadcast)``: regenerates the public R from the
+    broadcast ``rf_seed`` / ``M`` (kept in the client's state), shifts its labels into the stage's
+    block (``offset``, ``num_classes`` = c_t) and uploads
+    ``"stsa"``: {G, C} (eqs. 2-3); ``"stsa_e"``: {C, n} of K_D dummy clients (eq. 9 inputs), the dummy
+    split drawn from ``derive_seed(seed, "dummy_split", t, k)``; ``"afl"``: AFL's local ridge
+    {W, C, gamma} (AFL eqs. 12, 14) with the broadcast ``gamma``. With ``noise=(q, s)`` the client
+    adds the Table-7 noise to ``noise_entries`` from ``torch_generator(seed, "upload_noise", t, k)``.
+    """
+
+    variant: str = "stsa"
+    num_dummy: int = 1
+    split: str = "random"
+    seed: int = 0
+    noise: tuple[float, float] | None = None
+    noise_entries: Sequence[str] = ("G", "C", "n")
+    device: str | torch.device = "cpu"
+
+    def init_state(self, k: int) -> dict:
+        return {"k": k, "name": f"client{k}", "features": None}
+
+    def _features(self, state: dict, in_dim: int, b: Message) -> RandomFeatures:
+        rf = state["features"]
+        if rf is None or (rf.seed, rf.in_dim, rf.out_dim) != (int(b["rf_seed"]), in_dim, int(b["M"])):
+            rf = state["features"] = RandomFeatures(in_dim, int(b["M"]), int(b["rf_seed"]), self.device)
+        return rf
+
+    def step(self, data, state: dict, broadcast: Message) -> Message:
+        x, y = data
+        features = self._features(state, int(x.shape[1]), broadcast)
+        t, k, name = int(broadcast["stage"]), state["k"], state["name"]
+        labels, c_t = np.asarray(y) - int(broadcast["offset"]), int(broadcast["num_classes"])
+        if self.variant == "stsa":
+            msg = stsa_client(x, labels, c_t, features, name)
+        elif self.variant == "stsa_e":
+            msg = stsae_client(x, labels, c_t, features, self.num_dummy, self.split,
+                               seed=derive_seed(self.seed, "dummy_split", t, k), sender=name)
+        else:
+            msg = afl_client_update(features(x), labels, c_t, broadcast["gamma"], name, device=self.device)
+        if self.noise is not None:
+            msg = add_upload_noise(msg, *self.noise, generator=torch_generator(self.seed, "upload_noise", t, k),
+                                   entries=self.noise_entries)
+        return msg
+
+
+StageCallback = Callable[[int, Any], None]
+
+
+class _StagewiseLearner:
+    """What the analytic learners share: per stage, the server's broadcast is set, one round of
+    :func:`~fedlib.core.protocol.simulate` runs with the clients' states kept across stages
+    (:class:`~fedlib.core.protocol.ClientStates`), the measured :class:`Cost` is added to ``cost``
+    and each ``on_stage_end(t, learner)`` callback is called (to observe a run, e.g. keep the head)."""
+
+    def _init_protocol(self, client: STSAClient, rf_seed: int, M: int, on_stage_end: Sequence[StageCallback]):
+        self.client, self.rf_seed, self.M = client, int(rf_seed), int(M)
+        self.states = ClientStates(client)
+        self.cost = Cost()
+        self.on_stage_end = list(on_stage_end)
+
+    def _run_stage(self, server, t: int, clients, num_seen: int, **extra) -> Cost:
+        offset = task_offset(clients)
+        server.begin_stage(rf_seed=self.rf_seed, M=self.M, stage=int(t), offset=offset,
+                           num_classes=num_seen - offset, **extra)
+        cost = simulate(server, self.client, clients, rounds=1, states=self.states)
+        self.cost += cost
+        return cost
+
+    def _stage_end(self, t: int) -> None:
+        for callback in self.on_stage_end:
+            callback(t, self)
+
+
+class STSALearner(_StagewiseLearner):
     """STSA / STSA-E as an :class:`fedlib.federated.incremental.IncrementalLearner` on frozen features.
 
     Clients receive backbone features (n_k, d) (the frozen stage-1 backbone applied beforehand;
-    the backbone's own cost is reported separately) and labels in the stage's class block.
-    ``noise=(q, s)`` adds the Table-7 upload noise to ``noise_entries``.
+    the backbone's own cost is reported separately) and labels in the stage's class block; they run
+    :class:`STSAClient`, the server is :class:`STSAServer`. ``noise=(q, s)`` adds the Table-7 upload
+    noise to ``noise_entries``. ``cost``: measured bytes up / down and seconds over all stages.
     """
 
     def __init__(self, in_dim: int, num_classes: int, M: int, gamma: float, variant: str = "stsa",
                  num_dummy: int = 1, k_mode: str = "global", split: str = "random", head: str = "argmax",
                  clip: bool = False, rf_seed: int = 0, seed: int = 0, noise: tuple[float, float] | None = None,
                  noise_entries: Sequence[str] = ("G", "C", "n"), round_counts: bool = False,
-                 device: str | torch.device = "cpu", name: str | None = None):
+                 device: str | torch.device = "cpu", name: str | None = None,
+                 on_stage_end: Sequence[StageCallback] = ()):
         check_choice("head", head, HEADS)
         check_choice("split", split, SPLITS)
-        _check_int("num_dummy (K_D)", num_dummy, 1)
+        check_int("num_dummy (K_D)", num_dummy, 1)
         self.features = RandomFeatures(in_dim, M, rf_seed, device)
         self.server = STSAServer(M, num_classes, gamma, variant, k_mode, clip, round_counts, device)
         self.variant, self.num_dummy, self.split, self.head = variant, int(num_dummy), split, head
@@ -319,56 +433,48 @@ class STSALearner:
         self.name = name or variant
         self.min_client_size = self.num_dummy if variant == "stsa_e" else 1
         self.weights: Tensor | None = None
-
-    def upload(self, t: int, k: int, x, labels: np.ndarray, c_t: int) -> Message:
-        """Client k's stage-t message; labels (n_k,) in [0, c_t)."""
-        if self.variant == "stsa":
-            return stsa_client(x, labels, c_t, self.features, f"client{k}")
-        return stsae_client(x, labels, c_t, self.features, self.num_dummy, self.split,
-                            seed=self.seed * 100003 + t * 1009 + k, sender=f"client{k}")
+        self._init_protocol(STSAClient(variant, self.num_dummy, split, seed, noise, self.noise_entries, device),
+                            rf_seed, M, on_stage_end)
 
     def learn_task(self, t: int, clients, num_seen: int) -> int:
-        offset = task_offset(clients)
-        gen = torch.Generator().manual_seed(self.seed * 7919 + t)
-        uploads = []
-        for k, (x, y) in enumerate(clients):
-            msg = self.upload(t, k, x, y.numpy() - offset, num_seen - offset)
-            if self.noise is not None:
-                msg = add_upload_noise(msg, *self.noise, generator=gen, entries=self.noise_entries)
-            uploads.append(msg)
-        self.server.receive_stage(uploads, offset)
-        self.weights = self.server.solve(num_seen)
-        return sum(u.nbytes for u in uploads)
+        cost = self._run_stage(self.server, t, clients, num_seen)
+        self.weights = self.server.result()
+        self._stage_end(t)
+        return cost.bytes_up
 
     def predict(self, x, num_seen: int) -> Tensor:
         return predict(self.weights[:, :num_seen], self.features(x), self.head)
 
 
-class AFLStagewiseLearner:
+class _AFLStageServer(_StageBroadcast, AFLOneSolveServer):
+    """AFL's one-solve server (AFL eqs. 56-57) with the stage broadcast of the STSA protocol."""
+
+
+class AFLStagewiseLearner(_StagewiseLearner):
     """AFL (Zhuang et al. 2024) run afresh at every stage on that stage's clients only: the AA law
     gives the joint ridge head of the *current* task's classes; the columns of earlier classes are
     kept as they were. Exemplar-free and exact per stage, but each task's head is fitted without
     the other tasks' data (no temporal aggregation), which is what STSA adds.
 
-    Like for like with STSA: each of the K clients regularizes with gamma / K, so the aggregated
-    head W^r = (G_t + gamma I)^{-1} C_t carries the same total gamma as STSA's (AFL's own clients
-    each add gamma, i.e. K gamma in total, eq. 14)."""
+    Like for like with STSA: each of the K clients regularizes with gamma / K (broadcast), so the
+    aggregated head W^r = (G_t + gamma I)^{-1} C_t carries the same total gamma as STSA's (AFL's own
+    clients each add gamma, i.e. K gamma in total, eq. 14); no RI restoration."""
 
     def __init__(self, in_dim: int, num_classes: int, M: int, gamma: float, rf_seed: int = 0,
-                 device: str | torch.device = "cpu", name: str = "afl_stagewise"):
+                 device: str | torch.device = "cpu", name: str = "afl_stagewise",
+                 on_stage_end: Sequence[StageCallback] = ()):
         self.features = RandomFeatures(in_dim, M, rf_seed, device)
         self.gamma, self.name = float(gamma), name
         self.weights = torch.zeros(M, num_classes, dtype=torch.float64, device=device)
+        self._init_protocol(STSAClient("afl", device=device), rf_seed, M, on_stage_end)
 
     def learn_task(self, t: int, clients, num_seen: int) -> int:
-        offset = task_offset(clients)
-        c_t = num_seen - offset
-        per_client = self.gamma / len(clients)
-        uploads = [afl_client_update(self.features(x), y.numpy() - offset, c_t, per_client, f"client{k}",
-                                     device=self.weights.device) for k, (x, y) in enumerate(clients)]
-        result = afl_aggregate(uploads, restore=False)  # W^r: ridge with K * gamma/K = gamma, no RI
-        self.weights[:, offset:num_seen] = result.weights
-        return sum(u.nbytes for u in uploads)
+        server = _AFLStageServer()
+        cost = self._run_stage(server, t, clients, num_seen, gamma=self.gamma / len(clients))
+        w_r, _ = server.result()   # W^r: ridge with K * gamma/K = gamma, no RI
+        self.weights[:, num_seen - w_r.shape[1]:num_seen] = w_r
+        self._stage_end(t)
+        return cost.bytes_up
 
     def predict(self, x, num_seen: int) -> Tensor:
         return predict(self.weights[:, :num_seen], self.features(x))
@@ -395,8 +501,10 @@ class JointRidgeLearner:
         self._x: list[np.ndarray] = []
         self._y: list[np.ndarray] = []
         self.weights: Tensor | None = None
+        self.cost = Cost()   # no upload (centralized); seconds of the fits
 
     def learn_task(self, t: int, clients, num_seen: int) -> int:
+        start = time.perf_counter()
         for x, y in clients:
             self._x.append(self.features(x).cpu().numpy())
             self._y.append(np.asarray(y))
@@ -405,11 +513,10 @@ class JointRidgeLearner:
         if self.solver == "ridge":
             w = ridge_fit(phi, labels, num_seen, lam=self.gamma).cpu()
         else:
-            a = np.vstack([phi, math.sqrt(self.gamma) * np.eye(m)])
-            b = np.vstack([np.eye(num_seen)[labels], np.zeros((m, num_seen))])
-            w = torch.from_numpy(np.linalg.lstsq(a, b, rcond=None)[0])
+            w = lstsq_reference(phi, labels, num_seen, lam=self.gamma)
         self.weights = torch.zeros(m, self.num_classes, dtype=torch.float64)
         self.weights[:, :num_seen] = w
+        self.cost.seconds += time.perf_counter() - start
         return 0
 
     def predict(self, x, num_seen: int) -> Tensor:
@@ -421,7 +528,7 @@ def client_shifts(num_clients: int, dim: int, scale: float, feature_std, seed: i
 
     feature_std (d,) is the per-dimension std of the backbone features, so ``scale`` is in units
     of the features' own spread. Returns (K, d) float64."""
-    _check_int("num_clients", num_clients, 1)
+    check_int("num_clients", num_clients, 1)
     check_positive("scale", scale, strict=False)
     std = np.broadcast_to(np.asarray(feature_std, dtype=np.float64), (dim,))
     return scale * std * np.random.default_rng(seed).standard_normal((num_clients, dim))
@@ -439,6 +546,10 @@ class FeatureSkewLearner:
         self.learner, self.shifts = learner, np.asarray(shifts, dtype=np.float64)
         self.name = learner.name
         self.min_client_size = getattr(learner, "min_client_size", 1)
+
+    @property
+    def cost(self) -> Cost:
+        return self.learner.cost
 
     def learn_task(self, t: int, clients, num_seen: int) -> int:
         if len(clients) != len(self.shifts):
@@ -470,3 +581,183 @@ def communication_mib(variant: str, M: int, c_t: int, num_tasks: int = 10, num_d
     """Per-client upload over all T stages in MiB (the paper's "MB": float32, 2^20 bytes, stage 1
     included, full M x M Gram): reproduces Table 5's 955.6 / 95.4 / 60.1 / 4.77."""
     return num_tasks * upload_floats(variant, M, c_t, num_dummy) * bytes_per_float / 2**20
+
+
+# ----------------------------------------------------------------------------------------------
+# the benchmark's learner factory and one FCIL run (notebooks/stsa_benchmark.py)
+# ----------------------------------------------------------------------------------------------
+ANALYTIC = ("STSA", "STSA-E", "STSA-E (per-class K)", "AFL (stage-wise)")
+JOINT = "Joint (centralized ridge)"
+
+
+def make_fcil_learner(method: str, dim: int | None, num_classes: int, M: int | None, gamma: float, seed: int, *,
+                      num_dummy: int = 1, head: str = "argmax", fed_kwargs: dict | None = None,
+                      baseline_hparams: dict | None = None, model_fn=None, **kw):
+    """The learner named ``method``: one of :data:`ANALYTIC`, :data:`JOINT` (random features of width
+    M on d-dim features, R and the dummy splits seeded by ``seed``), or a gradient baseline of
+    :data:`fedlib.federated.fcil.METHODS` (a :class:`fedlib.federated.learner.GradientLearner`) trained with
+    ``FedConfig(seed=seed, **fed_kwargs)`` on
+    ``model_fn()`` (default: a linear head d -> num_classes) with ``baseline_hparams[method]``."""
+    if method == "STSA":
+        return STSALearner(dim, num_classes, M, gamma, head=head, rf_seed=seed, seed=seed, name=method, **kw)
+    if method in ("STSA-E", "STSA-E (per-class K)"):
+        k_mode = "global" if method == "STSA-E" else "per_class"
+        return STSALearner(dim, num_classes, M, gamma, variant="stsa_e", num_dummy=num_dummy, k_mode=k_mode,
+                           head=head, rf_seed=seed, seed=seed, name=method, **kw)
+    if method == "AFL (stage-wise)":
+        return AFLStagewiseLearner(dim, num_classes, M, gamma, rf_seed=seed, name=method)
+    if method == JOINT:
+        return JointRidgeLearner(dim, num_classes, M, gamma, rf_seed=seed, name=method)
+    from functools import partial
+
+    from fedlib.federated.gradient import FedConfig, LinearHead
+    from fedlib.federated.learner import GradientLearner
+
+    model_fn = model_fn or partial(LinearHead, dim, num_classes)
+    return GradientLearner(model_fn, FedConfig(seed=seed, **(fed_kwargs or {})), method, num_classes=num_classes,
+                           progress=False, **(baseline_hparams or {}).get(method, {}))
+
+
+def run_fcil(method: str, features, beta: float | None, seed: int, setting: str, M: int | None, *, num_tasks: int,
+             num_clients: int, gamma: float, num_dummy: int = 1, stream=None, skew: float = 0.0,
+             return_learner: bool = False, **kw):
+    """One class-incremental run of ``method`` on cached ``features`` (a :class:`fedlib.data.features.Features`):
+    class order and partitions from ``seed`` (``stream`` overrides the order), every client holding
+    >= ``num_dummy`` samples per task. ``skew`` > 0 shifts client k's features by its own delta_k
+    (feature skew, :func:`client_shifts`) and the test features by a random client's shift.
+    Other keywords go to :func:`make_fcil_learner`. Returns the
+    :class:`fedlib.federated.incremental.IncrementalResult` (and the learner if ``return_learner``)."""
+    stream = stream or make_stream(features.y_train, features.y_test, num_tasks, seed=seed)
+    dim = features.x_train.shape[1]
+    learner = make_fcil_learner(method, dim, len(features.classes), M, gamma, seed, num_dummy=num_dummy, **kw)
+    x_test = features.x_test
+    if skew > 0:
+        learner = FeatureSkewLearner(learner, client_shifts(num_clients, dim, skew, features.x_train.std(0), seed=seed))
+        x_test = learner.shift_test(features.x_test, seed=seed)
+    res = run_class_incremental(learner, stream, features.x_train, features.y_train, x_test, features.y_test,
+                                num_clients, beta, seed, config={"setting": setting, "beta": beta, "seed": seed},
+                                progress=False, min_size=num_dummy)
+    return (res, learner) if return_learner else res
+
+
+# ----------------------------------------------------------------------------------------------
+# Monte Carlo studies of the derivation chapter (notebooks/stsa_derivation.py)
+# ----------------------------------------------------------------------------------------------
+def design_monte_carlo(x: Tensor, counts, k_mode: str, reps: int, rng: np.random.Generator):
+    """Design-based Monte Carlo of eq. 9: ``reps`` random assignments of x's rows (n, M) to clients
+    of sizes ``counts`` (K,). Returns ``(errors, mean)``: a DataFrame of the relative Frobenius error
+    of the running mean of G_hat against G = x^T x at ~12 checkpoints, and the mean G_hat (M, M)."""
+    import pandas as pd
+
+    cuts = np.cumsum(counts)[:-1]
+    n_t = torch.tensor(counts, dtype=torch.float64)[:, None]
+    total = torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64)
+    errors, g = [], x.T @ x
+    checkpoints = set(np.unique(np.geomspace(10, reps, 12).astype(int)).tolist())
+    for r in range(1, reps + 1):
+        groups = np.split(rng.permutation(len(x)), cuts)
+        total += gram_estimate(torch.stack([x[gr].sum(0) for gr in groups])[:, :, None], n_t, k_mode)
+        if r in checkpoints:
+            errors.append({"repetitions": r, "rel. error of the mean": float((total / r - g).norm() / g.norm())})
+    return pd.DataFrame(errors), total / reps
+
+
+def plugin_errors(n: int, clients: int, rep: int, dim: int = 20, num_classes: int = 5, gamma: float = 1.0) -> dict:
+    """One draw of the Thm. 3.3 study: n Gaussian samples (dim features, class-shifted means) over
+    ``clients`` STSA-E clients; the per-sample RMS and (1/n) plug-in errors of the STSA-E head
+    ||X(W_E - W*)|| (eq. 10 vs eq. 7) and the oracle error (1/n)||X W* - Y||."""
+    from fedlib.core.linalg import synthetic_features
+
+    xr, yr = synthetic_features(n, dim, num_classes, kind="gaussian", seed=100 * rep + n + 7 * clients)
+    xr = xr + np.eye(num_classes)[yr] @ np.random.default_rng(rep).standard_normal((num_classes, dim))
+    parts = np.array_split(np.random.default_rng(rep).permutation(n), clients)
+    rf = RandomFeatures(dim, dim)
+    msgs = [stsae_client(xr[p], yr[p], num_classes, rf) for p in parts]
+    g_hat = gram_estimate(torch.cat([m["C"] for m in msgs]), torch.cat([m["n"] for m in msgs]), "per_class")
+    st = SufficientStats.from_data(xr, yr, num_classes)
+    w_e, w_o = ridge_solve(g_hat, st.xty, gamma), ridge_solve(st.gram, st.xty, gamma)
+    xt = torch.from_numpy(xr)
+    plug = float((xt @ (w_e - w_o)).norm())
+    return {"n": n, "K K_D": clients, "plug-in, per sample ||X(W_E - W*)||/sqrt(n)": plug / np.sqrt(n),
+            "plug-in (1/n)||X(W_E - W*)||": plug / n,
+            "oracle (1/n)||XW* - Y||": float((xt @ w_o - torch.eye(num_classes, dtype=torch.float64)[yr]).norm()) / n}
+
+
+def pairwise_masked(tensors: Sequence[Tensor], rng: np.random.Generator, scale: float = 1e3) -> list[Tensor]:
+    """Secure aggregation by pairwise additive masks: client i adds sum_{j>i} R_ij - sum_{j<i} R_ji
+    (R ~ scale * N(0, 1), same shape as the tensors); the masks cancel in the sum over clients."""
+    k = len(tensors)
+    shape = tuple(tensors[0].shape)
+    masks = [[torch.from_numpy(rng.standard_normal(shape)) * scale for _ in range(k)] for _ in range(k)]
+    return [t + sum(masks[i][j] for j in range(i + 1, k)) - sum(masks[j][i] for j in range(i))
+            for i, t in enumerate(tensors)]
+
+
+def feature_skew_scatter_ratio(x: np.ndarray, features: RandomFeatures, sizes, shifts: np.ndarray, reps: int,
+                               rng: np.random.Generator) -> tuple[float, float]:
+    """Eq. 9 under feature skew, design-based Monte Carlo: ``reps`` random assignments of one class's
+    rows x (n, d) to K clients of ``sizes`` (K,), client k's rows shifted by ``shifts[k]`` (d,) and
+    mapped by ``features``; G_hat with the per-class K. Returns ``(ratio, standard error)``:
+    ratio = E[tr(G_hat - n m m^T)] / E[tr S] (1 = unbiased scatter), its delta-method std. error."""
+    sizes = np.asarray(sizes)
+    counts = torch.tensor(sizes, dtype=torch.float64)[:, None]
+    est, true = [], []
+    for _ in range(reps):
+        phi = features(x[rng.permutation(len(x))] + np.repeat(shifts, sizes, axis=0))
+        sums = torch.stack([g.sum(0) for g in torch.split(phi, sizes.tolist())])[:, :, None]
+        mean = phi.mean(0)
+        est.append(float(torch.trace(gram_estimate(sums, counts, "per_class"))) - len(phi) * float(mean @ mean))
+        true.append(float(((phi - mean) ** 2).sum()))
+    est, true = np.array(est), np.array(true)
+    ratio = est.mean() / true.mean()
+    return ratio, np.std(est - ratio * true, ddof=1) / np.sqrt(reps) / true.mean()
+
+
+def gram_error_law(n: int, k: int, sigma: np.ndarray) -> float:
+    """Exact E||G_hat - G||_F^2 of eq. 9 for one class of n Gaussian samples (covariance sigma (d, d))
+    over k >= 2 non-empty clients (the corrected Prop. 3.2, notes Sec. 8):
+    (n-k)/(k-1) [(n-k) tr S^2 + (n-1)(tr S)^2] + (n-k) tr S^2."""
+    check_int("k", k, 2)
+    tr1, tr2 = float(np.trace(sigma)), float(np.trace(sigma @ sigma))
+    return (n - k) / (k - 1) * ((n - k) * tr2 + (n - 1) * tr1 ** 2) + (n - k) * tr2
+
+
+def gram_error_monte_carlo(mu: np.ndarray, sigma: np.ndarray, n: int, k: int, reps: int,
+                           rng: np.random.Generator) -> tuple[float, float]:
+    """E||G_hat - G||_F^2 by Monte Carlo: ``reps`` draws of n samples N(mu, sigma) split evenly
+    (contiguously) over k clients. Returns ``(mean, standard error)`` (population std / sqrt(reps))."""
+    sizes = np.array_split(np.arange(n), k)
+    counts = torch.tensor([len(s) for s in sizes], dtype=torch.float64)[:, None]
+    errs = []
+    for _ in range(reps):
+        x = torch.from_numpy(rng.multivariate_normal(mu, sigma, n))
+        sums = torch.stack([x[s].sum(0) for s in sizes])[:, :, None]
+        errs.append(float(((gram_estimate(sums, counts) - x.T @ x) ** 2).sum()))
+    return float(np.mean(errs)), float(np.std(errs) / np.sqrt(reps))
+
+
+def centred_scatter_sq_norm_monte_carlo(sigma: np.ndarray, n: int, reps: int, rng: np.random.Generator) -> float:
+    """E||M||_F^2 of the centred scatter M = X^T X - s s^T / n of n samples N(0, sigma) (sigma (d, d)),
+    by ``reps`` Monte Carlo draws: the quantity of the paper's Lemma 3.5 (Wishart: (n-1)[n tr S^2 + (tr S)^2])."""
+    values = []
+    for _ in range(reps):
+        x = rng.multivariate_normal(np.zeros(len(sigma)), sigma, n)
+        s = x.sum(0)
+        values.append(((x.T @ x - np.outer(s, s) / n) ** 2).sum())
+    return float(np.mean(values))
+
+
+def scatter_traces(n: int, k: int, reps: int, rng: np.random.Generator, dim: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    """``reps`` draws of n standard Gaussian samples (dim features) split into k equal contiguous clients:
+    the traces of the between-client scatter B = sum_k n_k (m_k - m)(m_k - m)^T and of the total scatter
+    S = sum_x (x - m)(x - m)^T, each (reps,). B ~ Wishart(K-1) is independent of S - B, not of S."""
+    check_int("k", k, 1)
+    if n % k:
+        raise ValueError(f"n = {n} must be a multiple of k = {k} (equal clients)")
+    tb, ts = np.empty(reps), np.empty(reps)
+    for r in range(reps):
+        x = rng.standard_normal((n, dim))
+        m = x.mean(0)
+        tb[r] = n // k * ((x.reshape(k, n // k, dim).mean(1) - m) ** 2).sum()
+        ts[r] = ((x - m) ** 2).sum()
+    return tb, ts

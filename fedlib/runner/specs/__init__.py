@@ -45,19 +45,24 @@ class Real(Param):
 
 
 @dataclass(frozen=True)
-class Bool(Param):
+class Instance(Param):
+    """A value of Python type(s) ``types``, described as ``wording`` in the error."""
+
+    types: type | tuple
+    wording: str
+
     def __call__(self, name, value):
-        if not isinstance(value, bool):
-            raise ValueError(f"{name} must be true or false, got {value!r}")
+        if not isinstance(value, self.types):
+            raise ValueError(f"{name} must be {self.wording}, got {value!r}")
         return value
 
 
-@dataclass(frozen=True)
-class Str(Param):
-    def __call__(self, name, value):
-        if not isinstance(value, str):
-            raise ValueError(f"{name} must be a string, got {value!r}")
-        return value
+def Bool() -> Instance:
+    return Instance(bool, "true or false")
+
+
+def Str() -> Instance:
+    return Instance(str, "a string")
 
 
 @dataclass(frozen=True)
@@ -97,9 +102,9 @@ class OneOf(Param):
         for alt in self.alternatives:
             try:
                 return alt(name, value)
-            except ValueError as err:
-                errors.append(str(err))
-        raise ValueError(" or ".join(errors))
+            except ValueError as err:   # "NAME must be X, got V" -> "X"
+                errors.append(str(err).removeprefix(f"{name} must be ").rsplit(", got ", 1)[0])
+        raise ValueError(f"{name} must be {' or '.join(errors)}, got {value!r}")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,85 @@
+"""Table helpers for the book's chapters, paper-independent: a paper's table beside ours, "mean ± std"
+cells from a table of means and stds, one metric's values of the rows matching a setting (for paired
+differences), and a one-line listing of paired differences."""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from fedlib.evaluation.stats import mean_std, pm
+
+__all__ = ["beside", "pm_table", "mean_std_table", "column_by", "listing"]
+
+
+def beside(paper: pd.DataFrame, ours: pd.DataFrame, labels: tuple[str, str] = ("paper", "ours"),
+           level: str = "source") -> pd.DataFrame:
+    """``paper`` and ``ours`` interleaved row by row: for every row of ``ours`` (in its order), the
+    paper's row of the same index (NaN where the paper has none), then ours. The result's index is
+    ``ours``' index plus a last level ``level`` holding ``labels`` = (paper label, ours label)."""
+    if len(labels) != 2 or labels[0] == labels[1]:
+        raise ValueError(f"labels must be two distinct names (paper, ours), got {labels!r}")
+    names = [n if n is not None else f"level_{i}" for i, n in enumerate(ours.index.names)]
+    ours = ours.rename_axis(names)
+    both = pd.concat({labels[0]: paper.rename_axis(names).reindex(ours.index), labels[1]: ours}, names=[level])
+    both = both.reorder_levels([*names, level])
+    keys = [(*(key if isinstance(key, tuple) else (key,)), source) for key in ours.index for source in labels]
+    return both.reindex(pd.MultiIndex.from_tuples(keys, names=both.index.names))
+
+
+def pm_table(frame: pd.DataFrame, keys: Sequence | None = None, digits: int = 4, names=None,
+             missing: str = "-") -> pd.DataFrame:
+    """"mean ± std" cells from a table whose columns are (*key, "mean") and (*key, "std") (a paper's
+    transcribed table): one column per key in ``keys`` (default: every key of ``frame``, in order),
+    ``missing`` where the frame has no such key. Tuple keys give MultiIndex columns named ``names``."""
+    if keys is None:
+        keys = list(dict.fromkeys(c[:-1] if len(c) > 2 else c[0] for c in frame.columns))
+    out = {}
+    for key in keys:
+        parts = key if isinstance(key, tuple) else (key,)
+        if (*parts, "mean") not in frame.columns:
+            out[key] = [missing] * len(frame)
+            continue
+        out[key] = [pm(m, s, digits) for m, s in zip(frame[(*parts, "mean")], frame[(*parts, "std")])]
+    table = pd.DataFrame(out, index=frame.index)
+    if keys and isinstance(keys[0], tuple):
+        table.columns = pd.MultiIndex.from_tuples(list(keys), names=names)
+    elif names is not None:
+        table.columns.name = names
+    return table
+
+
+def mean_std_table(frame: pd.DataFrame, metrics: Sequence[str], rows: Sequence[str], columns: Sequence[str],
+                   digits: int = 4, row_order: Sequence | None = None,
+                   column_order: Sequence | None = None) -> pd.DataFrame:
+    """"mean ± sample std" of each metric (:func:`fedlib.evaluation.stats.mean_std`) over the runs of
+    ``frame`` (one row per run): index (*rows, "metric"), columns ``columns``; ``row_order`` /
+    ``column_order`` (tuples) reindex both."""
+    long = frame.melt(id_vars=[*rows, *columns], value_vars=list(metrics), var_name="metric")
+    table = (long.groupby([*rows, "metric", *columns])["value"].agg(lambda v: mean_std(v, digits=digits))
+             .unstack(list(columns)))
+    if row_order is not None:
+        table = table.reindex(index=pd.MultiIndex.from_tuples(list(row_order), names=[*rows, "metric"]))
+    if column_order is not None:
+        table = table.reindex(columns=pd.MultiIndex.from_tuples(list(column_order), names=list(columns)))
+    return table
+
+
+def column_by(frame: pd.DataFrame, metric: str, order: str = "seed", **where: Any) -> np.ndarray:
+    """``frame[metric]`` of the rows where every column named in ``where`` equals its value (a value
+    of None matches every row), sorted by ``order``: the per-seed values a paired difference pairs."""
+    mask = np.ones(len(frame), dtype=bool)
+    for column, value in where.items():
+        if value is None:
+            continue
+        if column not in frame.columns:
+            raise ValueError(f"unknown column {column!r}; allowed: {', '.join(map(str, frame.columns))}")
+        mask &= (frame[column] == value).to_numpy()
+    return frame[mask].sort_values(order)[metric].to_numpy()
+
+
+def listing(differences: Mapping, digits: int = 4) -> str:
+    """"k1 k2: mean [low, high]; ..." for ``{key tuple: PairedDifference}`` (one line of evidence)."""
+    return "; ".join(f"{' '.join(map(str, k if isinstance(k, tuple) else (k,)))}: {d.format(digits)}"
+                     for k, d in differences.items())

@@ -1,0 +1,557 @@
+"""THE gradient-based federated incremental learner, with pluggable replay.
+
+:class:`GradientLearner` implements :class:`fedlib.federated.incremental.IncrementalLearner` for
+every gradient method of :mod:`fedlib.federated.fcil` (Finetune, FedEWC, FedLwF, FedProx) with or
+without a per-client replay cache (a :class:`Replay` policy: :class:`RandomReplay`, or Re-Fed's
+:class:`fedlib.papers.refed.RefedReplay`). Stage t (0-based), all on the protocol
+(:func:`fedlib.core.protocol.simulate`) with the clients' states kept across stages:
+
+1. replay only: a *cache round*: the server broadcasts the global model (t > 0) and t; every
+   client k rebuilds its local set from its own previous local set (the pool) and its new data:
+   ``state["local"] = (x, y, task)`` = cache u new data, the cache chosen by the policy under the
+   memory budget from the pool and the broadcast model (uploads nothing);
+2. ``config.rounds`` rounds of :func:`fedlib.federated.gradient.run_federated` with the method
+   (``stage_config(config, t)``: stage 0 keeps the run's seed, stage t >= 1 uses
+   ``derive_seed(seed, t)``, so every stage samples its own clients), starting from the global
+   model of stage t-1 (``model_fn()`` at stage 0); clients train on their local set;
+3. methods with a stage-end round (FedEWC): each client uploads what the server keeps for the next
+   stages (its Fisher).
+
+Class-incremental (``scenario="class"``): one head over all classes, CE on the first ``num_seen``
+logits. Domain-incremental (``"domain"``): all classes are always seen (no masking).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from fedlib.core.devices import resolve_device, torch_threads
+from fedlib.core.messages import Cost, Message
+from fedlib.core.protocol import ClientStates, RoundCallback, simulate
+from fedlib.core.seeds import derive_seed, torch_generator
+from fedlib.core.validate import check_choice, check_int
+from fedlib.evaluation.metrics import accuracy
+from fedlib.federated.fcil import IncrementalAlgorithm, make_method
+from fedlib.federated.gradient import FedConfig, GradientClient, History, frozen_copy, initial_state, run_federated
+
+__all__ = ["stage_config", "BALANCING", "MEMORY_MODES", "SCENARIOS", "select_top", "Replay", "RandomReplay",
+           "GradientLearner", "FixedLearner", "StageCallback", "KeepWeights"]
+
+BALANCING = ("none", "proportional", "equal")
+MEMORY_MODES = ("total", "replay")
+SCENARIOS = ("class", "domain")
+AGGREGATIONS = ("size", "uniform")
+
+StageCallback = Callable[[int, "GradientLearner"], None]
+
+
+class KeepWeights:
+    """An ``on_stage_end`` callback: ``weights[t]`` = a CPU copy of the global model's state dict
+    after stage t (works for any learner with a ``.model``)."""
+
+    def __init__(self):
+        self.weights: list[dict[str, Tensor]] = []
+
+    def __call__(self, t: int, learner) -> None:
+        self.weights.append({k: v.detach().cpu().clone() for k, v in learner.model.state_dict().items()})
+
+
+def stage_config(config: FedConfig, t: int) -> FedConfig:
+    """``config`` with the seed of stage t: ``config.seed`` at t = 0, ``derive_seed(seed, t)`` after."""
+    t = check_int("t", t, 0)
+    return config if t == 0 else dataclasses.replace(config, seed=derive_seed(config.seed, t))
+
+
+# ----------------------------------------------------------------------------------------------
+# replay policies
+# ----------------------------------------------------------------------------------------------
+def balancing(class_balanced) -> str:
+    """Normalise ``class_balanced``: False/None -> "none", True -> "proportional", or a name of BALANCING."""
+    if class_balanced is False or class_balanced is None:
+        return "none"
+    if class_balanced is True:
+        return "proportional"
+    if isinstance(class_balanced, str) and class_balanced in BALANCING:
+        return class_balanced
+    raise ValueError(f"class_balanced must be False, True or one of {', '.join(BALANCING)}, got {class_balanced!r}")
+
+
+def _quotas(counts: Tensor, budget: int, mode: str) -> Tensor:
+    """Per-class quotas summing to ``budget`` (``counts``: samples per class)."""
+    if mode == "proportional":
+        share = counts.double() * budget / int(counts.sum())
+        quota = share.floor().long()
+        rest = budget - int(quota.sum())
+        if rest:
+            quota[torch.argsort(share - quota, descending=True, stable=True)[:rest]] += 1
+        return quota
+    quota, rest = torch.zeros_like(counts), budget
+    while rest > 0:
+        room = counts - quota
+        open_ = room > 0
+        each = rest // int(open_.sum())
+        if each == 0:
+            quota[torch.argsort(room, descending=True, stable=True)[:rest]] += 1
+            break
+        add = torch.minimum(room, torch.full_like(room, each)) * open_
+        quota += add
+        rest -= int(add.sum())
+    return quota
+
+
+def select_top(scores: Tensor, budget: int, labels: Tensor | None = None, class_balanced: bool | str = False) -> Tensor:
+    """Indices (sorted ascending) of the ``budget`` highest ``scores`` (n,); ties keep the lower index.
+
+    ``class_balanced`` splits the budget over the classes of ``labels`` (n,) (required then) and
+    takes each class's own top-k: ``True`` / ``"proportional"``: class c gets the
+    floor/largest-remainder share budget * n_c / n (the pool's class mix); ``"equal"``: every class
+    the same quota, capped at n_c, with what a small class cannot use shared among the others
+    (water-filling; a remainder goes to the classes with the most samples left, ties to the lower
+    label).
+    """
+    mode = balancing(class_balanced)
+    scores = torch.as_tensor(scores)
+    n = int(scores.shape[0])
+    budget = check_int("budget", budget, 0)
+    if budget > n:
+        raise ValueError(f"budget must be <= the {n} candidates, got {budget}")
+    if mode == "none":
+        order = torch.argsort(scores, descending=True, stable=True)
+        return torch.sort(order[:budget]).values
+    if labels is None or int(labels.shape[0]) != n:
+        raise ValueError("class_balanced selection needs labels with one entry per score")
+    classes, counts = torch.unique(labels, return_counts=True)
+    picked = []
+    for c, k in zip(classes.tolist(), _quotas(counts, budget, mode).tolist()):
+        idx = torch.nonzero(labels == c).flatten()
+        order = torch.argsort(scores[idx], descending=True, stable=True)
+        picked.append(idx[order[:k]])
+    return torch.sort(torch.cat(picked)).values
+
+
+@dataclasses.dataclass
+class SelectionContext:
+    """What a replay policy may use on client k at stage t: the broadcast global model (frozen),
+    the old classes ``num_old`` (logits the policy may score), the client's own generator for this
+    selection, the trainable parameter names and the run's config."""
+
+    global_model: nn.Module
+    num_old: int
+    generator: torch.Generator
+    names: list[str]
+    config: FedConfig
+
+
+class Replay:
+    """A replay policy: memory M (samples per client) and its meaning ``memory_mode`` ([D1] of Re-Fed):
+    ``"total"`` M counts cache + new data (cache budget M - N_k), ``"replay"`` M is the cache alone.
+    ``select(x, y, budget, ctx)`` -> (kept indices into the pool, sorted; a log dict or None)."""
+
+    name = "replay"
+
+    def __init__(self, memory: int, memory_mode: str = "total"):
+        self.memory = check_int("memory", memory, 1)
+        check_choice("memory_mode", memory_mode, MEMORY_MODES)
+        self.memory_mode = memory_mode
+
+    def budget(self, n_new: int, n_pool: int) -> int:
+        """Cache size for a client with ``n_new`` new samples and a pool of ``n_pool``."""
+        rule = self.memory - n_new if self.memory_mode == "total" else self.memory
+        return min(max(rule, 0), n_pool)
+
+    def check(self, new_sizes: Sequence[int], pools: Sequence[int]) -> None:
+        """ValueError before any work when ``"total"`` leaves a client with a pool no room."""
+        if self.memory_mode != "total":
+            return
+        bad = [k for k, (nk, pk) in enumerate(zip(new_sizes, pools)) if pk > 0 and nk >= self.memory]
+        if bad:
+            k, m = bad[0], self.memory
+            raise ValueError(f"memory={m} leaves no room for a cache under memory_mode='total' (M counts "
+                             f"cache + new data): client {k} holds N_k={new_sizes[k]} new samples "
+                             f"(max over clients {max(new_sizes)}); need memory > every N_k, or use "
+                             f"memory_mode='replay'")
+
+    def select(self, x: Tensor, y: Tensor, budget: int, ctx: SelectionContext) -> tuple[Tensor, dict | None]:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(memory={self.memory}, memory_mode={self.memory_mode!r})"
+
+
+class RandomReplay(Replay):
+    """Uniformly random cache ([D16] of Re-Fed: the FedAvg/FedProx replay baselines); with
+    ``class_balanced`` (see :func:`select_top`) a random cache with per-class quotas."""
+
+    name = "random"
+
+    def __init__(self, memory: int, memory_mode: str = "total", class_balanced: bool | str = False):
+        super().__init__(memory, memory_mode)
+        self.class_balanced = balancing(class_balanced)
+
+    def select(self, x, y, budget, ctx):
+        if self.class_balanced == "none":
+            return torch.sort(torch.randperm(len(y), generator=ctx.generator)[:budget]).values, None
+        scores = torch.rand(len(y), generator=ctx.generator)
+        return select_top(scores, budget, y.cpu(), self.class_balanced), None
+
+
+class CacheClient:
+    """Client program of the cache round: ``step((x_new, y_new), state, broadcast)`` replaces
+    ``state["local"]`` by cache u new data (the cache chosen by ``replay`` from the previous
+    ``state["local"]`` with the broadcast model, generator ``torch_generator(seed, "cache", t, k)``)
+    and records sizes and compositions in ``state["log"]``; uploads nothing."""
+
+    def __init__(self, replay: Replay, template: nn.Module, config: FedConfig, num_classes: int, names: list[str]):
+        self.replay, self.config, self.num_classes, self.names = replay, config, num_classes, names
+        self.global_model = frozen_copy(template)
+
+    def step(self, data, state: dict, broadcast: Message) -> Message:
+        x_new, y_new = data
+        t, k = int(broadcast["stage"]), state["id"]
+        log: dict[str, Any] = {"new": len(y_new), "pool": 0, "budget": 0, "cached": 0, "pim": None}
+        x, y, task = x_new, y_new, torch.full((len(y_new),), t, dtype=torch.long, device=y_new.device)
+        if t > 0:
+            px, py, ptask = state["local"]
+            budget = self.replay.budget(len(y_new), len(py))
+            log.update(pool=len(py), budget=budget, **self._composition(ptask, py, t, "pool"))
+            if budget == 0 or len(py) == 0:
+                keep = torch.zeros(0, dtype=torch.long, device=py.device)
+                if self.replay.name == "refed":
+                    log["pim"] = {"dist_sq": float("nan"), "loss": float("nan"), "scores": torch.zeros(len(py))}
+            else:
+                self.global_model.load_state_dict(broadcast["state"])
+                ctx = SelectionContext(self.global_model, int(broadcast["num_old"]),
+                                       torch_generator(self.config.seed, "cache", t, k), self.names, self.config)
+                with torch_threads(self.config.num_threads):
+                    keep, log["pim"] = self.replay.select(px, py, budget, ctx)
+                keep = keep.to(py.device)
+            log.update(cached=len(keep), **self._composition(ptask[keep], py[keep], t, "old"))
+            x, y, task = torch.cat([px[keep], x]), torch.cat([py[keep], y]), torch.cat([ptask[keep], task])
+        state["local"] = (x, y, task)
+        log.update(local=len(y), old=int((task < t).sum()))
+        state["log"] = log
+        return Message(f"client{k}")
+
+    def _composition(self, task: Tensor, y: Tensor, t: int, prefix: str) -> dict[str, np.ndarray]:
+        return {f"{prefix}_tasks": np.bincount(task.cpu().numpy(), minlength=t)[:t],
+                f"{prefix}_classes": np.bincount(y.cpu().numpy(), minlength=self.num_classes)}
+
+
+class StageClient:
+    """Client program of the stage-end round: ``method.stage_upload`` on the client's stage data
+    (its local set when it keeps one) with the broadcast final global model."""
+
+    def __init__(self, method: IncrementalAlgorithm, template: nn.Module, config: FedConfig, names: list[str]):
+        self.method, self.config, self.names = method, config, names
+        self.global_model = frozen_copy(template)
+
+    def step(self, data, state: dict, broadcast: Message) -> Message:
+        self.global_model.load_state_dict(broadcast["state"])
+        x, y = GradientClient.training_data(data, state)
+        payload = self.method.stage_upload(self.global_model, x, y, int(broadcast["num_seen"]), self.names,
+                                           self.config.batch_size)
+        return Message(f"client{state['id']}", payload)
+
+
+class Broadcaster:
+    """Server of a one-round exchange: broadcasts ``payload``, keeps the uploads (``result()``)."""
+
+    def __init__(self, payload: dict):
+        self.payload, self.uploads = payload, []
+
+    def broadcast(self) -> Message:
+        return Message("server", self.payload)
+
+    def receive(self, messages: list[Message]) -> None:
+        self.uploads = messages
+
+    def result(self) -> list[Message]:
+        return self.uploads
+
+
+# ----------------------------------------------------------------------------------------------
+# the learner
+# ----------------------------------------------------------------------------------------------
+class GradientLearner:
+    """Federated incremental learning with a gradient method and optional replay (module docstring).
+
+    ``model_fn()`` maps x (N, ...) to logits (N, num_classes) over all classes of the stream
+    (``requires_grad`` flags of its parameters say what is trained, at every stage). ``method`` in
+    :data:`fedlib.federated.fcil.METHODS`, ``**hparams`` its hyperparameters. ``replay``: a
+    :class:`Replay` policy or None (no cache). ``aggregation``: ``"size"`` (n_k-weighted FedAvg)
+    or ``"uniform"`` (Re-Fed's Alg. 2). ``first_rounds``: rounds of stage 0 (default
+    ``config.rounds``). ``eval_data(t) -> (x, y) | None``: test data evaluated every
+    ``config.eval_every`` rounds of stage t (class-incremental: argmax over the seen classes), so
+    ``histories[t].test_acc`` gives per-round curves. ``callbacks``: round callbacks passed to
+    every stage's ``run_federated`` (``callback(r, server, cost)``); ``on_stage_end``: called as
+    ``callback(t, learner)`` after each stage (e.g. to keep ``learner.model``'s weights).
+
+    After stage t: ``histories[t]``, ``stage_bytes[t]`` (model uploads + stage-end uploads; the
+    cache round uploads nothing), ``costs[t]`` (the stage's measured :class:`Cost`, cache and
+    stage-end rounds included), ``memory_log[t]`` (per-client arrays ``new``, ``pool``, ``budget``,
+    ``cached``, ``local``, ``old`` = earlier-task samples in the local set; with a cache at t > 0
+    also ``pool_tasks`` / ``old_tasks`` (K, t) and ``pool_classes`` / ``old_classes`` (K, C)),
+    ``pim_log[t]`` (the policy's per-client logs, e.g. Re-Fed's PIM, or None), ``model``.
+    ``states`` (:class:`ClientStates`): every client's own state, kept across stages.
+    """
+
+    def __init__(self, model_fn: Callable[[], nn.Module], config: FedConfig, method: str = "finetune", *,
+                 num_classes: int, replay: Replay | None = None, scenario: str = "class",
+                 aggregation: str = "size", eval_data: Callable[[int], tuple[Tensor, Tensor] | None] | None = None,
+                 first_rounds: int | None = None, progress: bool = True, name: str | None = None,
+                 callbacks: Sequence[RoundCallback] = (), on_stage_end: Sequence[StageCallback] = (),
+                 **hparams: Any):
+        if not callable(model_fn):
+            raise TypeError(f"model_fn must be callable, got {type(model_fn).__name__}")
+        if not isinstance(config, FedConfig):
+            raise TypeError(f"config must be a FedConfig, got {type(config).__name__}")
+        self.num_classes = check_int("num_classes", num_classes, 1)
+        check_choice("scenario", scenario, SCENARIOS)
+        check_choice("aggregation", aggregation, AGGREGATIONS)
+        if replay is not None and not isinstance(replay, Replay):
+            raise TypeError(f"replay must be a Replay policy or None, got {type(replay).__name__}")
+        if eval_data is not None and not callable(eval_data):
+            raise TypeError(f"eval_data must be a callable t -> (x, y) or None, got {type(eval_data).__name__}")
+        self.first_rounds = None if first_rounds is None else check_int("first_rounds", first_rounds, 1)
+        self.algorithm = make_method(method, **hparams)
+        self.algorithm.aggregation = aggregation
+        self.model_fn, self.config, self.progress, self.eval_data = model_fn, config, progress, eval_data
+        self.replay, self.scenario, self.aggregation = replay, scenario, aggregation
+        self.callbacks, self.on_stage_end = list(callbacks), list(on_stage_end)
+        self.name = name or (self.algorithm.name if replay is None else f"{self.algorithm.name}+{replay.name}")
+        self.model: nn.Module | None = None
+        self.histories: list[History | None] = []
+        self.stage_bytes: list[int] = []
+        self.costs: list[Cost] = []
+        self.memory_log: list[dict[str, np.ndarray]] = []
+        self.pim_log: list[list[dict] | None] = []
+        self.num_clients: int | None = None
+        self.states: ClientStates | None = None
+        self.server_memory: dict[str, Any] = {}
+        self._trainable: dict[str, bool] | None = None
+        self._num_seen = 0
+
+    # -- checks --------------------------------------------------------------------------------
+    def _validate(self, t: int, clients, num_seen: int) -> int:
+        """All input and memory checks, before any work; returns the number of unmasked classes."""
+        if isinstance(num_seen, np.integer):
+            num_seen = int(num_seen)
+        if t != len(self.histories):
+            raise ValueError(f"tasks must be learned in order: expected t={len(self.histories)}, got {t}")
+        if self.num_clients is not None and len(clients) != self.num_clients:
+            raise ValueError(f"clients must keep the same {self.num_clients} clients every task, got {len(clients)}")
+        if len(clients) == 0:
+            raise ValueError("clients must hold at least one client")
+        low = self._num_seen + 1 if self.scenario == "class" else 1
+        check_int("num_seen", num_seen, low, self.num_classes)
+        limit = num_seen if self.scenario == "class" else self.num_classes
+        for k, (x, y) in enumerate(clients):
+            if x.shape[0] != y.shape[0]:
+                raise ValueError(f"client {k}: x has {x.shape[0]} rows but y has {y.shape[0]}")
+            if y.numel() and (int(y.min()) < 0 or int(y.max()) >= limit):
+                raise ValueError(f"client {k}: labels must lie in [0, {limit}), got [{int(y.min())}, {int(y.max())}]")
+        if self.replay is not None and t > 0:
+            self.replay.check([int(y.shape[0]) for _, y in clients], self.memory_log[-1]["local"])
+        return limit
+
+    # -- models --------------------------------------------------------------------------------
+    def _first_model(self) -> nn.Module:
+        model = self.model_fn()
+        self._trainable = {n: p.requires_grad for n, p in model.named_parameters()}
+        self._template = model  # run_federated moves it to the device and trains it as the global model
+        return model
+
+    def _next_model(self) -> nn.Module:
+        model = copy.deepcopy(self.model)
+        for n, p in model.named_parameters():
+            p.requires_grad_(self._trainable[n])
+        return model.train()
+
+    @property
+    def trainable(self) -> list[str]:
+        return [n for n, flag in self._trainable.items() if flag]
+
+    def _evaluate(self, limit: int):
+        if self.scenario != "class":
+            return None
+
+        @torch.no_grad()
+        def masked(model, x, y):
+            return accuracy(torch.cat([model(x[s:s + 8192])[:, :limit].argmax(1)
+                                       for s in range(0, int(x.shape[0]), 8192)]), y)
+        return masked
+
+    # -- protocol ------------------------------------------------------------------------------
+    def learn_task(self, t: int, clients: list[tuple[Tensor, Tensor]], num_seen: int) -> int:
+        """Stage t on ``clients`` (K pairs x_k (n_k, ...), y_k (n_k,)); returns the measured upload
+        bytes of the stage. All input and memory checks run before any training."""
+        limit = self._validate(t, clients, num_seen)
+        device = resolve_device(self.config.device)
+        test = None if self.eval_data is None else self.eval_data(t)
+        if self.num_clients is None:
+            self.num_clients = len(clients)
+        data = [(x.to(device), y.to(device, dtype=torch.long)) for x, y in clients]
+        num_old = self._num_seen if self.scenario == "class" else (self.num_classes if t > 0 else 0)
+        alg, cost = self.algorithm, Cost()
+        if self.states is None:
+            self.states = ClientStates(_StateInit(alg, self.config.seed))
+        if self.replay is not None:
+            cost += self._cache_round(t, data, num_old)
+        config = stage_config(self.config, t)
+        if t == 0 and self.first_rounds is not None:
+            config = dataclasses.replace(config, rounds=self.first_rounds)
+        previous = None if self.model is None else self.model.state_dict()
+        alg.begin_stage(self.server_memory, t, num_old, limit, previous)
+        hist = run_federated(self._first_model if self.model is None else self._next_model, data, test, alg,
+                             config, progress=self.progress, num_classes=self.num_classes,
+                             callbacks=self.callbacks, states=self.states, memory=self.server_memory,
+                             evaluate=self._evaluate(limit) if test is not None else None)
+        cost += hist.cost
+        if self.model is None:
+            self.model = self._template
+        self.model.load_state_dict(hist.final_state)
+        self.model.requires_grad_(False).eval()
+        extra_up = 0
+        if alg.has_stage_round:
+            extra = self._stage_round(data, limit)
+            cost, extra_up = cost + extra, extra.bytes_up
+        self._record(t, data, hist, hist.bytes_up[-1] + extra_up, cost)
+        self._num_seen = int(num_seen)
+        for callback in self.on_stage_end:
+            callback(t, self)
+        return self.stage_bytes[-1]
+
+    def _cache_round(self, t: int, data, num_old: int) -> Cost:
+        """Every client rebuilds its local set (stage 0: its new data; later: cache u new data)."""
+        payload: dict[str, Any] = {"stage": t, "num_old": num_old}
+        template, names = nn.Identity(), []
+        if t > 0:
+            payload["state"], template, names = self.model.state_dict(), self.model, self.trainable
+        client = CacheClient(self.replay, template, self.config, self.num_classes, names)
+        return simulate(Broadcaster(payload), client, data, 1, states=self.states)
+
+    def _stage_round(self, data, limit: int) -> Cost:
+        server = Broadcaster({"state": self.model.state_dict(), "num_seen": limit})
+        client = StageClient(self.algorithm, self.model, self.config, self.trainable)
+        active = [k for k, (x, _) in enumerate(data) if x.shape[0] > 0]
+        with torch_threads(self.config.num_threads):
+            cost = simulate(server, client, data, 1, participants=lambda r: active, states=self.states)
+        self.algorithm.receive_stage(self.server_memory, server.result(), self.model)
+        return cost
+
+    def _record(self, t: int, data, hist: History | None, nbytes: int, cost: Cost) -> None:
+        self.histories.append(hist)
+        self.stage_bytes.append(int(nbytes))
+        self.costs.append(cost)
+        if self.replay is None:
+            new = np.array([int(x.shape[0]) for x, _ in data])
+            zeros = np.zeros(len(new), dtype=np.int64)
+            self.memory_log.append({"new": new, "pool": zeros, "budget": zeros, "cached": zeros, "local": new,
+                                    "old": zeros})
+            self.pim_log.append(None)
+            return
+        logs = [self.states[k]["log"] for k in range(len(data))]
+        keys = [k for k in logs[0] if k != "pim" and (t > 0 or not k.startswith(("pool_", "old_")))]
+        self.memory_log.append({key: np.array([log[key] for log in logs]) for key in keys})
+        pims = [log["pim"] for log in logs]
+        self.pim_log.append(pims if t > 0 and self.replay.name == "refed" else None)
+
+    @torch.no_grad()
+    def predict(self, x: Tensor, num_seen: int, batch_size: int = 8192) -> Tensor:
+        """(N,) int64 labels (CPU): argmax over the first ``num_seen`` logits, eval mode, batched."""
+        if self.model is None:
+            raise RuntimeError("predict called before any learn_task")
+        num_seen = check_int("num_seen", num_seen, 1, self.num_classes)
+        device = next(self.model.parameters()).device
+        self.model.eval()
+        out = []
+        with torch_threads(self.config.num_threads):
+            for s in range(0, int(x.shape[0]), batch_size):
+                out.append(self.model(x[s:s + batch_size].to(device))[:, :num_seen].argmax(1).cpu())
+        return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
+
+    # -- replay diagnostics (read from the clients' logs) -----------------------------------------
+    @property
+    def local_sets(self) -> list[tuple[Tensor, Tensor, Tensor]]:
+        """Per client its local set (x, y, task id) on CPU (replay learners)."""
+        return [tuple(v.cpu() for v in self.states[k]["local"]) for k in range(self.num_clients or 0)]
+
+    def cache_labels(self, k: int) -> Tensor:
+        """Labels (CPU) of client k's current local set (cache u latest task)."""
+        return self.states[k]["local"][1].cpu()
+
+    def check_memory(self) -> list[str]:
+        """The storage constraint of the replay policy's ``memory_mode`` at every stage t >= 1,
+        checked on what the clients hold (samples of earlier tasks counted from their task ids):
+        ``"total"`` (Re-Fed Sec. 3.1) cache + new data <= M; ``"replay"`` (Sec. 4.1) old samples <= M.
+        Both: the cache is as full as the rule allows (old = min(budget, pool)), so no storage is
+        left unused. Returns the violations found (empty: all hold; no replay: nothing to check)."""
+        bad: list[str] = []
+        if self.replay is None:
+            return bad
+        m, mode = self.replay.memory, self.replay.memory_mode
+        for t, log in enumerate(self.memory_log):
+            if t == 0 or not len(log):
+                continue
+            for k in range(len(log["new"])):
+                old, local, new = int(log["old"][k]), int(log["local"][k]), int(log["new"][k])
+                expect = self.replay.budget(new, int(log["pool"][k]))
+                if mode == "total" and local > m:
+                    bad.append(f"task {t}, client {k}: local set {local} > M={m} (memory_mode 'total')")
+                if mode == "replay" and old > m:
+                    bad.append(f"task {t}, client {k}: {old} old samples > M={m} (memory_mode 'replay')")
+                if old != expect:
+                    bad.append(f"task {t}, client {k}: {old} old samples, the rule gives min(budget, pool) = {expect}")
+                if local != old + new:
+                    bad.append(f"task {t}, client {k}: local set {local} != old {old} + new {new}")
+        return bad
+
+    def __repr__(self) -> str:
+        return (f"GradientLearner({self.name!r}, {self.algorithm!r}, replay={self.replay!r}, "
+                f"scenario={self.scenario!r}, num_classes={self.num_classes})")
+
+
+class _StateInit:
+    """Makes client k's initial state (the same as the training client's ``init_state``)."""
+
+    def __init__(self, method: IncrementalAlgorithm, seed: int):
+        self.method, self.seed = method, seed
+
+    def init_state(self, k: int) -> dict[str, Any]:
+        return initial_state(self.method, self.seed, k)
+
+
+class FixedLearner(GradientLearner):
+    """"Fixed" baseline: FedAvg (masked CE, no memory) on the first task only; later tasks neither
+    train nor upload (0 bytes, ``histories[t] = None``). Class-incremental predictions use only the
+    first task's classes (the frozen model never learned the others)."""
+
+    def __init__(self, model_fn, config, *, num_classes, **kwargs):
+        super().__init__(model_fn, config, "finetune", num_classes=num_classes, name="fixed", **kwargs)
+
+    def learn_task(self, t, clients, num_seen):
+        if t == 0:
+            out = super().learn_task(t, clients, num_seen)
+            self._first_seen = int(num_seen)
+            return out
+        self._validate(t, clients, num_seen)
+        self.histories.append(None)
+        self.stage_bytes.append(0)
+        self.costs.append(Cost())
+        self.memory_log.append({})
+        self.pim_log.append(None)
+        self._num_seen = int(num_seen)
+        for callback in self.on_stage_end:
+            callback(t, self)
+        return 0
+
+    def predict(self, x, num_seen, batch_size=8192):
+        if self.scenario == "class" and self.model is not None and isinstance(num_seen, (int, np.integer)) \
+                and not isinstance(num_seen, bool):
+            num_seen = min(num_seen, self._first_seen)
+        return super().predict(x, num_seen, batch_size)

@@ -1,0 +1,111 @@
+"""Fed-tSNE, Fed-UMAP and Fed-SpeClust: federated distribution learning (FedDL) of landmarks, then a
+Nystrom estimate of the global distance / kernel matrix (Qiao, Ma, Fan, AAAI 2025; seed 002;
+notes: papers/fedtsne.md). Samples are ROWS here (the paper stores columns; notes Sec. 2.9).
+
+Client p holds X_p (n_p, m), sum_p n_p = n. The server keeps n_y landmarks Y (n_y, m).
+
+FedDL (Algorithm 1). Gaussian kernel k(x, y) = exp(-gamma ||x - y||^2). Local objective = the
+unbiased (U-statistic) MMD^2 estimate (Eq. 10):
+
+    f_p(Y) = (1^T K_XX 1 - n_p) / (n_p (n_p-1)) - 2 1^T K_XY 1 / (n_p n_y) + (1^T K_YY 1 - n_y) / (n_y (n_y-1))
+
+and its gradient (Eq. 13, row-major):
+
+    grad f_p(Y) = -4 gamma/(n_p n_y) [K_XY^T X_p - diag(1^T K_XY) Y] + 4 gamma/(n_y (n_y-1)) [K_YY Y - diag(1^T K_YY) Y]
+
+Global objective F(Y) = sum_p w_p f_p(Y) (Eq. 8/11). ``mode="average"``: Q local steps
+Y_p <- Y_p - eta grad f_p(Y_p) (Eq. 14), server Y = sum_p w_p Y_p (Eq. 15; the paper's w_p = 1/P).
+``mode="gradient"``: Y <- Y - eta' sum_p w_p grad f_p(Y) (Eq. 16). With w_p = n_p/n (our default,
+notes Sec. 8.2), sum_p w_p grad f_p = grad MMD_u(X_pooled, Y) exactly, whatever the split (notes
+Sec. 2.2): gradient mode is then centralized gradient descent.
+
+Protocol (:mod:`fedlib.core.protocol`). FedDL is :class:`FedDLClient` (set-up upload, then per round
+the gradient / local landmarks of Eqs. 13-14 with the client's own noise from its own generator
+:func:`client_rng`) and :class:`FedDLServer` (weights, gamma by THE kernel-width rule
+:func:`kernel_width`, Y^0, the update of Eq. 15/16); the final upload of Algorithms 2-3 is
+:class:`NystromClient` / :class:`NystromServer`. :func:`feddl` drives them with ``simulate`` and
+reports the measured :class:`~fedlib.core.messages.Cost`.
+
+Step size (the paper: "the reverse of the Lipschitz constant of the gradient if possible"). Bounding
+the Hessian of g(u) = exp(-gamma ||u||^2) (eigenvalues in [-2 gamma, 4 gamma e^{-3/2}]) gives, for
+any data and any Y (DERIVED here; sum_p w_p = 1),
+
+    L <= (4 gamma / n_y) (n_y/(n_y-1) + 2 e^{-3/2}),       ``lr="auto"`` uses eta = 1/L.
+
+Fed-tSNE / Fed-UMAP (Algorithm 2). Client p uploads D_p = squared distances to Y (n_p, n_y); the
+server stacks B = [D_1; ...; D_P] (Eq. 21), W = D_YY (squared), and forms the Nystrom estimate
+(Eqs. 19, 22)
+
+    D2_hat = B W_k^+ B^T     (or B (W + lambda I)^{-1} B^T),
+
+symmetrizes, clips at 0, zeroes the diagonal and takes the square root before t-SNE / UMAP. The
+paper does not say whether D is squared; squared Euclidean distances have rank <= m + 2, so with
+>= m + 2 landmarks in general position the estimate is EXACT (notes Sec. 8.3 and Sec. 3, "Nystrom
+exactness"); plain distances never are. W is indefinite (a distance matrix), so W_k is the best
+rank-k approximation by |eigenvalue|.
+
+Fed-SpeClust (Algorithm 3). Client p uploads K_{X_p,Y} (n_p, n_y); K_hat = C W^+ C^T with
+C = [K_{X_1,Y}; ...], W = K_YY; spectral clustering on clip_0(K_hat).
+
+"+" variants (Sec. 5; notes Sec. 2.6, 3, 8.7). (epsilon, delta)-DP per client, replace-one adjacency,
+client sizes public; noise calibrated and epsilon reported by :mod:`fedlib.core.privacy` (dp-accounting):
+
+* ``noise="dp_data"`` (Theorem 4): rows clipped to a PUBLIC tau_X, then X_p <- X_p + N(0, s^2) once,
+  before anything is uploaded, with s from the analytic Gaussian mechanism for Delta_2 = 2 tau_X (valid
+  for every epsilon; the paper's Dwork & Roth constant, :func:`paper_noise_sd`, needs epsilon < 1).
+* ``noise="dp_gradient"`` (Theorem 6's setting): every gradient a client computes gets N(0, (z Delta_p)^2),
+  z calibrated once for T = S*Q compositions. Delta_p is the data-free bound
+  :func:`kernel_gradient_sensitivity` = 4 sqrt(2 gamma/e) / (n_p sqrt(n_y)) (from
+  sup_r r exp(-gamma r^2) = 1/sqrt(2 e gamma)), or Theorem 6's bound with enforced clipping and
+  projection. gamma must be public and Y^0 data-free.
+* ``noise="heuristic"`` (what the experiments did, Sec. 6.1): N(0, beta^2 sd(grad f_p)^2) with
+  sd over all entries of that gradient, beta = 1 in the tables. Data-dependent; no epsilon.
+
+Only data perturbation also covers the final D_p / K_p upload: from squared distances to known
+landmarks the server recovers each sample (exactly with >= m + 1 landmarks in general position,
+its projection onto the landmarks' affine span otherwise; :func:`reconstruct_from_sq_distances`,
+notes Sec. 1 and 8.10).
+
+Modules (one per part of the paper): :mod:`~fedlib.papers.fedtsne.mmd` (Eqs. 9-13, the Lipschitz bound,
+THE kernel-width rule), :mod:`~fedlib.papers.fedtsne.dp` (Sec. 5, Theorems 4 and 6),
+:mod:`~fedlib.papers.fedtsne.feddl` (Algorithm 1 as a client program and a server on
+:mod:`fedlib.core.protocol`, the plateau rule), :mod:`~fedlib.papers.fedtsne.nystrom` (Eqs. 18-22, the
+final upload and its assembly, the reconstruction attack), :mod:`~fedlib.papers.fedtsne.pipelines`
+(Algorithms 2 and 3), :mod:`~fedlib.papers.fedtsne.chapters` (data, splits, scorer of the chapters).
+Every public name is importable from ``fedlib.papers.fedtsne``.
+"""
+from __future__ import annotations
+
+from fedlib.papers.fedtsne.mmd import (
+    sq_distances, gaussian_kernel, mmd2_u, mmd2_u_grad, lipschitz_bound, client_median_sqdist, split_clients,
+    WEIGHTS, GAMMA_RULES, kernel_width, median_kernel_width, expected_gaussian_kernel)
+from fedlib.papers.fedtsne.dp import (
+    dp_noise_sd, paper_noise_sd, data_sensitivity, gradient_sensitivity, kernel_gradient_sensitivity, clip_rows,
+    project_spectral, DP_SENSITIVITIES, end_to_end_epsilon, DP_MECHANISMS)
+from fedlib.papers.fedtsne.feddl import (
+    FedDLResult, feddl, MODES, INITS, NOISES, client_rng, median_seed, FedDLClient, FedDLServer, plateau_share,
+    plateau_round, FedDLTrace, feddl_until_plateau, plateau_rounds, public_landmarks)
+from fedlib.papers.fedtsne.nystrom import (
+    client_sq_distances, client_kernel, landmark_pinv, nystrom, distances_from_squared, nystrom_distances,
+    nystrom_kernel, reconstruct_from_sq_distances, INVERSES, NystromClient, NystromServer, NYSTROM_KINDS,
+    nystrom_estimate)
+from fedlib.papers.fedtsne.pipelines import (
+    PipelineResult, EmbeddingResult, ClusteringResult, fed_tsne, fed_umap, fed_spectral_clustering, METHOD_NAMES,
+    FED_NAMES, VARIANTS, embed, learn_landmarks)
+from fedlib.papers.fedtsne.chapters import (
+    SPLITS, load_points, label_skew_parts, client_split, EmbeddingScorer, check_fits, privacy_table)
+
+__all__ = ["sq_distances", "gaussian_kernel", "mmd2_u", "mmd2_u_grad", "lipschitz_bound", "client_median_sqdist",
+           "dp_noise_sd", "paper_noise_sd", "data_sensitivity", "gradient_sensitivity",
+           "kernel_gradient_sensitivity", "clip_rows", "project_spectral", "DP_SENSITIVITIES", "FedDLResult",
+           "feddl", "split_clients", "end_to_end_epsilon", "client_sq_distances", "client_kernel",
+           "landmark_pinv", "nystrom", "distances_from_squared", "nystrom_distances", "nystrom_kernel",
+           "PipelineResult", "EmbeddingResult", "ClusteringResult", "fed_tsne", "fed_umap",
+           "fed_spectral_clustering",
+           "reconstruct_from_sq_distances", "MODES", "WEIGHTS", "INITS", "NOISES", "INVERSES", "GAMMA_RULES",
+           "DP_MECHANISMS", "kernel_width", "median_kernel_width", "client_rng", "median_seed", "FedDLClient",
+           "FedDLServer", "NystromClient", "NystromServer", "NYSTROM_KINDS", "SPLITS", "load_points",
+           "label_skew_parts", "client_split", "plateau_share", "plateau_round", "FedDLTrace",
+           "feddl_until_plateau", "plateau_rounds", "EmbeddingScorer", "METHOD_NAMES", "FED_NAMES", "VARIANTS",
+           "expected_gaussian_kernel", "nystrom_estimate", "embed", "learn_landmarks", "public_landmarks",
+           "check_fits", "privacy_table"]

@@ -1,0 +1,69 @@
+"""Typed parameters of the two AFL chapters (``notebooks/afl_derivation.py``, ``afl_benchmark.py``):
+one :class:`Spec` per chapter covering every name of its ``parameters`` cell, and the
+cross-parameter rules (each raises ValueError naming the parameters)."""
+from __future__ import annotations
+
+from fedlib.data.datasets import DATASETS
+from fedlib.data.features import BACKBONES
+from fedlib.federated.gradient import ALGORITHMS
+from fedlib.runner.specs import NULL, Choice, Int, List, Real, Seeds, Spec
+
+DEVICES = ("auto", "cpu", "cuda")
+POSITIVE = Real(0.0)                     # > 0
+NON_NEGATIVE = Real(0.0, strict=False)   # >= 0
+CONDITION = Real(1.0, strict=False)      # a condition number, >= 1
+
+
+def rule_at_most(small: str, large: str):
+    """Rule: ``v[small]`` (an int or every entry of a list) <= ``v[large]``."""
+    def rule(v):
+        values = v[small] if isinstance(v[small], list) else [v[small]]
+        if any(x > v[large] for x in values):
+            raise ValueError(f"{small} must be <= {large} = {v[large]}, got {v[small]}")
+    return rule
+
+
+def rule_subset(part: str, whole: str):
+    """Rule: every entry of ``v[part]`` is in ``v[whole]``."""
+    def rule(v):
+        extra = sorted(set(v[part]) - set(v[whole]))
+        if extra:
+            raise ValueError(f"{part} must be a subset of {whole} {v[whole]}, got extra {extra}")
+    return rule
+
+
+def _some_setting(v):
+    if not v["alphas"] and not v["shards"]:
+        raise ValueError("alphas and shards are both empty: give at least one setting")
+
+
+def _participation_positive(v):
+    if v["participation"] <= 0:
+        raise ValueError(f"participation must lie in (0, 1], got {v['participation']}")
+
+
+SPECS = {
+    "afl_derivation": Spec({
+        "n_samples": Int(2), "dim": Int(1), "num_classes": Int(2),
+        "client_counts": List(Int(1), distinct=True), "dirichlet_alphas": List(POSITIVE),
+        "shards_per_client": Int(1), "sweep_clients": Int(1), "pairwise_max_clients": Int(1),
+        "table1_dim": Int(1), "table1_clients": List(Int(1), distinct=True), "gammas": List(POSITIVE),
+        "fp_clients": Int(1), "conditions": List(CONDITION), "f32_conditions": List(CONDITION),
+        "reference_samples": Int(2), "reference_dim": Int(1), "n_orders": Int(1), "seed": Int(0),
+    }, rules=[rule_at_most("sweep_clients", "n_samples"), rule_at_most("fp_clients", "n_samples"),
+              rule_at_most("table1_clients", "n_samples"), rule_at_most("reference_dim", "reference_samples"),
+              rule_at_most("sweep_clients", "reference_samples")]),
+    "afl_benchmark": Spec({
+        "dataset": Choice(DATASETS), "backbone": Choice(BACKBONES), "input_size": Int(1),
+        "n_train": Int(1) | NULL, "n_test": Int(1) | NULL, "device": Choice(DEVICES),
+        "num_clients": Int(1), "alphas": List(POSITIVE, least=0), "shards": List(Int(1), least=0),
+        "methods": List(Choice(ALGORITHMS), distinct=True), "partition_seed": Int(0), "seeds": Seeds(least=2),
+        "resample_methods": List(Choice(ALGORITHMS), least=0, distinct=True),
+        "rounds": Int(1), "local_epochs": Int(1), "batch_size": Int(1), "lr": POSITIVE,
+        "participation": Real(0.0, 1.0, strict=False), "moon_hidden": Int(1) | NULL, "gamma": NON_NEGATIVE,
+        "client_counts": List(Int(1), distinct=True), "invariance_alpha": POSITIVE,
+        "table3_alphas": List(POSITIVE), "gammas": List(NON_NEGATIVE), "ri_clients": List(Int(1), distinct=True),
+        "paper_rounds": Int(1),
+    }, rules=[rule_subset("resample_methods", "methods"), _some_setting, _participation_positive]),
+}
+

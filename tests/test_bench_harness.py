@@ -1,0 +1,83 @@
+"""The shared benchmark harness (fedlib.bench): options, timing, ratio table, report file."""
+import numpy as np
+import pytest
+import torch
+
+from fedlib import bench
+from fedlib.runner.paths import BENCHMARK_DIR
+
+
+def test_parser_common_options_and_default_out():
+    p = bench.parser("Title line.\n\nMore.", "demo")
+    args = p.parse_args([])
+    assert args.out == str(BENCHMARK_DIR / "demo.txt") and args.seed == 0 and args.repeats == 3
+    assert p.description == "Title line."
+    args = bench.parser("x", "demo", repeats=None, seed=None).parse_args(["--out", "-"])
+    assert args.out == "-" and not hasattr(args, "seed") and not hasattr(args, "repeats")
+
+
+def test_require_positive_names_the_option(capsys):
+    p = bench.parser("x", "demo")
+    p.add_argument("--loop-points", type=int, default=1)
+    with pytest.raises(SystemExit):
+        bench.require_positive(p, p.parse_args(["--loop-points", "0"]), "loop_points")
+    assert "--loop-points must be >= 1" in capsys.readouterr().err
+
+
+def test_measure_warms_up_interleaves_and_keeps_last_output():
+    calls = []
+    t = bench.measure({"a": lambda: calls.append("a") or 1, "b": lambda: calls.append("b") or 2}, repeats=2)
+    assert calls == ["a", "b"] * 3                       # one warm-up round, then two interleaved rounds
+    assert len(t["a"].times) == 2 and t["b"].out == 2 and t["a"].best <= t["a"].median
+    with pytest.raises(ValueError, match="repeats"):
+        bench.measure({"a": lambda: 0}, repeats=0)
+
+
+def test_ratio_rows_against_the_baseline():
+    rows = bench.ratio_rows({"(a)": 2.0, "(b)": 5.0, "(c)": 1.0}, "(a)", width=24, note="n")
+    assert rows == ["  time ratio (b) / (a)    2.5x  n", "  time ratio (c) / (a)    0.5x  n"]
+    with pytest.raises(ValueError, match="baseline"):
+        bench.ratio_rows({"(a)": 1.0}, "(z)")
+
+
+def test_relative_difference_numpy_and_torch():
+    assert bench.relative_difference(np.array([1.0, 2.0]), np.array([1.0, 4.0])) == 0.5
+    assert bench.relative_difference(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 4.0])) == 0.5
+
+
+def test_write_report_prints_and_writes(tmp_path, capsys):
+    out = tmp_path / "sub" / "r.txt"
+    bench.write_report("hello", out)
+    assert out.read_text() == "hello\n" and "hello" in capsys.readouterr().out
+    bench.write_report("only printed", "-")
+    assert not (tmp_path / "-").exists()
+    assert bench.machine(device="cpu").startswith("machine: ") and bench.peak_memory_gib() > 0
+
+
+def test_check_row_and_finish(tmp_path, capsys):
+    assert bench.check_row("diff", 1e-12, 1e-10, "max", 8) == "  diff    1.00e-12  (max; check < 1e-10: passed)"
+    assert bench.check_row("diff", 1.0, 1e-10, "max").endswith("check < 1e-10: FAILED)")
+    out = tmp_path / "r.txt"
+    assert bench.finish(["a"], out) == 0 and bench.finish(["a"], out, ok=False) == 1
+    text = out.read_text()
+    assert text.startswith("a\n  peak resident memory") and text.endswith("GiB\n")
+
+
+def test_afl_aggregation_tiny_report(tmp_path):
+    from fedlib.bench import afl_aggregation
+
+    out = tmp_path / "afl.txt"
+    assert afl_aggregation.main(["--clients", "3", "--dim", "12", "--per-client", "5", "--samples", "40",
+                                 "--repeats", "1", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("machine: ") and "K=3 clients, d=12" in text and "best of 1" in text
+    assert "time ratio pairwise / one-solve" in text and "peak resident memory" in text
+    diff = float(text.split("max |W_pairwise - W_one_solve|")[1].split()[0])
+    assert diff < 1e-8
+
+
+def test_afl_aggregation_rejects_bad_options():
+    from fedlib.bench import afl_aggregation
+
+    with pytest.raises(SystemExit):
+        afl_aggregation.main(["--clients", "0", "--out", "-"])
