@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedlib.core.messages import Cost
 from fedlib.federated.incremental import accuracy_matrix_metrics, make_stream, run_class_incremental, task_offset
 
 Y_TRAIN = np.repeat(np.arange(10), 30)
@@ -57,7 +58,7 @@ class _Oracle:
 
     def learn_task(self, t, clients, num_seen):
         self.calls.append((t, task_offset(clients), num_seen, sum(len(y) for _, y in clients)))
-        return 7
+        return Cost(bytes_up=7, bytes_down=3, seconds=0.5)
 
     def predict(self, x, num_seen):
         y = torch.from_numpy(self.truth[x[:, 0].long().numpy()])
@@ -75,6 +76,7 @@ def test_runner_feeds_stages_in_order_and_scores_only_seen_classes():
     assert np.allclose(np.tril(res.acc), np.tril(np.ones((5, 5)))) and np.isnan(res.acc[0, 1])
     assert res.metrics == {"A_T": 1.0, "A_avg": 1.0, "F_T": 0.0}
     assert res.bytes_up.tolist() == [7] * 5 and (res.top1 == 1).all()
+    assert res.cost == Cost(bytes_up=35, bytes_down=15, seconds=2.5)
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -113,3 +115,24 @@ def test_scratch_backbone_is_trained_on_task_one_frozen_and_cached(tmp_path):
     assert np.array_equal(again.x_train, feats.x_train) and cost2 == cost
     other, _ = scratch_backbone_features(ds, stream, 2, 1.0, 0, cfg, widths=(4, 8), cache_dir=tmp_path, progress=False)
     assert len(list(tmp_path.glob("*.npz"))) == 2 and not np.array_equal(other.x_train, feats.x_train)
+
+
+def test_result_carries_each_stage_cost_and_partitions_use_the_one_seed_derivation():
+    """Stage costs come from the learner's measured Messages (STSA: R's seed broadcast, statistics
+    uploaded); task t's partition is drawn with derive_seed(seed, "partition", t)."""
+    from fedlib.core.seeds import derive_seed
+    from fedlib.data.partition import make_partition
+    from fedlib.papers.stsa import STSALearner
+
+    s = make_stream(Y_TRAIN, Y_TEST, 2, seed=0)
+    labels = Y_TRAIN[s.tasks[1].train_idx]
+    expected = make_partition(labels, 3, "dirichlet", alpha=0.5, seed=derive_seed(7, "partition", 1))
+    got = s.client_partitions(1, Y_TRAIN, 3, beta=0.5, seed=7)
+    assert all(np.array_equal(g, s.tasks[1].train_idx[e]) for g, e in zip(got, expected))
+
+    x = np.random.default_rng(0).normal(size=(len(Y_TRAIN), 6))
+    learner = STSALearner(6, 10, M=16, gamma=1.0)
+    res = run_class_incremental(learner, s, x, Y_TRAIN, x[:len(Y_TEST)], Y_TEST, 3, 0.5, progress=False)
+    assert len(res.costs) == 2 and all(c.bytes_up > 0 and c.bytes_down > 0 for c in res.costs)
+    assert res.bytes_up.tolist() == [c.bytes_up for c in res.costs]
+    assert res.cost.bytes_up == learner.cost.bytes_up and res.cost.bytes_down == learner.cost.bytes_down

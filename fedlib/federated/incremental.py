@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from fedlib.core.validate import check_int
+from fedlib.core.messages import Cost
 from fedlib.core.seeds import derive_seed
 from fedlib.data.partition import make_partition
 
@@ -152,14 +153,14 @@ class IncrementalLearner(Protocol):
     """What :func:`run_class_incremental` drives.
 
     ``learn_task(t, clients, num_seen)``: one stage; ``clients`` is a list of K (x_k, y_k) with y_k
-    re-indexed labels in the task's block ``[task_offset(clients), num_seen)``; returns the bytes uploaded by all clients in this stage
-    (measured from :class:`fedlib.core.messages.Message` objects). ``predict(x, num_seen)``: (N,)
+    re-indexed labels in the task's block ``[task_offset(clients), num_seen)``; returns the stage's
+    measured :class:`fedlib.core.messages.Cost` (bytes up / down of its Messages, seconds). ``predict(x, num_seen)``: (N,)
     labels by argmax over the first ``num_seen`` classes.
     """
 
     name: str
 
-    def learn_task(self, t: int, clients: list[tuple[Tensor, Tensor]], num_seen: int) -> int: ...
+    def learn_task(self, t: int, clients: list[tuple[Tensor, Tensor]], num_seen: int) -> Cost: ...
 
     def predict(self, x: Tensor, num_seen: int) -> Tensor: ...
 
@@ -190,7 +191,8 @@ def accuracy_matrix_metrics(acc: np.ndarray) -> dict[str, float]:
 class IncrementalResult:
     """Outcome of one FCIL run. ``acc`` (T, T): A[t, tau] in [0, 1], NaN for tau > t;
     ``top1`` (T,): sample-weighted accuracy on all seen test samples; ``bytes_up`` / ``wall_s``
-    (T,): uploads and seconds of learning (evaluation excluded) per stage."""
+    (T,): uploads and seconds of learning (evaluation excluded) per stage; ``costs`` (T,): each
+    stage's measured :class:`Cost` as the learner reported it, ``cost`` their sum."""
 
     method: str
     acc: np.ndarray
@@ -198,6 +200,11 @@ class IncrementalResult:
     bytes_up: np.ndarray
     wall_s: np.ndarray
     config: dict = field(default_factory=dict)
+    costs: list[Cost] = field(default_factory=list)
+
+    @property
+    def cost(self) -> Cost:
+        return sum(self.costs, Cost())
 
     @property
     def metrics(self) -> dict[str, float]:
@@ -248,10 +255,12 @@ def run_class_incremental(learner: IncrementalLearner, stream: ClassIncrementalS
     t_count = stream.num_tasks
     acc = np.full((t_count, t_count), np.nan)
     top1, bytes_up, wall = np.zeros(t_count), np.zeros(t_count, dtype=np.int64), np.zeros(t_count)
+    costs: list[Cost] = []
     for t in tqdm(range(t_count), desc=learner.name, disable=not progress):
         clients = [(_as_tensor(x_train[p]), torch.from_numpy(pos_train[p])) for p in partitions[t]]
         start = time.perf_counter()
-        bytes_up[t] = learner.learn_task(t, clients, stream.num_seen(t))
+        costs.append(learner.learn_task(t, clients, stream.num_seen(t)))
+        bytes_up[t] = costs[-1].bytes_up
         wall[t] = time.perf_counter() - start
         correct, total = 0, 0
         for tau in range(t + 1):
@@ -261,7 +270,7 @@ def run_class_incremental(learner: IncrementalLearner, stream: ClassIncrementalS
             acc[t, tau] = hits / len(idx)
             correct, total = correct + hits, total + len(idx)
         top1[t] = correct / total
-    return IncrementalResult(learner.name, acc, top1, bytes_up, wall, dict(config or {}))
+    return IncrementalResult(learner.name, acc, top1, bytes_up, wall, dict(config or {}), costs)
 
 
 def scratch_backbone_features(dataset, stream: ClassIncrementalStream, num_clients: int, beta: float | None,

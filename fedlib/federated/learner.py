@@ -387,9 +387,9 @@ class GradientLearner:
         return masked
 
     # -- protocol ------------------------------------------------------------------------------
-    def learn_task(self, t: int, clients: list[tuple[Tensor, Tensor]], num_seen: int) -> int:
-        """Stage t on ``clients`` (K pairs x_k (n_k, ...), y_k (n_k,)); returns the measured upload
-        bytes of the stage. All input and memory checks run before any training."""
+    def learn_task(self, t: int, clients: list[tuple[Tensor, Tensor]], num_seen: int) -> Cost:
+        """Stage t on ``clients`` (K pairs x_k (n_k, ...), y_k (n_k,)); returns the stage's measured
+        :class:`Cost`. All input and memory checks run before any training."""
         limit = self._validate(t, clients, num_seen)
         device = resolve_device(self.config.device)
         test = None if self.eval_data is None else self.eval_data(t)
@@ -424,7 +424,7 @@ class GradientLearner:
         self._num_seen = int(num_seen)
         for callback in self.on_stage_end:
             callback(t, self)
-        return self.stage_bytes[-1]
+        return self.costs[-1]
 
     def _cache_round(self, t: int, data, num_old: int) -> Cost:
         """Every client rebuilds its local set (stage 0: its new data; later: cache u new data)."""
@@ -548,7 +548,7 @@ class FixedLearner(GradientLearner):
         self._num_seen = int(num_seen)
         for callback in self.on_stage_end:
             callback(t, self)
-        return 0
+        return self.costs[-1]
 
     def predict(self, x, num_seen, batch_size=8192):
         if self.scenario == "class" and self.model is not None and isinstance(num_seen, (int, np.integer)) \

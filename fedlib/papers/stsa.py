@@ -436,11 +436,11 @@ class STSALearner(_StagewiseLearner):
         self._init_protocol(STSAClient(variant, self.num_dummy, split, seed, noise, self.noise_entries, device),
                             rf_seed, M, on_stage_end)
 
-    def learn_task(self, t: int, clients, num_seen: int) -> int:
+    def learn_task(self, t: int, clients, num_seen: int) -> Cost:
         cost = self._run_stage(self.server, t, clients, num_seen)
         self.weights = self.server.result()
         self._stage_end(t)
-        return cost.bytes_up
+        return cost
 
     def predict(self, x, num_seen: int) -> Tensor:
         return predict(self.weights[:, :num_seen], self.features(x), self.head)
@@ -468,13 +468,13 @@ class AFLStagewiseLearner(_StagewiseLearner):
         self.weights = torch.zeros(M, num_classes, dtype=torch.float64, device=device)
         self._init_protocol(STSAClient("afl", device=device), rf_seed, M, on_stage_end)
 
-    def learn_task(self, t: int, clients, num_seen: int) -> int:
+    def learn_task(self, t: int, clients, num_seen: int) -> Cost:
         server = _AFLStageServer()
         cost = self._run_stage(server, t, clients, num_seen, gamma=self.gamma / len(clients))
         w_r, _ = server.result()   # W^r: ridge with K * gamma/K = gamma, no RI
         self.weights[:, num_seen - w_r.shape[1]:num_seen] = w_r
         self._stage_end(t)
-        return cost.bytes_up
+        return cost
 
     def predict(self, x, num_seen: int) -> Tensor:
         return predict(self.weights[:, :num_seen], self.features(x))
@@ -503,7 +503,7 @@ class JointRidgeLearner:
         self.weights: Tensor | None = None
         self.cost = Cost()   # no upload (centralized); seconds of the fits
 
-    def learn_task(self, t: int, clients, num_seen: int) -> int:
+    def learn_task(self, t: int, clients, num_seen: int) -> Cost:
         start = time.perf_counter()
         for x, y in clients:
             self._x.append(self.features(x).cpu().numpy())
@@ -516,8 +516,9 @@ class JointRidgeLearner:
             w = lstsq_reference(phi, labels, num_seen, lam=self.gamma)
         self.weights = torch.zeros(m, self.num_classes, dtype=torch.float64)
         self.weights[:, :num_seen] = w
-        self.cost.seconds += time.perf_counter() - start
-        return 0
+        stage = Cost(seconds=time.perf_counter() - start)
+        self.cost += stage
+        return stage
 
     def predict(self, x, num_seen: int) -> Tensor:
         return predict(self.weights[:, :num_seen], self.features(x).cpu())
@@ -551,7 +552,7 @@ class FeatureSkewLearner:
     def cost(self) -> Cost:
         return self.learner.cost
 
-    def learn_task(self, t: int, clients, num_seen: int) -> int:
+    def learn_task(self, t: int, clients, num_seen: int) -> Cost:
         if len(clients) != len(self.shifts):
             raise ValueError(f"FeatureSkewLearner has {len(self.shifts)} client shifts but the stage has "
                              f"{len(clients)} clients; make num_clients match")
