@@ -65,7 +65,6 @@ ri_clients = [100, 500, 1000]
 paper_rounds = 200               # the baselines' rounds inferred from the paper's timing (Fig. 2)
 
 # %%
-import functools
 import time
 
 import numpy as np
@@ -74,20 +73,16 @@ import seaborn as sns
 import matplotlib.pyplot as plt
 import torch
 from IPython.display import Markdown, display
-from tqdm import tqdm
 
 from fedlib.papers import afl
 
 from fedlib.evaluation import claims
 
 from fedlib.evaluation import tables as paper_results
-from fedlib.core.linalg import (SufficientStats, head_accuracy, gram_report, normal_equations_tolerance,
-                             qr_reference, relative_error, ridge_solve)
 from fedlib.data.datasets import load_dataset
 from fedlib.data.features import extract_features
-from fedlib.federated.gradient import FedConfig, make_algorithm, run_federated
 from fedlib.data.partition import partition_report, plot_partition
-from fedlib.evaluation.stats import mean_std, paired_difference, pm, summarize
+from fedlib.evaluation.stats import summarize
 from fedlib.core.devices import resolve_device
 from fedlib.runner import specs
 
@@ -111,14 +106,9 @@ data = data.subset(n_train, n_test) if (n_train or n_test) else data
 partition, label = afl.SettingPartitions(data.y_train), afl.setting_label
 settings = [("alpha", a) for a in alphas] + [("shards", s) for s in shards]
 sweep = [("alpha", a) for a in table3_alphas] + [("iid", None)]
-for setting in settings:
-    partition(setting, num_clients, partition_seed)
-    for seed in seeds:
-        partition(setting, num_clients, seed)
-for k in sorted(set(client_counts) | set(ri_clients)):
-    partition(("alpha", invariance_alpha), k, partition_seed)
-for setting in sweep:
-    partition(setting, num_clients, partition_seed)
+partition.draw_all(settings, [num_clients], [partition_seed, *seeds])
+partition.draw_all([("alpha", invariance_alpha)], sorted(set(client_counts) | set(ri_clients)), [partition_seed])
+partition.draw_all(sweep, [num_clients], [partition_seed])
 print(f"{data.name}: {len(data.y_train)} train / {len(data.y_test)} test images; all partitions valid")
 
 # %% [markdown]
@@ -143,23 +133,15 @@ x_tr, y_tr = torch.from_numpy(feats.x_train), torch.from_numpy(feats.y_train)
 x_te, y_te = torch.from_numpy(feats.x_test), torch.from_numpy(feats.y_test)
 C = feats.num_classes
 
-stats = SufficientStats.from_data(feats.x_train, feats.y_train, C, device=dev)
-w_joint = ridge_solve(stats.gram, stats.xty)
-joint_acc = head_accuracy(w_joint, feats.x_test, feats.y_test)
-report = gram_report(stats.gram)
-print("pooled Gram:", {k: f"{v:.3g}" for k, v in report.items()})
-
-# independent reference: Householder QR of X (live columns; dead ones get weight 0)
-t0 = time.perf_counter()
-w_qr = qr_reference(feats.x_train, feats.y_train, C)
-qr_seconds = time.perf_counter() - t0
-qr_error = relative_error(w_joint.cpu(), w_qr)
-qr_tol = normal_equations_tolerance(report["condition number"])
-print(f"normal equations vs QR of X: max rel. difference {qr_error:.1e} (tolerance 2·κ·eps = {qr_tol:.1e}; "
-      f"QR took {qr_seconds:.1f} s)")
+# the normal-equations head and the independent reference: Householder QR of X (dead columns get weight 0)
+ref = afl.centralized_reference(feats, dev)
+joint_acc, w_qr, qr_tol = ref["joint_acc"], ref["w_qr"], ref["qr_tol"]
+print("pooled Gram:", {k: f"{v:.3g}" for k, v in ref["report"].items()})
+print(f"normal equations vs QR of X: max rel. difference {ref['qr_error']:.1e} (tolerance 2·κ·eps = {qr_tol:.1e}; "
+      f"QR took {ref['qr_seconds']:.1f} s)")
 print(f"centralized least-squares head (what AFL must reproduce): test accuracy {joint_acc:.4f}; "
-      f"QR head: {head_accuracy(w_qr, feats.x_test, feats.y_test):.4f}")
-assert qr_error < qr_tol, "the normal-equations head must agree with the QR reference within the conditioning"
+      f"QR head: {ref['qr_acc']:.4f}")
+assert ref["qr_error"] < qr_tol, "the normal-equations head must agree with the QR reference within the conditioning"
 
 # %% [markdown]
 # ## 2. Partitions
@@ -185,17 +167,7 @@ plt.show()
 # centralized least-squares head.
 
 # %%
-afl_rows = []
-for setting in settings:
-    for pseed in dict.fromkeys([partition_seed, *seeds]):
-        res = afl.run_afl(feats.x_train, feats.y_train, partition(setting, num_clients, pseed), C, gamma=gamma,
-                          device=dev)
-        afl_rows.append({"setting": label(setting), "partition seed": pseed,
-                         "accuracy": head_accuracy(res.weights, feats.x_test, feats.y_test),
-                         "seconds": res.cost.seconds, "upload bytes/client": res.cost.bytes_up / num_clients,
-                         "uploads per client": len(res.upload_bytes) / num_clients,
-                         "max rel. |W - W_QR|": relative_error(res.weights.cpu(), w_qr)})
-afl_runs = pd.DataFrame(afl_rows)
+afl_runs = afl.afl_setting_runs(feats, partition, settings, num_clients, [partition_seed, *seeds], gamma, dev, w_qr)
 afl_summary = summarize(afl_runs, "setting", "accuracy")
 display(afl_summary.style.format({"mean": "{:.6f}", "std": "{:.2e}"}))
 print(f"largest relative |W_AFL - W_QR| over all runs: {afl_runs['max rel. |W - W_QR|'].max():.1e} "
@@ -230,50 +202,36 @@ print(f"MOON head: l1 {feats.dim} -> {moon_hidden or feats.dim}"
       f"l2 -> 256, l3 -> {C}")
 
 
-run_grid = functools.partial(afl.run_baselines, partitions=partition, num_clients=num_clients, train=(x_tr, y_tr),
-                             test=(x_te, y_te), num_classes=C, config=config, moon_hidden=moon_hidden)
-runs, curves = run_grid("fixed partition", [(s, m, sd, partition_seed) for s in settings for m in methods
-                                            for sd in seeds])
+grid = dict(partitions=partition, num_clients=num_clients, train=(x_tr, y_tr), test=(x_te, y_te), num_classes=C,
+            config=config, moon_hidden=moon_hidden)
+runs, curves = afl.run_baselines("fixed partition", [(s, m, sd, partition_seed) for s in settings for m in methods
+                                                     for sd in seeds], **grid)
 
 # %%
 afl_acc = afl_summary["mean"]
-accuracies = afl.seed_ordered_accuracies
-table = pd.DataFrame({m: [mean_std(accuracies(runs, s, m), 2, 100) for s in map(label, settings)]
-                      for m in methods}, index=[label(s) for s in settings])
-table["AFL"] = [pm(100 * afl_acc[s], 0.0) for s in table.index]
+table = afl.accuracy_table(runs, [label(s) for s in settings], methods, afl_acc)
 print(f"Ours: {dataset}, {backbone}@{input_size}px, K={num_clients}, one fixed partition per setting "
       f"(partition seed {partition_seed}), {len(seeds)} training seeds, {rounds} rounds x {local_epochs} local "
       f"epoch(s); test accuracy (%) mean ± sample std over the training seeds (the partition's variance is not in it)")
 display(table)
 
 # paired by training seed: AFL (deterministic) minus each method, and each method minus FedAvg
-rows = []
-for s in map(label, settings):
-    for m in methods:
-        acc = accuracies(runs, s, m)
-        d_afl = paired_difference(np.full(len(acc), afl_acc[s]), acc)
-        row = {"setting": s, "method": m, "AFL − method (pp)": d_afl.format(2, 100), "afl_low": d_afl.low}
-        if "fedavg" in methods and m != "fedavg":
-            base = accuracies(runs, s, "fedavg")
-            row["method − FedAvg (pp)"] = paired_difference(acc, base).format(2, 100)
-        rows.append(row)
-paired = pd.DataFrame(rows)
+paired = afl.paired_against_afl(runs, [label(s) for s in settings], methods, afl_acc)
 print("Paired differences by training seed, 95 % t-interval (pp = percentage points):")
 display(paired.drop(columns="afl_low").set_index(["setting", "method"]))
 
 # %%
-mean_acc = runs.groupby(["setting", "method"])["accuracy"].mean().unstack("method")
-afl_best = pd.Series({s: bool(afl_acc[s] > mean_acc.loc[s].max()) for s in mean_acc.index})
-resolved = int((paired["afl_low"] > 0).sum())
+adv = afl.advantage_summary(runs, afl_acc, paired)   # per setting: AFL above every method's mean?
 claims.register(
     "afl-beats-baselines", "afl",
     "AFL is more accurate than the gradient-based baselines (FedAvg, FedProx, MOON, FedDyn, FedNTD, FedDisco, "
     "FedGen) in 10 of the 12 settings of Table 2, FedDyn winning the two CIFAR-100 sharding settings.",
-    holds=bool(afl_best.all()),
+    holds=bool(adv["afl_best"].all()),
     evidence=f"{dataset}, K={num_clients}, {len(settings)} setting(s) x {len(methods)} methods, {len(seeds)} training "
-             f"seeds: AFL's accuracy is above every method's mean in {int(afl_best.sum())} of {len(afl_best)} "
-             f"setting(s); {resolved} of {len(paired)} paired differences (AFL - method) have a 95 % CI above 0; "
-             f"smallest mean advantage {100 * (afl_acc.reindex(mean_acc.index) - mean_acc.max(axis=1)).min():+.2f} pp",
+             f"seeds: AFL's accuracy is above every method's mean in {int(adv['afl_best'].sum())} of "
+             f"{len(adv['afl_best'])} "
+             f"setting(s); {adv['resolved']} of {len(paired)} paired differences (AFL - method) have a 95 % CI above 0; "
+             f"smallest mean advantage {100 * adv['smallest']:+.2f} pp",
     condition=f"the baselines train {rounds} rounds x {local_epochs} local epoch(s) (our budget, not the paper's "
               f"{paper_rounds} rounds), on {dataset} rather than CIFAR / Tiny-ImageNet")
 
@@ -295,10 +253,9 @@ for ax, setting in zip(axes[0], settings):
 axes[0][-1].legend(loc="lower right", fontsize=8)
 plt.tight_layout()
 plt.show()
-last_gain = curves.groupby(["setting", "method", "seed"])["test_acc"].apply(
-    lambda a: a.iloc[-1] - a.iloc[max(0, len(a) - 1 - max(1, rounds // 10))])
+last_gain, window = afl.final_gain(curves, rounds)
 display(Markdown(
-    f"Accuracy gained over the last {max(1, rounds // 10)} round(s), median over runs: "
+    f"Accuracy gained over the last {window} round(s), median over runs: "
     f"{100 * last_gain.median():+.2f} pp (largest {100 * last_gain.max():+.2f} pp)."))
 
 # %% [markdown]
@@ -310,15 +267,11 @@ display(Markdown(
 
 # %%
 if resample_methods:
-    resampled, _ = run_grid("new partition per seed", [(s, m, sd, sd) for s in settings for m in resample_methods
-                                                      for sd in seeds])
-    both = pd.concat([runs[runs.method.isin(resample_methods)], resampled])
-    spread = both.groupby(["setting", "method", "protocol"], sort=False)["accuracy"].agg(
-        lambda a: mean_std(a, 2, 100)).unstack("protocol")
+    resampled, _ = afl.run_baselines("new partition per seed", [(s, m, sd, sd) for s in settings
+                                                                for m in resample_methods for sd in seeds], **grid)
+    spread, std_ratio = afl.protocol_spread(runs, resampled)
     print(f"accuracy (%) mean ± sample std over {len(seeds)} seeds, by protocol:")
     display(spread)
-    std_ratio = (both.groupby(["setting", "method", "protocol"])["accuracy"].std(ddof=1).unstack("protocol"))
-    std_ratio = std_ratio["new partition per seed"] / std_ratio["fixed partition"]
     display(Markdown(
         f"Ratio of the two standard deviations (new partition / fixed partition), median over settings: "
         f"{std_ratio.median():.1f} (range {std_ratio.min():.1f} to {std_ratio.max():.1f}). "
@@ -333,13 +286,7 @@ if resample_methods:
 # from its Fig. 2), extrapolated from our measured time per round. Bytes are the measured sizes of the uploads.
 
 # %%
-afl_seconds = afl_runs.query("`partition seed` == @partition_seed")["seconds"].mean()
-afl_bytes = afl_runs["upload bytes/client"].mean()
-cost = runs.groupby("method", sort=False)[["seconds to final accuracy", "seconds per round",
-                                           "upload bytes/client/round"]].mean()
-cost["time ratio vs AFL (our budget)"] = cost["seconds to final accuracy"] / afl_seconds
-cost[f"time ratio vs AFL ({paper_rounds} rounds)"] = cost["seconds per round"] * paper_rounds / afl_seconds
-cost["rounds until its upload passes AFL's"] = np.ceil(afl_bytes / cost["upload bytes/client/round"]).astype(int)
+cost, afl_seconds, afl_bytes = afl.cost_table(runs, afl_runs, partition_seed, paper_rounds)
 display(cost.style.format({c: "{:.2f}" for c in cost.columns if "rounds until" not in c}))
 print(f"AFL: {afl_seconds:.2f} s for its final head; upload {afl_bytes / 1e6:.2f} MB per client, once "
       f"(float64 statistics, d={feats.dim}, C={C}).")
@@ -348,9 +295,7 @@ print(f"Paper (GPU, CIFAR-100, Fig. 2, incl. 224-px feature extraction): AFL "
       f"{paper_results.AFL_BASELINE_SECONDS['CIFAR-100']} s.")
 
 # %%
-linear_methods = [m for m in methods if m != "moon"]
-cross_linear = int(cost.loc[linear_methods, "rounds until its upload passes AFL's"].min()) if linear_methods else None
-cross_moon = int(cost.loc["moon", "rounds until its upload passes AFL's"]) if "moon" in methods else None
+linear_methods, cross_linear, cross_moon = afl.upload_crossings(cost, methods)
 ratio_paper = cost[f"time ratio vs AFL ({paper_rounds} rounds)"]
 paper_ratios = [b / paper_results.AFL_TRAINING_SECONDS[ds] for ds, bounds in paper_results.AFL_BASELINE_SECONDS.items()
                 for b in bounds]
@@ -399,26 +344,19 @@ if cross_linear is not None:
 # paper's Fig. 1 and carries no conclusion about FedAvg. AFL has no seed; its flatness is the claim.
 
 # %%
-rows = []
-for k in tqdm(client_counts, desc="client counts"):
-    parts = partition(("alpha", invariance_alpha), k, partition_seed)
-    res = afl.run_afl(feats.x_train, feats.y_train, parts, C, gamma=gamma, device=dev)
-    hist = run_federated(afl.baseline_model_fn("fedavg", feats.dim, C), [(x_tr[p], y_tr[p]) for p in parts],
-                         (x_te, y_te), make_algorithm("fedavg"),
-                         FedConfig(seed=seeds[0], **config), progress=False)
-    rows += [{"K": k, "method": "AFL", "accuracy": head_accuracy(res.weights, feats.x_test, feats.y_test)},
-             {"K": k, "method": "FedAvg (1 seed)", "accuracy": hist.final_acc}]
-knum = pd.DataFrame(rows)
+knum = afl.afl_vs_fedavg(feats, [(k, partition(("alpha", invariance_alpha), k, partition_seed)) for k in client_counts],
+                         config, seeds[0], gamma, dev, index="K", desc="client counts")
 fig, ax = plt.subplots(figsize=(5, 3.5))
-sns.lineplot(data=knum, x="K", y="accuracy", hue="method", marker="o", ax=ax)
+sns.lineplot(data=knum.reset_index().melt("K", value_name="accuracy"), x="K", y="accuracy", hue="method", marker="o",
+             ax=ax)
 ax.set(xscale="log", xlabel="number of clients K (log scale)", ylabel="test accuracy",
        title=f"α={invariance_alpha}, {dataset} (FedAvg: one seed)")
 plt.show()
-display(knum.pivot(index="K", columns="method", values="accuracy"))
-assert knum.query("method == 'AFL'")["accuracy"].nunique() == 1, "AFL must not depend on K"
+display(knum)
+assert knum["AFL"].nunique() == 1, "AFL must not depend on K"
 
 # %%
-afl_accs = pd.concat([afl_runs["accuracy"], knum.query("method == 'AFL'")["accuracy"]])
+afl_accs = pd.concat([afl_runs["accuracy"], knum["AFL"]])
 claims.register(
     "afl-accuracy-invariance", "afl",
     "AFL's accuracy is the same for every partition (IID, Dirichlet, shards), every number of clients "
@@ -429,24 +367,14 @@ claims.register(
              f"{100 * afl_accs.iloc[0]:.2f} %, equal to the centralized least-squares head's {100 * joint_acc:.2f} %")
 
 # %%
-rows = []
-for k in ri_clients:
-    parts = partition(("alpha", invariance_alpha), k, partition_seed)
-    for g in gammas:  # one run gives both: W^r before the restoration and W after it (eq. 15)
-        res = afl.run_afl(feats.x_train, feats.y_train, parts, C, gamma=g, device=dev)
-        for ri_label, w in [("w/o RI", res.weights_regularized), ("w/ RI", res.weights)]:
-            rows.append({"K": k, "γ": g, "RI": ri_label,
-                         "accuracy (%)": 100 * head_accuracy(w, feats.x_test, feats.y_test)})
-ri = pd.DataFrame(rows).pivot_table(index="K", columns=["γ", "RI"], values="accuracy (%)")
-ri = ri.reindex(columns=pd.MultiIndex.from_product([gammas, ["w/o RI", "w/ RI"]], names=["γ", "RI"]))
+ri = afl.ri_ablation(feats, [(k, partition(("alpha", invariance_alpha), k, partition_seed)) for k in ri_clients],
+                     gammas, dev)
 print(f"Ours ({dataset}): accuracy (%) without / with the RI restoration (one-solve server)")
 display(ri.style.format("{:.2f}"))
 with_ri = ri.xs("w/ RI", axis=1, level="RI")
 assert len(np.unique(with_ri.to_numpy())) == 1, "with RI the accuracy must not depend on K or gamma"
 # without RI the head is a joint ridge with lambda = K*gamma: equal K*gamma, equal accuracy (paper Table 4)
-no_ri = ri.xs("w/o RI", axis=1, level="RI").stack().rename("acc").reset_index()
-no_ri["K·γ"] = no_ri["K"] * no_ri["γ"]
-same_kgamma = no_ri.groupby("K·γ")["acc"].agg(["min", "max", "count"]).query("count > 1")
+no_ri, same_kgamma = afl.equal_kgamma_cells(ri)
 display(same_kgamma.rename(columns={"min": "min acc (%)", "max": "max acc (%)", "count": "(K, γ) cells"}))
 assert same_kgamma.empty or (same_kgamma["max"] - same_kgamma["min"]).max() <= 100 / len(feats.y_test) + 1e-9, \
     "cells with the same K·gamma must agree (to one test sample)"
@@ -489,16 +417,9 @@ display(table)
 # Table 3 it shows a trend and carries no statistical conclusion.
 
 # %%
-rows = []
-for setting in tqdm(sweep, desc="heterogeneity sweep"):
-    parts = partition(setting, num_clients, partition_seed)
-    hist = run_federated(afl.baseline_model_fn("fedavg", feats.dim, C), [(x_tr[p], y_tr[p]) for p in parts],
-                         (x_te, y_te), make_algorithm("fedavg"),
-                         FedConfig(seed=seeds[0], **config), progress=False)
-    res = afl.run_afl(feats.x_train, feats.y_train, parts, C, gamma=gamma, device=dev)
-    rows.append({"setting": label(setting), "FedAvg (1 seed)": 100 * hist.final_acc,
-                 "AFL": 100 * head_accuracy(res.weights, feats.x_test, feats.y_test)})
-table3 = pd.DataFrame(rows).set_index("setting").T
+table3 = afl.afl_vs_fedavg(feats, [(label(s), partition(s, num_clients, partition_seed)) for s in sweep], config,
+                           seeds[0], gamma, dev, index="setting", desc="heterogeneity sweep")
+table3 = (100 * table3[["FedAvg (1 seed)", "AFL"]]).rename_axis(columns=None).T
 print("Paper, Table 3 (CIFAR-100, K=100, accuracy %):")
 display(paper_results.afl_table3())
 print(f"Ours ({dataset}, K={num_clients}, training seed {seeds[0]}, accuracy %):")

@@ -51,8 +51,6 @@ n_orders = 3              # random client orders checked
 seed = 0
 
 # %%
-import warnings
-
 import numpy as np
 import pandas as pd
 import seaborn as sns
@@ -66,8 +64,8 @@ from fedlib.papers import afl
 from fedlib.evaluation import claims
 
 from fedlib.evaluation import tables as paper_results
-from fedlib.core.linalg import (SufficientStats, gram_report, lstsq_reference, normal_equations_tolerance, predict,
-                             relative_error, synthetic_features)
+from fedlib.core.linalg import (SufficientStats, gram_report, live_columns_with_bias, lstsq_reference,
+                                normal_equations_tolerance, synthetic_features)
 from fedlib.data.partition import make_partition
 from fedlib.data.datasets import load_dataset
 from fedlib.runner import specs
@@ -117,24 +115,15 @@ print(f"profile={profile}: N={n_samples}, d={dim}, C={num_classes}, K in {client
 # %%
 x2, y2 = synthetic_features(n_samples, table1_dim, num_classes, "gaussian", seed)
 w_joint2 = lstsq_reference(x2, y2, num_classes)
-halves = np.array_split(np.arange(n_samples), 2)
-up = [afl.client_update(x2[p], y2[p], num_classes, gamma=0.0) for p in halves]
-w_u, w_v = afl.aa_weights(up[0]["C"], up[1]["C"], sign=+1)
-s_inv_cu = torch.linalg.solve(up[0]["C"] + up[1]["C"], up[0]["C"])
-rows = []
-for sign, label in [(+1, "corrected (+)"), (-1, "as printed (-)")]:
-    res = afl.aggregate(up, server="pairwise", sign=sign, restore=False)
-    rows.append({"AA law": label, "L1 |W_agg - W_joint|": float((res.weights - w_joint2).abs().sum()),
-                 "max rel. error": relative_error(res.weights, w_joint2)})
-two_clients = pd.DataFrame(rows)
+two_clients, identities = afl.two_client_check(x2, y2, num_classes, w_joint2)
 display(two_clients)
-print(f"max|W_u - S^-1 C_u| = {float((w_u - s_inv_cu).abs().max()):.2e};  "
-      f"max|W_u + W_v - I| = {float((w_u + w_v - torch.eye(table1_dim, dtype=torch.float64)).abs().max()):.2e}")
+print(f"max|W_u - S^-1 C_u| = {identities['max|W_u - S^-1 C_u|']:.2e};  "
+      f"max|W_u + W_v - I| = {identities['max|W_u + W_v - I|']:.2e}")
 
 # %%
 assert two_clients.loc[0, "max rel. error"] < 1e-10, "corrected AA law must equal the joint solution"
 assert two_clients.loc[1, "max rel. error"] > 1e-2, "the printed sign should visibly fail"
-assert float((w_u - s_inv_cu).abs().max()) < 1e-10
+assert identities["max|W_u - S^-1 C_u|"] < 1e-10
 claims.register(
     "afl-aa-law-as-printed", "afl",
     "Theorem 1 (eq. 8): the AA law as printed aggregates two clients' heads into the joint least-squares head.",
@@ -170,32 +159,16 @@ x, y = synthetic_features(n_samples, dim, num_classes, "gaussian", seed)
 w_joint = lstsq_reference(x, y, num_classes)
 settings = [("iid", {})] + [("dirichlet", {"alpha": a}) for a in dirichlet_alphas] + \
            [("shards", {"shards_per_client": shards_per_client})]
-rows, heads = [], {}
-for scheme, kw in settings:
-    parts = make_partition(y, sweep_clients, scheme, seed=seed, **kw)
-    label = scheme + "".join(f" {k}={v}" for k, v in kw.items())
-    for server in ["pairwise", "one_solve"]:
-        res = afl.run_afl(x, y, parts, num_classes, gamma=1.0, server=server)
-        heads[(label, server)] = res.weights
-        rows.append({"partition": label, "server": server, "empty clients": sum(len(p) == 0 for p in parts),
-                     "smallest N_k": min(len(p) for p in parts), "largest N_k": max(len(p) for p in parts),
-                     "max rel. error vs joint": relative_error(res.weights, w_joint)})
-hetero = pd.DataFrame(rows)
+hetero, servers_agree, hetero_checks = afl.partition_sweep(x, y, num_classes, settings, sweep_clients, seed, w_joint)
 display(hetero)
-partition_labels = dict.fromkeys(lbl for lbl, _ in heads)
-servers_agree = pd.Series({lbl: float((heads[(lbl, "pairwise")] - heads[(lbl, "one_solve")]).abs().max())
-                           for lbl in partition_labels}, name="max |W_pairwise - W_one_solve|")
 display(servers_agree.to_frame())
 
 # %%
-one_solve_heads = [w for (lbl, srv), w in heads.items() if srv == "one_solve"]
-spread = max(float((a - b).abs().max()) for a in one_solve_heads for b in one_solve_heads)
-print(f"largest difference between the heads of any two partitions (one-solve): {spread:.2e}")
+print(f"largest difference between the heads of any two partitions (one-solve): {hetero_checks['spread']:.2e}")
 assert hetero.query("server == 'one_solve'")["max rel. error vs joint"].max() < 1e-10
 assert hetero.query("server == 'pairwise'")["max rel. error vs joint"].max() < 1e-6
 assert servers_agree.max() < 1e-6 * float(w_joint.abs().max()), "the one-solve form must equal the pairwise law"
-pred_joint = predict(w_joint, x)
-assert all(bool((predict(w, x) == pred_joint).all()) for w in one_solve_heads), "predictions must not change"
+assert hetero_checks["same predictions"], "predictions must not change"
 
 # %%
 h1 = hetero.groupby("server")["max rel. error vs joint"].max()
@@ -210,42 +183,23 @@ display(Markdown(
 # ### 3b. Client-number invariance and order invariance
 
 # %%
-rows = []
-for k in client_counts:
-    if k > n_samples:
-        print(f"skip K={k}: more clients than samples")
-        continue
-    parts = make_partition(y, k, "iid", seed=seed)
-    for server in ["pairwise", "one_solve"]:
-        if server == "pairwise" and k > pairwise_max_clients:
-            continue
-        res = afl.run_afl(x, y, parts, num_classes, gamma=1.0, server=server)
-        rows.append({"K": k, "server": server, "N_k": len(parts[0]), "server seconds": res.server_seconds,
-                     "max rel. error vs joint": relative_error(res.weights, w_joint)})
-client_number = pd.DataFrame(rows)
+for k in (k for k in client_counts if k > n_samples):
+    print(f"skip K={k}: more clients than samples")
+client_number = afl.client_count_sweep(x, y, num_classes, client_counts, seed, w_joint, pairwise_max_clients)
 display(client_number)
 assert client_number.query("server == 'one_solve'")["max rel. error vs joint"].max() < 1e-10
 assert client_number.query("server == 'pairwise'")["max rel. error vs joint"].max() < 1e-6
 
 # %%
 parts = make_partition(y, sweep_clients, "dirichlet", alpha=0.1, seed=seed)
-reference = afl.run_afl(x, y, parts, num_classes, gamma=1.0, server="pairwise").weights
-order_rows = []
-for i in range(n_orders):
-    order = rng.permutation(len(parts))
-    for server in ["pairwise", "one_solve"]:
-        w = afl.run_afl(x, y, parts, num_classes, gamma=1.0, server=server, order=order).weights
-        order_rows.append({"order": i, "server": server, "max |W - W(order 0..K-1)|": float((w - reference).abs().max())})
-orders = pd.DataFrame(order_rows)
+orders, w_scale = afl.order_sweep(x, y, parts, num_classes, n_orders, rng)
 display(orders)
-assert orders["max |W - W(order 0..K-1)|"].max() < 1e-6 * float(reference.abs().max())
+assert orders["max |W - W(order 0..K-1)|"].max() < 1e-6 * w_scale
 
 # %%
 invariance_tol = 1e-10
-worst_one_solve = max(hetero.query("server == 'one_solve'")["max rel. error vs joint"].max(),
-                      client_number.query("server == 'one_solve'")["max rel. error vs joint"].max())
-worst_pairwise = max(hetero.query("server == 'pairwise'")["max rel. error vs joint"].max(),
-                     client_number.query("server == 'pairwise'")["max rel. error vs joint"].max())
+worst = pd.concat([hetero, client_number]).groupby("server")["max rel. error vs joint"].max()
+worst_one_solve, worst_pairwise = worst["one_solve"], worst["pairwise"]
 claims.register(
     "afl-weight-invariance", "afl",
     "Weight invariance (Thm. 1-2): the aggregated head equals the head trained on the pooled data, for any "
@@ -322,18 +276,8 @@ claims.register(
 # identity directly:
 
 # %%
-rows = []
-for k, gamma in [(10, 10.0), (100, 1.0), (1000, 0.1)]:
-    if k > n_samples:
-        continue
-    parts = make_partition(y, k, "iid", seed=seed)
-    res = afl.run_afl(x, y, parts, num_classes, gamma=gamma, server="one_solve", restore=False)
-    # independent ridge reference: NumPy lstsq on the augmented system [X; sqrt(K gamma) I] W = [Y; 0]
-    w_ridge = lstsq_reference(x, y, num_classes, lam=k * gamma)
-    rows.append({"K": k, "gamma": gamma, "K·gamma": k * gamma,
-                 "max rel. |W^r_agg - ridge(λ=Kγ)|": relative_error(res.weights, w_ridge),
-                 "max rel. |W^r_agg - W_joint|": relative_error(res.weights, w_joint)})
-kgamma = pd.DataFrame(rows)
+# independent ridge reference: NumPy lstsq on the augmented system [X; sqrt(K gamma) I] W = [Y; 0]
+kgamma = afl.unrestored_is_ridge(x, y, num_classes, [(10, 10.0), (100, 1.0), (1000, 0.1)], seed, w_joint)
 display(kgamma)
 assert kgamma["max rel. |W^r_agg - ridge(λ=Kγ)|"].max() < 1e-10
 
@@ -357,23 +301,8 @@ assert kgamma["max rel. |W^r_agg - ridge(λ=Kγ)|"].max() < 1e-10
 # $\kappa(X^\top X)$ alone; the table reports it against the same yardstick without asserting it.
 
 # %%
-rows = []
-cases = [(c, torch.float64) for c in conditions] + [(c, torch.float32) for c in f32_conditions]
-for cond, dt in cases:
-    xi, yi = synthetic_features(reference_samples, reference_dim, num_classes, "ill_conditioned", seed, condition=cond)
-    if dt == torch.float32:
-        xi = xi.astype(np.float32)
-    ref = lstsq_reference(xi, yi, num_classes)
-    kappa = float(np.linalg.cond(xi.astype(np.float64).T @ xi.astype(np.float64)))
-    tol = normal_equations_tolerance(kappa, dt)
-    parts = make_partition(yi, sweep_clients, "dirichlet", alpha=0.1, seed=seed)
-    for server in ["one_solve", "pairwise"]:
-        res = afl.run_afl(xi, yi, parts, num_classes, gamma=1.0, server=server, dtype=dt)
-        rows.append({"cond(XᵀX)": kappa, "dtype": str(dt).replace("torch.", ""), "server": server,
-                     "rel. error vs lstsq": relative_error(res.weights.double(), ref), "tolerance 2·κ·u": tol,
-                     "unrestored (wrong) head": relative_error(res.weights_regularized.double(), ref)})
-reference_check = pd.DataFrame(rows)
-reference_check["error / tolerance"] = reference_check["rel. error vs lstsq"] / reference_check["tolerance 2·κ·u"]
+reference_check = afl.conditioning_check(conditions, f32_conditions, reference_samples, reference_dim, num_classes,
+                                         sweep_clients, seed)
 display(reference_check.style.format({"cond(XᵀX)": "{:.1e}", "rel. error vs lstsq": "{:.1e}",
                                       "tolerance 2·κ·u": "{:.1e}", "unrestored (wrong) head": "{:.1e}",
                                       "error / tolerance": "{:.3f}"}))
@@ -416,22 +345,7 @@ print("pooled Gram:", {k: f"{v:.3g}" for k, v in report_m.items()})
 w_ref = lstsq_reference(xm, ym, num_classes)
 fp_tol = {dt: normal_equations_tolerance(report_m["condition number"], dt) for dt in ["float64", "float32"]}
 print("tolerances 2·κ·u:", {k: f"{v:.1e}" for k, v in fp_tol.items()})
-pred_ref = predict(w_ref, xm)
-parts = make_partition(ym, fp_clients, "iid", seed=seed)
-rows = []
-for dtype in [torch.float64, torch.float32]:
-    for gamma in gammas:
-        for server in ["pairwise", "one_solve"]:
-            with warnings.catch_warnings(record=True) as caught:  # counted, not printed
-                warnings.simplefilter("always", RuntimeWarning)
-                res = afl.run_afl(xm, ym, parts, num_classes, gamma=gamma, server=server, dtype=dtype)
-            w = res.weights.double()
-            finite = bool(torch.isfinite(w).all())
-            rows.append({"dtype": str(dtype).replace("torch.", ""), "gamma": gamma, "server": server,
-                         "max rel. error": relative_error(w, w_ref) if finite else float("nan"),
-                         "changed predictions": int((predict(w, xm) != pred_ref).sum()) if finite else len(ym),
-                         "rank-deficient solves": sum("singular" in str(c.message) for c in caught)})
-fp = pd.DataFrame(rows)
+fp = afl.gamma_precision_sweep(xm, ym, num_classes, make_partition(ym, fp_clients, "iid", seed=seed), gammas, w_ref)
 display(fp.pivot_table(index=["dtype", "gamma"], columns="server",
                        values=["max rel. error", "changed predictions", "rank-deficient solves"]))
 print("rank-deficient solves: ridge_solve calls (clients and server) that found the matrix numerically singular "
@@ -452,6 +366,8 @@ assert f64[(min(gammas), "pairwise")] > 100 * f64[(1.0, "pairwise")], "tiny gamm
 f32 = fp[fp.dtype == "float32"].set_index(["gamma", "server"])["max rel. error"]
 assert f32.xs("one_solve", level="server").max() < f32.xs("pairwise", level="server").fillna(np.inf).max()
 f32_one = fp[(fp.dtype == "float32") & (fp.server == "one_solve")]
+
+# %%
 claims.register(
     "afl-gamma-irrelevant", "afl",
     "With the RI process the ridge parameter gamma is not a hyperparameter: any gamma > 0 gives the same head.",
@@ -485,22 +401,11 @@ display(Markdown(
 
 # %%
 digits = load_dataset("optdigits")
-xd = digits.x_train.reshape(len(digits.x_train), -1).astype(np.float64) / 255.0
-keep = xd.std(axis=0) > 0
-print(f"optdigits: {xd.shape[1] - keep.sum()} of {xd.shape[1]} pixels are constant; kept {keep.sum()}")
-xd = np.hstack([xd[:, keep], np.ones((len(xd), 1))])
-xt = np.hstack([digits.x_test.reshape(len(digits.x_test), -1)[:, keep] / 255.0, np.ones((len(digits.x_test), 1))])
-yd = digits.y_train
-wd_joint = lstsq_reference(xd, yd, digits.num_classes)
-rows = []
-for k in [1, 10, 100, 500]:
-    if k > len(yd):
-        continue
-    parts = make_partition(yd, k, "dirichlet", alpha=0.1, seed=seed)
-    res = afl.run_afl(xd, yd, parts, digits.num_classes, gamma=1.0, server="one_solve")
-    acc = float((predict(res.weights, xt).numpy() == digits.y_test).mean())
-    rows.append({"K": k, "max rel. error vs joint": relative_error(res.weights, wd_joint), "test accuracy": acc})
-real = pd.DataFrame(rows)
+xd, xt, keep = live_columns_with_bias(digits.x_train, digits.x_test)
+print(f"optdigits: {len(keep) - keep.sum()} of {len(keep)} pixels are constant; kept {keep.sum()}")
+wd_joint = lstsq_reference(xd, digits.y_train, digits.num_classes)
+real = afl.client_count_accuracy(xd, digits.y_train, xt, digits.y_test, digits.num_classes, [1, 10, 100, 500], seed,
+                                 wd_joint)
 display(real)
 assert real["max rel. error vs joint"].max() < 1e-8
 assert real["test accuracy"].nunique() == 1, "identical accuracy for every K"

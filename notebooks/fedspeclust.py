@@ -69,17 +69,13 @@ import time
 
 import matplotlib.pyplot as plt
 import numpy as np
-import pandas as pd
 import seaborn as sns
 from IPython.display import Markdown
-from sklearn.cluster import SpectralClustering
 from threadpoolctl import threadpool_limits
 
 from fedlib.evaluation import claims, report
 from fedlib.papers import fedtsne as ft
 from fedlib.evaluation import tables as paper_results
-from fedlib.evaluation.embedding import clustering_ari, clustering_nmi
-from fedlib.evaluation.stats import mean_std, paired_difference
 from fedlib.runner import specs
 
 specs.check("fedspeclust", globals())
@@ -149,23 +145,9 @@ m_syn, n_syn = derivation_dim, derivation_points
 X_syn = rng.standard_normal((n_syn, m_syn))
 Y_pool = rng.standard_normal((max(40, (m_syn + 1) * (m_syn + 2) // 2 + 10), m_syn))
 gamma_syn = ft.median_kernel_width(X_syn)        # 1 / median pairwise squared distance
-rank_sq, rank_poly = m_syn + 2, (m_syn + 1) * (m_syn + 2) // 2
-kernels = {
-    f"squared distances (rank <= m+2 = {rank_sq})": (lambda A, B=None: ft.sq_distances(A, B), rank_sq),
-    f"polynomial (1+x.y)^2 (rank <= {rank_poly})": (lambda A, B=None: (1.0 + A @ (A if B is None else B).T) ** 2,
-                                                    rank_poly),
-    "Gaussian exp(-gamma |x-y|^2) (full rank)": (lambda A, B=None: ft.gaussian_kernel(A, B, gamma_syn), None),
-}
-rows = []
-for kname, (k, r) in kernels.items():
-    Z = k(X_syn)
-    for ny in range(2, len(Y_pool) + 1):
-        Yl = Y_pool[:ny]
-        C_, W_ = k(X_syn, Yl), k(Yl)
-        H = np.block([[W_, C_.T], [C_, Z]])
-        rows.append({"kernel": kname, "n_y": ny, "rel. error": np.linalg.norm(Z - ft.nystrom(C_, W_)) / np.linalg.norm(Z),
-                     "rank W": np.linalg.matrix_rank(W_), "rank H": np.linalg.matrix_rank(H), "exact rank": r})
-syn = pd.DataFrame(rows)
+kernels = ft.exact_rank_kernels(m_syn, gamma_syn)   # name -> (k(A, B), exact rank or None)
+syn = ft.nystrom_rank_table(kernels, X_syn, Y_pool)
+spectra = ft.kernel_spectra(kernels, np.vstack([Y_pool, X_syn]))
 
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
 for kname, g in syn.groupby("kernel", sort=False):
@@ -173,31 +155,17 @@ for kname, g in syn.groupby("kernel", sort=False):
 axes[0].set(xlabel="number of landmarks $n_y$", ylabel=r"$\|Z-CW^+C^\top\|_F/\|Z\|_F$ (log)",
             title=f"Nyström error, {n_syn} points in R^{m_syn}")
 axes[0].legend(fontsize=8)
-spectra = {}
-for kname, (k, r) in kernels.items():
-    lam = np.sort(np.abs(np.linalg.eigvalsh(k(np.vstack([Y_pool, X_syn])))))[::-1]
-    spectra[kname] = lam / lam[0]
-    axes[1].semilogy(np.arange(1, 61), np.maximum(spectra[kname][:60], 1e-18), marker=".", label=kname)
+for kname, lam in spectra.items():
+    axes[1].semilogy(np.arange(1, 61), np.maximum(lam[:60], 1e-18), marker=".", label=kname)
 axes[1].set(xlabel="eigenvalue index", ylabel="|eigenvalue| / largest (log)", title="spectrum of H (first 60)")
 plt.tight_layout()
 plt.show()
 
-summary = syn.groupby("kernel", sort=False).apply(
-    lambda g: pd.Series({"largest error with rank H = rank W": g.loc[g["rank H"] == g["rank W"], "rel. error"].max(),
-                         "smallest error with rank H > rank W": g.loc[g["rank H"] > g["rank W"], "rel. error"].min(),
-                         "first exact n_y": g.loc[g["rel. error"] < 1e-9, "n_y"].min()}), include_groups=False)
-display(summary)
-for kname, (k, r) in kernels.items():
-    g = syn[syn["kernel"] == kname]
-    if r is not None:  # exact exactly from n_y = rank on, an approximation before
-        assert (g.loc[g["n_y"] >= r, "rel. error"] < 1e-9).all() and (g.loc[g["n_y"] < r, "rel. error"] > 1e-4).all()
-        assert (g.loc[g["n_y"] >= r, "rank W"] == r).all() and (g["rank H"] == r).all()
-        # a spectral cliff right after eigenvalue number r
-        assert spectra[kname][r - 1] / max(spectra[kname][r], 1e-300) > 1e8
-    else:  # the Gaussian: never exact, no cliff among the first 60 eigenvalues
-        assert (g["rel. error"] > 1e-6).all() and (g["rank H"] > g["rank W"]).all()
-        assert (spectra[kname][:59] / spectra[kname][1:60]).max() < 1e3
-    assert (np.diff(g["rel. error"].to_numpy()) <= 1e-12).all(), "nested landmarks: the error cannot grow"
+display(ft.rank_summary(syn))
+# low rank: exact from n_y = rank on, a spectral cliff after eigenvalue rank; the Gaussian: never exact, no
+# cliff among the first 60 eigenvalues; nested landmarks: the error never grows
+rank_checks = ft.rank_study_holds(syn, spectra, kernels)
+assert all(rank_checks.values()), rank_checks
 print("exact once rank H = rank W (squared distances, polynomial); the Gaussian kernel never: checked")
 
 # %% [markdown]
@@ -234,19 +202,9 @@ assert lam_E.min() > -1e-9 * lam_E.max() and np.diag(Kg - E).max() <= 1 + 1e-12
 # when it divides them. Partitions are drawn per seed, all before any training.
 
 # %%
-data, splits, info = {}, {}, []
-for name in dict.fromkeys(datasets + [sweep_dataset]):
-    X, y, classes = ft.load_points(name, max_points, seed=0)
-    n_classes = len(classes)
-    ft.check_fits(name, len(X), strict=False, n_landmarks=n_landmarks, **{"max(landmark_grid)": max(landmark_grid)})
-    data[name] = (X, y, n_classes)
-    splits[name] = {seed: {label: ft.client_split(y, num_clients, split, seed)
-                           for split, label in (("iid", "IID"), ("non_iid", "non-IID"))} for seed in seeds}
-    sizes = [len(p) for p in splits[name][seeds[0]]["non-IID"]]
-    classes_per_client = max(len(np.unique(y[p])) for p in splits[name][seeds[0]]["non-IID"])
-    info.append({"dataset (ours)": name, "points": len(X), "features": X.shape[1], "classes": n_classes,
-                 "non-IID: classes per client": classes_per_client, "non-IID client sizes": f"{min(sizes)}-{max(sizes)}"})
-display(pd.DataFrame(info).set_index("dataset (ours)"))
+data, splits, info = ft.speclust_data(list(dict.fromkeys(datasets + [sweep_dataset])), max_points, num_clients, seeds,
+                                      n_landmarks=n_landmarks, **{"max(landmark_grid)": max(landmark_grid)})
+display(info)
 
 # %% [markdown]
 # ## 3. Centralized vs federated spectral clustering
@@ -277,48 +235,15 @@ print("FedDL rounds per dataset" + (" (run until the objective plateaus)" if rou
 
 VARIANTS = [("Fed", "IID", "none"), ("Fed+", "IID", "heuristic"), ("Fed", "non-IID", "none"),
             ("Fed+", "non-IID", "heuristic")]
-records, landmarks_kept, objectives = [], {}, {}
-for name in datasets:
-    X, y, n_classes = data[name]
-    t0 = time.perf_counter()
-    K = None
-    for seed in seeds:
-        cen = ft.fed_spectral_clustering(X, None, n_classes, centralized=True, gamma=gamma_rule, seed=seed)
-        if K is None:
-            K = ft.gaussian_kernel(X, None, cen.gamma)
-            K_norm = np.linalg.norm(K)
-        records.append({"dataset": name, "seed": seed, "variant": "central", "split": "pooled", "gamma": cen.gamma,
-                        "NMI": clustering_nmi(y, cen.labels), "ARI": clustering_ari(y, cen.labels),
-                        "kernel rel. error": 0.0, "final F(Y)": np.nan, "mean noise sd": 0.0,
-                        "FedDL upload (MB)": 0.0, "kernel upload (MB)": 0.0, "seconds": cen.seconds})
-        for variant, split, noise in VARIANTS:
-            res = ft.fed_spectral_clustering(X, splits[name][seed][split], n_classes, n_landmarks, gamma=gamma_rule,
-                                             rounds=rounds_for[name], noise=noise, beta=beta, seed=seed,
-                                             keep_affinity=True)
-            records.append({"dataset": name, "seed": seed, "variant": variant, "split": split, "gamma": res.gamma,
-                            "NMI": clustering_nmi(y, res.labels), "ARI": clustering_ari(y, res.labels),
-                            "kernel rel. error": np.linalg.norm(res.affinity - K) / K_norm,
-                            "final F(Y)": res.feddl.objective[-1],
-                            "mean noise sd": float(np.mean(res.feddl.noise_sd)) if res.feddl.noise_sd.size else 0.0,
-                            "FedDL upload (MB)": res.feddl.upload_bytes / 2**20,
-                            "kernel upload (MB)": res.kernel_upload_bytes / 2**20, "seconds": res.seconds})
-            landmarks_kept[name, seed, variant, split] = res.feddl.landmarks
-            objectives[name, seed, variant, split] = res.feddl.objective
-    print(f"{name}: {len(seeds)} seeds x 5 settings in {time.perf_counter() - t0:.0f} s", flush=True)
-runs = pd.DataFrame(records)
-
-# one kernel width per dataset, whatever the split or the noise
-spread = runs.groupby("dataset")["gamma"].agg(lambda g: g.max() / g.min() - 1)
-assert (spread < 1e-10).all(), spread
-# noise-free FedDL in gradient mode with size weights: identical landmarks for IID and non-IID
-gaps = {(name, seed): np.abs(landmarks_kept[name, seed, "Fed", "IID"] - landmarks_kept[name, seed, "Fed", "non-IID"]).max()
-        for name in datasets for seed in seeds}
-assert max(gaps.values()) < 1e-8, gaps
-same = runs[runs["variant"] == "Fed"].pivot_table(index=["dataset", "seed"], columns="split", values="NMI")
+runs, landmarks_kept, objectives = ft.speclust_runs({name: data[name] for name in datasets}, splits, seeds, VARIANTS,
+                                                    n_landmarks=n_landmarks, gamma_rule=gamma_rule, rounds=rounds_for,
+                                                    beta=beta)
+# one kernel width per dataset, whatever the split or the noise; noise-free FedDL in gradient mode with size
+# weights: identical landmarks for IID and non-IID
+spread, landmark_gap, nmi_gap = ft.split_invariance(runs, landmarks_kept)
 print(f"gamma identical across settings (max relative spread {spread.max():.1e}); noise-free landmarks IID vs "
-      f"non-IID differ by at most {max(gaps.values()):.1e}; NMI IID - non-IID: max "
-      f"{(same['IID'] - same['non-IID']).abs().max():.1e}")
-assert (same["IID"] - same["non-IID"]).abs().max() < 1e-2
+      f"non-IID differ by at most {landmark_gap:.1e}; NMI IID - non-IID: max {nmi_gap:.1e}")
+assert (spread < 1e-10).all() and landmark_gap < 1e-8 and nmi_gap < 1e-2
 
 # %% [markdown]
 # ## 4. The paper's Table 5 beside ours
@@ -332,12 +257,10 @@ assert (same["IID"] - same["non-IID"]).abs().max() < 1e-2
 COLS = [("central", "pooled")] + [(v, s) for v, s, _ in VARIANTS]
 COL_NAMES = ["SpeClust (central)", "Fed IID", "Fed+ IID", "Fed non-IID", "Fed+ non-IID"]
 STAND_IN = {"optdigits": "COIL-20", "mnist5k": "MNIST", "animal_mnist": "Mice-Protein"}
+LABEL = {name: f"{name} (for {STAND_IN.get(name, '-')})" for name in datasets}
 # the per-seed values of one (dataset, setting, metric), in seed order: what the paired differences pair
-cells = {(name, col, metric): report.column_by(runs, metric, dataset=name, variant=col[0], split=col[1])
-         for name in datasets for col in COLS for metric in ("NMI", "ARI")}
-ours = pd.DataFrame({(f"{name} (for {STAND_IN.get(name, '-')})", metric):
-                     {cn: mean_std(cells[name, col, metric], digits=4) for col, cn in zip(COLS, COL_NAMES)}
-                     for name in datasets for metric in ("NMI", "ARI")}).T
+cells = ft.setting_cells(runs, datasets, COLS, ("NMI", "ARI"))
+ours = ft.cells_table(cells, datasets, COLS, COL_NAMES, ("NMI", "ARI"), LABEL)
 paper = paper_results.fedtsne_table5()
 paper_fmt = report.pm_table(paper, COLS).set_axis(COL_NAMES, axis=1)
 print("PAPER, Table 5 (its datasets; mean ± std over an unstated number of runs):")
@@ -358,19 +281,8 @@ PAIRS = [("Fed IID - central", ("Fed", "IID"), ("central", "pooled")),
          ("Fed non-IID - central", ("Fed", "non-IID"), ("central", "pooled")),
          ("Fed+ IID - Fed IID", ("Fed+", "IID"), ("Fed", "IID")),
          ("Fed+ non-IID - Fed non-IID", ("Fed+", "non-IID"), ("Fed", "non-IID"))]
-pdiff, prow = {}, []
-for name in datasets:
-    for metric in ("NMI", "ARI"):
-        for label, a, b in PAIRS:
-            d = pdiff[name, metric, label] = paired_difference(cells[name, a, metric], cells[name, b, metric])
-            prow.append({"dataset": f"{name} (for {STAND_IN.get(name, '-')})", "metric": metric, "comparison": label,
-                         "mean [95% CI] (ours) or difference of means (paper)": d.format(4)})
-for idx in paper.index:
-    for label, a, b in PAIRS:
-        prow.append({"dataset": f"paper: {idx[0]}", "metric": idx[1], "comparison": label,
-                     "mean [95% CI] (ours) or difference of means (paper)":
-                         f"{paper.loc[idx, (*a, 'mean')] - paper.loc[idx, (*b, 'mean')]:+.4f}"})
-display(pd.DataFrame(prow).set_index(["dataset", "metric", "comparison"]))
+pdiff, paired_table = ft.paired_cells(cells, paper, datasets, PAIRS, ("NMI", "ARI"), LABEL)
+display(paired_table)
 paper_worst = min(paper.loc[idx, (v, s, "mean")] - paper.loc[idx, ("central", "pooled", "mean")]
                   for idx in paper.index if idx[1] == "NMI" for v, s in (("Fed", "IID"), ("Fed", "non-IID")))
 ours_nmi = {(n, lab): pdiff[n, "NMI", lab] for n in datasets for lab in ("Fed IID - central", "Fed non-IID - central")}
@@ -390,17 +302,7 @@ _ = claims.register(
 # runs:
 
 # %%
-delta_rows = []
-for idx in paper.index:
-    base = paper.loc[idx, ("central", "pooled", "mean")]
-    delta_rows.append({"source": "paper", "dataset": idx[0], "metric": idx[1],
-                       **{cn: paper.loc[idx, (*col, "mean")] - base for col, cn in zip(COLS[1:], COL_NAMES[1:])}})
-for name in datasets:
-    for metric in ("NMI", "ARI"):
-        base = cells[name, COLS[0], metric].mean()
-        delta_rows.append({"source": "ours", "dataset": f"{name} (for {STAND_IN.get(name, '-')})", "metric": metric,
-                           **{cn: cells[name, col, metric].mean() - base for col, cn in zip(COLS[1:], COL_NAMES[1:])}})
-deltas = pd.DataFrame(delta_rows).set_index(["source", "dataset", "metric"])
+deltas = ft.change_table(cells, paper, datasets, COLS, COL_NAMES, ("NMI", "ARI"), LABEL)
 display(deltas.style.format("{:+.4f}"))
 diag = runs[runs["variant"] != "central"].groupby(["dataset", "variant", "split"])[
     ["kernel rel. error", "final F(Y)", "mean noise sd", "FedDL upload (MB)", "kernel upload (MB)", "seconds"]].mean()
@@ -445,6 +347,8 @@ for ax, name in zip(axes[0], datasets):
     ax.legend(fontsize=8)
 plt.tight_layout()
 plt.show()
+
+# %%
 for name in datasets:
     for seed in seeds:
         offset = objectives[name, seed, "Fed", "non-IID"] - objectives[name, seed, "Fed", "IID"]
@@ -491,29 +395,11 @@ parts0 = splits[sweep_dataset][seed0]["IID"]
 sweep_rounds = rounds_for[sweep_dataset] if sweep_dataset in rounds_for else (
     ft.plateau_rounds([X[p] for p in parts0], n_landmarks, gamma=gamma_rule, max_rounds=max_rounds, seed=seed0)
     if rounds == "plateau" else rounds)
-gamma_s = ft.fed_spectral_clustering(X, None, n_classes, centralized=True, gamma=gamma_rule, seed=seed0).gamma
-K = ft.gaussian_kernel(X, None, gamma_s)
-K_norm = np.linalg.norm(K)
-cen_labels = SpectralClustering(n_classes, affinity="precomputed", random_state=seed0).fit_predict(K)
-cen_nmi = clustering_nmi(y, cen_labels)
-order = np.random.default_rng(seed0).permutation(len(X))
-rows, t0 = [], time.perf_counter()
-for ny in landmark_grid:
-    res = ft.fed_spectral_clustering(X, parts0, n_classes, ny, gamma=gamma_rule, rounds=sweep_rounds, seed=seed0,
-                                     keep_affinity=True)
-    sets = {"FedDL": res.feddl.landmarks, "uniform sample (oracle, not federated)": X[order[:ny]],
-            "untrained (FedDL init)": res.feddl.init_landmarks}
-    for lname, L in sets.items():
-        Kh = ft.nystrom_kernel(ft.gaussian_kernel(X, L, gamma_s), ft.gaussian_kernel(L, None, gamma_s))
-        if lname == "FedDL":
-            assert np.allclose(Kh, res.affinity, rtol=0, atol=1e-8), "server assembly != C W^+ C^T"
-            labels = res.labels
-        else:
-            labels = SpectralClustering(n_classes, affinity="precomputed", random_state=seed0).fit_predict(Kh)
-        sv = np.linalg.svd(ft.gaussian_kernel(X, L, gamma_s), compute_uv=False)
-        rows.append({"n_y": ny, "landmarks": lname, "kernel rel. error": np.linalg.norm(Kh - K) / K_norm,
-                     "NMI": clustering_nmi(y, labels), "top share of C": sv[0] ** 2 / (sv ** 2).sum()})
-sweep = pd.DataFrame(rows)
+t0 = time.perf_counter()
+sweep, study = ft.kernel_landmark_sweep(X, y, parts0, landmark_grid, n_classes, gamma_rule=gamma_rule,
+                                        rounds=sweep_rounds, seed=seed0)
+gamma_s, K, cen_nmi, res = study["gamma"], study["K"], study["central NMI"], study["last"]
+assert study["assembly gap"] <= 1e-8, "server assembly != C W^+ C^T"
 print(f"{sweep_dataset}: {len(landmark_grid)} landmark counts in {time.perf_counter() - t0:.0f} s")
 
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
@@ -577,12 +463,10 @@ assert lam.min() > -1e-8 * lam.max()
 Xp = X[parts0[0]]
 upload = ft.client_kernel(Xp, L, gamma_s)["kernel"]
 X_rec = ft.reconstruct_from_sq_distances(-np.log(upload) / gamma_s, L)
-ybar = L.mean(0)
-_, sv, Vt = np.linalg.svd(L - ybar, full_matrices=False)
-basis = Vt[sv > 1e-10 * sv[0]]
-X_proj = ybar + (Xp - ybar) @ basis.T @ basis
+X_proj, span_dim = ft.affine_projection(Xp, L)
 gap = np.linalg.norm(X_rec - X_proj) / np.linalg.norm(Xp)
-print(f"{sweep_dataset}, client 0 ({len(Xp)} points, m={X.shape[1]}, n_y={len(L)}, span dim {len(basis)}): "
+print(f"{sweep_dataset}, client 0 ({len(Xp)} points, m={X.shape[1]}, n_y={len(L)}, span dim {span_dim}): "
+
       f"|reconstruction - projection| / |X_p| = {gap:.1e}; relative error of the reconstruction "
       f"|X_rec - X_p| / |X_p| = {np.linalg.norm(X_rec - Xp) / np.linalg.norm(Xp):.3f}")
 assert gap < 1e-6

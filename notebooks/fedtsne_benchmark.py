@@ -85,7 +85,6 @@ import os
 # OpenMP threads that wait passively: sklearn's t-SNE and k-means and numba's UMAP otherwise spin
 # against each other on a shared 2-core machine (10x slower); must be set before sklearn loads
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-import dataclasses
 import time
 import warnings
 
@@ -101,7 +100,7 @@ from fedlib.evaluation import claims, report
 from fedlib.evaluation import embedding as em
 from fedlib.papers import fedtsne as ft
 from fedlib.evaluation import tables as paper_results
-from fedlib.evaluation.stats import mean_std, paired_difference
+from fedlib.evaluation.stats import mean_std
 from fedlib.runner import specs
 
 specs.check("fedtsne_benchmark", globals())
@@ -115,10 +114,12 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 T_START = time.perf_counter()
 timings = {}
 
-METHOD_NAMES, FED_NAMES, VARIANTS = ft.METHOD_NAMES, ft.FED_NAMES, ft.VARIANTS
-SPLIT_NAMES = {"iid": "IID", "non_iid": "non-IID"}
+# %%
+METHOD_NAMES, FED_NAMES = ft.METHOD_NAMES, ft.FED_NAMES
+
+SPLIT_NAMES = ft.SPLIT_LABELS
+
 METRICS = paper_results.FEDTSNE_METRICS
-KS = em.PAPER_KS
 PLATEAU_WINDOW = 0.1       # the rule's window: the last 10 % of the rounds, at least 10 rounds
 PLATEAU_MIN_WINDOW = 10
 FED_PLUS_LABEL = "paper's heuristic noise (no formal DP guarantee; see the privacy chapter)"
@@ -144,17 +145,13 @@ t0 = time.perf_counter()
 data = {name: ft.load_points(name, n_points[name], seed=0) for name in datasets}
 # checks that need the data, still before the long work
 for name, (X, y, _) in data.items():
-    for split in SPLIT_NAMES:
-        ft.client_split(y, num_clients, split, seeds[0])
-    ft.check_fits(name, len(y), n_landmarks=n_landmarks, perplexity=perplexity, **{"max(KS) / 0.7": max(KS) / 0.7})
+    ft.check_splits(y, [(split, num_clients) for split in SPLIT_NAMES], seeds[0])
+    ft.check_fits(name, len(y), n_landmarks=n_landmarks, perplexity=perplexity, **{"max(KS) / 0.7": max(em.PAPER_KS) / 0.7})
 sweep_X, sweep_y, _ = data[sweep_dataset]
-for split, k in CLIENT_RUNS:
-    ft.client_split(sweep_y, k, split, sweep_seeds[0])
+ft.check_splits(sweep_y, CLIENT_RUNS, sweep_seeds[0])
 ft.check_fits(sweep_dataset, len(sweep_y), **{"max(landmark_counts)": max(landmark_counts, default=None)})
 
-sizes = pd.DataFrame([{"dataset": name, "points": X.shape[0], "features m": X.shape[1], "classes": len(c),
-                       "seeds": len(seeds)} for name, (X, y, c) in data.items()]).set_index("dataset")
-display(sizes)
+display(ft.data_sizes(data, seeds))
 print(f"{num_clients} clients, n_y = {n_landmarks}; t-SNE {tsne_max_iter} iterations; FedDL rounds: {rounds}")
 timings["data"] = time.perf_counter() - t0
 scorers = {name: ft.EmbeddingScorer(X, y) for name, (X, y, _) in data.items()}
@@ -184,34 +181,11 @@ scorers = {name: ft.EmbeddingScorer(X, y) for name, (X, y, _) in data.items()}
 t0 = time.perf_counter()
 LIMIT = max_rounds if rounds == "plateau" else rounds          # the most rounds a noise-free run may take
 CHECKPOINTS = [c for c in (10, 25, 50, 100, 200, 400, 800, 1600) if c <= LIMIT]
-traces, conv_rows = {}, []
-for name, (X, y, _) in data.items():
-    for seed in seeds:
-        for split in SPLIT_NAMES:
-            parts = ft.client_split(y, num_clients, split, seed)
-            tr = ft.feddl_until_plateau(
-                [X[p] for p in parts], n_landmarks, tol=plateau_tol, window=PLATEAU_WINDOW,
-                min_window=PLATEAU_MIN_WINDOW, check_every=min(plateau_check, LIMIT), max_rounds=LIMIT,
-                stop_at_plateau=rounds == "plateau",
-                checkpoints=CHECKPOINTS if seed == seeds[0] else (), seed=seed)
-            traces[name, split, seed] = tr
-            if seed != seeds[0]:
-                continue
-            path = np.linalg.norm(tr.landmarks[tr.rounds] - tr.landmarks[0])
-            for s, Y in tr.landmarks.items():
-                conv_rows.append({"dataset": name, "split": SPLIT_NAMES[split], "round": s,
-                                  "D-hat 10-NN": scorers[name].distance_quality(ft.nystrom_estimate(X, Y))["D-hat 10-NN"],
-                                  "moved": np.linalg.norm(Y - tr.landmarks[0]) / path})
-    scorers[name].release()
-conv = pd.DataFrame(conv_rows)
+traces, conv = ft.convergence_study(data, scorers, seeds, num_clients, n_landmarks, tol=plateau_tol,
+                                    window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW, check_every=plateau_check,
+                                    max_rounds=LIMIT, stop_at_plateau=rounds == "plateau", checkpoints=CHECKPOINTS)
 timings["FedDL noise-free (convergence)"] = time.perf_counter() - t0
-
-study = pd.DataFrame([{"dataset": n, "split": SPLIT_NAMES[s], "seed": seed, "gamma": tr.gamma,
-                       "plateau round": tr.plateau, "rounds run": tr.rounds, "F(Y^0)": tr.objective[0],
-                       "F(Y^S)": tr.objective[-1],
-                       "share of decrease in last 10 %": ft.plateau_share(tr.objective, window=PLATEAU_WINDOW,
-                                                                          min_window=PLATEAU_MIN_WINDOW),
-                       "FedDL seconds": tr.seconds} for (n, s, seed), tr in traces.items()])
+study = ft.plateau_study(traces, window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW)
 if rounds == "plateau":
     missing = study[study["plateau round"].isna()]
     if len(missing):
@@ -219,12 +193,7 @@ if rounds == "plateau":
     assert (study["share of decrease in last 10 %"] <= plateau_tol).all()
 print(f"rounds run by the noise-free FedDL (stopping rule: {'plateau, tol ' + str(plateau_tol) if rounds == 'plateau' else 'fixed'}), "
       "mean ± sample std over seeds:")
-display(study.groupby(["dataset", "split"]).agg(
-    **{"rounds run": ("rounds run", lambda v: mean_std(v, digits=0)),
-       "largest share in last 10 %": ("share of decrease in last 10 %", "max"),
-       "gamma": ("gamma", lambda v: mean_std(v, digits=4)),
-       "F(Y^0)": ("F(Y^0)", "mean"), "F(Y^S)": ("F(Y^S)", "mean"),
-       "FedDL seconds": ("FedDL seconds", "mean")}).style.format(
+display(ft.plateau_summary(study).style.format(
     {"largest share in last 10 %": "{:.4f}", "F(Y^0)": "{:.5f}", "F(Y^S)": "{:.5f}", "FedDL seconds": "{:.1f}"}))
 # the sweeps of Secs. 6-7 use, per dataset, the most rounds any of its noise-free runs needed
 rounds_used = {name: int(study[study.dataset == name]["rounds run"].max()) for name in datasets}
@@ -232,6 +201,7 @@ wide_conv = conv.pivot_table(index=["dataset", "split"], columns="round", values
 print("10-NN overlap of D-hat with the exact neighbours after s rounds (round 0 = untrained landmarks), first seed:")
 display(wide_conv.style.format("{:.3f}", na_rep="-"))
 
+# %%
 fig, axes = plt.subplots(1, 3, figsize=(17, 4.4))
 for (name, split, seed), tr in traces.items():
     if seed != seeds[0]:
@@ -282,16 +252,8 @@ plt.show()
 # overlap of $\hat D$ as the metric (an embedding adds t-SNE's own run-to-run noise).
 
 # %%
-late = []
-for (n, split, seed), tr in traces.items():
-    if seed != seeds[0]:
-        continue
-    row = wide_conv.loc[(n, SPLIT_NAMES[split])]
-    if tr.rounds > 50 and np.isfinite(row.get(50, np.nan)):
-        late.append((n, SPLIT_NAMES[split], row[tr.rounds] - row[50], row[0], row[50], row[tr.rounds], tr.rounds))
-gain_after_50 = max(item[2] for item in late) if late else np.nan
-evidence = "; ".join(f"{n} {s}: overlap {o0:.3f} untrained, {o50:.3f} at round 50, {oe:.3f} at round {re}"
-                     for n, s, _, o0, o50, oe, re in late)
+gain_after_50, late = ft.gain_after(traces, wide_conv, seeds[0], at=50)
+evidence = ft.late_gain_evidence(late)
 if late:
     claims.register(
         "fedtsne-converges-in-50-rounds", "fedtsne",
@@ -317,55 +279,14 @@ if late:
 # the chapter's t-SNE / UMAP settings, for every ft.embed call (centralized when no FedDL run is given)
 EMBED = dict(perplexity=perplexity, tsne_max_iter=tsne_max_iter, umap_neighbors=umap_neighbors,
              umap_min_dist=umap_min_dist, umap_epochs=umap_epochs)
-rows, keep_Z, dist_rows, cost_rows, dist_bytes = [], {}, [], [], {}
-for name, (X, y, classes) in data.items():
-    t0 = time.perf_counter()
-    sc = scorers[name]
-    for seed in seeds:
-        for method in methods:
-            res = ft.embed(method, X, None, n_landmarks, seed=seed, **EMBED)
-            if seed == seeds[0] and method == methods[0]:
-                ref = em.embedding_report(X, res.embedding, y, seed=seed)
-                ours = sc(res.embedding, seed)
-                assert all(abs(ours[k] - ref[k]) < 1e-12 for k in ours), (ours, ref)
-            rows.append({"dataset": name, "seed": seed, "embedding": METHOD_NAMES[method], "variant": "central",
-                         "split": "pooled", "seconds": res.seconds, **sc(res.embedding, seed)})
-            keep_Z[name, method, "central", "pooled", seed] = res.embedding
-        runs = []
-        for split in SPLIT_NAMES:
-            parts = ft.client_split(y, num_clients, split, seed)
-            tr = traces[name, split, seed]
-            for variant in VARIANTS:   # Fed: the noise-free run of Sec. 2; Fed+: as many rounds, with noise
-                fd = tr.result if variant == "Fed" else ft.learn_landmarks(X, parts, variant, n_landmarks, tr.rounds,
-                                                                           beta=beta, seed=seed)
-                runs.append((variant, SPLIT_NAMES[split], fd, parts))
-                share = ft.plateau_share(fd.objective, window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW)
-                cost_rows.append({"dataset": name, "seed": seed, "variant": variant, "split": SPLIT_NAMES[split],
-                                  "rounds": fd.rounds, "plateau share": share, "FedDL s": fd.seconds,
-                                  "gamma": fd.gamma, "FedDL upload MiB": fd.upload_bytes / 2**20})
-        y0 = {split: fd.init_landmarks for variant, split, fd, _ in runs if variant == "Fed"}
-        # equal up to the rounding of the clients' sums (the moments are summed in another order)
-        assert np.allclose(y0["IID"], y0["non-IID"], rtol=0, atol=1e-10), "Y^0 must not depend on the split"
-        fd_iid, parts_iid = runs[0][2], runs[0][3]
-        runs.insert(0, ("untrained", "any", dataclasses.replace(fd_iid, landmarks=fd_iid.init_landmarks), parts_iid))
-        for variant, split, fd, parts in runs:
-            for i, method in enumerate(methods):
-                res = ft.embed(method, X, parts, n_landmarks, seed=seed, feddl_result=fd, keep_distances=i == 0, **EMBED)
-                if i == 0:
-                    dist_rows.append({"dataset": name, "seed": seed, "variant": variant, "split": split,
-                                      **sc.distance_quality(res.distances)})
-                    dist_bytes[name, seed, variant, split] = res.distance_upload_bytes
-                rows.append({"dataset": name, "seed": seed, "embedding": METHOD_NAMES[method], "variant": variant,
-                             "split": split, "seconds": res.seconds, **sc(res.embedding, seed)})
-                keep_Z[name, method, variant, split, seed] = res.embedding
-                del res
-    sc.release()  # free the exact distance matrix
-    print(f"{name}: {len(seeds)} seeds in {time.perf_counter() - t0:.0f} s", flush=True)
-    timings[f"main: {name}"] = time.perf_counter() - t0
-results = pd.DataFrame(rows)
-dist_q = pd.DataFrame(dist_rows)
-costs = pd.DataFrame(cost_rows)
-costs["distance upload MiB"] = [dist_bytes[r.dataset, r.seed, r.variant, r.split] / 2**20 for r in costs.itertuples()]
+t0 = time.perf_counter()
+results, dist_q, costs, keep_Z, run_checks = ft.benchmark_runs(
+    data, scorers, traces, seeds, methods, num_clients=num_clients, n_landmarks=n_landmarks, beta=beta,
+    window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW, embed_kwargs=EMBED)
+timings["main runs"] = time.perf_counter() - t0
+# the cached scorer equals embedding_report; Y^0 does not depend on the split (equal up to the rounding of
+# the clients' sums, which are summed in another order)
+assert run_checks["scorer vs embedding_report"] < 1e-12 and run_checks["Y^0 split gap"] <= 1e-10, run_checks
 
 # the plateau rule, asserted for every noise-free run when the rounds come from Sec. 2
 shares = costs[costs.variant == "Fed"].set_index(["dataset", "split", "seed"])["plateau share"]
@@ -427,17 +348,9 @@ for name, (X, y, classes) in data.items():
 ROW_ORDER = [(METHOD_NAMES[m], k) for m in methods for k in METRICS]
 PAPER_TABLES = {"mnist5k": (paper_results.fedtsne_table1, "paper Table 1: MNIST, 40,000 points"),
                 "fashion_mnist": (paper_results.fedtsne_table2, "paper Table 2: Fashion-MNIST, 40,000 points")}
-for name in datasets:
-    label = f"ours: {name}, {len(data[name][1])} points, {len(seeds)} seeds"
-    print(f"=== {name} ===")
-    ours = report.mean_std_table(results[results.dataset == name], METRICS, ["embedding"], ["variant", "split"],
-                                 row_order=ROW_ORDER, column_order=SETTING_ORDER)
-    if name in PAPER_TABLES:
-        fn, plabel = PAPER_TABLES[name]
-        display(report.beside(report.pm_table(fn(), SETTING_ORDER, names=["variant", "split"]), ours, (plabel, label)))
-    else:
-        print(f"{label} (the paper has no table for this dataset)")
-        display(ours)
+for title, table in ft.metric_tables(results, data, seeds, METRICS, ROW_ORDER, SETTING_ORDER, PAPER_TABLES).values():
+    print(title)
+    display(table)
 
 # %% [markdown]
 # ### Paired differences
@@ -456,22 +369,8 @@ COMPARISONS = [("Fed IID - central", ("Fed", "IID"), ("central", "pooled")),
                ("Fed+ IID - Fed IID", ("Fed+", "IID"), ("Fed", "IID")),
                ("Fed+ non-IID - Fed non-IID", ("Fed+", "non-IID"), ("Fed", "non-IID"))]
 DIFF_METRICS = ["CA 10-NN", "NPA 10-NN", "NMI"]
-pdiff, diff_rows = {}, []
-for name in datasets:
-    paper = PAPER_TABLES[name][0]() if name in PAPER_TABLES else None
-    for emb in [METHOD_NAMES[m] for m in methods]:
-        for metric in DIFF_METRICS:
-            for label, a, b in COMPARISONS:
-                d = paired_difference(
-                    report.column_by(results, metric, dataset=name, embedding=emb, variant=a[0], split=a[1]),
-                    report.column_by(results, metric, dataset=name, embedding=emb, variant=b[0], split=b[1]))
-                pdiff[name, emb, metric, label] = d
-                p = np.nan
-                if paper is not None and "untrained" not in label:
-                    p = paper.loc[(emb, metric), (*a, "mean")] - paper.loc[(emb, metric), (*b, "mean")]
-                diff_rows.append({"dataset": name, "embedding": emb, "metric": metric, "comparison": label,
-                                  "ours: mean [95% CI]": d.format(4), "paper: difference of means": p})
-diff_table = pd.DataFrame(diff_rows).set_index(["dataset", "embedding", "metric", "comparison"])
+pdiff, diff_table = ft.paired_metric_table(results, COMPARISONS, datasets, [METHOD_NAMES[m] for m in methods],
+                                           DIFF_METRICS, {name: fn for name, (fn, _) in PAPER_TABLES.items()})
 display(diff_table.style.format({"paper: difference of means": "{:+.4f}"}, na_rep="-"))
 
 # %% [markdown]
@@ -485,30 +384,16 @@ display(diff_table.style.format({"paper: difference of means": "{:+.4f}"}, na_re
 # sample std over seeds), then the paired differences of the overlap.
 
 # %%
-dq = dist_q.melt(id_vars=["dataset", "variant", "split", "seed"], value_vars=["D-hat rel. error", "D-hat 10-NN"],
-                 var_name="quantity")
-display(dq.groupby(["dataset", "quantity", "variant", "split"])["value"].agg(lambda v: mean_std(v, digits=4))
-        .unstack(["variant", "split"]).reindex(columns=pd.MultiIndex.from_tuples(SETTING_ORDER[1:])))
-dq_rows, train_gain = [], {}
-for name in datasets:
-    for label, a, b in COMPARISONS[2:]:
-        d = paired_difference(report.column_by(dist_q, "D-hat 10-NN", dataset=name, variant=a[0], split=a[1]),
-                              report.column_by(dist_q, "D-hat 10-NN", dataset=name, variant=b[0], split=b[1]))
-        dq_rows.append({"dataset": name, "comparison": label, "D-hat 10-NN: mean [95% CI]": d.format(4)})
-        if label == "Fed IID - untrained":
-            train_gain[name] = d
-display(pd.DataFrame(dq_rows).set_index(["dataset", "comparison"]))
-for name, (X, y, _) in data.items():
-    fed = dist_q[(dist_q.dataset == name) & (dist_q.variant != "untrained")]
-    if X.shape[1] + 2 <= n_landmarks:
-        worst = fed["D-hat rel. error"].max()
-        print(f"{name}: m + 2 = {X.shape[1] + 2} <= n_y = {n_landmarks}: exact whatever the landmarks, largest "
-              f"relative error {worst:.1e}")
-        assert worst < 1e-6
-    else:
-        print(f"{name}: m + 2 = {X.shape[1] + 2} > n_y = {n_landmarks}: FedDL's training must improve on Y^0; "
-              f"D-hat 10-NN overlap trained - untrained {train_gain[name].format(4)}")
-        assert train_gain[name].low > 0, "FedDL's landmarks must beat their initialization"
+display(report.mean_std_table(dist_q, ["D-hat rel. error", "D-hat 10-NN"],
+                              ["dataset"], ["variant", "split"], column_order=SETTING_ORDER[1:])
+        .rename_axis(index={"metric": "quantity"}).rename_axis(columns=[None, None]))
+dq_diffs = {name: ft.paired_differences(dist_q, COMPARISONS[2:], "D-hat 10-NN", dataset=name) for name in datasets}
+train_gain = {name: d["Fed IID - untrained"] for name, d in dq_diffs.items()}
+display(pd.DataFrame([{"dataset": name, "comparison": label, "D-hat 10-NN: mean [95% CI]": d.format(4)}
+                      for name, diffs in dq_diffs.items() for label, d in diffs.items()]).set_index(["dataset", "comparison"]))
+verdicts = ft.distance_verdicts(dist_q, data, n_landmarks, train_gain)   # exact for n_y >= m + 2, else trained > Y^0
+print("\n".join(message for message, _ in verdicts))
+assert all(ok for _, ok in verdicts), verdicts
 
 # %% [markdown]
 # ### The split changes the kernel width
@@ -528,12 +413,9 @@ display(gam.groupby("dataset").agg(lambda v: mean_std(v, digits=4)))
 ratio = gam["non-IID"] / gam["IID"]
 print(f"gamma non-IID / gamma IID: from {ratio.min():.2f} to {ratio.max():.2f} over datasets and seeds")
 assert (gam["non-IID"] > gam["IID"]).all()
-X, y, _ = data[datasets[0]]
 ctl_rounds = min(20, rounds_used[datasets[0]])
-ctl = {split: ft.feddl([X[p] for p in ft.client_split(y, num_clients, split, seeds[0])], n_landmarks,
-                       rounds=ctl_rounds, gamma=float(gam.loc[(datasets[0], seeds[0]), "IID"]), seed=seeds[0])
-       for split in SPLIT_NAMES}
-ctl_gap = np.abs(ctl["iid"].landmarks - ctl["non_iid"].landmarks).max()
+ctl_gap = ft.gamma_control(*data[datasets[0]][:2], num_clients, n_landmarks, ctl_rounds,
+                           float(gam.loc[(datasets[0], seeds[0]), "IID"]), seeds[0])
 print(f"{datasets[0]}, seed {seeds[0]}, {ctl_rounds} rounds with the IID gamma for both splits: "
       f"largest landmark difference {ctl_gap:.1e}")
 assert ctl_gap < 1e-8
@@ -569,19 +451,11 @@ SWEEP_NOTE = (f"{len(sweep_seeds)} seed(s): a one-seed sweep, shown for orientat
 S_sweep = rounds_used[sweep_dataset]
 t0 = time.perf_counter()
 sweep_scorer = scorers[sweep_dataset]
-crow = []
-for seed in sweep_seeds:
-    for split, k in CLIENT_RUNS:
-        parts = ft.client_split(sweep_y, k, split, seed)
-        for variant in VARIANTS:
-            fd = ft.learn_landmarks(sweep_X, parts, variant, n_landmarks, S_sweep, beta=beta, seed=seed)
-            res = ft.embed("tsne", sweep_X, parts, n_landmarks, seed=seed, feddl_result=fd, **EMBED)
-            crow.append({"seed": seed, "split": SPLIT_NAMES[split], "clients": k,
-                         "method": "Fed-tSNE" + ("+" if variant == "Fed+" else ""),
-                         "gamma": fd.gamma, **sweep_scorer(res.embedding, seed)})
-clients_df = pd.DataFrame(crow)
+clients_df = ft.client_sweep(sweep_X, sweep_y, CLIENT_RUNS, sweep_seeds, sweep_scorer, n_landmarks=n_landmarks,
+                             rounds=S_sweep, beta=beta, embed_kwargs=EMBED)
 timings["client sweep"] = time.perf_counter() - t0
 
+# %%
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
 for ax, metric in zip(axes, ["NMI", "NPA 10-NN"]):
     sns.lineplot(data=clients_df, x="clients", y=metric, hue="method", style="split", markers=True, ax=ax,
@@ -597,10 +471,8 @@ fig.suptitle(f"Client sweep: {sweep_dataset}, {len(sweep_y)} points, n_y = {n_la
 fig.tight_layout()
 plt.show()
 
-ours_c = (clients_df.melt(id_vars=["split", "clients", "method"], value_vars=["NMI", "NPA 10-NN", "gamma"],
-                          var_name="metric")
-          .groupby(["split", "method", "metric", "clients"])["value"].agg(lambda v: mean_std(v, digits=4))
-          .unstack("clients"))
+# %%
+ours_c = report.mean_std_table(clients_df, ["NMI", "NPA 10-NN", "gamma"], ["split", "method"], ["clients"])
 print(f"Ours: {sweep_dataset}, {len(sweep_y)} points; {SWEEP_NOTE}")
 display(ours_c)
 print("Paper, Table 3 (non-IID MNIST, 40,000 points) - the paper's numbers")
@@ -626,30 +498,15 @@ display(report.pm_table(paper_results.fedtsne_table4(), digits=3))
 
 # %%
 t0 = time.perf_counter()
-lrow, qrow = [], []
 m_dim = sweep_X.shape[1]
-for seed in sweep_seeds:
-    for split in landmark_splits:
-        parts = ft.client_split(sweep_y, num_clients, split, seed)
-        for ny in landmark_counts:
-            for variant in landmark_variants:
-                fd = ft.learn_landmarks(sweep_X, parts, variant, ny, S_sweep, beta=beta, seed=seed)
-                share = ft.plateau_share(fd.objective, window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW)
-                for estimate, D_hat in [("FedDL landmarks, squared", ft.nystrom_estimate(sweep_X, fd.landmarks)),
-                                        ("untrained landmarks, squared", ft.nystrom_estimate(sweep_X, fd.init_landmarks)),
-                                        ("FedDL landmarks, plain", ft.nystrom_estimate(sweep_X, fd.landmarks, False))]:
-                    qrow.append({"seed": seed, "split": SPLIT_NAMES[split], "n_y": ny, "variant": variant,
-                                 "estimate": estimate, "plateau share": share,
-                                 **sweep_scorer.distance_quality(D_hat)})
-                for method in landmark_methods:
-                    res = ft.embed(method, sweep_X, parts, ny, seed=seed, feddl_result=fd, **EMBED)
-                    lrow.append({"seed": seed, "split": SPLIT_NAMES[split], "n_y": ny,
-                                 "method": FED_NAMES[method] + ("+" if variant == "Fed+" else ""),
-                                 **sweep_scorer(res.embedding, seed)})
-landmarks_df, quality_df = pd.DataFrame(lrow), pd.DataFrame(qrow)
+landmarks_df, quality_df = ft.landmark_sweep(
+    sweep_X, sweep_y, landmark_splits, landmark_counts, landmark_variants, landmark_methods, sweep_seeds, sweep_scorer,
+    num_clients=num_clients, rounds=S_sweep, beta=beta, window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW,
+    embed_kwargs=EMBED)
 sweep_scorer.release()
 timings["landmark sweep"] = time.perf_counter() - t0
 
+# %%
 fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
 sns.lineplot(data=landmarks_df, x="n_y", y="NMI", hue="method", style="split", markers=True, ax=axes[0],
              errorbar=("sd" if len(sweep_seeds) > 1 else None))
@@ -673,6 +530,7 @@ fig.suptitle(f"Landmark sweep: {sweep_dataset}, {len(sweep_y)} points, {num_clie
 fig.tight_layout()
 plt.show()
 
+# %%
 print(f"Ours: NMI against n_y ({SWEEP_NOTE})")
 display(landmarks_df.groupby(["method", "split", "n_y"])["NMI"].mean().unstack("n_y").style.format("{:.4f}"))
 print(f"Ours: 10-NN overlap of D-hat with the exact neighbours ({SWEEP_NOTE})")
@@ -695,23 +553,19 @@ else:
 
 # %%
 first_emb = METHOD_NAMES[methods[0]]
-paper_fed_drop = min(t.loc[(e, "CA 10-NN"), (v, s, "mean")] - t.loc[(e, "CA 10-NN"), ("central", "pooled", "mean")]
-                     for t in (paper_results.fedtsne_table1(), paper_results.fedtsne_table2())
-                     for e in ("t-SNE", "UMAP") for v, s in (("Fed", "IID"), ("Fed", "non-IID")))
-paper_plus_drop = min(t.loc[(e, "CA 10-NN"), ("Fed+", s, "mean")] - t.loc[(e, "CA 10-NN"), ("Fed", s, "mean")]
-                      for t in (paper_results.fedtsne_table1(), paper_results.fedtsne_table2())
-                      for e in ("t-SNE", "UMAP") for s in ("IID", "non-IID"))
+paper_tables = (paper_results.fedtsne_table1(), paper_results.fedtsne_table2())
+paper_fed_drop = ft.paper_drop(paper_tables, "CA 10-NN", [(("Fed", s), ("central", "pooled")) for s in ("IID", "non-IID")])
+paper_plus_drop = ft.paper_drop(paper_tables, "CA 10-NN", [(("Fed+", s), ("Fed", s)) for s in ("IID", "non-IID")])
+
 emb_names = [METHOD_NAMES[m] for m in methods]
-fed_vs_central = {(n, e, lab): pdiff[n, e, "CA 10-NN", lab] for n in datasets for e in emb_names
-                  for lab in ("Fed IID - central", "Fed non-IID - central")}
+fed_vs_central = ft.select_differences(pdiff, datasets, emb_names, "CA 10-NN", ("Fed IID - central", "Fed non-IID - central"))
 split_gap = {(n, e): pdiff[n, e, "CA 10-NN", "Fed IID - Fed non-IID"] for n in datasets for e in emb_names}
-plus_cost = {(n, e, lab): pdiff[n, e, "CA 10-NN", lab] for n in datasets for e in emb_names
-             for lab in ("Fed+ IID - Fed IID", "Fed+ non-IID - Fed non-IID")}
+plus_cost = ft.select_differences(pdiff, datasets, emb_names, "CA 10-NN", ("Fed+ IID - Fed IID", "Fed+ non-IID - Fed non-IID"))
 worst_fed = min(d.mean for d in fed_vs_central.values())
 worst_split = max(abs(d.mean) for d in split_gap.values())
 worst_plus = min(d.mean for d in plus_cost.values())
 listing = report.listing
-claims.register(
+_ = claims.register(
     "fedtsne-close-to-centralized", "fedtsne",
     "Fed-tSNE and Fed-UMAP keep nearly all the structure of centralized t-SNE and UMAP; the accuracy drop "
     f"is small (Tables 1-2: CA 10-NN at most {-paper_fed_drop:.4f} below centralized without noise).",
@@ -720,6 +574,8 @@ claims.register(
     evidence=(f"largest mean CA 10-NN drop (Fed - central, paired over {len(seeds)} seeds) {worst_fed:+.4f} vs the "
               f"paper's {paper_fed_drop:+.4f} (holds = every paired 95% interval reaches the paper's drop); "
               f"{listing(fed_vs_central)}"))
+
+# %%
 claims.register(
     "fedtsne-iid-equals-noniid", "fedtsne",
     "Without noise, Fed-tSNE and Fed-UMAP give nearly the same results for IID and non-IID clients (Tables 1-2).",
@@ -728,7 +584,7 @@ claims.register(
               f"paired 95% interval contains 0 and every |mean| <= 0.02); {listing(split_gap)}. "
               "The kernel width differs per split (gamma non-IID / IID "
               f"{ratio.min():.2f} to {ratio.max():.2f})."))
-claims.register(
+_ = claims.register(
     "fedtsne-plus-costs-little", "fedtsne",
     "The '+' variants with the paper's noise (beta = 1) lose only a little against Fed-tSNE / Fed-UMAP "
     f"(Tables 1-2: CA 10-NN at most {-paper_plus_drop:.4f} below the noise-free run).",
@@ -737,6 +593,7 @@ claims.register(
               "(holds = every paired 95% interval reaches the paper's change), "
               f"beta = {beta}; {FED_PLUS_LABEL}; {listing(plus_cost)}"))
 
+# %%
 lines = []
 for n in datasets:
     o = dist_q[dist_q.dataset == n].groupby(["variant", "split"])["D-hat 10-NN"].mean()

@@ -43,13 +43,10 @@ seed = 0
 # %%
 import matplotlib.pyplot as plt
 import numpy as np
-import pandas as pd
 import seaborn as sns
 
-from fedlib.core import privacy
 from fedlib.data.partition import make_partition
 from fedlib.evaluation import claims
-from fedlib.evaluation import embedding as em
 from fedlib.papers import fedtsne as ft
 from fedlib.runner import specs
 
@@ -83,30 +80,14 @@ print(f"profile={profile}: optdigits {n} points in R^{m}, {num_clients} clients,
 #   +\frac{4\gamma}{n_y(n_y-1)}\big[K_{YY}Y-\mathrm{diag}(\mathbf 1^\top K_{YY})Y\big].$$
 
 # %%
-expected_k = ft.expected_gaussian_kernel
-dim, gamma_g, mu2 = 3, 0.5, np.array([0.7, 0.0, 0.0])
-exact = expected_k(2.0, 0.0, gamma_g, dim) - 2 * expected_k(2.0, 0.49, gamma_g, dim) + expected_k(2.0, 0.0, gamma_g, dim)
-u_vals, v_vals = [], []
-for _ in range(mc_reps):
-    xa, ya = rng.standard_normal((30, dim)), rng.standard_normal((20, dim)) + mu2
-    u_vals.append(ft.mmd2_u(xa, ya, gamma_g))
-    kxx, kyy, kxy = ft.gaussian_kernel(xa, xa, gamma_g), ft.gaussian_kernel(ya, ya, gamma_g), ft.gaussian_kernel(xa, ya, gamma_g)
-    v_vals.append(kxx.mean() + kyy.mean() - 2 * kxy.mean())  # V-statistic (diagonal kept): biased
-se = np.std(u_vals) / np.sqrt(mc_reps)
-print(f"exact MMD^2 {exact:.5f}; U-statistic mean {np.mean(u_vals):.5f} (se {se:.5f}); "
-      f"V-statistic mean {np.mean(v_vals):.5f}")
-assert abs(np.mean(u_vals) - exact) < 4 * se and abs(np.mean(v_vals) - exact) > 4 * se
+mc = ft.mmd_unbiasedness(rng, mc_reps, dim=3, gamma=0.5, shift=0.7)   # V-statistic: diagonal kept, biased
+print(f"exact MMD^2 {mc['exact']:.5f}; U-statistic mean {mc['u_mean']:.5f} (se {mc['u_se']:.5f}); "
+      f"V-statistic mean {mc['v_mean']:.5f}")
+assert abs(mc["u_mean"] - mc["exact"]) < 4 * mc["u_se"] and abs(mc["v_mean"] - mc["exact"]) > 4 * mc["u_se"]
 
 # gradient against central finite differences
 xs, ys = rng.standard_normal((15, 4)), rng.standard_normal((6, 4))
-g = ft.mmd2_u_grad(xs, ys, 0.3)
-fd = np.zeros_like(ys)
-h = 1e-6
-for idx in np.ndindex(*ys.shape):
-    e = np.zeros_like(ys)
-    e[idx] = h
-    fd[idx] = (ft.mmd2_u(xs, ys + e, 0.3) - ft.mmd2_u(xs, ys - e, 0.3)) / (2 * h)
-grad_err = np.abs(g - fd).max() / np.abs(fd).max()
+grad_err = ft.gradient_fd_error(xs, ys, 0.3)
 print(f"Eq. 13 vs finite differences: relative error {grad_err:.1e}")
 assert grad_err < 1e-7
 
@@ -129,30 +110,16 @@ parts = {"IID": make_partition(labels, num_clients, "iid", seed=seed),
          "one class per client": make_partition(labels, num_clients, "one_class", seed=seed)}
 gamma = ft.median_kernel_width(X)                # 1 / median pairwise squared distance
 Y0 = X.mean(0) + rng.standard_normal((n_landmarks, m)) * X.std(0)
-pooled = ft.mmd2_u_grad(X, Y0, gamma)
-rows = []
-for name, pp in parts.items():
-    sizes = np.array([len(p) for p in pp])
-    grads = [ft.mmd2_u_grad(X[p], Y0, gamma) for p in pp]
-    for wname, w in [("n_p/n", sizes / sizes.sum()), ("1/P", np.full(len(pp), 1 / len(pp)))]:
-        agg = sum(wi * gi for wi, gi in zip(w, grads))
-        rows.append({"split": name, "weights": wname, "client sizes": f"{sizes.min()}-{sizes.max()}",
-                     "rel. error vs pooled gradient": np.abs(agg - pooled).max() / np.abs(pooled).max()})
-identity = pd.DataFrame(rows)
+identity = ft.gradient_identity_table(X, parts, Y0, gamma)
 print(identity.to_string(index=False, float_format="%.1e"))
 assert identity[identity.weights == "n_p/n"]["rel. error vs pooled gradient"].max() < 1e-12
 assert identity[(identity.weights == "1/P") & (identity.split != "IID")]["rel. error vs pooled gradient"].max() > 1e-3
 
 # whole runs: FedDL (gradient mode, n_p/n) with 10 clients vs one client holding everything
-runs = {}
-for name, pp in {"one client (pooled)": [np.arange(n)], **parts}.items():
-    runs[name] = ft.feddl([X[p] for p in pp], n_landmarks, rounds=feddl_rounds, init=Y0, gamma=gamma, seed=seed)
-ref = runs["one client (pooled)"].landmarks
-landmark_gap = {}
-for name in parts:
-    landmark_gap[name] = np.abs(runs[name].landmarks - ref).max() / np.abs(ref).max()
-    print(f"FedDL landmarks, {name} vs pooled: max rel. difference {landmark_gap[name]:.1e}")
-    assert landmark_gap[name] < 1e-9
+runs, landmark_gap = ft.split_runs(X, parts, n_landmarks, feddl_rounds, init=Y0, gamma=gamma, seed=seed)
+for name, gap in landmark_gap.items():
+    print(f"FedDL landmarks, {name} vs pooled: max rel. difference {gap:.1e}")
+assert max(landmark_gap.values()) < 1e-9
 grad_gap = identity[identity.weights == "n_p/n"]["rel. error vs pooled gradient"].max()
 claims.register(
     "fedtsne-federated-equals-pooled", "fedtsne",
@@ -177,20 +144,13 @@ claims.register(
 # ($Q=1$) and for model averaging with $Q=5$ local steps, IID vs one class per client.
 
 # %%
-curves = []
-for name, pp in parts.items():
-    for mode, q in [("gradient", 1), ("average", 5)]:
-        res = ft.feddl([X[p] for p in pp], n_landmarks, rounds=feddl_rounds // q, mode=mode, local_steps=q,
-                       init=Y0, gamma=gamma, seed=seed)
-        curves.append(pd.DataFrame({"gradient steps": np.arange(len(res.objective)) * q,
-                                    "objective F (MMD^2)": res.objective, "split": name, "mode": f"{mode}, Q={q}"}))
-curves = pd.concat(curves)
+curves = ft.objective_curves(X, parts, n_landmarks, feddl_rounds, init=Y0, gamma=gamma, seed=seed)
 g = sns.relplot(data=curves, x="gradient steps", y="objective F (MMD^2)", hue="mode", col="split", kind="line",
                 height=3.2, aspect=1.2)
 g.set(yscale="log")
 g.figure.suptitle("FedDL objective vs local gradient steps", y=1.04)
 plt.show()
-denominators = {q: 1 - 3 * (q - 1) ** 2 * 2 for q in [1, 2, 5]}
+denominators = {q: ft.theorem1_denominator(q) for q in [1, 2, 5]}
 print("Theorem 1 denominator at its most favourable (rho_L = max L_p^2/L^2 = 1):", denominators)
 assert all(v < 0 for q, v in denominators.items() if q >= 2)
 claims.register(
@@ -219,16 +179,7 @@ claims.register(
 # %%
 small_m = 5
 z = rng.standard_normal((300, small_m))
-true_d2 = ft.sq_distances(z)
-rows = []
-for ny_ in [4, 6, 7, 10, 20]:
-    yl = rng.standard_normal((ny_, small_m))
-    est_sq = ft.nystrom(ft.sq_distances(z, yl), ft.sq_distances(yl))
-    est_plain = ft.nystrom(np.sqrt(ft.sq_distances(z, yl)), np.sqrt(ft.sq_distances(yl)))
-    rows.append({"landmarks n_y": ny_, "m + 2": small_m + 2,
-                 "rel. error, squared distances": np.linalg.norm(est_sq - true_d2) / np.linalg.norm(true_d2),
-                 "rel. error, plain distances": np.linalg.norm(est_plain - np.sqrt(true_d2)) / np.linalg.norm(np.sqrt(true_d2))})
-exactness = pd.DataFrame(rows)
+exactness = ft.nystrom_exactness_table(z, rng, [4, 6, 7, 10, 20])
 print(exactness.to_string(index=False, float_format="%.1e"))
 assert exactness[exactness["landmarks n_y"] >= small_m + 2]["rel. error, squared distances"].max() < 1e-8
 assert exactness["rel. error, plain distances"].min() > 1e-3
@@ -252,19 +203,7 @@ claims.register(
 # error of $\hat D$ and the overlap of each point's 10 nearest neighbours under $\hat D$ and under $D$.
 
 # %%
-true_d = np.sqrt(ft.sq_distances(X))
-nn_true = em.neighbour_lists(true_d, 11, "precomputed")     # the exact 11-NN of every point, once
-rows = []
-for ny_ in landmark_grid:
-    y_init = X.mean(0) + rng.standard_normal((ny_, m)) * X.std(0)
-    choices = {"uniform sample (oracle)": X[rng.choice(n, ny_, replace=False)], "untrained Y^0": y_init}
-    for name, pp in parts.items():
-        choices[f"FedDL, {name}"] = ft.feddl([X[p] for p in pp], ny_, rounds=feddl_rounds, init=y_init, gamma=gamma,
-                                             seed=seed).landmarks
-    for name, yl in choices.items():
-        err, ov = em.distance_estimate_quality(ft.nystrom_estimate(X, yl), true_d, 11, nn_true)
-        rows.append({"n_y": ny_, "landmarks": name, "rel. error of D_hat": err, "10-NN overlap": ov})
-sweep = pd.DataFrame(rows)
+sweep = ft.landmark_quality_sweep(X, parts, landmark_grid, feddl_rounds, gamma=gamma, rng=rng, seed=seed)
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
 sns.lineplot(data=sweep, x="n_y", y="rel. error of D_hat", hue="landmarks", marker="o", ax=axes[0])
 sns.lineplot(data=sweep, x="n_y", y="10-NN overlap", hue="landmarks", marker="o", ax=axes[1], legend=False)
@@ -290,18 +229,7 @@ assert big[big.landmarks.str.startswith("FedDL")]["rel. error of D_hat"].max() <
 # apply to $\hat D$ at all.)
 
 # %%
-zz = rng.standard_normal((1000, 10))
-d2z = ft.sq_distances(zz)
-H = np.exp(-d2z / np.median(d2z))
-eig = np.sort(np.linalg.eigvalsh(H))[::-1]
-rows = []
-for c in [20, 50, 100, 200]:
-    cols = rng.choice(1000, c, replace=False)
-    h_hat = ft.nystrom(H[:, cols], H[np.ix_(cols, cols)])
-    best_k = np.sqrt(np.sum(eig[c:] ** 2))  # ||H - H_k||_F with k = c
-    rows.append({"c = k": c, "||H - H_hat||_F": np.linalg.norm(H - h_hat),
-                 "stated bound": best_k + 1.0 * (64 * c / c) ** 0.25})
-thm2 = pd.DataFrame(rows)
+thm2 = ft.theorem2_table(rng, n=1000, dim=10, columns=[20, 50, 100, 200])
 print(thm2.to_string(index=False, float_format="%.2f"))
 assert (thm2["||H - H_hat||_F"] > thm2["stated bound"]).any(), "a counterexample to the stated Frobenius bound"
 worst_thm2 = thm2.iloc[int(np.argmax(thm2["||H - H_hat||_F"] - thm2["stated bound"]))]
@@ -324,9 +252,7 @@ claims.register(
 # %%
 K = ft.gaussian_kernel(X, X, gamma)
 for name in parts:
-    yl = runs[name].landmarks
-    k_hat = ft.nystrom(ft.gaussian_kernel(X, yl, gamma), ft.gaussian_kernel(yl, yl, gamma))
-    lhs = np.linalg.norm(k_hat - K, 2)
+    lhs = ft.kernel_nystrom_error(X, runs[name].landmarks, gamma, K)
     print(f"{name}: ||K_hat - K||_2 = {lhs:.2f}  <=  n_x = {n}  <  2 n_x = {2 * n} (one term of the bound)")
     assert lhs <= n
 
@@ -375,32 +301,13 @@ for name in parts:
 yl = runs["IID"].landmarks
 client0 = X[parts["IID"][0]]
 n0 = len(client0)
-tau_x = np.linalg.norm(X, axis=1).max()          # used only to evaluate Theorem 6's bound on these data
-tau_y = np.linalg.norm(yl, 2)
-upsilon = np.sqrt(ft.sq_distances(yl, X).max())
+tau_x, tau_y, upsilon = ft.theorem6_inputs(X, yl)   # used only to evaluate Theorem 6's bound on these data
 delta_thm6 = ft.gradient_sensitivity(n0, n_landmarks, gamma, tau_x, tau_y, upsilon)
 delta_kern = ft.kernel_gradient_sensitivity(n0, n_landmarks, gamma)
 g_ref = ft.mmd2_u_grad(client0, yl, gamma)
-random_changes = []
-for _ in range(mc_reps // 4):                    # one sample replaced by another data point
-    neighbour = client0.copy()
-    neighbour[rng.integers(n0)] = X[rng.integers(n)]
-    random_changes.append(np.linalg.norm(g_ref - ft.mmd2_u_grad(neighbour, yl, gamma)))
-adversarial = []
-r_star = 1.0 / np.sqrt(2 * gamma)                # where r exp(-gamma r^2) peaks
-for j in rng.choice(n_landmarks, min(mc_reps // 4, n_landmarks), replace=False):
-    d = rng.standard_normal(m)
-    d /= np.linalg.norm(d)
-    a, b = client0.copy(), client0.copy()
-    a[0], b[0] = yl[j] + r_star * d, yl[j] - r_star * d   # neighbours of each other
-    adversarial.append(np.linalg.norm(ft.mmd2_u_grad(a, yl, gamma) - ft.mmd2_u_grad(b, yl, gamma)))
-worst = max(max(random_changes), max(adversarial))
-ratio = delta_thm6 / delta_kern
-audit = pd.DataFrame([
-    {"replacement": "random data point", "largest change": max(random_changes)},
-    {"replacement": "adversarial pair at r = 1/sqrt(2 gamma)", "largest change": max(adversarial)}])
-audit["/ kernel bound"] = audit["largest change"] / delta_kern
-audit["/ Theorem 6 bound"] = audit["largest change"] / delta_thm6
+audit = ft.sensitivity_audit(client0, X, yl, gamma, rng, mc_reps // 4,
+                             {"kernel bound": delta_kern, "Theorem 6 bound": delta_thm6})
+worst, ratio = audit["largest change"].max(), delta_thm6 / delta_kern
 print(f"client 0: n_p={n0}, n_y={n_landmarks}, gamma={gamma:.3f}; Theorem 6 Delta={delta_thm6:.3e} "
       f"(tau_X={tau_x:.2f}, tau_Y={tau_y:.2f}, Upsilon={upsilon:.2f}); kernel Delta_K={delta_kern:.3e}; "
       f"ratio {ratio:.0f}x")
@@ -427,26 +334,12 @@ claims.register(
 # $\varepsilon$ that its $\sigma$ actually achieves at the same $\delta$.
 
 # %%
-rows = []
-for eps in sorted(set(epsilons) | {0.5, 1.0, 8.0, 16.0, 64.0}):
-    s_paper4 = ft.paper_noise_sd(eps, delta, ft.data_sensitivity(tau_x), "dp_data")
-    rows.append({
-        "epsilon": eps,
-        "Thm 4 sd (Dwork-Roth)": s_paper4,
-        "its true epsilon": privacy.analytic_gaussian_epsilon(s_paper4, delta, ft.data_sensitivity(tau_x)),
-        "analytic Gaussian sd": privacy.analytic_gaussian_sigma(eps, delta, ft.data_sensitivity(tau_x)),
-        "Thm 6 sd (paper's composition)": ft.paper_noise_sd(eps, delta, delta_thm6, "dp_gradient",
-                                                            compositions=feddl_rounds),
-        "PLD sd, Thm 6 Delta": ft.dp_noise_sd(eps, delta, delta_thm6, "dp_gradient", compositions=feddl_rounds),
-        "PLD sd, kernel Delta": ft.dp_noise_sd(eps, delta, delta_kern, "dp_gradient", compositions=feddl_rounds),
-    })
-calib = pd.DataFrame(rows)
+calib = ft.calibration_table(sorted(set(epsilons) | {0.5, 1.0, 8.0, 16.0, 64.0}), delta, tau_x, delta_thm6,
+                             delta_kern, feddl_rounds)
 calib["gradient sd"] = g_ref.std()
 print(f"delta={delta}, S={feddl_rounds} rounds; data sd per feature {X.std():.3f}")
 print(calib.to_string(index=False, float_format="%.3g"))
-dr_ok = calib[calib.epsilon < 1]["its true epsilon"].le(calib[calib.epsilon < 1].epsilon).all()
-dr_fail = calib[calib["its true epsilon"] > calib.epsilon]
-first_fail = float(dr_fail.epsilon.min()) if len(dr_fail) else float("nan")
+dr_ok, first_fail, fail_eps = ft.theorem4_validity(calib)
 assert (calib["analytic Gaussian sd"] > 0).all()
 claims.register(
     "fedtsne-thm4-calibration", "fedtsne",
@@ -454,7 +347,7 @@ claims.register(
     "data (epsilon, delta)-differentially private.",
     holds=bool(dr_ok),
     condition=f"epsilon < 1 and rows clipped to tau_X (at epsilon = {first_fail:g} its sd only buys epsilon = "
-              f"{float(dr_fail['its true epsilon'].iloc[0]) if len(dr_fail) else float('nan'):.3g}); "
+              f"{fail_eps:.3g}); "
               "the analytic Gaussian mechanism is exact for every epsilon",
     evidence=f"exact epsilon of the Theorem 4 sd at delta={delta:g}: " + ", ".join(
         f"{e:g} -> {t:.3g}" for e, t in zip(calib.epsilon, calib["its true epsilon"])))
@@ -494,7 +387,8 @@ dp_run = ft.feddl([X[p] for p in parts["IID"]], n_landmarks, rounds=feddl_rounds
                   epsilon=min(epsilons), delta=delta, gamma=gamma, init="uniform", seed=seed)
 upload = ft.client_sq_distances(client0, dp_run.landmarks)["sq_distances"]
 rebuilt = ft.reconstruct_from_sq_distances(upload, dp_run.landmarks)
-rec_err = np.linalg.norm(rebuilt - client0) / np.linalg.norm(client0)
+rec_err = ft.rel_error(rebuilt, client0)
+
 print(f"FedDL with gradient noise: epsilon spent {dp_run.epsilon:.3g} at delta={delta:g}; n_y={n_landmarks} "
       f"(m + 2 = {m + 2}); end-to-end epsilon {ft.end_to_end_epsilon(dp_run)}")
 print(f"server's reconstruction of client 0's {n0} points from its distance upload: relative error {rec_err:.1e}")
@@ -514,17 +408,7 @@ claims.register(
 # perturbed data, for several $n_y$:
 
 # %%
-rows = []
-for ny_ in [10, 40, 65, 100]:
-    yl = X.mean(0) + rng.standard_normal((ny_, m)) * X.std(0)
-    x_hat = ft.reconstruct_from_sq_distances(ft.sq_distances(client0, yl), yl)
-    rows.append({"n_y": ny_, "upload from": "clean data (Fed-tSNE, Fed-tSNE+ gradient noise)",
-                 "rel. reconstruction error": np.linalg.norm(x_hat - client0) / np.linalg.norm(client0)})
-    noisy = client0 + rng.standard_normal(client0.shape) * 0.5
-    x_hat_n = ft.reconstruct_from_sq_distances(ft.sq_distances(noisy, yl), yl)
-    rows.append({"n_y": ny_, "upload from": "perturbed data, sd 0.5 (Fed-tSNE+ data noise)",
-                 "rel. reconstruction error": np.linalg.norm(x_hat_n - client0) / np.linalg.norm(client0)})
-recon = pd.DataFrame(rows)
+recon = ft.reconstruction_table(client0, X, rng, [10, 40, 65, 100], noise_sd=0.5)
 print(recon.to_string(index=False, float_format="%.2e"))
 clean = recon[recon["upload from"].str.startswith("clean")]
 assert clean[clean.n_y >= m + 1]["rel. reconstruction error"].max() < 1e-8

@@ -55,8 +55,6 @@ tsne_max_iter = 400
 seed = 0                   # data subset and partition (fixed; the seeds above vary noise and embedding)
 
 # %%
-from functools import partial
-
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -64,12 +62,9 @@ import seaborn as sns
 from IPython.display import Markdown, display
 
 from fedlib.evaluation import claims
-
-from fedlib.core import privacy
 from fedlib.papers import fedtsne as ft
-from fedlib.evaluation.embedding import kmeans_nmi, knn_accuracy
-from fedlib.evaluation.stats import mean_std, paired_difference
 from fedlib.runner import specs
+
 
 specs.check("fedtsne_privacy", globals())
 
@@ -101,26 +96,10 @@ print(f"profile={profile}: optdigits, {n} client points in R^{m}, {num_clients} 
 # k-means on it.
 
 # %%
-# every FedDL run of this chapter: the public gamma, the pixel box, the public Y^0 of its seed
-run_feddl = partial(ft.feddl, [X[p] for p in parts], n_landmarks, rounds=rounds, gamma=gamma,
-                    landmark_bounds=(0.0, 1.0))
-variants = [("Fed (no noise)", "none", None, {})]
-variants += [(f"heuristic beta={b:g}", "heuristic", b, {"beta": b}) for b in betas if b > 0]
-variants += [(f"data perturbation eps={e:g}", "dp_data", e,
-              {"epsilon": e, "delta": delta, "tau_x": tau_x}) for e in epsilons]
-variants += [(f"gradient perturbation eps={e:g}", "dp_gradient", e,
-              {"epsilon": e, "delta": delta, "dp_accountant": accountant}) for e in epsilons]
-rows = []
-for s in seeds:
-    for name, noise, level, kw in variants:
-        res = run_feddl(init=ft.public_landmarks(X_pub, n_landmarks, s), noise=noise, seed=s, **kw)
-        for method in methods:
-            out = ft.embed(method, X, parts, n_landmarks, seed=s, feddl_result=res, tsne_max_iter=tsne_max_iter)
-            rows.append({"variant": name, "noise": noise, "level": level, "method": method, "seed": s,
-                         "FedDL epsilon": res.epsilon, "end-to-end epsilon": out.epsilon,
-                         "CA 10-NN": knn_accuracy(out.embedding, labels, 10, seed=s),
-                         "NMI": kmeans_nmi(out.embedding, labels, seed=s)})
-runs = pd.DataFrame(rows)
+# every FedDL run of this chapter (ft.public_feddl): the public gamma, the pixel box, the public Y^0 of its seed
+variants = ft.privacy_variants(betas, epsilons, delta, tau_x, accountant)
+runs = ft.privacy_runs(X, labels, parts, X_pub, variants, seeds, methods, n_landmarks=n_landmarks, rounds=rounds,
+                       gamma=gamma, tsne_max_iter=tsne_max_iter)
 assert (runs[runs.noise.str.startswith("dp")]["FedDL epsilon"] <= runs[runs.noise.str.startswith("dp")].level).all()
 print(f"{len(runs)} embeddings")
 
@@ -162,13 +141,8 @@ plt.show()
 
 # %%
 lowest = min(epsilons)
-verdict_rows = []
-for method in methods:
-    ref = runs[(runs.noise == "none") & (runs.method == method)].set_index("seed")["CA 10-NN"]
-    for noise in ("dp_data", "dp_gradient"):
-        g = dp[(dp.method == method) & (dp.noise == noise) & (dp.level == lowest)].set_index("seed")["CA 10-NN"]
-        if len(g) >= 2:
-            verdict_rows.append((method, noise, paired_difference(g.values, ref.loc[g.index].values)))
+verdict_rows = [(method, noise, d) for method in methods for noise in ("dp_data", "dp_gradient")
+                if (d := ft.paired_vs_reference(runs, "CA 10-NN", method, noise, lowest)) is not None]
 worst_dp = min(d.mean for _, _, d in verdict_rows) if verdict_rows else float("nan")
 display(Markdown(
     f"At the smallest $\\varepsilon$ = {lowest:g} the change of CA 10-NN against Fed without noise is: "
@@ -194,26 +168,11 @@ if verdict_rows:
 # $\varepsilon$ the protocol spends.
 
 # %%
-beta_runs = runs[runs.noise.isin(["none", "heuristic"])].copy()
-beta_runs["beta"] = beta_runs.level.fillna(0.0).astype(float)
-nominal = {}
-for b in [b for b in betas if b > 0]:
-    res = run_feddl(init=ft.public_landmarks(X_pub, n_landmarks, seeds[0]), noise="heuristic", beta=b, seed=seeds[0])
-    eps_p = []
-    for p, ix in enumerate(parts):
-        z = res.noise_sd[:, p] / ft.kernel_gradient_sensitivity(len(ix), n_landmarks, gamma)
-        eps_p.append(privacy.gaussian_epsilon(z, delta, accountant="rdp"))   # fast; orientation only
-    nominal[b] = max(eps_p)
-fig_rows = []
-for method in methods:
-    ref = beta_runs[(beta_runs.beta == 0) & (beta_runs.method == method)].set_index("seed")["NMI"]
-    for b in sorted(beta_runs.beta.unique()):
-        g = beta_runs[(beta_runs.beta == b) & (beta_runs.method == method)].set_index("seed")["NMI"]
-        fig_rows.append({"method": method, "beta": b, "NMI": mean_std(g, 3),
-                         "nominal epsilon (RDP, seed 0, not a guarantee)": "-" if b == 0 else f"{nominal[b]:.3g}",
-                         "paired diff vs beta=0": "-" if b == 0 else paired_difference(
-                             g.values, ref.loc[g.index].values).format(3) if len(g) >= 2 else "n=1"})
-print(pd.DataFrame(fig_rows).to_string(index=False))
+beta_runs = ft.beta_runs(runs)
+nominal = {b: ft.nominal_epsilon(ft.public_feddl(X, parts, X_pub, n_landmarks, rounds, gamma, seeds[0],
+                                                 noise="heuristic", beta=b), parts, gamma, delta)
+           for b in betas if b > 0}
+print(ft.beta_table(beta_runs, methods, nominal).to_string(index=False))
 g = sns.relplot(data=beta_runs, x="beta", y="NMI", hue="method", kind="line", marker="o", errorbar="sd",
                 height=3.2, aspect=1.4)
 g.figure.suptitle(f"NMI vs beta (Figure 7 analogue; optdigits, mean ± sample std over {len(seeds)} seeds)",
@@ -221,19 +180,10 @@ g.figure.suptitle(f"NMI vs beta (Figure 7 analogue; optdigits, mean ± sample st
 plt.show()
 
 # %%
-from scipy.stats import spearmanr
-
-trend = {}
-for method in methods:
-    sub = beta_runs[beta_runs.method == method]
-    trend[method] = spearmanr(sub.beta, sub.NMI).statistic if sub.beta.nunique() > 1 else float("nan")
+trend = ft.beta_trend(beta_runs, methods)
 b_max = max(betas)
-diffs = {}
-for method in methods:
-    ref = beta_runs[(beta_runs.beta == 0) & (beta_runs.method == method)].set_index("seed")["NMI"]
-    top = beta_runs[(beta_runs.beta == b_max) & (beta_runs.method == method)].set_index("seed")["NMI"]
-    if len(top) >= 2 and b_max > 0:
-        diffs[method] = paired_difference(top.values, ref.loc[top.index].values)
+diffs = {method: d for method in methods
+         if b_max > 0 and (d := ft.paired_vs_reference(runs, "NMI", method, "heuristic", b_max)) is not None}
 print("Spearman correlation of beta and NMI over all runs:", {k: round(v, 3) for k, v in trend.items()})
 if diffs:
     claims.register(
@@ -258,13 +208,7 @@ if diffs:
 ny_full = m + 6
 res_dp = ft.feddl([X[p] for p in parts], ny_full, rounds=rounds, gamma=gamma, noise="dp_gradient",
                   epsilon=lowest, delta=delta, init="uniform", landmark_bounds=(0.0, 1.0), seed=seeds[0])
-B = np.vstack([ft.client_sq_distances(X[p], res_dp.landmarks)["sq_distances"] for p in parts])
-order_ix = np.concatenate(parts)
-D_hat = ft.nystrom_distances(B, ft.sq_distances(res_dp.landmarks))
-D_true = np.sqrt(ft.sq_distances(X[order_ix]))
-rebuilt = ft.reconstruct_from_sq_distances(B, res_dp.landmarks)
-err_d = np.abs(D_hat - D_true).max() / D_true.max()
-err_x = np.linalg.norm(rebuilt - X[order_ix]) / np.linalg.norm(X)
+err_d, err_x = ft.upload_leak(X, parts, res_dp.landmarks)
 display(Markdown(
     f"FedDL with gradient noise at $\\varepsilon$ = {res_dp.epsilon:.3g} (spent, $\\delta$ = {delta:g}), "
     f"$n_y$ = {ny_full} $\\ge m+2$ = {m + 2}: the server's distance matrix equals the true one up to "
@@ -284,13 +228,7 @@ assert err_d < 1e-6 and err_x < 1e-6
 lines = []
 for noise, label in (("dp_data", "data perturbation"), ("dp_gradient", "gradient perturbation")):
     for method in methods:
-        ref = runs[(runs.noise == "none") & (runs.method == method)].set_index("seed")["CA 10-NN"]
-        ok = None
-        for e in sorted(epsilons):
-            g = runs[(runs.noise == noise) & (runs.method == method) & (runs.level == e)].set_index("seed")["CA 10-NN"]
-            if len(g) >= 2 and paired_difference(g.values, ref.loc[g.index].values).low > -0.05:
-                ok = e
-                break
+        ok = ft.recovery_epsilon(runs, method, noise, epsilons, "CA 10-NN", threshold=-0.05)
         e2e = "inf (the distance upload is not covered)" if noise == "dp_gradient" else "the same"
         lines.append(f"* {NAMES[method]}, {label}: "
                      + (f"recovers from epsilon = {ok:g} on; end-to-end epsilon: {e2e}." if ok is not None

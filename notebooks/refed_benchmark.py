@@ -114,41 +114,39 @@ import pandas as pd
 import seaborn as sns
 import torch
 from IPython.display import Markdown, display
-from scipy.stats import spearmanr
 
-from fedlib.evaluation import claims
-from fedlib.evaluation.compare import refed_label
 from fedlib.data.datasets import load_dataset
 from fedlib.data.domains import digit_domains, make_domain_stream
+from fedlib.evaluation import claims
+from fedlib.evaluation.report import mean_std_by
 from fedlib.federated.incremental import make_stream
-from fedlib.federated.models import images_to_tensor, make_model
-from fedlib.federated.learner import select_top
-from fedlib.papers.refed import REPLAY_METHODS, ScenarioRuns, train_pim
-from fedlib.evaluation.stats import mean_std, paired_difference
+from fedlib.federated.models import make_model
+from fedlib.papers.refed import (REPLAY_METHODS, ScenarioRuns, cache_diagnostics, compare_grad_norms, cost_lines,
+                                 final_task_accuracy, first_task_accuracies, first_task_table, largest_pools,
+                                 last_task_hypothesis, last_task_share, make_scenario, paired_differences,
+                                 replay_verdict, round_curves, stage_curves, summary_lines)
 from fedlib.runner import specs
 from fedlib.runner.specs.refed import check_total_memory
 
-sns.set_theme(style="whitegrid")
-torch.set_num_threads(num_threads)
 # "refed_proxy" is Re-Fed with the last-layer closed form instead of Eq. 4's exact norms (a learner
 # option, not a method of its own: fedlib.papers.refed.PIM_METHODS); every other name is a method of
 # fedlib.papers.refed.LEARNERS (fedlib.runner.specs.refed.METHOD_NAMES)
 specs.check("refed_benchmark", globals())   # the runner ran the same checks before executing
+sns.set_theme(style="whitegrid")
+torch.set_num_threads(num_threads)
 
+# %%
 ds = load_dataset(dataset).at_most(n_train, n_test)
-SCEN = {"class": {"name": f"class-incremental / {dataset}", "x_train": images_to_tensor(ds.x_train),
-                  "y_train": ds.y_train, "x_test": images_to_tensor(ds.x_test), "y_test": ds.y_test,
-                  "stream": partial(make_stream, ds.y_train, ds.y_test, num_tasks),
-                  "alpha": alpha, "lr": lr, "memory": memory, "lam": lam, "rounds": rounds, "first_rounds": None,
-                  "epochs": local_epochs}}
+SCEN = {"class": make_scenario(f"class-incremental / {dataset}", ds.x_train, ds.y_train, ds.x_test, ds.y_test,
+                               partial(make_stream, ds.y_train, ds.y_test, num_tasks), alpha=alpha, lr=lr, memory=memory,
+                               lam=lam, rounds=rounds, first_rounds=None, epochs=local_epochs)}
 print(f"{ds.name}: {len(ds.y_train)} train / {len(ds.y_test)} test images, {num_tasks} tasks")
 if domain:
     doms = digit_domains(domains, seed=0, n_per_domain=n_per_domain)
     d_stream, dx_tr, dy_tr, dx_te, dy_te = make_domain_stream(doms)
-    SCEN["domain"] = {"name": "domain-incremental / digits", "x_train": images_to_tensor(dx_tr), "y_train": dy_tr,
-                      "x_test": images_to_tensor(dx_te), "y_test": dy_te, "stream": d_stream,
-                      "alpha": alpha_domain, "lr": lr_domain, "memory": memory_domain, "lam": lam_domain,
-                      "rounds": rounds_domain, "first_rounds": first_rounds_domain, "epochs": local_epochs_domain}
+    SCEN["domain"] = make_scenario("domain-incremental / digits", dx_tr, dy_tr, dx_te, dy_te, d_stream, alpha=alpha_domain,
+                                   lr=lr_domain, memory=memory_domain, lam=lam_domain, rounds=rounds_domain,
+                                   first_rounds=first_rounds_domain, epochs=local_epochs_domain)
     for d in doms:
         print(f"  domain {d.name}: {len(d.y_train)} train / {len(d.y_test)} test")
 channels = int(SCEN["class"]["x_train"].shape[1])   # the same in both scenarios (checked by the spec)
@@ -229,9 +227,7 @@ print(f"storage constraint of memory_mode {memory_mode!r} checked after every ru
 
 # %%
 main = pd.DataFrame([r for rows in main_rows.values() for r in rows])
-METRICS = ["A_T", "A_avg", "F_T", "top1_T"]
-table = main.groupby(["scenario", "method"], sort=False)[METRICS].agg(lambda v: mean_std(v.to_numpy()))
-table["n"] = main.groupby(["scenario", "method"], sort=False)["seed"].count()
+table = mean_std_by(main, ["scenario", "method"], ["A_T", "A_avg", "F_T", "top1_T"], digits=2, count="seed")
 print("Ours: mean ± sample std over seeds (%)")
 display(table)
 print("Paper, Table 1 (final accuracy, %) - the paper's numbers on the paper's datasets; our fedavg_replay "
@@ -240,10 +236,8 @@ display(paper1)
 
 # Task 1 has no cache: every method except the regularised ones trains the same model on it (Tables 5-9)
 same_first = ["refed", "refed_balanced", "refed_proxy", "fedavg", "fedavg_replay", "fixed"]
-for scen in SCEN:
-    for seed in seeds:
-        first = {m: run(scen, m, seed, track=True)["result"].acc[0, 0] for m in same_first if m in SCEN_METHODS[scen]}
-        assert len(set(first.values())) == 1, (scen, seed, first)
+first = first_task_accuracies(run, SCEN_METHODS, seeds, same_first)   # {(scenario, seed): {method: accuracy}}
+assert all(len(set(acc.values())) == 1 for acc in first.values()), first
 print("Checked: on task 1, " + ", ".join(m for m in same_first if m in methods + methods_domain)
       + " reach identical accuracy for every seed and scenario (no cache yet), as in the paper's Tables 5-9.")
 
@@ -258,48 +252,26 @@ print("Checked: on task 1, " + ", ".join(m for m in same_first if m in methods +
 # %%
 PAIRS = [("refed", "fedavg_replay"), ("refed", "fedprox_replay"), ("refed_balanced", "fedavg_replay"),
          ("refed_balanced", "refed"), ("refed", "refed_proxy"), ("refed", "fedavg")]
-DIFFS = {}
-rows = []
-for scen in SCEN:
-    df = main[main.scenario == SCEN[scen]["name"]]
-    for a, b in PAIRS:
-        if a not in SCEN_METHODS[scen] or b not in SCEN_METHODS[scen] or len(seeds) < 2:
-            continue
-        for metric in ["A_T", "A_avg"]:
-            va = df[df.key == a].set_index("seed").loc[seeds, metric].to_numpy()
-            vb = df[df.key == b].set_index("seed").loc[seeds, metric].to_numpy()
-            d = paired_difference(va, vb)
-            DIFFS[(scen, a, b, metric)] = d
-            rows.append({"scenario": SCEN[scen]["name"], "comparison": f"{refed_label(a, grad_norm)} - {refed_label(b, grad_norm)}",
-                         "metric": metric, "mean difference [95% CI] (points)": str(d),
-                         "resolved (CI excludes 0)": d.excludes_zero,
-                         "seeds a > b": f"{int((va > vb).sum())} of {len(seeds)}"})
-if rows:
-    display(pd.DataFrame(rows).set_index(["scenario", "comparison", "metric"]))
+DIFFS, diff_table = paired_differences(main, SCEN, SCEN_METHODS, PAIRS, seeds, grad_norm, metrics=["A_T", "A_avg"])
+if len(diff_table):
+    display(diff_table.set_index(["scenario", "comparison", "metric"]))
 else:
     print(f"one seed ({seeds}): no paired differences; the table above carries no comparison")
 
 # %%
 # The paper's headline (Table 1): Re-Fed beats FedAvg and FedProx with naive (random) caching
 for scen in SCEN:
-    baselines = [b for b in ["fedavg_replay", "fedprox_replay"] if (scen, "refed", b, "A_T") in DIFFS]
-    if not baselines:
+    v = replay_verdict(DIFFS, scen, baselines=["fedavg_replay", "fedprox_replay"])   # None: nothing compared
+    if v is None:
         continue
-    ds_ = [DIFFS[(scen, "refed", b, "A_T")] for b in baselines]
-    worse = [b for b, d in zip(baselines, ds_) if d.high < 0]
-    holds = all(d.low > 0 for d in ds_)
-    verdict = ("resolved in Re-Fed's favour" if holds else
-               "Re-Fed resolved below " + ", ".join(worse) if worse else
-               "not supported at this scale: a paired CI contains 0, so these runs show neither an advantage "
-               "nor a disadvantage")
     claims.register(
         f"refed-beats-random-replay-{scen}", "refed",
         "Re-Fed's importance-based cache gives a higher final accuracy than FedAvg and FedProx with a naive "
         f"(random) cache under the same memory ({'class' if scen == 'class' else 'domain'}-incremental, Table 1).",
-        holds=bool(holds), inconclusive=not holds and not worse,
+        holds=bool(v["holds"]), inconclusive=not v["holds"] and not v["worse"],
         evidence="; ".join(f"A_T, Re-Fed [{'last-layer proxy' if grad_norm == 'last_layer' else 'exact Eq. 4'}] "
-                           f"minus {b}: {d} points" for b, d in zip(baselines, ds_))
-                 + f" ({verdict}; {SCEN[scen]['name']} stand-in data, SmallCNN, {SCEN[scen]['rounds']} rounds per "
+                           f"minus {b}: {d} points" for b, d in zip(v["baselines"], v["diffs"]))
+                 + f" ({v['verdict']}; {SCEN[scen]['name']} stand-in data, SmallCNN, {SCEN[scen]['rounds']} rounds per "
                    f"task, M = {SCEN[scen]['memory']}, paired by seed).")
 
 # %% [markdown]
@@ -322,51 +294,25 @@ for scen in SCEN:
 # forgetting lands; the accuracy gap against $M$ is in the memory sweep below.
 
 # %%
-diag_rows = []
 replay_methods = [m for m in REPLAY_METHODS if m in methods]
-for m in replay_methods:
-    for seed in seeds:
-        lrn = run("class", m, seed, track=True)["learner"]
-        for t, log in enumerate(lrn.memory_log):
-            if t < 2 or "old_tasks" not in log:
-                continue
-            old_cls = log["pool_classes"].sum(0) > 0
-            union = log["old_classes"].sum(0)
-            diag_rows.append({"method": refed_label(m, grad_norm), "seed": seed, "boundary": t,
-                              "last old task, share of the pool (%)": 100 * log["pool_tasks"][:, t - 1].sum() / log["pool"].sum(),
-                              "last old task, share of the cache (%)": 100 * log["old_tasks"][:, t - 1].sum() / log["old"].sum(),
-                              "smallest class count, union of caches": int(union[old_cls].min()),
-                              "(client, class) pairs lost": int(((log["pool_classes"] > 0) & (log["old_classes"] == 0)).sum()),
-                              "unused cache storage (samples, all clients)": int((
-                                  (lrn.replay.memory - log["new"] if memory_mode == "total" else lrn.replay.memory)
-                                  - log["old"]).clip(min=0).sum())})
-diag = pd.DataFrame(diag_rows)
+diag = cache_diagnostics(run, replay_methods, seeds, memory_mode, grad_norm)   # one row per (method, seed, boundary)
 if len(diag):
     # every method fills its budget: the unused storage is the same for all methods of a seed and boundary
     assert diag.groupby(["seed", "boundary"])["unused cache storage (samples, all clients)"].nunique().max() == 1
     per_seed = diag.groupby(["method", "seed"], sort=False).mean(numeric_only=True).drop(columns="boundary")
-    display(per_seed.groupby("method", sort=False).agg(lambda v: mean_std(v.to_numpy(), 1)))
+    display(mean_std_by(per_seed, "method", list(per_seed.columns), digits=1))
     print("mean over boundaries per seed, then mean ± sample std over seeds")
-    final_task = pd.DataFrame([{"method": refed_label(m, grad_norm), "seed": seed, **{f"task {tau + 1}": 100 * a for tau, a in
-                               enumerate(run("class", m, seed, track=True)["result"].acc[-1])}}
-                               for m in replay_methods for seed in seeds])
+    final_task = final_task_accuracy(run, replay_methods, seeds, grad_norm)
     print("Final accuracy per task (%), mean ± sample std over seeds")
-    display(final_task.groupby("method", sort=False).agg(lambda v: mean_std(v.to_numpy(), 1)).drop(columns="seed"))
+    display(mean_std_by(final_task, "method", [c for c in final_task.columns if c.startswith("task")], digits=1))
     if {"refed", "fedavg_replay"} <= set(replay_methods) and len(seeds) > 1:
-        col = "last old task, share of the cache (%)"
-        d_share = paired_difference(per_seed.loc[refed_label("refed", grad_norm)][col].to_numpy(),
-                                    per_seed.loc[refed_label("fedavg_replay", grad_norm)][col].to_numpy())
-        d_last = paired_difference(final_task[final_task.method == refed_label("refed", grad_norm)][f"task {num_tasks - 1}"].to_numpy(),
-                                   final_task[final_task.method == refed_label("fedavg_replay", grad_norm)][f"task {num_tasks - 1}"].to_numpy())
-        d_first = paired_difference(final_task[final_task.method == refed_label("refed", grad_norm)]["task 1"].to_numpy(),
-                                    final_task[final_task.method == refed_label("fedavg_replay", grad_norm)]["task 1"].to_numpy())
-        confirmed = d_share.high < 0 and d_last.high < 0
+        h = last_task_hypothesis(per_seed, final_task, num_tasks, grad_norm)   # Re-Fed - random replay, paired
         display(Markdown(
             f"Re-Fed minus random replay, paired by seed: share of the last old task in the cache "
-            f"{d_share.format(1)} points; final accuracy on task {num_tasks - 1} (the last old task at the last "
-            f"boundary) {d_last.format(1)} points; on task 1 {d_first.format(1)} points. The hypothesis is "
+            f"{h['share'].format(1)} points; final accuracy on task {num_tasks - 1} (the last old task at the last "
+            f"boundary) {h['last'].format(1)} points; on task 1 {h['first'].format(1)} points. The hypothesis is "
             + ("**consistent with these runs**: Re-Fed's caches hold less of the last old task, and that task "
-               "ends less accurate" if confirmed else "**not confirmed by these runs** (a CI contains 0 or "
+               "ends less accurate" if h["confirmed"] else "**not confirmed by these runs** (a CI contains 0 or "
                "points the other way)") + "."))
     ax = sns.boxplot(data=diag, x="boundary", y="last old task, share of the cache (%)", hue="method")
     ax.set(xlabel="boundary before task t+1 (t tasks learned)", title="Share of the last old task in the caches")
@@ -381,14 +327,8 @@ if len(diag):
 
 # %%
 if "domain" in SCEN:
-    rows = []
-    for m in methods_domain:
-        for seed in seeds:
-            acc = run("domain", m, seed, track=True)["result"].acc
-            rows.append({"method": refed_label(m, grad_norm), "seed": seed, "domain 1 after task 1 (%)": 100 * acc[0, 0],
-                         "domain 1 after the last task (%)": 100 * acc[-1, 0]})
-    first_dom = pd.DataFrame(rows)
-    display(first_dom.groupby("method", sort=False).agg(lambda v: mean_std(v.to_numpy(), 1)).drop(columns="seed"))
+    first_dom = first_task_table(run, "domain", methods_domain, seeds, grad_norm)
+    display(mean_std_by(first_dom, "method", ["domain 1 after task 1 (%)", "domain 1 after the last task (%)"], digits=1))
     low = first_dom["domain 1 after task 1 (%)"].min() / 100
     assert low >= first_task_min_acc, (f"domain 1 reached only {low:.1%} after task 1: raise first_rounds_domain "
                                        f"(now {first_rounds_domain})")
@@ -399,25 +339,13 @@ if "domain" in SCEN:
 # ## Accuracy after each task
 
 # %%
-curves = pd.concat([run.runs[k]["result"].curve().assign(method=run.runs[k]["result"].method)
-                    for k in run.runs if run.runs[k]["tracked"]], ignore_index=True)
-g = sns.relplot(data=curves, x="stage", y="A_t", hue="method", col="scenario", kind="line", marker="o",
+g = sns.relplot(data=stage_curves(run), x="stage", y="A_t", hue="method", col="scenario", kind="line", marker="o",
                 errorbar="sd", height=3.6, aspect=1.15, facet_kws={"sharey": False, "sharex": False})
 g.set_axis_labels("task t (tasks seen)", "A_t: mean accuracy over seen tasks (%)")
 g.figure.suptitle("Accuracy after each task (mean ± sample sd over seeds)", y=1.03)
 plt.show()
 
-rows = []
-for k, v in run.runs.items():
-    if v["tracked"] and k[2] == seeds[0]:
-        start = 0
-        for t, h in enumerate(v["learner"].histories):
-            if h is not None:
-                rows += [{"scenario": v["row"]["scenario"], "method": v["result"].method, "round": start + r,
-                          "accuracy": 100 * a} for r, a in zip(h.round, h.test_acc)]
-                start += h.round[-1]
-per_round = pd.DataFrame(rows)
-g = sns.relplot(data=per_round, x="round", y="accuracy", hue="method", col="scenario", kind="line", height=3.6,
+g = sns.relplot(data=round_curves(run, seeds[0]), x="round", y="accuracy", hue="method", col="scenario", kind="line", height=3.6,
                 aspect=1.3, facet_kws={"sharey": False, "sharex": False})
 g.set_axis_labels("communication round (all tasks)", "test accuracy on seen tasks (%)")
 g.figure.suptitle(f"Global model after every round, seed {seeds[0]}", y=1.03)
@@ -433,12 +361,10 @@ plt.show()
 # only and counts 0 afterwards.
 
 # %%
-cor = main.groupby(["scenario", "method"], sort=False)["CoR_sum"].agg(lambda v: mean_std(v.to_numpy(), 1)).unstack("method")
+cor = mean_std_by(main, ["scenario", "method"], ["CoR_sum"], digits=1)["CoR_sum"].unstack("method")
 print("Ours: rounds to best, summed over tasks, mean ± sample std over seeds")
 display(cor)
-for k, v in run.runs.items():
-    if v["tracked"] and k[1] == "fixed":
-        assert v["cor"][1:] == [0] * (len(v["cor"]) - 1)
+assert all(v["cor"][1:] == [0] * (len(v["cor"]) - 1) for k, v in run.runs.items() if v["tracked"] and k[1] == "fixed")
 print("Paper, Table 3 (150 rounds per task) - the paper's numbers on the paper's datasets")
 display(paper3)
 
@@ -461,21 +387,14 @@ plt.show()
 gap = by_m.pivot_table(index="M", columns="key", values="A_T", aggfunc="mean")
 if {"refed", "fedavg_replay"} <= set(sweep_methods):
     gap["Re-Fed - random (points)"] = gap["refed"] - gap["fedavg_replay"]
-    share = {}
-    for M in m_grid:
-        logs = [log for seed in sweep_seeds for t, log in enumerate(run("class", "refed", seed, memory=M)["learner"].memory_log)
-                if t >= 2 and "old_tasks" in log]
-        share[M] = 100 * sum(log["old_tasks"][:, -1].sum() for log in logs) / max(1, sum(log["old"].sum() for log in logs))
-    gap["Re-Fed: last old task's share of the cache (%)"] = pd.Series(share)
+    gap["Re-Fed: last old task's share of the cache (%)"] = pd.Series(last_task_share(run, m_grid, sweep_seeds))
 print(f"Ours: A_T (%) by M, seeds {sweep_seeds} (one-seed sweep: a pattern, not a result)")
 display(gap.round(2))
-pools = [int(log["pool"].max()) for seed in sweep_seeds for m in sweep_methods if m in REPLAY_METHODS
-         for log in run("class", m, seed, memory=max(m_grid))["learner"].memory_log if len(log)]
+pools = largest_pools(run, sweep_methods, sweep_seeds, memory=max(m_grid))
 if {"refed", "fedavg_replay"} <= set(sweep_methods) and pools and max(m_grid) >= max(pools):
-    for seed in sweep_seeds:
-        a = run("class", "refed", seed, memory=max(m_grid))["result"].acc
-        b = run("class", "fedavg_replay", seed, memory=max(m_grid))["result"].acc
-        assert np.array_equal(a, b, equal_nan=True)
+    assert all(np.array_equal(run("class", "refed", seed, memory=max(m_grid))["result"].acc,
+                              run("class", "fedavg_replay", seed, memory=max(m_grid))["result"].acc, equal_nan=True)
+               for seed in sweep_seeds)
     print(f"Checked: at M = {max(m_grid)} (>= every pool, largest {max(pools)}) Re-Fed and random replay "
           "give identical accuracy matrices.")
 elif pools:
@@ -544,30 +463,19 @@ display(paper10)
 
 # %%
 if exact_check:
-    ref = run("class", "refed", seeds[0], track=True)["learner"]
-    k = int(np.argmax([len(s[1]) for s in ref.local_sets]))
-    x_pool, y_pool = ref.local_sets[k][0].to(device), ref.local_sets[k][1].to(device)
-    res_g = {}
-    for g_norm in ["exact", "last_layer"]:
-        t0 = time.perf_counter()
-        res_g[g_norm] = train_pim(ref.model, x_pool, y_pool, 10, lam=lam, epochs=pim_epochs, lr=lr,
-                                  batch_size=batch_size, grad_norm=g_norm, generator=torch.Generator().manual_seed(0))
-        res_g[g_norm].seconds = time.perf_counter() - t0
-    assert res_g["exact"].dist_sq == res_g["last_layer"].dist_sq   # same PIM trajectory
-    s_ex, s_ll = res_g["exact"].scores("early"), res_g["last_layer"].scores("early")
-    rho = float(spearmanr(s_ex.numpy(), s_ll.numpy())[0])
-    budget = min(memory, len(y_pool) // 2)
-    overlap = len(set(select_top(s_ex, budget).tolist()) & set(select_top(s_ll, budget).tolist())) / budget
-    share = float((res_g["last_layer"].grad_sq / res_g["exact"].grad_sq).median())
-    print(f"pool of client {k}: {len(y_pool)} samples, {pim_epochs} PIM epochs")
-    print(f"Spearman rank correlation of the Early scores, exact vs last layer: {rho:.3f}")
-    print(f"overlap of the top-{budget} selections: {overlap:.1%}")
-    print(f"median share of the last layer in the exact norm: {share:.3f}")
+    cmp = compare_grad_norms(run("class", "refed", seeds[0], track=True)["learner"], lam=lam, epochs=pim_epochs, lr=lr,
+                             batch_size=batch_size, memory=memory, num_seen=10, device=device)   # same PIM trajectory
+    res_g, y_pool = cmp["results"], cmp["y"]
+    print(f"pool of client {cmp['client']}: {len(y_pool)} samples, {pim_epochs} PIM epochs")
+    print(f"Spearman rank correlation of the Early scores, exact vs last layer: {cmp['rho']:.3f}")
+    print(f"overlap of the top-{cmp['budget']} selections: {cmp['overlap']:.1%}")
+    print(f"median share of the last layer in the exact norm: {cmp['share']:.3f}")
     print(f"PIM seconds with exact norms {res_g['exact'].seconds:.2f}, with the closed form "
           f"{res_g['last_layer'].seconds:.2f} (this machine, other load included)")
-    ax = sns.scatterplot(x=s_ex.numpy(), y=s_ll.numpy(), hue=[str(int(v)) for v in y_pool.cpu()], s=14)
+    ax = sns.scatterplot(x=res_g["exact"].scores("early").numpy(), y=res_g["last_layer"].scores("early").numpy(),
+                         hue=[str(int(v)) for v in y_pool.cpu()], s=14)
     ax.set(xscale="log", yscale="log", xlabel="Early score, exact norms (all parameters)",
-           ylabel="Early score, last-layer closed form", title=f"Scores of one pool (Spearman {rho:.2f})")
+           ylabel="Early score, last-layer closed form", title=f"Scores of one pool (Spearman {cmp['rho']:.2f})")
     ax.legend(title="class", fontsize=7, ncol=2)
     plt.show()
 
@@ -582,19 +490,7 @@ if exact_check:
 cost = main.groupby(["scenario", "method"], sort=False)[["wall_s", "MiB_up"]].mean()
 display(cost.rename(columns={"wall_s": "learner seconds per run", "MiB_up": "upload per run, all clients (MiB)"})
         .style.format("{:.2f}"))
-for scen in SCEN:
-    c = main[main.scenario == SCEN[scen]["name"]].groupby("key")[["wall_s", "MiB_up"]].mean()
-    if {"refed", "fedavg_replay"} <= set(c.index):
-        per_task = SCEN[scen]["rounds"] * participation * SCEN[scen]["epochs"]
-        print(f"{SCEN[scen]['name']}: {pim_epochs} PIM epochs per client and task against about {per_task:.1f} "
-              f"expected local epochs of training per later task ({pim_epochs / per_task:.0%}; the paper: 40 against "
-              f"150 x 0.4 x 20 = 1200, {40 / 1200:.1%})")
-        print(f"  PIM + scoring cost about {c.wall_s['refed'] - c.wall_s['fedavg_replay']:.1f} s per run "
-              f"({refed_label('refed', grad_norm)}); upload equal to random replay: "
-              f"{np.isclose(c.MiB_up['refed'], c.MiB_up['fedavg_replay'])}")
-    if {"refed", "refed_proxy"} <= set(c.index):
-        print(f"  a Re-Fed run with exact norms takes {c.wall_s['refed'] / c.wall_s['refed_proxy']:.2f} x the time "
-              "of one with the last-layer proxy")
+print("\n".join(cost_lines(main, SCEN, pim_epochs=pim_epochs, participation=participation, grad_norm=grad_norm)))
 
 # %% [markdown]
 # ## Summary of the measurements
@@ -603,19 +499,7 @@ for scen in SCEN:
 # confidence intervals, and only the main runs (`seeds`) carry a comparison.
 
 # %%
-for scen in SCEN:
-    df = main[main.scenario == SCEN[scen]["name"]]
-    ranking = df.groupby("method")["A_T"].mean().sort_values(ascending=False)
-    print(f"{SCEN[scen]['name']}: mean final accuracy over {len(seeds)} seeds:",
-          ", ".join(f"{m} {v:.1f}" for m, v in ranking.items()))
-    for (sc, a, b, metric), d in DIFFS.items():
-        if sc == scen and metric == "A_T":
-            print(f"  A_T {refed_label(a, grad_norm)} - {refed_label(b, grad_norm)}: {d} -> "
-                  + ("resolved" if d.excludes_zero else "not resolved"))
-    if {"fedavg", "fedavg_replay"} <= set(df.key):
-        f_ = df.groupby("key")["F_T"].mean()
-        print(f"  forgetting F_T (mean): no memory {f_['fedavg']:.1f}, random replay {f_['fedavg_replay']:.1f}, "
-              f"Re-Fed {f_['refed']:.1f}")
+print("\n".join(summary_lines(main, SCEN, DIFFS, seeds, grad_norm)))
 print(f"\nnotebook compute time: {time.perf_counter() - T_START:.0f} s (profile {profile}, "
       f"{len(run.runs)} runs, {num_threads} torch thread(s), device {device})")
 

@@ -66,7 +66,6 @@ dnn_lambdas = [0.1, 0.3, 0.5, 0.7, 0.9]
 grad_samples = 48          # samples in the gradient-norm checks
 
 # %%
-import copy
 import time
 from functools import partial
 
@@ -75,19 +74,19 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 import torch
-from scipy.stats import spearmanr
-from torch import nn
 
+from fedlib.core.persample import grad_sq_norms, last_layer_grad_sq_norms
 from fedlib.evaluation import claims
-from fedlib.federated.gradient import FedConfig, LinearHead
-from fedlib.federated.incremental import make_stream, run_class_incremental
-from fedlib.federated.models import SmallCNN, SmallResNet
-from fedlib.evaluation.compare import CheckLog, max_state_difference, relative_difference, states_equal
-from fedlib.core import seeds
-from fedlib.core.persample import grad_sq_norms, last_layer_grad_sq_norms, reference_grad_sq_norms
-from fedlib.federated.learner import KeepWeights
-from fedlib.papers.refed import importance_scores, make_learner, q_lambda, train_pim
-from fedlib.papers.refed_theory import exact_pim, g_rate, prototype_images, random_quadratic, repaired_schedule
+from fedlib.evaluation.compare import CheckLog, relative_difference, states_equal
+from fedlib.federated.gradient import FedConfig
+from fedlib.federated.incremental import make_stream
+from fedlib.federated.models import SmallCNN
+from fedlib.papers.refed import importance_scores, q_lambda, run_methods, train_pim
+from fedlib.papers.refed_theory import (adjacent_violations, bn_resnet, closed_form_table, constant_step_table,
+                                        eq14_table, finite_step_scan, lemma1_scan, limit_ratios, monte_carlo_z,
+                                        pim_lambda_scan, prototype_images, random_quadratic, rank_agreement,
+                                        rate_feasibility, repair_table, softmax_pim_table, softmax_problem,
+                                        tail_growth, task1_identity, theorem31_table, vmap_table)
 from fedlib.runner import specs
 
 specs.check("refed_theory", globals())   # the runner ran the same checks before executing
@@ -165,28 +164,19 @@ check("max |1/(1+2q(lam)) - lam|", float(np.abs(1 / (1 + 2 * q_grid) - lam_grid)
 
 # %%
 quad = random_quadratic(rng, dim, mu, L_smooth)   # f(v) = (v - a)^T H (v - a) / 2; a = w_hat_k, global optimum w_hat
-lemma = pd.DataFrame([(l, *quad.dist_loss(l)) for l in lam_grid], columns=["lambda", "dist", "loss"])
-eps = 1e-6
-fd = np.array([[(a - b) / (2 * eps) for a, b in zip(quad.dist_loss(l + eps), quad.dist_loss(l - eps))]
-               for l in lam_grid])
-ddist, dloss = quad.lemma1_derivatives(lam_grid)
+lemma = lemma1_scan(quad, lam_grid, eps=1e-6)     # solved PIM, closed-form and finite-difference derivatives
+ddist, dloss = lemma["ddist"].to_numpy(), lemma["dloss"].to_numpy()
 check("Lemma 1: min d||v-w||^2/dlam over the grid (closed form)", float(ddist.min()), 0.0, ">=")
 check("Lemma 1: max df(v)/dlam over the grid (closed form)", float(dloss.max()), 0.0, "<=")
-check("max rel. error, closed-form vs finite-difference d dist/dlam",
-      float(np.abs(fd[:, 0] - ddist).max() / np.abs(ddist).max()), 1e-6)
-check("max rel. error, closed-form vs finite-difference d f/dlam",
-      float(np.abs(fd[:, 1] - dloss).max() / np.abs(dloss).max()), 1e-6)
+check("max rel. error, closed-form vs finite-difference d dist/dlam", relative_difference(lemma["fd ddist"], ddist), 1e-6)
+check("max rel. error, closed-form vs finite-difference d f/dlam", relative_difference(lemma["fd dloss"], dloss), 1e-6)
 check("envelope identity: max |df/dlam + (q/2) d dist/dlam| (finite differences)",
-      float(np.abs(fd[:, 1] + q_grid / 2 * fd[:, 0]).max() / np.abs(fd[:, 1]).max()), 1e-6)
+      float(np.abs(lemma["envelope"]).max() / np.abs(lemma["fd dloss"]).max()), 1e-6)
 check("distance non-decreasing on the solved grid (min step)", float(np.diff(lemma["dist"]).min()), 0.0, ">=")
 check("loss non-increasing on the solved grid (max step)", float(np.diff(lemma["loss"]).max()), 0.0, "<=")
 for lam_lim in [1e-4, 1e-6]:
-    q_lim = q_lambda(lam_lim)
-    check(f"lam={lam_lim:g}: ||v-w_hat|| / (L ||a-w_hat|| / q)",
-          float(np.linalg.norm(quad.pim(lam_lim) - quad.w_hat) / (L_smooth * np.linalg.norm(quad.a - quad.w_hat) / q_lim)), 1.0)
-lam_hi = 1 - 1e-6
-check("lam=1-1e-6: ||v-a|| / (q ||a-w_hat|| / (mu+q))",
-      float(np.linalg.norm(quad.pim(lam_hi) - quad.a) / (q_lambda(lam_hi) / (mu + q_lambda(lam_hi)) * np.linalg.norm(quad.a - quad.w_hat))), 1.0)
+    check(f"lam={lam_lim:g}: ||v-w_hat|| / (L ||a-w_hat|| / q)", limit_ratios(quad, lam_lim)[0], 1.0)
+check("lam=1-1e-6: ||v-a|| / (q ||a-w_hat|| / (mu+q))", limit_ratios(quad, 1 - 1e-6)[1], 1.0)
 
 fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
 axes[0].plot(lemma["lambda"], lemma["dist"])
@@ -217,36 +207,18 @@ plt.show()
 # rotated coordinates, then scanned over $\lambda$ and $s$.
 
 # %%
-lam_fin = lam_grid[pim_eta * (L_smooth + q_grid) < 2]  # stable steps only
-err = max(np.abs(quad.pim_steps(l, s, pim_eta) - quad.pim_steps_closed(l, s, pim_eta)).max()
-          for l in lam_fin[::7] for s in pim_steps)
-check("finite-step PIM: max |gradient descent - closed form|", float(err), 1e-10)
-rows = []
-for s in pim_steps:
-    for l in lam_fin:
-        v = quad.pim_steps_closed(l, s, pim_eta)
-        rows.append({"s": s, "lambda": l, "eta (L+q)": pim_eta * (L_smooth + q_lambda(float(l))),
-                     "dist": float(((v - quad.w_hat) ** 2).sum()), "loss": float(quad.loss(v))})
-fin = pd.DataFrame(rows)
-mono = []
-for s, grp in fin.groupby("s"):
-    for regime, part in [("eta(L+q) <= 1", grp[grp["eta (L+q)"] <= 1]), ("1 < eta(L+q) < 2", grp[grp["eta (L+q)"] > 1])]:
-        mono.append({"s": s, "regime": regime, "lambdas": len(part),
-                     "dist non-decreasing": bool((np.diff(part["dist"]) >= -1e-12).all()),
-                     "loss non-increasing": bool((np.diff(part["loss"]) <= 1e-12).all())})
-mono = pd.DataFrame(mono)
-print(mono.to_string(index=False))
+fin, mono, err = finite_step_scan(quad, lam_grid, pim_steps, pim_eta)   # stable steps eta (L + q) < 2 only
+check("finite-step PIM: max |gradient descent - closed form|", err, 1e-10)
+print(mono.drop(columns="monotone").to_string(index=False))
 small = mono[mono.regime == "eta(L+q) <= 1"]
-check("eta(L+q)<=1: monotone for every s (cases failing)",
-      int((~(small["dist non-decreasing"] & small["loss non-increasing"])).sum()), 0, "==")
+check("eta(L+q)<=1: monotone for every s (cases failing)", int((~small["monotone"]).sum()), 0, "==")
 big = mono[(mono.regime != "eta(L+q) <= 1") & (mono.s > 1)]
-check("1<eta(L+q)<2: (s > 1) cases where Lemma 1 fails for the finite-step PIM",
-      int((~(big["dist non-decreasing"] & big["loss non-increasing"])).sum()), 1, ">=")
+finite_fail = int((~big["monotone"]).sum())
+check("1<eta(L+q)<2: (s > 1) cases where Lemma 1 fails for the finite-step PIM", finite_fail, 1, ">=")
 check("s=1: PIM independent of lambda (max spread of the distance)",
       float(np.ptp(fin[fin.s == 1]["dist"].to_numpy())) if 1 in pim_steps else 0.0, 1e-12)
 exact_monotone = bool(ddist.min() >= 0 and dloss.max() <= 0)
-small_monotone = bool((small["dist non-decreasing"] & small["loss non-increasing"]).all())
-finite_fail = int((~(big["dist non-decreasing"] & big["loss non-increasing"])).sum())
+small_monotone = bool(small["monotone"].all())
 _ = claims.register(
     "refed-lemma1", "refed",
     "Lemma 1: as lambda grows, the PIM moves away from the global model (||v(lambda) - w||^2 does not "
@@ -258,6 +230,7 @@ _ = claims.register(
              f"min d dist/d lambda = {ddist.min():.3g} >= 0, max d loss/d lambda = {dloss.max():.3g} <= 0 "
              f"(finite differences agree to 1e-6); s-step PIM with eta (L + q) <= 1: monotone for every s in {pim_steps}.")
 
+# %%
 fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
 sns.lineplot(data=fin, x="lambda", y="dist", hue="s", palette="deep", ax=axes[0])
 sns.lineplot(data=fin, x="lambda", y="loss", hue="s", palette="deep", ax=axes[1], legend=False)
@@ -279,25 +252,8 @@ plt.show()
 # Here $w$ is a random initial model, as at the start of training.
 
 # %%
-gen = torch.Generator().manual_seed(seed)
-means = 1.5 * torch.randn(4, 8, generator=gen, dtype=torch.float64)
-y_lr = torch.randint(0, 4, (logreg_samples,), generator=gen)
-x_lr = means[y_lr] + torch.randn(logreg_samples, 8, generator=gen, dtype=torch.float64)
-torch.manual_seed(seed)
-w_lr = LinearHead(8, 4).double()
-
-
-
-rows = []
-for lam in logreg_lambdas:
-    res = train_pim(w_lr, x_lr, y_lr, 4, lam=lam, epochs=logreg_epochs, lr=0.25, batch_size=logreg_samples,
-                    grad_norm="last_layer")
-    v_ex, d_ex, l_ex = exact_pim(w_lr, x_lr, y_lr, lam)
-    gap = float(sum(((res.state[k] - v) ** 2).sum() for k, v in v_ex.state_dict().items()) ** 0.5
-                / sum((v ** 2).sum() for v in v_ex.state_dict().values()) ** 0.5)
-    rows.append({"lambda": lam, "q": q_lambda(lam), "train_pim dist": res.dist_sq, "exact dist": d_ex,
-                 "train_pim loss": res.loss, "exact loss": l_ex, "rel. gap to minimiser": gap})
-logreg = pd.DataFrame(rows)
+x_lr, y_lr, w_lr = softmax_problem(seed, logreg_samples, dim=8, classes=4)   # 4 Gaussian classes in 8 dimensions
+logreg = softmax_pim_table(w_lr, x_lr, y_lr, logreg_lambdas, num_classes=4, epochs=logreg_epochs, lr=0.25)
 print(logreg.to_string(index=False, float_format="%.6g"))
 check("softmax regression: min step of the exact distance over lambda", float(np.diff(logreg["exact dist"]).min()), 0.0, ">")
 check("softmax regression: max step of the exact loss over lambda", float(np.diff(logreg["exact loss"]).max()), 0.0, "<")
@@ -342,14 +298,8 @@ check("train_pim (full batch) reaches the minimiser: max relative gap", float(lo
 # %%
 A_paper = 2 * g0
 T_mc = min(horizon, 300)
-z_max = 0.0
-for L in [thm_L[0], thm_L[-1]]:
-    quad_L = quad.with_spectrum(np.linspace(mu, L, dim))
-    err, _, _ = quad_L.exact_error(thm_lambdas[-1], A_paper, sigma=sigma, g0=g0, horizon=T_mc)
-    mc = quad_L.monte_carlo_error(thm_lambdas[-1], A_paper, sigma=sigma, g0=g0, horizon=T_mc, reps=mc_reps,
-                                  rng=seeds.rng(seed, "monte_carlo"))
-    se = mc.std(1, ddof=1) / np.sqrt(mc_reps)
-    z_max = max(z_max, float(np.max(np.abs(mc.mean(1)[1:] - err[1:]) / se[1:])))
+z_max = monte_carlo_z(quad, [thm_L[0], thm_L[-1]], thm_lambdas[-1], A_paper, sigma=sigma, g0=g0, horizon=T_mc,
+                      reps=mc_reps, seed=seed)
 check(f"Monte Carlo ({mc_reps} reps) vs exact recursion: max |z| over {T_mc} rounds", z_max, 5.0)
 
 # %% [markdown]
@@ -361,21 +311,8 @@ check(f"Monte Carlo ({mc_reps} reps) vs exact recursion: max |z| over {T_mc} rou
 # (> 1 means eq. 13 is false at that round).
 
 # %%
-rows, curves = [], []
-for L in thm_L:
-    for lam in thm_lambdas:
-        err, lemma2, C = quad.with_spectrum(np.linspace(mu, L, dim)).exact_error(lam, A_paper, sigma=sigma, g0=g0,
-                                                                                 horizon=horizon)
-        ratio = err / g_rate(np.arange(horizon + 1), g0)
-        q = q_lambda(lam)
-        rows.append({"L": L, "lambda": lam, "q": q, "eta_0 (L+q)": 2 * g0 * (L + q) / (A_paper * (mu + q)),
-                     "max ratio": ratio.max(), "argmax t": int(ratio.argmax()), "final ratio": ratio[-1],
-                     "paper C": C, "ratio <= C": bool(ratio.max() <= C),
-                     "max Lemma 2 LHS/RHS": lemma2.max(), "at t": int(lemma2.argmax())})
-        curves.append(pd.DataFrame({"t": np.arange(1, horizon + 2), "ratio": ratio, "L": L, "lambda": lam}))
-thm = pd.DataFrame(rows)
+thm, curves = theorem31_table(quad, thm_L, thm_lambdas, A_paper, sigma=sigma, g0=g0, horizon=horizon)
 print(thm.to_string(index=False, float_format="%.4g"))
-curves = pd.concat(curves)
 
 fig, axes = plt.subplots(1, len(thm_L), figsize=(4 * len(thm_L), 3.4), sharey=True)
 for ax, L in zip(np.atleast_1d(axes), thm_L):
@@ -389,9 +326,10 @@ for ax, L in zip(np.atleast_1d(axes), thm_L):
 plt.tight_layout()
 plt.show()
 
+# %%
 # bounded: over the second half of the horizon the ratio does not grow
-tail_growth = max(float(c["ratio"].iloc[-1] / c["ratio"].iloc[horizon // 2]) for _, c in curves.groupby(["L", "lambda"]))
-check("every case: ratio at the horizon / ratio at half the horizon (bounded, not growing)", tail_growth, 1.05)
+growth = tail_growth(curves, horizon)
+check("every case: ratio at the horizon / ratio at half the horizon (bounded, not growing)", growth, 1.05)
 easy = thm[thm.L <= 2 * mu]
 check(f"L <= 2 mu: cases with ratio > paper's C", int((~easy["ratio <= C"]).sum()), 0, "==")
 check(f"L <= 2 mu: max Lemma 2 LHS/RHS", float(easy["max Lemma 2 LHS/RHS"].max()), 1.0)
@@ -402,11 +340,13 @@ _ = claims.register(
     "refed-theorem31-rate", "refed",
     "Theorem 3.1: if the global model converges at rate g(t), the PIM follows at the same rate: "
     "E||v^t - v_hat||^2 <= C g(t) for a finite C.",
-    holds=bool(tail_growth <= 1.05),
+    holds=bool(growth <= 1.05),
     evidence=f"exact second-moment recursion on strongly convex quadratics (mu={mu}, L in {thm_L}, lambda in "
              f"{thm_lambdas}, g = g0/sqrt(t+1), {horizon} rounds): E||v^t - v_hat||^2 / g(t) stays bounded in every "
-             f"case (ratio at the horizon / at half of it <= {tail_growth:.3f}). Outside the theorem: Re-Fed's PIM "
+             f"case (ratio at the horizon / at half of it <= {growth:.3f}). Outside the theorem: Re-Fed's PIM "
              f"uses a constant step against a frozen model (section 3.3).")
+
+# %%
 hard = thm[thm.L > 2 * mu]
 worst_c = float((thm["max ratio"] / thm["paper C"]).max())
 _ = claims.register(
@@ -458,34 +398,14 @@ _ = claims.register(
 
 # %%
 # item 1: the algebra of (14) -> (15), printed vs corrected, at the paper's C (Lemma 2 taken as given)
-t_ax = np.arange(horizon)
-alg = []
-for L in thm_L:
-    for lam in thm_lambdas:
-        g, g1 = g_rate(t_ax, g0), g_rate(t_ax + 1, g0)
-        Bt = quad.eq15_B(lam, sigma, g)
-        C = thm[(thm.L == L) & (thm["lambda"] == lam)]["paper C"].iloc[0]
-        printed, corrected = quad.eq14(lam, A_paper, C, sigma=sigma, g=g)
-        bad = np.flatnonzero(printed > C * g1)
-        alg.append({"L": L, "lambda": lam, "printed (14) <= C g(t+1) fails from t": int(bad[0]) if len(bad) else -1,
-                    "printed: rounds failing": len(bad), "corrected: max (14)/(C g(t+1))": float((corrected / (C * g1)).max()),
-                    "B(t) <= B(0)": bool((Bt <= Bt[0] + 1e-15).all())})
-alg = pd.DataFrame(alg)
+alg = eq14_table(quad, thm, A_paper, sigma=sigma, g0=g0, horizon=horizon)
 print(alg.to_string(index=False, float_format="%.4g"))
 check("item 1: printed (14) fails to close the induction (cases)", int((alg["printed: rounds failing"] > 0).sum()), 1, ">=")
 check("item 1: corrected (14) <= C g(t+1) at every round (max ratio)", float(alg["corrected: max (14)/(C g(t+1))"].max()), 1.0)
 check("item 2: B(t) <= B(0) in every case (cases failing)", int((~alg["B(t) <= B(0)"]).sum()), 0, "==")
 
 # item 3: which rates g admit an A with A >= 2 g(0) and A (g(t) - g(t+1)) <= g(t)^2 for all t < horizon
-tt = np.arange(horizon, dtype=float)
-rates = {f"g0 (t+1)^-{p}": g0 * (tt + 1) ** -p for p in [0.25, 0.5, 0.75, 1.0, 1.5]}
-rates["g0 0.99^t"] = g0 * 0.99 ** tt
-rate_rows = []
-for name, g in rates.items():
-    a_max = float(np.min(g[:-1] ** 2 / (g[:-1] - g[1:])))
-    rate_rows.append({"g(t)": name, "largest admissible A": a_max, "needed A >= 2 g(0)": 2 * g0,
-                      "feasible": a_max >= 2 * g0})
-rate_tab = pd.DataFrame(rate_rows)
+rate_tab = rate_feasibility(g0, horizon, powers=[0.25, 0.5, 0.75, 1.0, 1.5], geometric=0.99)
 print(rate_tab.to_string(index=False, float_format="%.4g"))
 feas = dict(zip(rate_tab["g(t)"], rate_tab["feasible"]))
 check("item 3: g0/sqrt(t+1) admits A = 2 g0 (largest admissible A / 2 g0)",
@@ -495,17 +415,7 @@ check("item 3: rates excluded among 1/(t+1), (t+1)^-1.5, geometric",
 
 # item 4: the repair. A = 2 g0 (L+q)/(mu+q) gives eta_t (L+q) <= 1; choose the smallest t0 with
 # A (g(0) - g(1)) <= g(0)^2 for g(t) = g0 sqrt(t0/(t+t0)) (the ratio g^2/(g - g') grows with t).
-rep_rows = []
-for L in thm_L:
-    for lam in thm_lambdas:
-        A_fix, t0 = repaired_schedule(L, mu, lam, g0)
-        g = g_rate(np.arange(horizon + 1), g0, t0)
-        a_ok = bool(np.all(A_fix * (g[:-1] - g[1:]) <= g[:-1] ** 2 * (1 + 1e-12)))
-        err, lemma2, C = quad.with_spectrum(np.linspace(mu, L, dim)).exact_error(lam, A_fix, sigma=sigma, g0=g0,
-                                                                                 horizon=horizon, t0=t0)
-        rep_rows.append({"L": L, "lambda": lam, "A": A_fix, "t0": t0, "rate condition holds": a_ok,
-                         "max Lemma 2 LHS/RHS": lemma2.max(), "max ratio / C": float((err / g).max() / C)})
-repair = pd.DataFrame(rep_rows)
+repair = repair_table(quad, thm_L, thm_lambdas, sigma=sigma, g0=g0, horizon=horizon)
 print(repair.to_string(index=False, float_format="%.4g"))
 check("item 4 (repaired A, t0): rate condition fails (cases)", int((~repair["rate condition holds"]).sum()), 0, "==")
 check("item 4 (repaired A, t0): max Lemma 2 LHS/RHS", float(repair["max Lemma 2 LHS/RHS"].max()), 1.0)
@@ -529,14 +439,7 @@ check("item 4 (repaired A, t0): max E||v^t - v_hat||^2 / (C g(t))", float(repair
 # %%
 zeta = rng.standard_normal(dim)
 zeta *= np.sqrt(g0) / np.linalg.norm(zeta)
-rows, floor_rows = [], []
-for lam in thm_lambdas:
-    curve, bias, variance = quad.constant_step(lam, zeta, eta=const_eta, sigma=sigma, steps=const_steps)
-    rows.append(pd.DataFrame({"lambda": lam, "s": np.arange(const_steps + 1), "E||v_s - v_hat||^2": curve}))
-    floor_rows.append({"lambda": lam, "q": q_lambda(lam), "bias": bias, "variance": variance,
-                       "floor (formula)": bias + variance, f"recursion at s={const_steps}": curve[-1]})
-const = pd.concat(rows, ignore_index=True)
-floors = pd.DataFrame(floor_rows)
+const, floors = constant_step_table(quad, thm_lambdas, zeta, eta=const_eta, sigma=sigma, steps=const_steps)
 print(floors.to_string(index=False, float_format="%.5g"))
 check("constant eta: recursion at s_max vs floor formula (max rel. error)",
       float((abs(floors[f"recursion at s={const_steps}"] - floors["floor (formula)"]) / floors["floor (formula)"]).max()), 1e-6)
@@ -579,28 +482,17 @@ runs = {"fedavg": {}, "refed": dict(memory=20, memory_mode="replay", pim_epochs=
         "fedavg_replay": dict(memory=20, memory_mode="replay"),
         "refed (memory holds all)": dict(memory=10_000, memory_mode="replay", pim_epochs=1),
         "fedavg_replay (memory holds all)": dict(memory=10_000, memory_mode="replay")}
-learners, results = {}, {}
-kept = {name: KeepWeights() for name in runs}   # the global weights after every stage
 t0 = time.perf_counter()
-for name, kw in runs.items():
-    learners[name] = make_learner(name.split(" ")[0], model_fn, config, num_classes=num_classes,
-                                  progress=False, on_stage_end=[kept[name]], **kw)
-    results[name] = run_class_incremental(learners[name], stream, x_tr, y_tr, x_te, y_te, num_clients=num_clients,
-                                          beta=1.0, seed=seed, progress=False)
+# kept[name].weights: the global weights after every stage
+results, kept = run_methods(runs, model_fn, config, stream, x_tr, y_tr, x_te, y_te, num_classes=num_classes,
+                            num_clients=num_clients, beta=1.0, seed=seed)
 print(f"{len(runs)} runs in {time.perf_counter() - t0:.1f} s")
-
-rows = []
-for t in range(num_tasks):
-    rows.append({"stage": t + 1,
-                 "refed == fedavg": states_equal(kept["refed"].weights[t], kept["fedavg"].weights[t]),
-                 "max |refed - fedavg|": max_state_difference(kept["refed"].weights[t], kept["fedavg"].weights[t]),
-                 "refed == fedavg_replay": states_equal(kept["refed"].weights[t], kept["fedavg_replay"].weights[t]),
-                 "memory holds all: refed == fedavg_replay": states_equal(kept["refed (memory holds all)"].weights[t],
-                                                                           kept["fedavg_replay (memory holds all)"].weights[t])})
-ident = pd.DataFrame(rows)
+ident = task1_identity(kept, num_tasks)
 print(ident.to_string(index=False))
 summary = pd.DataFrame([r.summary() for r in results.values()]).set_index(pd.Index(list(results), name="learner"))
 print(summary[["A_T", "A_avg", "F_T", "MiB_up"]].round(3).to_string())
+
+# %%
 n_params = sum(v.numel() for v in kept["fedavg"].weights[0].values())
 check(f"stage 1: Re-Fed vs FedAvg global weights, tensors not bit-identical ({n_params} numbers)",
       int(not states_equal(kept["refed"].weights[0], kept["fedavg"].weights[0])), 0, "==")
@@ -637,22 +529,13 @@ w_task1 = model_fn()
 w_task1.load_state_dict(kept["fedavg"].weights[0])
 pos_tr = stream.relabel(y_tr)
 parts = stream.client_partitions(0, y_tr, num_clients, 1.0, seed)
-rows = []
-pim_results = {}
-for k, p in enumerate(parts):
-    xk, yk = torch.from_numpy(x_tr[p]), torch.from_numpy(pos_tr[p])
-    for lam in dnn_lambdas:
-        r = train_pim(w_task1, xk, yk, stream.num_seen(0), lam=lam, epochs=dnn_pim_epochs, lr=config.lr, batch_size=16,
-                      generator=torch.Generator().manual_seed(k))
-        pim_results[k, lam] = r
-        rows.append({"client": k, "pool": len(p), "lambda": lam, "||v - w||^2": r.dist_sq, "pool loss": r.loss})
-dnn = pd.DataFrame(rows)
+pools = [(torch.from_numpy(x_tr[p]), torch.from_numpy(pos_tr[p])) for p in parts]   # every client's task-1 data
+dnn = pim_lambda_scan(w_task1, pools, stream.num_seen(0), dnn_lambdas, epochs=dnn_pim_epochs, lr=config.lr, batch_size=16)
 print(dnn.pivot(index="client", columns="lambda", values="||v - w||^2").round(4).to_string())
 print(dnn.pivot(index="client", columns="lambda", values="pool loss").round(4).to_string())
-viol_d = sum(int((np.diff(g_["||v - w||^2"]) < 0).sum()) for _, g_ in dnn.groupby("client"))
-viol_l = sum(int((np.diff(g_["pool loss"]) > 0).sum()) for _, g_ in dnn.groupby("client"))
-check("CNN PIM: adjacent lambda pairs where the distance falls", viol_d, 0, "==")
-check("CNN PIM: adjacent lambda pairs where the pool loss rises", viol_l, 0, "==")
+check("CNN PIM: adjacent lambda pairs where the distance falls", adjacent_violations(dnn, "client", "||v - w||^2"), 0, "==")
+check("CNN PIM: adjacent lambda pairs where the pool loss rises",
+      adjacent_violations(dnn, "client", "pool loss", increasing=False), 0, "==")
 
 fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
 sns.lineplot(data=dnn, x="lambda", y="||v - w||^2", hue="client", marker="o", palette="tab10", ax=axes[0])
@@ -692,24 +575,9 @@ pick = rng.choice(len(y_tr), grad_samples, replace=False)
 xg = torch.from_numpy(x_tr[pick])
 yg = torch.from_numpy(pos_tr[pick]) % 3   # labels < num_seen = 3 (classes 3.. masked)
 seen = 3
-head = ["classifier.weight", "classifier.bias"]
 cnn = model_fn()
 cnn.load_state_dict(kept["fedavg"].weights[-1])
-rows = []
-for dtype, tol in [(torch.float64, 1e-10), (torch.float32, 1e-4)]:
-    xd = xg.to(dtype)
-    torch.manual_seed(seed)
-    nobias = nn.Sequential(nn.Flatten(), nn.Linear(img * img, 16), nn.Tanh(), nn.Linear(16, num_classes, bias=False))
-    for name, model, layer, names in [("SmallCNN", cnn, "classifier", head), ("MLP, no bias", nobias, "3", ["3.weight"])]:
-        m_ = copy.deepcopy(model).to(dtype)
-        loop = reference_grad_sq_norms(m_, xd, yg, seen, names)
-        rows.append({"model": name, "dtype": str(dtype)[6:],
-                     "identity vs loop": relative_difference(
-                         last_layer_grad_sq_norms(m_, xd, yg, seen, m_.get_submodule(layer), dtype=None), loop),
-                     "fedlib closed form vs loop": relative_difference(last_layer_grad_sq_norms(m_, xd, yg, seen), loop),
-                     "fedlib vmap(last layer) vs loop": relative_difference(grad_sq_norms(m_, xd, yg, seen, names=names), loop),
-                     "tolerance": tol})
-closed_tab = pd.DataFrame(rows)
+closed_tab = closed_form_table(cnn, xg, yg, seen, num_classes=num_classes, seed=seed)   # the CNN and a bias-free MLP
 print(closed_tab.to_string(index=False, float_format="%.2e"))
 for _, r in closed_tab.iterrows():
     check(f"identity ||pi-e_y||^2(||h||^2+1), {r['model']} {r['dtype']}: max rel. error vs autograd loop",
@@ -726,15 +594,7 @@ with torch.no_grad():
 check("||pi - e_y||^2 in [0, 2]: max", float(pi_part.max()), 2.0)
 
 # rank agreement with the all-parameter norms at the task boundary (the CNN after task 1, its pool)
-rank_rows = []
-for k, p in enumerate(parts):
-    xk, yk = torch.from_numpy(x_tr[p]), torch.from_numpy(pos_tr[p])
-    full = grad_sq_norms(w_task1, xk, yk, stream.num_seen(0))
-    last = last_layer_grad_sq_norms(w_task1, xk, yk, stream.num_seen(0))
-    rank_rows.append({"client": k, "pool": len(p), "Spearman(last layer, all params)": float(spearmanr(last.numpy(), full.numpy())[0]),
-                      "last-layer share of ||grad||^2 (median)": float((last / full).median()),
-                      "max share": float((last / full).max())})
-rank = pd.DataFrame(rank_rows)
+rank = rank_agreement(w_task1, pools, stream.num_seen(0))
 print(rank.round(3).to_string(index=False))
 # the last layer's coordinates are a subset of all coordinates: its norm can never exceed eq. 4's
 check("last-layer norm <= all-parameter norm: max share over all pools", float(rank["max share"].max()), 1.0 + 1e-5)
@@ -742,7 +602,7 @@ print(f"Spearman rank correlation (measured, not asserted): min {rank.iloc[:, 2]
       f"max {rank.iloc[:, 2].max():.3f} over {len(rank)} clients")
 
 fig, ax = plt.subplots(figsize=(4.6, 3.8))
-xk, yk = torch.from_numpy(x_tr[parts[0]]), torch.from_numpy(pos_tr[parts[0]])
+xk, yk = pools[0]
 ax.loglog(grad_sq_norms(w_task1, xk, yk, stream.num_seen(0)), last_layer_grad_sq_norms(w_task1, xk, yk, stream.num_seen(0)), "o", alpha=0.6)
 ax.set(xlabel=r"all parameters $\|\nabla_\theta\ell\|^2$ (eq. 4)", ylabel=r"last layer $\|\pi-e_y\|^2(\|h\|^2+1)$",
        title="client 0's pool after task 1")
@@ -760,28 +620,14 @@ plt.show()
 # per-sample norm at $v=w$ (the norms are taken *before* the step, [D12]), and its scores are eq. 5.
 
 # %%
-torch.manual_seed(seed)
-resnet = SmallResNet(1, num_classes, widths=(4, 8), blocks=(1, 1), norm="batch")
-for mod in resnet.modules():
-    if isinstance(mod, nn.BatchNorm2d):
-        mod.running_mean.uniform_(-0.5, 0.5)
-        mod.running_var.uniform_(0.5, 2.0)
-rows = []
-for name, model in [("SmallCNN", cnn), ("SmallResNet (BN)", resnet)]:
-    for dtype, tol in [(torch.float64, 1e-10), (torch.float32, 1e-4)]:
-        m_ = copy.deepcopy(model).to(dtype)
-        xd = xg.to(dtype)
-        ref = reference_grad_sq_norms(m_, xd, yg, seen)
-        vm = grad_sq_norms(m_, xd, yg, seen, batch_size=7)
-        rows.append({"model": name, "dtype": str(dtype)[6:], "params": sum(p.numel() for p in m_.parameters()),
-                     "vmap vs loop": relative_difference(vm, ref), "tolerance": tol})
-vm_tab = pd.DataFrame(rows)
+resnet = bn_resnet(num_classes, seed)   # BatchNorm with non-trivial running statistics
+vm_tab = vmap_table({"SmallCNN": cnn, "SmallResNet (BN)": resnet}, xg, yg, seen, batch_size=7)
 print(vm_tab.to_string(index=False, float_format="%.2e"))
 for _, r in vm_tab.iterrows():
     check(f"vmap per-sample norms, {r['model']} {r['dtype']}: max rel. error vs loop", r["vmap vs loop"], r["tolerance"])
 
 # train_pim: G^1 of the first mini-batch is taken at v = w; scores follow eq. 5
-xk, yk = torch.from_numpy(x_tr[parts[0]]), torch.from_numpy(pos_tr[parts[0]])
+xk, yk = pools[0]
 res = train_pim(w_task1, xk, yk, stream.num_seen(0), lam=0.5, epochs=3, lr=config.lr, batch_size=16,
                 generator=torch.Generator().manual_seed(123))
 first = torch.randperm(len(yk), generator=torch.Generator().manual_seed(123))[:16]

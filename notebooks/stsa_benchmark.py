@@ -90,7 +90,6 @@ later_task_classes = 2     # then tasks of this many classes
 num_threads = 2
 
 # %%
-import dataclasses
 import time
 from functools import partial
 
@@ -107,25 +106,16 @@ from fedlib.evaluation import claims
 from fedlib.evaluation import tables as paper_results
 
 from fedlib.papers import stsa
-from fedlib.evaluation.stats import mean_std, paired_difference
-from fedlib.data.datasets import load_dataset
-from fedlib.federated.gradient import FedConfig
-from fedlib.data.features import extract_features
-from fedlib.federated.incremental import make_stream, run_class_incremental, scratch_backbone_features
-from fedlib.federated.models import SmallResNet, images_to_tensor
+from fedlib.evaluation.report import paired_markdown_rows
 from fedlib.runner import specs
 
 specs.check("stsa_benchmark", globals())   # every parameter is checked before any long work
 sns.set_theme(style="whitegrid")
 torch.set_num_threads(num_threads)
 
-data = {}
-for name in datasets + ([scratch_dataset] if scratch else []):
-    ds = load_dataset(name)
-    n_tr, n_te = subsets.get(name, [None, None])
-    data[name] = ds.subset(n_tr, n_te) if (n_tr or n_te) else ds
-    data[name] = data[name].at_most(n_train, n_test)
-    make_stream(data[name].y_train, data[name].y_test, num_tasks)  # T must divide the classes
+names = datasets + ([scratch_dataset] if scratch else [])
+data = stsa.benchmark_data(names, subsets, n_train, n_test, num_tasks)
+for name in names:  # every dataset's classes divide into num_tasks tasks (checked)
     print(f"{name}: {len(data[name].y_train)} train / {len(data[name].y_test)} test images, "
           f"{len(data[name].classes)} classes, {num_tasks} tasks")
 
@@ -139,10 +129,8 @@ for name in datasets + ([scratch_dataset] if scratch else []):
 feats = {}
 for name in datasets:
     t0 = time.perf_counter()
-    ds = load_dataset(name)
-    ds = ds.subset(*subsets[name]) if name in subsets else ds
-    cached = extract_features(ds, backbone=backbone, input_size=input_size, device=device)
-    feats[name] = cached.at_most(n_train, n_test)  # same draw as data[name]
+    cached, feats[name] = stsa.benchmark_features(name, subsets, n_train, n_test, backbone=backbone,
+                                                  input_size=input_size, device=device)  # same draw as data[name]
     assert np.array_equal(feats[name].y_train, data[name].y_train)
     print(f"{cached.name}: {cached.x_train.shape} ({time.perf_counter() - t0:.1f} s, cached); "
           f"experiments use {feats[name].x_train.shape[0]} train / {feats[name].x_test.shape[0]} test")
@@ -156,23 +144,14 @@ for name in datasets:
 # %%
 fed_kwargs = dict(rounds=rounds_per_task, local_epochs=local_epochs, batch_size=64, lr=lr, weight_decay=0.0,
                   device=device, num_threads=num_threads, eval_every=10**6)   # the gradient baselines' FedConfig
-ANALYTIC, JOINT = list(stsa.ANALYTIC), stsa.JOINT
 # one run: run(method, features, beta, seed, setting, M, **changes) -> IncrementalResult (stsa.run_fcil)
 run = partial(stsa.run_fcil, num_tasks=num_tasks, num_clients=num_clients, gamma=gamma, num_dummy=num_dummy,
               head=head, fed_kwargs=fed_kwargs, baseline_hparams=baseline_hparams)
 
 results = []
-for name in datasets:
-    for seed in seeds:
-        # Joint ignores the partition: one run per seed, listed under every beta
-        joint = run(JOINT, feats[name], None, seed, f"pretrained / {name}", M)
-        results += [dataclasses.replace(joint, config={**joint.config, "beta": beta}) for beta in betas]
-    for beta in betas:
-        for seed in seeds:
-            for method in ANALYTIC:
-                results.append(run(method, feats[name], beta, seed, f"pretrained / {name}", M))
-            for method in baselines if seed in baseline_seeds else []:
-                results.append(run(method, feats[name], beta, seed, f"pretrained / {name}", M))
+for name in datasets:  # Joint ignores the partition: one run per seed, listed under every beta
+    results += stsa.pretrained_grid(run, feats[name], f"pretrained / {name}", betas, seeds, baselines,
+                                    baseline_seeds, M)
     print(f"{name}: done")
 
 # %% [markdown]
@@ -187,27 +166,12 @@ for name in datasets:
 # %%
 stage1 = []
 if scratch:
-    ds = data[scratch_dataset]
-    for beta in betas:
-        for seed in scratch_seeds:
-            stream = make_stream(ds.y_train, ds.y_test, num_tasks, seed=seed)
-            f, cost = scratch_backbone_features(ds, stream, num_clients, beta, seed,
-                                                FedConfig(seed=seed, **{**fed_kwargs, "rounds": scratch_rounds}),
-                                                widths=tuple(scratch_widths))
-            stage1.append({"beta": beta, "seed": seed, **cost})
-            for method in ANALYTIC + [JOINT]:
-                results.append(run(method, f, beta, seed, f"scratch / {scratch_dataset}", M_scratch, stream=stream))
-    img_train, img_test = images_to_tensor(ds.x_train), images_to_tensor(ds.x_test)
-    for method in scratch_baselines:
-        stream = make_stream(ds.y_train, ds.y_test, num_tasks, seed=0)
-        learner = stsa.make_fcil_learner(method, None, len(ds.classes), None, gamma, 0,
-                                         fed_kwargs={**fed_kwargs, "rounds": scratch_baseline_rounds},
-                                         baseline_hparams=baseline_hparams,
-                                         model_fn=partial(SmallResNet, 1, len(ds.classes), tuple(scratch_widths)))
-        results.append(run_class_incremental(learner, stream, img_train, ds.y_train, img_test, ds.y_test,
-                                             num_clients, 0.5, 0, config={"setting": f"scratch / {scratch_dataset}",
-                                                                         "beta": 0.5, "seed": 0},
-                                             progress=True, min_size=num_dummy))
+    scratch_results, stage1 = stsa.scratch_grid(run, data[scratch_dataset], f"scratch / {scratch_dataset}", betas,
+                                                scratch_seeds, num_tasks, num_clients, fed_kwargs, scratch_rounds,
+                                                scratch_widths, M_scratch)
+    results += scratch_results + stsa.scratch_baseline_runs(
+        scratch_baselines, data[scratch_dataset], f"scratch / {scratch_dataset}", num_tasks, num_clients, gamma,
+        fed_kwargs, scratch_baseline_rounds, baseline_hparams, scratch_widths, min_size=num_dummy)
     print(pd.DataFrame(stage1).to_string(index=False))
     if len(scratch_seeds) < 5:
         print(f"scratch setting: {len(scratch_seeds)} seeds (fewer than 5 because each beta and seed trains its own "
@@ -220,13 +184,9 @@ if scratch:
 
 # %%
 summary = pd.DataFrame([r.summary() for r in results])
-table = (summary.groupby(["setting", "method", "beta"])[["A_avg", "A_T", "F_T"]]
-         .agg(lambda v: mean_std(v))
-         .unstack("beta"))
-table = table.reorder_levels([1, 0], axis=1).sort_index(axis=1, level=0, ascending=False, sort_remaining=False)
-runs = summary.groupby(["setting", "method"]).seed.nunique()
+table, seeds_per_method = stsa.results_table(summary)
 print("Ours: mean ± sample std over seeds (%), A_avg / A_T / F_T as in eqs. 60-62; seeds per method: "
-      + ", ".join(f"{m}: {n}" for m, n in runs.groupby("method").max().items()))
+      + ", ".join(f"{m}: {n}" for m, n in seeds_per_method.items()))
 print("Pretrained setting: the gradient baselines are linear heads on the frozen features. Joint = centralized "
       "ridge on all data seen (same features and gamma), one run per seed listed under every beta.")
 display(table)
@@ -239,20 +199,7 @@ display(table)
 # excludes 0.
 
 # %%
-rows = []
-for (setting, beta), grp in summary.groupby(["setting", "beta"]):
-    ref = grp[grp.method == "STSA"].set_index("seed")["A_T"]
-    for method in grp.method.unique():
-        if method == "STSA":
-            continue
-        other = grp[grp.method == method].set_index("seed")["A_T"]
-        common = ref.index.intersection(other.index)
-        if len(common) < 2:
-            continue
-        d = paired_difference(ref[common].to_numpy(), other[common].to_numpy())
-        rows.append({"setting": setting, "beta": beta, "STSA minus": method, "A_T difference (points)": str(d),
-                     "mean": d.mean, "low": d.low, "high": d.high, "n": d.n})
-paired = pd.DataFrame(rows)
+paired = stsa.paired_against(summary, "STSA", "A_T")
 display(paired.drop(columns=["mean", "low", "high", "n"]).set_index(["setting", "beta", "STSA minus"]))
 
 # %% [markdown]
@@ -262,12 +209,9 @@ display(paired.drop(columns=["mean", "low", "high", "n"]).set_index(["setting", 
 # pretrained setting, STSA's A_T is identical across $\beta$ for every seed.
 
 # %%
-pre = summary[summary.setting.str.startswith("pretrained") & (summary.method == "STSA")]
-spread = pre.groupby(["setting", "seed"])["A_T"].agg(lambda v: v.max() - v.min())
+pre, spread, gap_joint = stsa.exactness_check(summary)
 print("max spread of STSA's A_T across beta (pretrained, per seed):", float(spread.max()))
 assert spread.max() < 1e-9
-pivot_j = summary.pivot_table(index=["setting", "beta", "seed"], columns="method", values="A_T")
-gap_joint = (pivot_j["STSA"] - pivot_j[JOINT]).abs().max()
 print(f"largest |A_T(STSA) - A_T(Joint)| over all runs: {gap_joint:.2e} points")
 assert gap_joint < 0.05, "STSA is the joint ridge head (up to argmax ties from round-off)"
 claims.register(
@@ -357,34 +301,15 @@ display(paper_results.stsa_table5())
 # %%
 abl_name, abl_beta, abl_seed = datasets[0], 0.5, seeds[0]
 f0 = feats[abl_name]
-rows = []
-for m_ in ablation_M:
-    for method in ["STSA", "STSA-E"]:
-        rows.append({"ablation": "M (pretrained)", "value": m_, "method": method,
-                     **run(method, f0, abl_beta, abl_seed, "abl", m_).summary()})
-if scratch:
-    stream0 = make_stream(data[scratch_dataset].y_train, data[scratch_dataset].y_test, num_tasks, seed=abl_seed)
-    f_s, _ = scratch_backbone_features(data[scratch_dataset], stream0, num_clients, abl_beta, abl_seed,
-                                       FedConfig(seed=abl_seed, **{**fed_kwargs, "rounds": scratch_rounds}),
-                                       widths=tuple(scratch_widths))
-    for m_ in ablation_M_scratch:
-        for method in ["STSA", "STSA-E"]:
-            rows.append({"ablation": "M (scratch)", "value": m_, "method": method,
-                         **run(method, f_s, abl_beta, abl_seed, "abl", m_, stream=stream0).summary()})
-for k in ablation_K:
-    for method in ["STSA", "STSA-E", "STSA-E (per-class K)"]:
-        rows.append({"ablation": "K (K·K_D fixed)", "value": k, "method": method,
-                     **run(method, f0, abl_beta, abl_seed, "abl", M, num_clients=k,
-                           num_dummy=max(1, ablation_clients_total // k)).summary()})
-for kd in ablation_dummy:
-    for method in ["STSA-E", "STSA-E (per-class K)"]:
-        rows.append({"ablation": "K_D", "value": kd, "method": method,
-                     **run(method, f0, abl_beta, abl_seed, "abl", M, num_dummy=kd).summary()})
-for gm in ablation_gamma:
-    for method in ["STSA", "STSA-E"]:
-        rows.append({"ablation": "gamma", "value": gm, "method": method,
-                     **run(method, f0, abl_beta, abl_seed, "abl", M, gamma=gm).summary()})
-ablation = pd.DataFrame(rows)
+scratch_abl = None
+if scratch:   # the scratch backbone of (abl_beta, abl_seed), its random-feature widths
+    stream0, f_s, _ = stsa.scratch_features(data[scratch_dataset], num_tasks, num_clients, abl_beta, abl_seed,
+                                            fed_kwargs, scratch_rounds, scratch_widths)
+    scratch_abl = (stream0, f_s, ablation_M_scratch)
+ablation = stsa.ablation_runs(run, f0, abl_beta, abl_seed, M, ablation_M, ablation_K, ablation_clients_total,
+                              ablation_dummy, ablation_gamma, scratch=scratch_abl)
+
+# %%
 g = sns.relplot(data=ablation, x="value", y="A_T", hue="method", col="ablation", kind="line", marker="o",
                 height=3.0, aspect=1.0, facet_kws={"sharex": False, "sharey": False}, col_wrap=3)
 for ax in g.axes.flat:
@@ -408,59 +333,19 @@ assert k_rows.A_T.max() - k_rows.A_T.min() < 1e-9, "STSA is invariant to the num
 # "counts rounded". Pretrained features, first dataset, $\beta=0.5$, seeds `noise_seeds`.
 
 # %%
-variants = {"STSA": ("STSA", ("G", "C"), False), "STSA-E1": ("STSA-E", ("C",), False),
-            "STSA-E2": ("STSA-E", ("n",), False), "STSA-E3": ("STSA-E", ("C", "n"), False),
-            "STSA-E2, counts rounded": ("STSA-E", ("n",), True)}
-rows, gram_rows, done = [], [], {}
-for q, s in [[0.0, 0.0]] + noise_grid:
-    setting = "Original" if q == 0 else f"q={q}, s={s}"
-    for label, (method, entries, rounded) in variants.items():
-        if q == 0 and label != "STSA" and label != "STSA-E1":
-            continue  # without noise E1, E2, E3 and the rounded variant are the same STSA-E run
-        for seed in noise_seeds:
-            # the noise is q * s * N(0, 1) from each client's own stream (seed, stage, client): equal q*s, same run
-            key = (label, seed, round(q * s, 12))
-            if key not in done:
-                kw = {"round_counts": True} if rounded else {}
-                if q > 0:
-                    kw.update(noise=(q, s), noise_entries=entries)
-                res, lrn = run(method, f0, abl_beta, seed, "noise", M, return_learner=True, **kw)
-                done[key] = (res.summary()["A_T"], lrn.server.gram.clone())
-            a_t, g_ = done[key]
-            rows.append({"setting": setting, "variant": label, "seed": seed, "A_T": a_t})
-            gram_rows.append({"setting": setting, "variant": label, "seed": seed, "gram": g_})
-noise_runs = pd.DataFrame(rows)
-clean = noise_runs[noise_runs.setting == "Original"]
-for label in ["STSA-E2", "STSA-E3", "STSA-E2, counts rounded"]:  # the clean STSA-E run serves every E variant
-    noise_runs = pd.concat([noise_runs, clean[clean.variant == "STSA-E1"].assign(variant=label)], ignore_index=True)
-noise = (noise_runs.groupby(["setting", "variant"], sort=False)["A_T"].agg(mean_std).unstack("variant")
-         .reindex(index=["Original"] + [f"q={q}, s={s}" for q, s in noise_grid], columns=list(variants)))
+# the noise is q * s * N(0, 1) from each client's own stream (seed, stage, client): equal q*s, same run
+noise_runs, grams = stsa.noise_study(run, f0, abl_beta, noise_seeds, M, noise_grid)
+# A_T table; how far the noise moves the server's Gram (first seed); paired changes for sd q*s <= 0.1
+noise, moved, changes = stsa.noise_tables(noise_runs, grams, noise_grid, noise_seeds[0])
 print(f"Ours: A_T (%) with upload noise, {abl_name}, pretrained, beta={abl_beta}, mean ± sample std over "
       f"{len(noise_seeds)} seeds")
 display(noise)
-
-# how far the noise moves the Gram matrix the server solves with (first seed), relative to the clean one
-gram = {(r["setting"], r["variant"]): r["gram"] for r in gram_rows if r["seed"] == noise_seeds[0]}
-clean_g = {"STSA": gram[("Original", "STSA")], "E": gram[("Original", "STSA-E1")]}
-moved = pd.DataFrame([{"setting": st, "variant": v,
-                       "||G_noisy - G|| / ||G||": float((g - clean_g["STSA" if v == "STSA" else "E"]).norm()
-                                                       / clean_g["STSA" if v == "STSA" else "E"].norm())}
-                      for (st, v), g in gram.items() if st != "Original"]).pivot(index="setting", columns="variant")
 print(f"relative change of the server's Gram matrix (seed {noise_seeds[0]}):")
 display(moved.style.format("{:.1e}"))
 e2 = moved[("||G_noisy - G|| / ||G||", "STSA-E2")]
 assert (e2 > 0).all(), "noisy counts reach the Gram estimate at every grid point"
 
-# paired changes of A_T against the clean run, for the small-noise points (sd q*s <= 0.1)
-small = [f"q={q}, s={s}" for q, s in noise_grid if q * s <= 0.1]
-changes = []
-for st in small:
-    for label in variants:
-        a = noise_runs[(noise_runs.setting == st) & (noise_runs.variant == label)].sort_values("seed")["A_T"].to_numpy()
-        b = noise_runs[(noise_runs.setting == "Original") & (noise_runs.variant == label)].sort_values("seed")["A_T"].to_numpy()
-        changes.append({"setting": st, "variant": label, "d": paired_difference(a, b) if len(a) > 1 else None,
-                        "max |change|": float(np.abs(a - b).max())})
-changes = pd.DataFrame(changes)
+# %%
 drop = changes["max |change|"].max() if len(changes) else 0.0
 mean_drop = max((abs(d.mean) for d in changes.d if d is not None), default=drop)
 print(f"largest change of A_T for noise sd q*s <= 0.1: {drop:.2f} points in one run, {mean_drop:.2f} points "
@@ -488,21 +373,11 @@ claims.register(
 # seed: the effect of the shifts on each method, and STSA-E minus STSA with and without them.
 
 # %%
-rows = []
-for seed in seeds:
-    for sk in [0.0, skew_scale]:
-        for method in ["STSA", "STSA-E (per-class K)"]:
-            rows.append({"seed": seed, "skew": sk, "method": method,
-                         "A_T": run(method, f0, abl_beta, seed, "skew", M, skew=sk).summary()["A_T"]})
-skew_runs = pd.DataFrame(rows).pivot_table(index="seed", columns=["skew", "method"], values="A_T")
-lines = []
-for sk in [0.0, skew_scale]:
-    st_, e_ = skew_runs[(sk, "STSA")], skew_runs[(sk, "STSA-E (per-class K)")]
-    lines.append(f"| {sk} | {mean_std(st_)} | {mean_std(e_)} | {paired_difference(e_, st_)} |")
-eff = {m: paired_difference(skew_runs[(skew_scale, m)], skew_runs[(0.0, m)]) for m in ["STSA", "STSA-E (per-class K)"]}
+skew_runs = stsa.skew_grid(run, f0, abl_beta, seeds, M, skew_scale)
+rows_md, eff = paired_markdown_rows(skew_runs, [0.0, skew_scale], "STSA", "STSA-E (per-class K)")
 display(Markdown(
     f"A_T (%), {abl_name}, {len(seeds)} seeds (mean ± sample std):\n\n| shift scale | STSA | STSA-E (per-class K) | "
-    f"STSA-E − STSA (paired) |\n|---|---|---|---|\n" + "\n".join(lines)
+    f"STSA-E − STSA (paired) |\n|---|---|---|---|\n" + rows_md
     + f"\n\nEffect of the shifts (skewed − unskewed, paired): STSA {eff['STSA']}; STSA-E {eff['STSA-E (per-class K)']}."))
 
 # %% [markdown]
@@ -512,14 +387,8 @@ display(Markdown(
 # 50 + 10 x 5 on CIFAR-100). Pretrained features, first dataset, $\beta=0.5$.
 
 # %%
-f0c = len(f0.classes)
-rows = []
-for seed in seeds:
-    stream_l = make_stream(f0.y_train, f0.y_test, 1 + (f0c - first_task_classes) // later_task_classes, seed=seed,
-                           first_task_classes=first_task_classes)
-    for method in ["STSA", "STSA-E"] + [b for b in baselines if b == "fedlwf"]:
-        rows.append(run(method, f0, abl_beta, seed, "large first task", M, stream=stream_l).summary())
-large = pd.DataFrame(rows).groupby("method")[["A_avg", "A_T", "F_T"]].agg(mean_std)
+large = stsa.large_first_task(run, f0, abl_beta, seeds, M, first_task_classes, later_task_classes,
+                              ["STSA", "STSA-E"] + [b for b in baselines if b == "fedlwf"])
 print(f"Ours: {abl_name}, {first_task_classes} classes then {later_task_classes} per task, beta={abl_beta}; "
       f"mean ± sample std over {len(seeds)} seeds")
 display(large)
@@ -532,14 +401,8 @@ display(paper_results.stsa_table4())
 # Every sentence below is generated from the tables above (or backed by an assertion).
 
 # %%
-pair = summary[summary.method.isin(["STSA-E", "STSA-E (per-class K)"])].pivot_table(
-    index=["setting", "beta", "seed"], columns="method", values="A_T")
-kmode_gap = (pair["STSA-E"] - pair["STSA-E (per-class K)"]).abs().max()
-pre_p = paired[paired.setting.str.startswith("pretrained")]
-e_vs = pre_p[pre_p["STSA minus"] == "STSA-E"]
-afl_vs = pre_p[pre_p["STSA minus"] == "AFL (stage-wise)"]
-ft_mean = summary[summary.method.isin(baselines)].groupby("method")["F_T"].mean()
-stsa_ft = summary[summary.method == "STSA"]["F_T"].mean()
+fnd = stsa.benchmark_findings(summary, paired, baselines)
+kmode_gap, e_vs, afl_vs, ft_mean, stsa_ft = (fnd[k] for k in ["kmode_gap", "e_vs", "afl_vs", "ft_mean", "stsa_ft"])
 lines = [
     f"* **Exactness.** With the frozen pretrained backbone STSA's A_T is the same for every beta (spread "
     f"{spread.max():.1e} points) and equals Joint ridge on all data seen (largest gap {gap_joint:.1e} points).",

@@ -65,7 +65,6 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
-import torch
 
 from IPython.display import Markdown, display
 
@@ -74,8 +73,8 @@ from fedlib.evaluation import claims
 from fedlib.evaluation import tables as paper_results
 
 from fedlib.papers import stsa
-from fedlib.core.linalg import SufficientStats, relative_error, ridge_fit, ridge_solve, synthetic_features
-from fedlib.evaluation.stats import mean_std, paired_difference
+from fedlib.core.linalg import synthetic_features
+from fedlib.evaluation.report import paired_markdown_rows
 from fedlib.federated.incremental import make_stream, run_class_incremental
 from fedlib.data.partition import make_partition
 from fedlib.runner import specs
@@ -111,20 +110,9 @@ print(f"profile={profile}: N={n_samples}, d={dim}, M={M}, C={num_classes}, T={nu
 # difference a wrong aggregation would cause, which is of order one.
 
 # %%
-from sklearn.linear_model import Ridge
-
-stats = SufficientStats.from_data(phi, y_all, num_classes)
-w_star = ridge_solve(stats.gram, stats.xty, gamma)
-eigs = torch.linalg.eigvalsh(stats.gram)
-kappa = float(eigs[-1] / (eigs[0].clamp_min(0) + gamma))
-tol_w = 100 * torch.finfo(torch.float64).eps * kappa
-print(f"condition number of G + gamma I: {kappa:.2e}; tolerance for equal heads: {tol_w:.1e}")
-grad = 2 * (stats.gram @ w_star - stats.xty + gamma * w_star)
-sk = Ridge(alpha=gamma, fit_intercept=False, solver="cholesky").fit(phi.numpy(), np.eye(num_classes)[y_all])
-checks = {
-    "max |gradient| / max |X^T Y|": float(grad.abs().max() / stats.xty.abs().max()),
-    "max |W - W_sklearn| / max |W|": float(np.abs(w_star.numpy() - sk.coef_.T).max() / w_star.abs().max()),
-}
+closed = stsa.closed_form_checks(phi, y_all, num_classes, gamma)   # stats, head, tolerance and the two checks
+stats, w_star, tol_w, checks = closed["stats"], closed["w_star"], closed["tol_w"], closed["checks"]
+print(f"condition number of G + gamma I: {closed['kappa']:.2e}; tolerance for equal heads: {tol_w:.1e}")
 print(pd.Series(checks).to_string())
 assert checks["max |gradient| / max |X^T Y|"] < tol_w and checks["max |W - W_sklearn| / max |W|"] < tol_w
 
@@ -138,23 +126,8 @@ assert checks["max |gradient| / max |X^T Y|"] < tol_w and checks["max |W - W_skl
 # centralized ones.
 
 # %%
-phi_test = rf(x_test)
-pred_central = (phi_test @ w_star).argmax(1)
-rows = []
-for beta in betas + [None]:
-    for k in client_counts:
-        parts = make_partition(y_all, k, "iid", seed=seed) if beta is None else \
-            make_partition(y_all, k, "dirichlet", alpha=beta, seed=seed)
-        msgs = [stsa.stsa_client(x_all[p], y_all[p], num_classes, rf) for p in parts if len(p)]
-        g = sum(m["G"] for m in msgs)
-        c = sum(m["C"] for m in msgs)
-        w = ridge_solve(g, c, gamma)
-        rows.append({"beta": "IID" if beta is None else beta, "K": k,
-                     "rel. err. sum G_k": float((g - stats.gram).abs().max() / stats.gram.abs().max()),
-                     "rel. err. sum C_k": float((c - stats.xty).abs().max() / stats.xty.abs().max()),
-                     "rel. err. W": relative_error(w, w_star),
-                     "same predictions": bool(((phi_test @ w).argmax(1) == pred_central).all())})
-spatial = pd.DataFrame(rows)
+spatial = stsa.spatial_check(x_all, y_all, num_classes, rf, betas + [None], client_counts, seed, stats, w_star,
+                             rf(x_test), gamma)
 display(spatial.style.format({c: "{:.1e}" for c in spatial.columns if c.startswith("rel")}))
 assert spatial["rel. err. sum G_k"].max() < 1e-12 and spatial["rel. err. sum C_k"].max() < 1e-12
 assert spatial["rel. err. W"].max() < tol_w and spatial["same predictions"].all()
@@ -188,31 +161,13 @@ learner = stsa.STSALearner(dim, num_classes, M, gamma, rf_seed=seed,
                            on_stage_end=[lambda t, lrn: heads.append(lrn.weights.clone())])
 result = run_class_incremental(learner, stream, x_all, y_all, x_test, y_test, num_clients=5, beta=0.1,
                                seed=seed, progress=False)
-rows = []
-for t, w_t in enumerate(heads):
-    idx = np.concatenate([stream.tasks[i].train_idx for i in range(t + 1)])
-    w_joint = ridge_fit(phi[idx], pos[idx], stream.num_seen(t), lam=gamma)
-    rows.append({"stage": t + 1, "classes seen": stream.num_seen(t), "samples seen": len(idx),
-                 "rel. err. vs joint ridge": relative_error(w_t, w_joint)})
-temporal = pd.DataFrame(rows)
+temporal = stsa.temporal_check(heads, stream, phi, pos, gamma)
 print(temporal.to_string(index=False))
 assert temporal["rel. err. vs joint ridge"].max() < tol_w
 
 # reverse arrival order and sub-stages: the statistics commute and split
-server_rev, server_split = stsa.STSAServer(M, num_classes, gamma), stsa.STSAServer(M, num_classes, gamma)
-for t in reversed(range(num_tasks)):
-    task = stream.tasks[t]
-    server_rev.receive_stage([stsa.stsa_client(x_all[task.train_idx], pos[task.train_idx] - task.offset,
-                                               task.num_classes, rf)], task.offset)
-for task in stream.tasks:
-    for half in np.array_split(task.train_idx, 2):
-        server_split.receive_stage([stsa.stsa_client(x_all[half], pos[half] - task.offset, task.num_classes, rf)],
-                                   task.offset)
-w_final = heads[-1]
-print(f"reverse order: {relative_error(server_rev.solve(num_classes), w_final):.1e}; "
-      f"two sub-stages per task: {relative_error(server_split.solve(num_classes), w_final):.1e}")
-err_rev = relative_error(server_rev.solve(num_classes), w_final)
-err_split = relative_error(server_split.solve(num_classes), w_final)
+err_rev, err_split = stsa.order_and_split_errors(stream, x_all, pos, rf, M, num_classes, gamma, heads[-1])
+print(f"reverse order: {err_rev:.1e}; two sub-stages per task: {err_split:.1e}")
 assert err_rev < tol_w and err_split < tol_w
 claims.register(
     "stsa-temporal-invariance", "stsa",
@@ -269,13 +224,8 @@ print({k: round(100 * v, 2) for k, v in result.metrics.items()})
 # %%
 cls_idx = np.flatnonzero(y_all == 0)[:60]
 xc = phi[cls_idx]
-g_true = xc.T @ xc
 counts = np.array([1, 3, 6, 10, 15, 25])
-sums_fixed = torch.stack([xc[a:b].sum(0) for a, b in zip(np.r_[0, np.cumsum(counts)[:-1]], np.cumsum(counts))])
-n_fixed = torch.tensor(counts, dtype=torch.float64)[:, None]
-identity_err = relative_error(stsa.gram_estimate(sums_fixed[:, :, None], n_fixed),
-                              stsa.gram_estimate_eq9(sums_fixed[:, :, None], n_fixed))
-exact_err = relative_error(stsa.gram_estimate(xc[:, :, None], torch.ones(60, 1, dtype=torch.float64)), g_true)
+identity_err, exact_err = stsa.eq9_identity_checks(xc, counts)
 print(f"printed eq. 9 vs PSD form: {identity_err:.1e};  one sample per client (K = n): {exact_err:.1e}")
 assert identity_err < 1e-10 and exact_err < 1e-10
 
@@ -307,21 +257,9 @@ assert -0.85 < slope < -0.25
 
 # %%
 parts = make_partition(y_all, 5, "dirichlet", alpha=0.1, seed=seed, min_size=max(bias_dummy))
-xs = phi[y_all == 0]
-m0 = xs.mean(0)
-mean_term = len(xs) * torch.outer(m0, m0)
-scatter = xs.T @ xs - mean_term
-rows = []
-for kd in bias_dummy:
-    # class-0 counts of the 5 x K_D dummy clients from one dummy split (many are 0) ...
-    counts0 = np.concatenate([[int((y_all[p][ch] == 0).sum()) for ch in stsa.dummy_split(y_all[p], kd, seed=k)]
-                              for k, p in enumerate(parts)])
-    # ... then the expectation over which class-0 samples land in which dummy client (design-based)
-    for mode in stsa.K_MODES:
-        _, mean_ghat = stsa.design_monte_carlo(xs, counts0, mode, max(100, mc_reps // 10), rng)
-        rows.append({"K_D": kd, "K = 5 K_D": 5 * kd, "K_i (holding class 0)": int((counts0 > 0).sum()), "k_mode": mode,
-                     "covariance ratio": float(torch.trace(mean_ghat - mean_term) / torch.trace(scatter))})
-bias = pd.DataFrame(rows)
+# class-0 counts of the 5 x K_D dummy clients from one dummy split (many are 0), then the expectation over
+# which class-0 samples land in which dummy client (design-based)
+bias = stsa.dummy_client_bias(phi, y_all, parts, bias_dummy, max(100, mc_reps // 10), rng)
 print(bias.to_string(index=False))
 per_class = bias[bias.k_mode == "per_class"]["covariance ratio"]
 assert (abs(per_class - 1) < 0.15).all(), "the per-class K estimator is unbiased (up to Monte Carlo noise)"
@@ -343,17 +281,7 @@ assert global_low < 0.8
 # $E[\operatorname{tr}(\hat G-n\,mm^\top)]/E[\operatorname{tr}S]$ against the shift scale $s$.
 
 # %%
-x0 = x_all[y_all == 0]
-feat_std = x_all.std(0)
-k_skew = 5
-sizes = np.diff(np.linspace(0, len(x0), k_skew + 1).astype(int))
-rows = []
-for scale in skew_scales:
-    shifts = stsa.client_shifts(k_skew, dim, scale, feat_std, seed=seed)   # client k's rows carry delta_k
-    ratio, se = stsa.feature_skew_scatter_ratio(x0, rf, sizes, shifts, skew_reps, rng)
-    rows.append({"shift scale s": scale, "covariance ratio E[tr(G_hat - n m m^T)] / E[tr S]": ratio,
-                 "MC std. error": se})
-skew = pd.DataFrame(rows)
+skew = stsa.feature_skew_study(x_all, y_all, rf, skew_scales, 5, seed, skew_reps, rng)
 print(skew.to_string(index=False, float_format="%.3f"))
 ratio_col = skew.columns[1]
 unskewed = skew[skew["shift scale s"] == 0]
@@ -370,29 +298,14 @@ assert (skew.loc[skew["shift scale s"] > 0, ratio_col] - 1 > 4 * skew.loc[skew["
 # runs pair by seed (same data, class order, partition, shifts), so differences are paired.
 
 # %%
-acc_rows = []
-for sd in skew_seeds:
-    stream_s = make_stream(y_all, y_test, num_tasks, seed=sd)
-    for scale in [0.0, skew_accuracy_scale]:
-        shifts = stsa.client_shifts(5, dim, scale, feat_std, seed=sd)
-        for label, kw in [("STSA", {}), ("STSA-E", dict(variant="stsa_e", num_dummy=skew_dummy, k_mode="per_class"))]:
-            lrn = stsa.FeatureSkewLearner(stsa.STSALearner(dim, num_classes, M, gamma, rf_seed=sd, seed=sd, name=label,
-                                                           **kw), shifts)
-            res = run_class_incremental(lrn, stream_s, x_all, y_all, lrn.shift_test(x_test, seed=sd), y_test, 5, 0.5,
-                                        seed=sd, progress=False, min_size=skew_dummy)
-            acc_rows.append({"seed": sd, "shift scale": scale, "method": label, "A_T": 100 * res.metrics["A_T"]})
-skew_acc = pd.DataFrame(acc_rows).pivot_table(index="seed", columns=["shift scale", "method"], values="A_T")
-lines = []
-for scale in [0.0, skew_accuracy_scale]:
-    e, s_ = skew_acc[(scale, "STSA-E")], skew_acc[(scale, "STSA")]
-    lines.append(f"| {scale} | {mean_std(s_)} | {mean_std(e)} | {paired_difference(e, s_)} |")
-drop_e = paired_difference(skew_acc[(skew_accuracy_scale, "STSA-E")], skew_acc[(0.0, "STSA-E")])
-drop_s = paired_difference(skew_acc[(skew_accuracy_scale, "STSA")], skew_acc[(0.0, "STSA")])
+skew_acc = stsa.feature_skew_accuracy(x_all, y_all, x_test, y_test, num_tasks, num_classes, M, gamma, skew_seeds,
+                                      skew_accuracy_scale, skew_dummy)
+rows_md, effect = paired_markdown_rows(skew_acc, [0.0, skew_accuracy_scale], "STSA", "STSA-E")
 display(Markdown(
     f"A_T (%) over {len(skew_seeds)} seeds (mean ± sample std), synthetic features, K=5, beta=0.5, "
-    f"K_D={skew_dummy}:\n\n| shift scale | STSA | STSA-E | STSA-E − STSA (paired) |\n|---|---|---|---|\n"
-    + "\n".join(lines)
-    + f"\n\nEffect of the shifts (skewed − label skew only, paired by seed): STSA-E {drop_e}; STSA {drop_s}."))
+    f"K_D={skew_dummy}:\n\n| shift scale | STSA | STSA-E | STSA-E − STSA (paired) |\n|---|---|---|---|\n" + rows_md
+    + f"\n\nEffect of the shifts (skewed − label skew only, paired by seed): STSA-E {effect['STSA-E']}; "
+    f"STSA {effect['STSA']}."))
 
 # %%
 ratio_max = float(ratios_skewed.max()) if len(ratios_skewed) else float("nan")
@@ -430,21 +343,13 @@ claims.register(
 # %%
 d_small = 5
 sigma = np.diag(np.arange(1.0, d_small + 1))
-tr1, tr2 = np.trace(sigma), np.trace(sigma @ sigma)
-mu = np.full(d_small, 2.0)
-rows = []
-for k in mse_clients:
-    mc_mean, mc_se = stsa.gram_error_monte_carlo(mu, sigma, mse_n, k, mse_reps, rng)
-    rows.append({"K": k, "Monte Carlo": mc_mean, "MC std. error": mc_se, "exact law": stsa.gram_error_law(mse_n, k, sigma),
-                 "paper shape ((K+1)/(K-1))^2": ((k + 1) / (k - 1)) ** 2})
-law = pd.DataFrame(rows)
-law["paper shape (scaled at K=2)"] = law["paper shape ((K+1)/(K-1))^2"] * law["Monte Carlo"].iloc[0] / law[
-    "paper shape ((K+1)/(K-1))^2"].iloc[0]
+law = stsa.gram_error_table(np.full(d_small, 2.0), sigma, mse_n, mse_clients, mse_reps, rng)
 print(law.drop(columns="paper shape ((K+1)/(K-1))^2").to_string(index=False, float_format="%.4g"))
 inner = law[law.K < mse_n]
 assert (abs(inner["Monte Carlo"] - inner["exact law"]) < 5 * inner["MC std. error"] + 1e-9).all()
 assert law["Monte Carlo"].iloc[-1] < 1e-9 * law["Monte Carlo"].iloc[0] if mse_clients[-1] == mse_n else True
 
+# %%
 fig, ax = plt.subplots(figsize=(5.5, 3.8))
 ax.loglog(inner["K"], inner["Monte Carlo"], "o", label="Monte Carlo")
 ax.loglog(inner["K"], inner["exact law"], "-", label="exact law (derived)")
@@ -453,10 +358,10 @@ ax.set(xlabel="clients K (class split evenly)", ylabel=r"$E\|\hat G-G\|_F^2$", t
 ax.legend()
 plt.show()
 
+# %%
 # Lemma 3.5 by Monte Carlo (d=5, Sigma=diag(1..5), n=10)
 n_l = 10
-lemma = {"Monte Carlo": stsa.centred_scatter_sq_norm_monte_carlo(sigma, n_l, mse_reps, rng), "Wishart (n-1)[n tr S^2 + (tr S)^2]": (n_l - 1) * (n_l * tr2 + tr1 ** 2),
-         "paper's Lemma 3.5 ((n-1)/n)(tr S)^2": (n_l - 1) / n_l * tr1 ** 2}
+lemma = stsa.lemma_3_5_check(sigma, n_l, mse_reps, rng)
 print(pd.Series(lemma).to_string(float_format="%.1f"))
 assert abs(lemma["Monte Carlo"] / lemma["Wishart (n-1)[n tr S^2 + (tr S)^2]"] - 1) < 0.1
 assert lemma["Monte Carlo"] > 10 * lemma["paper's Lemma 3.5 ((n-1)/n)(tr S)^2"]
@@ -471,9 +376,7 @@ claims.register(
 
 # B is independent of S - B, not of S (Gaussian, one class, K equal clients): correlation of the traces
 n_b, k_b = 12, 4
-tb, ts = stsa.scatter_traces(n_b, k_b, mse_reps, rng)
-corr = {"corr(tr B, tr(S - B))": np.corrcoef(tb, ts - tb)[0, 1], "corr(tr B, tr S)": np.corrcoef(tb, ts)[0, 1],
-        "sqrt((K-1)/(n-1)) (Wishart)": np.sqrt((k_b - 1) / (n_b - 1))}
+corr = stsa.scatter_correlations(n_b, k_b, mse_reps, rng)
 print(pd.Series(corr).to_string(float_format="%.3f"))
 se_corr = 4 / np.sqrt(mse_reps)
 assert abs(corr["corr(tr B, tr(S - B))"]) < se_corr
@@ -493,12 +396,8 @@ assert abs(corr["corr(tr B, tr S)"] - corr["sqrt((K-1)/(n-1)) (Wishart)"]) < se_
 # first $K=5$ and $n$ from `rate_ns`; then $n$ = `rate_n_fixed` and $K\cdot K_D$ from `rate_clients`.
 
 # %%
-plugin_errors = stsa.plugin_errors   # one draw: (n, K K_D, repetition) -> the three errors
-rate = pd.DataFrame([plugin_errors(n_rate, 5, r) for n_rate in rate_ns for r in range(rate_reps)]).groupby("n").mean()
-rate_k = pd.DataFrame([plugin_errors(rate_n_fixed, k, r) for k in rate_clients for r in range(rate_reps)]).groupby("K K_D").mean()
+rate, rate_k, slopes, slope_k = stsa.plugin_rate_study(rate_ns, rate_clients, rate_n_fixed, rate_reps)
 per_sample = "plug-in, per sample ||X(W_E - W*)||/sqrt(n)"
-slopes = {c: np.polyfit(np.log(rate.index), np.log(rate[c]), 1)[0] for c in rate.columns if c != "K K_D"}
-slope_k = np.polyfit(np.log(rate_k.index), np.log(rate_k[per_sample]), 1)[0]
 print(f"K = 5, against n (mean of {rate_reps} draws):")
 print(rate.drop(columns="K K_D").to_string(float_format="%.3e"))
 print("fitted log-log slopes in n:", {k: round(v, 2) for k, v in slopes.items()},
@@ -507,6 +406,7 @@ print(f"\nn = {rate_n_fixed}, against K K_D:")
 print(rate_k[[per_sample]].to_string(float_format="%.3e"))
 print(f"fitted log-log slope of the per-sample error in K K_D: {slope_k:.2f}")
 
+# %%
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
 axes[0].loglog(rate.index, rate[per_sample], "o-", label="per sample (RMS)")
 axes[0].loglog(rate.index, rate["plug-in (1/n)||X(W_E - W*)||"], "s--", label="paper's (1/n)||.||_F")
@@ -517,6 +417,7 @@ axes[1].set(xlabel="clients K·K_D", ylabel="per-sample plug-in error", title=f"
 plt.tight_layout()
 plt.show()
 
+# %%
 assert slopes["plug-in (1/n)||X(W_E - W*)||"] > -0.75, "the plug-in term does not fall like 1/n"
 assert slopes[per_sample] > -0.25, "the per-sample error does not fall like n^{-1/2} or faster"
 assert slope_k < -0.3, "the per-sample error falls with the number of (dummy) clients"
@@ -539,14 +440,9 @@ claims.register(
 # solvable. The true $G_t$ has rank $\min(n_t, M)$.
 
 # %%
-msgs = [stsa.stsae_client(x_all[p], y_all[p], num_classes, rf, num_dummy=2, seed=k) for k, p in enumerate(parts)]
-sums, cnts = torch.cat([m["C"] for m in msgs]), torch.cat([m["n"] for m in msgs])
-g_hat = stsa.gram_estimate(sums, cnts)
-eig = torch.linalg.eigvalsh(g_hat)
-rank = int((eig > eig.max() * M * torch.finfo(torch.float64).eps).sum())
-bound = int((cnts > 0).sum())
-print(f"rank(G_hat) = {rank} <= sum_i K_i = {bound} (M = {M}); lambda_min = {float(eig[0]):.2e} (PSD)")
-assert rank <= bound and float(eig[0]) > -1e-9 * float(eig[-1])
+rk = stsa.gram_estimate_rank(x_all, y_all, parts, num_classes, rf, num_dummy=2)
+print(f"rank(G_hat) = {rk['rank']} <= sum_i K_i = {rk['bound']} (M = {M}); lambda_min = {rk['lambda_min']:.2e} (PSD)")
+assert rk["rank"] <= rk["bound"] and rk["lambda_min"] > -1e-9 * rk["lambda_max"]
 
 # %% [markdown]
 # ## 7. Privacy: secure aggregation and the upload noise
@@ -557,16 +453,10 @@ assert rank <= bound and float(eig[0]) > -1e-9 * float(eig[-1])
 # is not a sum of the uploads: masked uploads break it.
 
 # %%
-masked = stsa.pairwise_masked
-msgs5 = [stsa.stsa_client(x_all[p], y_all[p], num_classes, rf) for p in parts]
-g_masked = masked([m["G"] for m in msgs5], rng)
-print(f"STSA, sum of masked G_k vs sum of G_k: {relative_error(sum(g_masked), sum(m['G'] for m in msgs5)):.1e}")
-msgs_e = [stsa.stsae_client(x_all[p], y_all[p], num_classes, rf, num_dummy=1) for p in parts]
-sums_e, cnts_e = torch.cat([m["C"] for m in msgs_e]), torch.cat([m["n"] for m in msgs_e])
-sums_masked = torch.stack(masked(list(sums_e), rng))
-err_masked = relative_error(stsa.gram_estimate(sums_masked, cnts_e), stsa.gram_estimate(sums_e, cnts_e))
+err_sum, err_masked = stsa.secure_aggregation_check(x_all, y_all, parts, num_classes, rf, rng)
+print(f"STSA, sum of masked G_k vs sum of G_k: {err_sum:.1e}")
 print(f"STSA-E, G_hat from masked class sums vs from the true ones: {err_masked:.1e}")
-assert relative_error(sum(g_masked), sum(m["G"] for m in msgs5)) < 1e-9 and err_masked > 1.0
+assert err_sum < 1e-9 and err_masked > 1.0
 
 # %% [markdown]
 # ## 8. Communication (Sec. 4.4, Table 5)
@@ -578,20 +468,7 @@ assert relative_error(sum(g_masked), sum(m["G"] for m in msgs5)) < 1e-9 and err_
 # roughly $c_tK_D<M$.
 
 # %%
-tab5 = paper_results.stsa_table5()
-rows = []
-for label, m_, kd in [("ResNet18, CIFAR-100", 5000, 50), ("ViT-B/16, CIFAR-100", 1250, 10)]:
-    xs, ys = rng.standard_normal((60, 8)), np.repeat(np.arange(10), 6)
-    rf_m = stsa.RandomFeatures(8, m_, seed=0)
-    meas_stsa = stsa.stsa_client(xs, ys, 10, rf_m, upload_dtype=torch.float32).nbytes * 10 / 2**20
-    meas_e = stsa.stsae_client(xs, ys, 10, rf_m, num_dummy=kd, upload_dtype=torch.float32).nbytes * 10 / 2**20
-    for method, formula, measured in [("STSA", stsa.communication_mib("stsa", m_, 10), meas_stsa),
-                                      ("STSA-E", stsa.communication_mib("stsa_e", m_, 10, num_dummy=kd), meas_e)]:
-        paper = tab5.xs(method, level="method")["communication (MB)"]
-        paper = paper[[label.split(",")[0].replace("-", "") in s.replace("-", "") for s in paper.index]].iloc[0]
-        rows.append({"setting": f"{label}, M={m_}, K_D={kd}", "method": method, "paper (MB)": paper,
-                     "formula (MiB)": round(formula, 2), "measured messages (MiB)": round(measured, 2)})
-comm = pd.DataFrame(rows)
+comm = stsa.communication_table(paper_results.stsa_table5(), rng)
 print(comm.to_string(index=False))
 assert np.allclose(comm["formula (MiB)"], comm["paper (MB)"], atol=0.05)
 assert np.allclose(comm["measured messages (MiB)"], comm["formula (MiB)"], atol=0.01)
@@ -605,8 +482,7 @@ claims.register(
         f"{r['method']} {r['setting'].split(',')[0]} {r['formula (MiB)']:.2f} / {r['measured messages (MiB)']:.2f} "
         f"(paper {r['paper (MB)']})" for _, r in comm.iterrows()) + ". Counted as float32, MiB, stage 1 included.")
 
-curve = pd.DataFrame([{"M": m_, "method": meth, "MiB per client (T=10)": stsa.communication_mib(v, m_, 10, num_dummy=50)}
-                      for m_ in comm_M for meth, v in [("STSA", "stsa"), ("STSA-E (K_D=50)", "stsa_e")]])
+curve = stsa.communication_curve(comm_M, num_dummy=50)
 fig, ax = plt.subplots(figsize=(5, 3.5))
 sns.lineplot(data=curve, x="M", y="MiB per client (T=10)", hue="method", marker="o", ax=ax)
 ax.set(xscale="log", yscale="log", xlabel="random features M", ylabel="upload per client (MiB, float32)",
@@ -617,13 +493,7 @@ plt.show()
 # ## 9. The paper's quoted margins, recomputed from its own tables
 
 # %%
-claims = paper_results.stsa_claims()
-rows = []
-for cid, row in claims.iterrows():
-    values = paper_results.stsa_claim_values(row)
-    rows.append({"claim": row["claim"], "quoted": row["quoted value"],
-                 "recomputed (min)": round(float(np.min(values)), 2), "recomputed (max)": round(float(np.max(values)), 2)})
-print(pd.DataFrame(rows).to_string(index=False))
+print(stsa.recomputed_margins().to_string(index=False))
 
 # %% [markdown]
 # ## Summary of the checks

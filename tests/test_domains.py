@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedlib.core.messages import Cost
 from fedlib.data.datasets import DIGIT_CLASSES, Dataset, load_dataset
 from fedlib.data.domains import DOMAIN_NAMES, DomainIncrementalStream, _stratified_parts, digit_domains, make_domain_stream
 from fedlib.federated.incremental import ClassIncrementalStream, run_class_incremental, task_offset
@@ -109,7 +110,7 @@ class _Lookup:
 
     def learn_task(self, t, clients, num_seen):
         self.calls.append((t, task_offset(clients), num_seen, sum(len(y) for _, y in clients)))
-        return 0
+        return Cost()
 
     def predict(self, x, num_seen):
         return torch.tensor([self.table[row.tobytes()] for row in x.numpy()])

@@ -579,10 +579,19 @@ def test_embedding_scorer_equals_embedding_report_and_distance_quality():
 def test_both_fedtsne_chapters_draw_points_and_split_clients_by_the_one_rule():
     from pathlib import Path
 
+    import inspect
+
     root = Path(__file__).resolve().parent.parent / "notebooks"
+    # the chapters' study loops (fedtsne.studies) split the clients by the one rule too
+    for helper in (ft.speclust_data, ft.convergence_study, ft.benchmark_runs, ft.check_splits, ft.client_sweep,
+                   ft.landmark_sweep, ft.gamma_control):
+        code = inspect.getsource(helper)
+        assert "client_split(" in code, helper.__name__
+        assert not any(rule in code for rule in ("make_partition", "train_test_split", ".subset(", "dirichlet"))
+    assert "load_points(" in inspect.getsource(ft.speclust_data)
     for chapter in ("fedtsne_benchmark", "fedspeclust"):
         src = (root / f"{chapter}.py").read_text()
-        assert "ft.load_points(" in src and "ft.client_split(" in src, chapter
+        assert "ft.load_points(" in src or "ft.speclust_data(" in src, chapter
         for own_rule in ("make_partition", "train_test_split", ".subset(", "dirichlet"):
             assert own_rule not in src, (chapter, own_rule)
 

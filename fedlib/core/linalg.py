@@ -302,3 +302,16 @@ def gram_report(gram: torch.Tensor, rcond: float | None = None) -> dict:
 def relative_error(weights: torch.Tensor, reference: torch.Tensor) -> float:
     """``max|W - W*| / max|W*|``: the deviation measure of the exactness checks."""
     return float((weights - reference).abs().max() / reference.abs().max())
+
+
+def live_columns_with_bias(x_train: np.ndarray, x_test: np.ndarray, scale: float = 255.0):
+    """Flatten images (N, ...) to rows, divide by ``scale``, drop the columns that are constant on the
+    training set (they make the pooled X^T X singular) and append a bias column of ones.
+
+    Returns ``(x_train (N, d'+1), x_test (N', d'+1), keep)`` with ``keep`` the (d,) mask of kept columns.
+    """
+    x = x_train.reshape(len(x_train), -1).astype(np.float64) / scale
+    keep = x.max(axis=0) > x.min(axis=0)   # not std > 0: a constant column's std can round to 1e-18
+    x = np.hstack([x[:, keep], np.ones((len(x), 1))])
+    xt = np.hstack([x_test.reshape(len(x_test), -1)[:, keep] / scale, np.ones((len(x_test), 1))])
+    return x, xt, keep

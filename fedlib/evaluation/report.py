@@ -10,7 +10,7 @@ import pandas as pd
 
 from fedlib.evaluation.stats import mean_std, pm
 
-__all__ = ["beside", "pm_table", "mean_std_table", "column_by", "listing"]
+__all__ = ["beside", "pm_table", "mean_std_table", "column_by", "listing", "mean_std_by"]
 
 
 def beside(paper: pd.DataFrame, ours: pd.DataFrame, labels: tuple[str, str] = ("paper", "ours"),
@@ -83,3 +83,28 @@ def listing(differences: Mapping, digits: int = 4) -> str:
     """"k1 k2: mean [low, high]; ..." for ``{key tuple: PairedDifference}`` (one line of evidence)."""
     return "; ".join(f"{' '.join(map(str, k if isinstance(k, tuple) else (k,)))}: {d.format(digits)}"
                      for k, d in differences.items())
+
+
+def paired_markdown_rows(pivot: pd.DataFrame, levels: Sequence, base: str, other: str) -> tuple[str, dict]:
+    """Rows "| level | base mean ± std | other mean ± std | other − base (paired) |" of a markdown table
+    for each ``level`` of a pivot (one row per seed, columns (level, method)), and for each of the two
+    methods the paired effect of the last level against the first: ``{method: PairedDifference}``."""
+    from fedlib.evaluation.stats import paired_difference
+
+    rows = [f"| {lv} | {mean_std(pivot[(lv, base)])} | {mean_std(pivot[(lv, other)])} | "
+            f"{paired_difference(pivot[(lv, other)], pivot[(lv, base)])} |" for lv in levels]
+    return "\n".join(rows), {m: paired_difference(pivot[(levels[-1], m)], pivot[(levels[0], m)]) for m in (base, other)}
+
+
+def mean_std_by(frame: pd.DataFrame, by, columns: Sequence[str], digits: int = 2, count: str | None = None) -> pd.DataFrame:
+    """"mean ± sample std" (:func:`fedlib.evaluation.stats.mean_std`, "m (n=1)" for one run) of each
+    of ``columns`` per group of ``by`` (groups in order of appearance); with ``count`` a last column
+    ``"n"`` holds the number of rows of each group with a value in column ``count``."""
+    missing = [c for c in [*columns, *([count] if count else [])] if c not in frame.columns]
+    if missing:
+        raise ValueError(f"columns {missing} not in the frame; columns: {', '.join(map(str, frame.columns))}")
+    groups = frame.groupby(by, sort=False)
+    table = groups[list(columns)].agg(lambda v: mean_std(v.to_numpy(), digits))
+    if count is not None:
+        table["n"] = groups[count].count()
+    return table

@@ -64,6 +64,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -74,12 +75,15 @@ from fedlib.evaluation.compare import refed_label
 from fedlib.federated.fcil import METHODS
 from fedlib.federated.gradient import FedConfig, History
 from fedlib.federated.incremental import run_class_incremental
-from fedlib.federated.learner import (MEMORY_MODES, FixedLearner, GradientLearner, RandomReplay, Replay, balancing,
-                                      select_top)
+from fedlib.federated.learner import (MEMORY_MODES, FixedLearner, GradientLearner, KeepWeights, RandomReplay, Replay,
+                                      balancing, select_top)
 
 __all__ = ["WEIGHTINGS", "GRAD_NORMS", "PROX_SCALINGS", "MEMORY_MODES", "LEARNERS", "q_lambda", "importance_scores",
            "PIMResult", "train_pim", "RefedReplay", "make_learner", "rounds_to_best", "PIM_METHODS",
-           "REPLAY_METHODS", "run_scenario", "ScenarioRuns"]
+           "REPLAY_METHODS", "run_scenario", "ScenarioRuns", "run_methods", "make_scenario", "first_task_accuracies",
+           "paired_differences", "replay_verdict", "cache_diagnostics", "final_task_accuracy", "last_task_hypothesis",
+           "first_task_table", "stage_curves", "round_curves", "last_task_share", "largest_pools", "compare_grad_norms",
+           "cost_lines", "summary_lines"]
 
 WEIGHTINGS = ("early", "average", "late")
 GRAD_NORMS = ("exact", "last_layer")
@@ -434,3 +438,263 @@ class ScenarioRuns:
         self.memory_checks["client-stages"] += out["client_stages"]
         self.runs[key] = out
         return out
+
+
+def run_methods(runs: dict[str, dict], model_fn: Callable[[], nn.Module], config: FedConfig, stream, x_train, y_train,
+                x_test, y_test, *, num_classes: int, num_clients: int, beta: float | None,
+                seed: int) -> tuple[dict, dict]:
+    """Run several learners through one class-incremental stream with the same data, partitions and
+    seed. ``runs`` {name: keyword arguments of :func:`make_learner`}; the method is the name's first
+    word (``"refed (memory holds all)"`` runs ``"refed"``). Returns ({name: IncrementalResult},
+    {name: :class:`fedlib.federated.learner.KeepWeights`}: the global weights after every stage)."""
+    results, kept = {}, {name: KeepWeights() for name in runs}
+    for name, kw in runs.items():
+        learner = make_learner(name.split(" ")[0], model_fn, config, num_classes=num_classes, progress=False,
+                               on_stage_end=[kept[name]], **kw)
+        results[name] = run_class_incremental(learner, stream, x_train, y_train, x_test, y_test, num_clients=num_clients,
+                                              beta=beta, seed=seed, progress=False)
+    return results, kept
+
+
+# ----------------------------------------------------------------------------------------------
+# the benchmark chapter's tables and evidence (from the runs of a ScenarioRuns)
+# ----------------------------------------------------------------------------------------------
+def make_scenario(name: str, x_train, y_train, x_test, y_test, stream, **settings: Any) -> dict:
+    """A scenario dict of :func:`run_scenario`: uint8 images (N, H, W) or (N, H, W, 3) as float tensors
+    (N, C, H, W) (:func:`fedlib.federated.models.images_to_tensor`), labels (N,), ``stream`` (a stream or seed ->
+    stream) and ``settings`` (``alpha``, ``lr``, ``memory``, ``lam``, ``rounds``, ``first_rounds``, ``epochs``)."""
+    from fedlib.federated.models import images_to_tensor
+
+    missing = sorted({"alpha", "lr", "memory", "lam", "rounds", "first_rounds", "epochs"} - set(settings))
+    if missing:
+        raise ValueError(f"scenario {name!r} lacks the settings {', '.join(missing)}")
+    return {"name": name, "x_train": images_to_tensor(x_train), "y_train": y_train, "x_test": images_to_tensor(x_test),
+            "y_test": y_test, "stream": stream, **settings}
+
+
+def first_task_accuracies(runs: ScenarioRuns, kind_methods: dict[str, Sequence[str]], seeds: Sequence[int],
+                          methods: Sequence[str]) -> dict[tuple, dict]:
+    """Accuracy on task 1 after task 1 (``acc[0, 0]``) of the tracked runs: {(kind, seed): {method:
+    accuracy}} for the ``methods`` run in each kind (``kind_methods`` {kind: methods}). No cache exists
+    on task 1, so the memory-based methods and FedAvg must agree exactly (the paper's Tables 5-9)."""
+    return {(kind, seed): {m: runs(kind, m, seed, track=True)["result"].acc[0, 0] for m in methods if m in kind_m}
+            for kind, kind_m in kind_methods.items() for seed in seeds}
+
+
+def paired_differences(main, scenarios: dict[str, dict], kind_methods: dict[str, Sequence[str]], pairs, seeds,
+                       grad_norm: str, metrics: Sequence[str] = ("A_T", "A_avg")):
+    """Paired differences a - b over ``seeds`` (:func:`fedlib.evaluation.stats.paired_difference`) of the
+    main runs' rows ``main`` (one row per run: ``scenario`` name, ``key`` method, ``seed``, metrics) for
+    every pair (a, b) in ``pairs`` run in a kind (``kind_methods``) and every metric; none with fewer
+    than 2 seeds. Returns ({(kind, a, b, metric): PairedDifference}, a table: scenario, comparison,
+    metric, mean difference [95% CI], resolved (CI excludes 0), seeds a > b)."""
+    from fedlib.evaluation.stats import paired_difference
+
+    diffs, rows = {}, []
+    for kind in scenarios:
+        df = main[main.scenario == scenarios[kind]["name"]]
+        for a, b in pairs:
+            if a not in kind_methods[kind] or b not in kind_methods[kind] or len(seeds) < 2:
+                continue
+            for metric in metrics:
+                va = df[df.key == a].set_index("seed").loc[seeds, metric].to_numpy()
+                vb = df[df.key == b].set_index("seed").loc[seeds, metric].to_numpy()
+                d = paired_difference(va, vb)
+                diffs[(kind, a, b, metric)] = d
+                rows.append({"scenario": scenarios[kind]["name"],
+                             "comparison": f"{refed_label(a, grad_norm)} - {refed_label(b, grad_norm)}",
+                             "metric": metric, "mean difference [95% CI] (points)": str(d),
+                             "resolved (CI excludes 0)": d.excludes_zero,
+                             "seeds a > b": f"{int((va > vb).sum())} of {len(seeds)}"})
+    return diffs, pd.DataFrame(rows)
+
+
+def replay_verdict(diffs: dict, kind: str, baselines: Sequence[str] = ("fedavg_replay", "fedprox_replay")) -> dict | None:
+    """The paper's headline (Table 1) from :func:`paired_differences`' A_T differences "refed" - b for the
+    ``baselines`` b compared in ``kind``: {"baselines", "diffs", "holds" (every CI above 0), "worse"
+    (baselines whose CI lies above Re-Fed's), "verdict" (a sentence)}; None when none was compared."""
+    baselines = [b for b in baselines if (kind, "refed", b, "A_T") in diffs]
+    if not baselines:
+        return None
+    ds_ = [diffs[(kind, "refed", b, "A_T")] for b in baselines]
+    worse = [b for b, d in zip(baselines, ds_) if d.high < 0]
+    holds = all(d.low > 0 for d in ds_)
+    verdict = ("resolved in Re-Fed's favour" if holds else
+               "Re-Fed resolved below " + ", ".join(worse) if worse else
+               "not supported at this scale: a paired CI contains 0, so these runs show neither an advantage "
+               "nor a disadvantage")
+    return {"baselines": baselines, "diffs": ds_, "holds": holds, "worse": worse, "verdict": verdict}
+
+
+def cache_diagnostics(runs: ScenarioRuns, methods: Sequence[str], seeds: Sequence[int], memory_mode: str,
+                      grad_norm: str, kind: str = "class"):
+    """Where the replay goes (class-incremental caches), at every boundary t >= 2 of the tracked runs of
+    ``methods`` x ``seeds``, summed over clients: the last old task's share of the pool and of the
+    cache (%), the smallest per-class count in the union of the caches (over the classes the pools
+    hold), the (client, class) pairs a cache loses, and the unused cache storage (budget - cache, the
+    budget of ``memory_mode``). One row per (method, seed, boundary)."""
+    rows = []
+    for m in methods:
+        for seed in seeds:
+            lrn = runs(kind, m, seed, track=True)["learner"]
+            for t, log in enumerate(lrn.memory_log):
+                if t < 2 or "old_tasks" not in log:
+                    continue
+                old_cls = log["pool_classes"].sum(0) > 0
+                union = log["old_classes"].sum(0)
+                budget = lrn.replay.memory - log["new"] if memory_mode == "total" else lrn.replay.memory
+                rows.append({"method": refed_label(m, grad_norm), "seed": seed, "boundary": t,
+                             "last old task, share of the pool (%)": 100 * log["pool_tasks"][:, t - 1].sum() / log["pool"].sum(),
+                             "last old task, share of the cache (%)": 100 * log["old_tasks"][:, t - 1].sum() / log["old"].sum(),
+                             "smallest class count, union of caches": int(union[old_cls].min()),
+                             "(client, class) pairs lost": int(((log["pool_classes"] > 0) & (log["old_classes"] == 0)).sum()),
+                             "unused cache storage (samples, all clients)": int((budget - log["old"]).clip(min=0).sum())})
+    return pd.DataFrame(rows)
+
+
+def final_task_accuracy(runs: ScenarioRuns, methods: Sequence[str], seeds: Sequence[int], grad_norm: str,
+                        kind: str = "class"):
+    """Final accuracy per task (%, the last row of ``acc``) of the tracked runs: one row per (method,
+    seed), columns method, seed, "task 1", ..., "task T"."""
+    return pd.DataFrame([{"method": refed_label(m, grad_norm), "seed": seed,
+                          **{f"task {tau + 1}": 100 * a for tau, a in enumerate(runs(kind, m, seed, track=True)["result"].acc[-1])}}
+                         for m in methods for seed in seeds])
+
+
+def last_task_hypothesis(per_seed, final_task, num_tasks: int, grad_norm: str) -> dict:
+    """Re-Fed minus random replay, paired by seed: the last old task's share of the cache (``share``,
+    from ``per_seed``, indexed by (method label, seed)), the final accuracy on task T-1 (``last``) and
+    on task 1 (``first``) from :func:`final_task_accuracy`; ``confirmed`` when the share and the task
+    T-1 accuracy both fall (CI below 0)."""
+    from fedlib.evaluation.stats import paired_difference
+
+    a, b = refed_label("refed", grad_norm), refed_label("fedavg_replay", grad_norm)
+    col = "last old task, share of the cache (%)"
+    share = paired_difference(per_seed.loc[a][col].to_numpy(), per_seed.loc[b][col].to_numpy())
+    last = paired_difference(final_task[final_task.method == a][f"task {num_tasks - 1}"].to_numpy(),
+                             final_task[final_task.method == b][f"task {num_tasks - 1}"].to_numpy())
+    first = paired_difference(final_task[final_task.method == a]["task 1"].to_numpy(),
+                              final_task[final_task.method == b]["task 1"].to_numpy())
+    return {"share": share, "last": last, "first": first, "confirmed": share.high < 0 and last.high < 0}
+
+
+def first_task_table(runs: ScenarioRuns, kind: str, methods: Sequence[str], seeds: Sequence[int], grad_norm: str):
+    """Accuracy (%) on task (domain) 1 right after task 1 and after the last task, one row per (method, seed)."""
+    rows = []
+    for m in methods:
+        for seed in seeds:
+            acc = runs(kind, m, seed, track=True)["result"].acc
+            rows.append({"method": refed_label(m, grad_norm), "seed": seed, "domain 1 after task 1 (%)": 100 * acc[0, 0],
+                         "domain 1 after the last task (%)": 100 * acc[-1, 0]})
+    return pd.DataFrame(rows)
+
+
+def stage_curves(runs: ScenarioRuns):
+    """A_t after every stage (``IncrementalResult.curve``) of every tracked run, one frame."""
+    return pd.concat([runs.runs[k]["result"].curve().assign(method=runs.runs[k]["result"].method)
+                      for k in runs.runs if runs.runs[k]["tracked"]], ignore_index=True)
+
+
+def round_curves(runs: ScenarioRuns, seed: int):
+    """Test accuracy (%) of the global model after every round of the tracked runs of ``seed``, rounds
+    counted over all tasks: columns scenario, method, round, accuracy."""
+    rows = []
+    for k, v in runs.runs.items():
+        if v["tracked"] and k[2] == seed:
+            start = 0
+            for h in v["learner"].histories:
+                if h is not None:
+                    rows += [{"scenario": v["row"]["scenario"], "method": v["result"].method, "round": start + r,
+                              "accuracy": 100 * a} for r, a in zip(h.round, h.test_acc)]
+                    start += h.round[-1]
+    return pd.DataFrame(rows)
+
+
+def last_task_share(runs: ScenarioRuns, memories: Sequence[int], seeds: Sequence[int], kind: str = "class") -> dict:
+    """{M: the last old task's share (%) of Re-Fed's caches at every boundary t >= 2, all clients and
+    ``seeds``} for every memory size M of ``memories``."""
+    share = {}
+    for M in memories:
+        logs = [log for seed in seeds for t, log in enumerate(runs(kind, "refed", seed, memory=M)["learner"].memory_log)
+                if t >= 2 and "old_tasks" in log]
+        share[M] = 100 * sum(log["old_tasks"][:, -1].sum() for log in logs) / max(1, sum(log["old"].sum() for log in logs))
+    return share
+
+
+def largest_pools(runs: ScenarioRuns, methods: Sequence[str], seeds: Sequence[int], memory: int,
+                  kind: str = "class") -> list[int]:
+    """The largest candidate pool of every boundary of the replay methods' runs with memory ``memory``:
+    Re-Fed equals random replay once M holds every pool."""
+    return [int(log["pool"].max()) for seed in seeds for m in methods if m in REPLAY_METHODS
+            for log in runs(kind, m, seed, memory=memory)["learner"].memory_log if len(log)]
+
+
+def compare_grad_norms(learner: GradientLearner, *, lam: float, epochs: int, lr: float, batch_size: int, memory: int,
+                       num_seen: int = 10, device: str = "cpu") -> dict:
+    """Exact (Eq. 4, all parameters) against last-layer gradient norms on the same PIM trajectory:
+    :func:`train_pim` from ``learner``'s final model on its largest client pool (generator seed 0),
+    once per norm. Returns {"client", "y" (n,), "results" {norm: PIMResult with ``seconds``}, "rho"
+    (Spearman of the Early scores), "budget" = min(memory, n // 2), "overlap" of the two top-budget
+    selections, "share" (median last-layer share of the exact norm)}."""
+    import time
+
+    from scipy.stats import spearmanr
+
+    k = int(np.argmax([len(s[1]) for s in learner.local_sets]))
+    x_pool, y_pool = learner.local_sets[k][0].to(device), learner.local_sets[k][1].to(device)
+    res = {}
+    for g_norm in ["exact", "last_layer"]:
+        t0 = time.perf_counter()
+        res[g_norm] = train_pim(learner.model, x_pool, y_pool, num_seen, lam=lam, epochs=epochs, lr=lr,
+                                batch_size=batch_size, grad_norm=g_norm, generator=torch.Generator().manual_seed(0))
+        res[g_norm].seconds = time.perf_counter() - t0
+    if res["exact"].dist_sq != res["last_layer"].dist_sq:
+        raise RuntimeError("the two PIM runs differ: the scoring changed the PIM's steps")
+    s_ex, s_ll = res["exact"].scores("early"), res["last_layer"].scores("early")
+    budget = min(memory, len(y_pool) // 2)
+    overlap = len(set(select_top(s_ex, budget).tolist()) & set(select_top(s_ll, budget).tolist())) / budget
+    return {"client": k, "y": y_pool, "results": res, "rho": float(spearmanr(s_ex.numpy(), s_ll.numpy())[0]),
+            "budget": budget, "overlap": overlap,
+            "share": float((res["last_layer"].grad_sq / res["exact"].grad_sq).median())}
+
+
+def cost_lines(main, scenarios: dict[str, dict], *, pim_epochs: int, participation: float, grad_norm: str) -> list[str]:
+    """The cost section's sentences from the main runs' rows ``main``: per scenario, the PIM epochs
+    against the expected local epochs per later task (and the paper's 40 against 1200), the PIM +
+    scoring seconds (Re-Fed - random replay), equal upload, and the exact / last-layer time ratio."""
+    lines = []
+    for kind, s in scenarios.items():
+        c = main[main.scenario == s["name"]].groupby("key")[["wall_s", "MiB_up"]].mean()
+        if {"refed", "fedavg_replay"} <= set(c.index):
+            per_task = s["rounds"] * participation * s["epochs"]
+            lines.append(f"{s['name']}: {pim_epochs} PIM epochs per client and task against about {per_task:.1f} "
+                         f"expected local epochs of training per later task ({pim_epochs / per_task:.0%}; the paper: 40 "
+                         f"against 150 x 0.4 x 20 = 1200, {40 / 1200:.1%})")
+            lines.append(f"  PIM + scoring cost about {c.wall_s['refed'] - c.wall_s['fedavg_replay']:.1f} s per run "
+                         f"({refed_label('refed', grad_norm)}); upload equal to random replay: "
+                         f"{np.isclose(c.MiB_up['refed'], c.MiB_up['fedavg_replay'])}")
+        if {"refed", "refed_proxy"} <= set(c.index):
+            lines.append(f"  a Re-Fed run with exact norms takes {c.wall_s['refed'] / c.wall_s['refed_proxy']:.2f} x the "
+                         "time of one with the last-layer proxy")
+    return lines
+
+
+def summary_lines(main, scenarios: dict[str, dict], diffs: dict, seeds: Sequence[int], grad_norm: str) -> list[str]:
+    """The summary's sentences: per scenario the methods ranked by mean A_T, every A_T paired difference
+    of ``diffs`` (:func:`paired_differences`) with its verdict, and the mean forgetting without memory,
+    with random replay and with Re-Fed."""
+    lines = []
+    for kind, s in scenarios.items():
+        df = main[main.scenario == s["name"]]
+        ranking = df.groupby("method")["A_T"].mean().sort_values(ascending=False)
+        lines.append(f"{s['name']}: mean final accuracy over {len(seeds)} seeds: "
+                     + ", ".join(f"{m} {v:.1f}" for m, v in ranking.items()))
+        for (sc, a, b, metric), d in diffs.items():
+            if sc == kind and metric == "A_T":
+                lines.append(f"  A_T {refed_label(a, grad_norm)} - {refed_label(b, grad_norm)}: {d} -> "
+                             + ("resolved" if d.excludes_zero else "not resolved"))
+        if {"fedavg", "fedavg_replay"} <= set(df.key):
+            f_ = df.groupby("key")["F_T"].mean()
+            lines.append(f"  forgetting F_T (mean): no memory {f_['fedavg']:.1f}, random replay {f_['fedavg_replay']:.1f}, "
+                         f"Re-Fed {f_['refed']:.1f}")
+    return lines

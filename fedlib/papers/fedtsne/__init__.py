@@ -71,7 +71,9 @@ THE kernel-width rule), :mod:`~fedlib.papers.fedtsne.dp` (Sec. 5, Theorems 4 and
 :mod:`~fedlib.papers.fedtsne.feddl` (Algorithm 1 as a client program and a server on
 :mod:`fedlib.core.protocol`, the plateau rule), :mod:`~fedlib.papers.fedtsne.nystrom` (Eqs. 18-22, the
 final upload and its assembly, the reconstruction attack), :mod:`~fedlib.papers.fedtsne.pipelines`
-(Algorithms 2 and 3), :mod:`~fedlib.papers.fedtsne.chapters` (data, splits, scorer of the chapters).
+(Algorithms 2 and 3), :mod:`~fedlib.papers.fedtsne.chapters` (data, splits, scorer of the chapters),
+:mod:`~fedlib.papers.fedtsne.checks` (the derivation chapter's numerical checks),
+:mod:`~fedlib.papers.fedtsne.studies` (the experiment loops and tables of the other chapters).
 Every public name is importable from ``fedlib.papers.fedtsne``.
 """
 from __future__ import annotations
@@ -94,6 +96,17 @@ from fedlib.papers.fedtsne.pipelines import (
     FED_NAMES, VARIANTS, embed, learn_landmarks)
 from fedlib.papers.fedtsne.chapters import (
     SPLITS, load_points, label_skew_parts, client_split, EmbeddingScorer, check_fits, privacy_table)
+from fedlib.papers.fedtsne.checks import (
+    rel_error, mmd_unbiasedness, gradient_fd_error, gradient_identity_table, split_runs, objective_curves,
+    theorem1_denominator, nystrom_exactness_table, landmark_quality_sweep, theorem2_table, kernel_nystrom_error,
+    theorem6_inputs, sensitivity_audit, calibration_table, theorem4_validity, reconstruction_table, upload_leak,
+    exact_rank_kernels, nystrom_rank_table, kernel_spectra, rank_summary, rank_study_holds, affine_projection)
+from fedlib.papers.fedtsne.studies import (
+    privacy_variants, public_feddl, privacy_runs, paired_vs_reference, recovery_epsilon, nominal_epsilon, beta_runs,
+    beta_table, beta_trend, SPLIT_LABELS, speclust_data, speclust_runs, split_invariance, setting_cells, cells_table,
+    paired_cells, change_table, kernel_landmark_sweep, convergence_study, plateau_study, plateau_summary, gain_after,
+    benchmark_runs, paired_differences, paired_metric_table, client_sweep, landmark_sweep, paper_drop, check_splits,
+    distance_verdicts, gamma_control, late_gain_evidence, metric_tables, data_sizes, select_differences)
 
 __all__ = ["sq_distances", "gaussian_kernel", "mmd2_u", "mmd2_u_grad", "lipschitz_bound", "client_median_sqdist",
            "dp_noise_sd", "paper_noise_sd", "data_sensitivity", "gradient_sensitivity",
@@ -108,4 +121,16 @@ __all__ = ["sq_distances", "gaussian_kernel", "mmd2_u", "mmd2_u_grad", "lipschit
            "label_skew_parts", "client_split", "plateau_share", "plateau_round", "FedDLTrace",
            "feddl_until_plateau", "plateau_rounds", "EmbeddingScorer", "METHOD_NAMES", "FED_NAMES", "VARIANTS",
            "expected_gaussian_kernel", "nystrom_estimate", "embed", "learn_landmarks", "public_landmarks",
-           "check_fits", "privacy_table"]
+           "check_fits", "privacy_table", "rel_error", "mmd_unbiasedness", "gradient_fd_error",
+           "gradient_identity_table", "split_runs", "objective_curves", "theorem1_denominator",
+           "nystrom_exactness_table", "landmark_quality_sweep", "theorem2_table", "kernel_nystrom_error",
+           "theorem6_inputs", "sensitivity_audit", "calibration_table", "theorem4_validity", "reconstruction_table",
+           "upload_leak", "privacy_variants", "public_feddl", "privacy_runs", "paired_vs_reference",
+           "recovery_epsilon", "nominal_epsilon", "beta_runs", "beta_table", "beta_trend", "exact_rank_kernels",
+           "nystrom_rank_table", "kernel_spectra", "rank_summary", "rank_study_holds", "affine_projection",
+           "SPLIT_LABELS", "speclust_data", "speclust_runs", "split_invariance", "setting_cells", "cells_table",
+           "paired_cells", "change_table", "kernel_landmark_sweep",
+           "convergence_study", "plateau_study", "plateau_summary", "gain_after", "benchmark_runs",
+           "paired_differences", "paired_metric_table", "client_sweep", "landmark_sweep", "paper_drop", "check_splits",
+           "distance_verdicts", "gamma_control", "late_gain_evidence", "metric_tables", "data_sizes",
+           "select_differences"]

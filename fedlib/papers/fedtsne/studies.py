@@ -1,0 +1,605 @@
+"""The experiment loops of the Fed-tSNE chapters (privacy, visualization benchmark, Fed-SpeClust): each
+function runs one study over its parameter grid and returns a tidy frame (one row per run), or builds
+one table of the chapter from such frames."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from fedlib.evaluation.stats import mean_std, paired_difference
+from fedlib.papers.fedtsne.dp import kernel_gradient_sensitivity
+from fedlib.papers.fedtsne.feddl import FedDLResult, feddl, public_landmarks
+
+
+# ------------------------------------------------------------------------------------------------
+# privacy chapter (Sec. 5, Theorems 4 and 6, Figure 7)
+# ------------------------------------------------------------------------------------------------
+def privacy_variants(betas: Sequence[float], epsilons: Sequence[float], delta: float, tau_x: float,
+                     accountant: str = "pld") -> list[tuple]:
+    """The privacy chapter's variants as (name, noise, level, feddl keywords): no noise, the paper's
+    heuristic noise for each beta > 0, data perturbation (Theorem 4, rows clipped to ``tau_x``) and
+    gradient perturbation (Theorem 6 setting) for each epsilon."""
+    variants = [("Fed (no noise)", "none", None, {})]
+    variants += [(f"heuristic beta={b:g}", "heuristic", b, {"beta": b}) for b in betas if b > 0]
+    variants += [(f"data perturbation eps={e:g}", "dp_data", e, {"epsilon": e, "delta": delta, "tau_x": tau_x})
+                 for e in epsilons]
+    variants += [(f"gradient perturbation eps={e:g}", "dp_gradient", e,
+                  {"epsilon": e, "delta": delta, "dp_accountant": accountant}) for e in epsilons]
+    return variants
+
+
+def public_feddl(X, parts, X_public, n_landmarks: int, rounds: int, gamma: float, seed: int,
+                 **feddl_kwargs) -> FedDLResult:
+    """FedDL on the clients ``[X[p] for p in parts]`` with only public set-up: the given (public) ``gamma``,
+    landmarks kept in the pixel box [0, 1] and Y^0 = :func:`public_landmarks` of ``X_public`` and ``seed``."""
+    return feddl([X[p] for p in parts], n_landmarks, rounds=rounds, gamma=gamma, landmark_bounds=(0.0, 1.0),
+                 init=public_landmarks(X_public, n_landmarks, seed), seed=seed, **feddl_kwargs)
+
+
+def privacy_runs(X, labels, parts, X_public, variants: Sequence[tuple], seeds: Sequence[int],
+                 methods: Sequence[str], *, n_landmarks: int, rounds: int, gamma: float,
+                 tsne_max_iter: int = 1000) -> pd.DataFrame:
+    """One :func:`public_feddl` run per (seed, variant of :func:`privacy_variants`), embedded by each method
+    (:func:`~fedlib.papers.fedtsne.pipelines.embed`). Rows: variant, noise, level, method, seed, FedDL
+    epsilon, end-to-end epsilon, CA 10-NN, NMI (k-means)."""
+    from fedlib.evaluation.embedding import kmeans_nmi, knn_accuracy
+    from fedlib.papers.fedtsne.pipelines import embed
+
+    rows = []
+    for s in seeds:
+        for name, noise, level, kw in variants:
+            res = public_feddl(X, parts, X_public, n_landmarks, rounds, gamma, s, noise=noise, **kw)
+            for method in methods:
+                out = embed(method, X, parts, n_landmarks, seed=s, feddl_result=res, tsne_max_iter=tsne_max_iter)
+                rows.append({"variant": name, "noise": noise, "level": level, "method": method, "seed": s,
+                             "FedDL epsilon": res.epsilon, "end-to-end epsilon": out.epsilon,
+                             "CA 10-NN": knn_accuracy(out.embedding, labels, 10, seed=s),
+                             "NMI": kmeans_nmi(out.embedding, labels, seed=s)})
+    return pd.DataFrame(rows)
+
+
+def paired_vs_reference(runs: pd.DataFrame, metric: str, method: str, noise: str, level: float):
+    """Paired difference (by seed) of ``metric`` between the runs of (method, noise, level) and the noise-free
+    runs of ``method`` (:func:`privacy_runs` frame); None with fewer than 2 runs."""
+    ref = runs[(runs.noise == "none") & (runs.method == method)].set_index("seed")[metric]
+    g = runs[(runs.noise == noise) & (runs.method == method) & (runs.level == level)].set_index("seed")[metric]
+    if len(g) < 2:
+        return None
+    return paired_difference(g.values, ref.loc[g.index].values)
+
+
+def recovery_epsilon(runs: pd.DataFrame, method: str, noise: str, epsilons: Sequence[float],
+                     metric: str = "CA 10-NN", threshold: float = -0.05) -> float | None:
+    """Smallest epsilon of the grid at which the 95 % interval of the paired ``metric`` difference against
+    the noise-free run lies above ``threshold`` (None when none does)."""
+    for e in sorted(epsilons):
+        d = paired_vs_reference(runs, metric, method, noise, e)
+        if d is not None and d.low > threshold:
+            return e
+    return None
+
+
+def nominal_epsilon(result: FedDLResult, parts, gamma: float, delta: float) -> float:
+    """The heuristic noise's 'nominal' epsilon (orientation only, NOT a guarantee): each client's per-round
+    sd taken as fixed and public, relative to the kernel sensitivity, composed by the RDP accountant;
+    the largest over clients."""
+    from fedlib.core import privacy
+
+    n_y = len(result.landmarks)
+    return max(privacy.gaussian_epsilon(result.noise_sd[:, p] / kernel_gradient_sensitivity(len(ix), n_y, gamma),
+                                        delta, accountant="rdp") for p, ix in enumerate(parts))
+
+
+def beta_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The noise-free and heuristic rows of a :func:`privacy_runs` frame with a column beta (0 = no noise)."""
+    out = runs[runs.noise.isin(["none", "heuristic"])].copy()
+    out["beta"] = out.level.fillna(0.0).astype(float)
+    return out
+
+
+def beta_table(betas_frame: pd.DataFrame, methods: Sequence[str], nominal: dict, metric: str = "NMI",
+               digits: int = 3) -> pd.DataFrame:
+    """Figure 7 as a table: per method and beta, ``metric`` mean ± sample std, the nominal epsilon and the
+    paired difference against beta = 0 (frame from :func:`beta_runs`)."""
+    rows = []
+    for method in methods:
+        ref = betas_frame[(betas_frame.beta == 0) & (betas_frame.method == method)].set_index("seed")[metric]
+        for b in sorted(betas_frame.beta.unique()):
+            g = betas_frame[(betas_frame.beta == b) & (betas_frame.method == method)].set_index("seed")[metric]
+            rows.append({"method": method, "beta": b, metric: mean_std(g, digits),
+                         "nominal epsilon (RDP, seed 0, not a guarantee)": "-" if b == 0 else f"{nominal[b]:.3g}",
+                         "paired diff vs beta=0": "-" if b == 0 else paired_difference(
+                             g.values, ref.loc[g.index].values).format(digits) if len(g) >= 2 else "n=1"})
+    return pd.DataFrame(rows)
+
+
+def beta_trend(betas_frame: pd.DataFrame, methods: Sequence[str], metric: str = "NMI") -> dict:
+    """Spearman correlation of beta and ``metric`` over all runs of each method (NaN with one beta)."""
+    from scipy.stats import spearmanr
+
+    out = {}
+    for method in methods:
+        sub = betas_frame[betas_frame.method == method]
+        out[method] = spearmanr(sub.beta, sub[metric]).statistic if sub.beta.nunique() > 1 else float("nan")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Fed-SpeClust chapter (Algorithm 3, Table 5)
+# ------------------------------------------------------------------------------------------------
+SPLIT_LABELS = {"iid": "IID", "non_iid": "non-IID"}
+
+
+def speclust_data(names: Sequence[str], max_points, num_clients: int, seeds: Sequence[int], **fits):
+    """The Fed-SpeClust chapter's data: per dataset :func:`load_points` (stratified, seed 0), the size
+    checks ``fits`` (name=value, :func:`check_fits` with strict=False) and the IID / non-IID client splits
+    of every seed. Returns (data: name -> (X, y, n_classes), splits: name -> seed -> {"IID", "non-IID"} ->
+    index arrays, info frame)."""
+    from fedlib.papers.fedtsne.chapters import check_fits, client_split, load_points
+
+    data, splits, info = {}, {}, []
+    for name in names:
+        X, y, classes = load_points(name, max_points, seed=0)
+        check_fits(name, len(X), strict=False, **fits)
+        data[name] = (X, y, len(classes))
+        splits[name] = {seed: {label: client_split(y, num_clients, split, seed) for split, label in SPLIT_LABELS.items()}
+                        for seed in seeds}
+        non_iid = splits[name][seeds[0]]["non-IID"]
+        sizes = [len(p) for p in non_iid]
+        info.append({"dataset (ours)": name, "points": len(X), "features": X.shape[1], "classes": len(classes),
+                     "non-IID: classes per client": max(len(np.unique(y[p])) for p in non_iid),
+                     "non-IID client sizes": f"{min(sizes)}-{max(sizes)}"})
+    return data, splits, pd.DataFrame(info).set_index("dataset (ours)")
+
+
+def speclust_runs(data: dict, splits: dict, seeds: Sequence[int], variants: Sequence[tuple], *, n_landmarks: int,
+                  gamma_rule: str, rounds: dict, beta: float = 1.0):
+    """Centralized spectral clustering and Fed-SpeClust (:func:`fed_spectral_clustering`) for every dataset,
+    seed and (variant, split, noise) of ``variants``. Returns (runs frame: dataset, seed, variant, split,
+    gamma, NMI, ARI, kernel rel. error, final F(Y), mean noise sd, uploads (MB), seconds; landmarks and
+    objectives keyed (dataset, seed, variant, split))."""
+    from fedlib.evaluation.embedding import clustering_ari, clustering_nmi
+    from fedlib.papers.fedtsne.mmd import gaussian_kernel
+    from fedlib.papers.fedtsne.pipelines import fed_spectral_clustering
+
+    records, landmarks, objectives = [], {}, {}
+    for name, (X, y, n_classes) in data.items():
+        K = None
+        for seed in seeds:
+            cen = fed_spectral_clustering(X, None, n_classes, centralized=True, gamma=gamma_rule, seed=seed)
+            if K is None:
+                K = gaussian_kernel(X, None, cen.gamma)
+                K_norm = np.linalg.norm(K)
+            records.append({"dataset": name, "seed": seed, "variant": "central", "split": "pooled", "gamma": cen.gamma,
+                            "NMI": clustering_nmi(y, cen.labels), "ARI": clustering_ari(y, cen.labels),
+                            "kernel rel. error": 0.0, "final F(Y)": np.nan, "mean noise sd": 0.0,
+                            "FedDL upload (MB)": 0.0, "kernel upload (MB)": 0.0, "seconds": cen.seconds})
+            for variant, split, noise in variants:
+                res = fed_spectral_clustering(X, splits[name][seed][split], n_classes, n_landmarks, gamma=gamma_rule,
+                                              rounds=rounds[name], noise=noise, beta=beta, seed=seed,
+                                              keep_affinity=True)
+                records.append({"dataset": name, "seed": seed, "variant": variant, "split": split, "gamma": res.gamma,
+                                "NMI": clustering_nmi(y, res.labels), "ARI": clustering_ari(y, res.labels),
+                                "kernel rel. error": np.linalg.norm(res.affinity - K) / K_norm,
+                                "final F(Y)": res.feddl.objective[-1],
+                                "mean noise sd": float(np.mean(res.feddl.noise_sd)) if res.feddl.noise_sd.size else 0.0,
+                                "FedDL upload (MB)": res.feddl.upload_bytes / 2**20,
+                                "kernel upload (MB)": res.kernel_upload_bytes / 2**20, "seconds": res.seconds})
+                landmarks[name, seed, variant, split] = res.feddl.landmarks
+                objectives[name, seed, variant, split] = res.feddl.objective
+    return pd.DataFrame(records), landmarks, objectives
+
+
+def split_invariance(runs: pd.DataFrame, landmarks: dict) -> tuple[pd.Series, float, float]:
+    """From :func:`speclust_runs`: (relative spread max/min - 1 of gamma per dataset, largest |landmark
+    difference| of noise-free IID vs non-IID FedDL, largest |NMI IID - NMI non-IID| of noise-free runs)."""
+    spread = runs.groupby("dataset")["gamma"].agg(lambda g: g.max() / g.min() - 1)
+    gaps = [np.abs(landmarks[name, seed, "Fed", "IID"] - landmarks[name, seed, "Fed", "non-IID"]).max()
+            for (name, seed, variant, split) in landmarks if variant == "Fed" and split == "IID"]
+    same = runs[runs["variant"] == "Fed"].pivot_table(index=["dataset", "seed"], columns="split", values="NMI")
+    return spread, float(max(gaps)), float((same["IID"] - same["non-IID"]).abs().max())
+
+
+def setting_cells(runs: pd.DataFrame, datasets: Sequence[str], settings: Sequence[tuple],
+                  metrics: Sequence[str]) -> dict:
+    """(dataset, (variant, split), metric) -> that setting's per-seed values in seed order
+    (:func:`fedlib.evaluation.report.column_by`): what the tables and paired differences use."""
+    from fedlib.evaluation.report import column_by
+
+    return {(name, col, metric): column_by(runs, metric, dataset=name, variant=col[0], split=col[1])
+            for name in datasets for col in settings for metric in metrics}
+
+
+def cells_table(cells: dict, datasets: Sequence[str], settings: Sequence[tuple], names: Sequence[str],
+                metrics: Sequence[str], labels: dict | None = None, digits: int = 4) -> pd.DataFrame:
+    """"mean ± sample std" per (dataset label, metric) row and setting column (named ``names``) of
+    :func:`setting_cells`."""
+    return pd.DataFrame({((labels or {}).get(name, name), metric): {cn: mean_std(cells[name, col, metric], digits=digits)
+                                                 for col, cn in zip(settings, names)}
+                         for name in datasets for metric in metrics}).T
+
+
+def paired_cells(cells: dict, paper: pd.DataFrame, datasets: Sequence[str], pairs: Sequence[tuple],
+                 metrics: Sequence[str], labels: dict | None = None, digits: int = 4) -> tuple[dict, pd.DataFrame]:
+    """Paired differences (by seed) for each (label, setting a, setting b) of ``pairs`` on the cells of
+    :func:`setting_cells`, followed by the same differences of the paper's means (``paper``: a
+    transcribed table with (variant, split, "mean") columns). Returns ({(dataset, metric, label):
+    PairedDifference}, table)."""
+    col = "mean [95% CI] (ours) or difference of means (paper)"
+    pdiff, rows = {}, []
+    for name in datasets:
+        for metric in metrics:
+            for lab, a, b in pairs:
+                d = pdiff[name, metric, lab] = paired_difference(cells[name, a, metric], cells[name, b, metric])
+                rows.append({"dataset": (labels or {}).get(name, name), "metric": metric, "comparison": lab, col: d.format(digits)})
+    for idx in paper.index:
+        for lab, a, b in pairs:
+            rows.append({"dataset": f"paper: {idx[0]}", "metric": idx[1], "comparison": lab,
+                         col: f"{paper.loc[idx, (*a, 'mean')] - paper.loc[idx, (*b, 'mean')]:+.{digits}f}"})
+    return pdiff, pd.DataFrame(rows).set_index(["dataset", "metric", "comparison"])
+
+
+def change_table(cells: dict, paper: pd.DataFrame, datasets: Sequence[str], settings: Sequence[tuple],
+                 names: Sequence[str], metrics: Sequence[str], labels: dict | None = None) -> pd.DataFrame:
+    """Each setting minus the first (the centralized baseline), mean over runs, for the paper's table and
+    ours; index (source, dataset, metric), one column per setting after the first."""
+    rows = []
+    for idx in paper.index:
+        base = paper.loc[idx, (*settings[0], "mean")]
+        rows.append({"source": "paper", "dataset": idx[0], "metric": idx[1],
+                     **{cn: paper.loc[idx, (*col, "mean")] - base for col, cn in zip(settings[1:], names[1:])}})
+    for name in datasets:
+        for metric in metrics:
+            base = cells[name, settings[0], metric].mean()
+            rows.append({"source": "ours", "dataset": (labels or {}).get(name, name), "metric": metric,
+                         **{cn: cells[name, col, metric].mean() - base for col, cn in zip(settings[1:], names[1:])}})
+    return pd.DataFrame(rows).set_index(["source", "dataset", "metric"])
+
+
+def kernel_landmark_sweep(X, y, parts, grid: Sequence[int], n_classes: int, *, gamma_rule: str, rounds: int,
+                          seed: int = 0):
+    """Fed-SpeClust's kernel error and NMI against n_y (the chapter's Sec. 5): for each n_y of ``grid``,
+    FedDL landmarks (:func:`fed_spectral_clustering` on ``parts``), a nested uniform sample of X (oracle)
+    and the untrained Y^0; relative error of clip_0(C W^+ C^T), NMI of spectral clustering on it, share of
+    ||C||_F^2 in C's top singular direction. Returns (frame, dict gamma, K, central NMI, last run,
+    assembly gap = max |server's matrix - C W^+ C^T| of the FedDL rows)."""
+    from sklearn.cluster import SpectralClustering
+
+    from fedlib.evaluation.embedding import clustering_nmi
+    from fedlib.papers.fedtsne.mmd import gaussian_kernel
+    from fedlib.papers.fedtsne.nystrom import nystrom_kernel
+    from fedlib.papers.fedtsne.pipelines import fed_spectral_clustering
+
+    gamma = fed_spectral_clustering(X, None, n_classes, centralized=True, gamma=gamma_rule, seed=seed).gamma
+    K = gaussian_kernel(X, None, gamma)
+    K_norm = np.linalg.norm(K)
+    cen_nmi = clustering_nmi(y, SpectralClustering(n_classes, affinity="precomputed", random_state=seed).fit_predict(K))
+    order = np.random.default_rng(seed).permutation(len(X))
+    rows, gap, res = [], 0.0, None
+    for ny in grid:
+        res = fed_spectral_clustering(X, parts, n_classes, ny, gamma=gamma_rule, rounds=rounds, seed=seed,
+                                      keep_affinity=True)
+        sets = {"FedDL": res.feddl.landmarks, "uniform sample (oracle, not federated)": X[order[:ny]],
+                "untrained (FedDL init)": res.feddl.init_landmarks}
+        for lname, L in sets.items():
+            Kh = nystrom_kernel(gaussian_kernel(X, L, gamma), gaussian_kernel(L, None, gamma))
+            if lname == "FedDL":
+                gap = max(gap, float(np.abs(Kh - res.affinity).max()))
+                labels = res.labels
+            else:
+                labels = SpectralClustering(n_classes, affinity="precomputed", random_state=seed).fit_predict(Kh)
+            sv = np.linalg.svd(gaussian_kernel(X, L, gamma), compute_uv=False)
+            rows.append({"n_y": ny, "landmarks": lname, "kernel rel. error": np.linalg.norm(Kh - K) / K_norm,
+                         "NMI": clustering_nmi(y, labels), "top share of C": sv[0] ** 2 / (sv ** 2).sum()})
+    return pd.DataFrame(rows), {"gamma": gamma, "K": K, "central NMI": cen_nmi, "last": res, "assembly gap": gap}
+
+
+# ------------------------------------------------------------------------------------------------
+# visualization benchmark (Sec. 6.1, Tables 1-4, Figs. 2, 3, 5, 6)
+# ------------------------------------------------------------------------------------------------
+def convergence_study(data: dict, scorers: dict, seeds: Sequence[int], num_clients: int, n_landmarks: int, *,
+                      tol: float, window: float, min_window: int, check_every: int, max_rounds: int,
+                      stop_at_plateau: bool, checkpoints: Sequence[int]):
+    """Noise-free FedDL until its plateau (:func:`feddl_until_plateau`) for every dataset (name -> (X, y, _)),
+    seed and split; for the first seed, the D-hat 10-NN overlap (``scorers[name].distance_quality``) and
+    the share of the landmarks' path ||Y^s - Y^0|| / ||Y^S - Y^0|| at every kept round. Returns (traces
+    keyed (dataset, split, seed), frame dataset, split, round, D-hat 10-NN, moved)."""
+    from fedlib.papers.fedtsne.chapters import client_split
+    from fedlib.papers.fedtsne.feddl import feddl_until_plateau
+    from fedlib.papers.fedtsne.nystrom import nystrom_estimate
+
+    traces, rows = {}, []
+    for name, (X, y, _) in data.items():
+        for seed in seeds:
+            for split, label in SPLIT_LABELS.items():
+                parts = client_split(y, num_clients, split, seed)
+                tr = feddl_until_plateau([X[p] for p in parts], n_landmarks, tol=tol, window=window,
+                                         min_window=min_window, check_every=min(check_every, max_rounds),
+                                         max_rounds=max_rounds, stop_at_plateau=stop_at_plateau,
+                                         checkpoints=checkpoints if seed == seeds[0] else (), seed=seed)
+                traces[name, split, seed] = tr
+                if seed != seeds[0]:
+                    continue
+                path = np.linalg.norm(tr.landmarks[tr.rounds] - tr.landmarks[0])
+                for s, Y in tr.landmarks.items():
+                    rows.append({"dataset": name, "split": label, "round": s,
+                                 "D-hat 10-NN": scorers[name].distance_quality(nystrom_estimate(X, Y))["D-hat 10-NN"],
+                                 "moved": np.linalg.norm(Y - tr.landmarks[0]) / path})
+        scorers[name].release()
+    return traces, pd.DataFrame(rows)
+
+
+def plateau_study(traces: dict, window: float = 0.1, min_window: int = 10) -> pd.DataFrame:
+    """One row per trace of :func:`convergence_study`: dataset, split, seed, gamma, plateau round, rounds run,
+    F(Y^0), F(Y^S), share of the decrease in the last window (:func:`plateau_share`), FedDL seconds."""
+    from fedlib.papers.fedtsne.feddl import plateau_share
+
+    return pd.DataFrame([{"dataset": n, "split": SPLIT_LABELS[s], "seed": seed, "gamma": tr.gamma,
+                          "plateau round": tr.plateau, "rounds run": tr.rounds, "F(Y^0)": tr.objective[0],
+                          "F(Y^S)": tr.objective[-1],
+                          "share of decrease in last 10 %": plateau_share(tr.objective, window=window,
+                                                                          min_window=min_window),
+                          "FedDL seconds": tr.seconds} for (n, s, seed), tr in traces.items()])
+
+
+def plateau_summary(study: pd.DataFrame) -> pd.DataFrame:
+    """Per (dataset, split) of :func:`plateau_study`: rounds run and gamma as mean ± sample std, the largest
+    share of the decrease in the last 10 %, mean F(Y^0), F(Y^S) and FedDL seconds."""
+    return study.groupby(["dataset", "split"]).agg(
+        **{"rounds run": ("rounds run", lambda v: mean_std(v, digits=0)),
+           "largest share in last 10 %": ("share of decrease in last 10 %", "max"),
+           "gamma": ("gamma", lambda v: mean_std(v, digits=4)),
+           "F(Y^0)": ("F(Y^0)", "mean"), "F(Y^S)": ("F(Y^S)", "mean"),
+           "FedDL seconds": ("FedDL seconds", "mean")})
+
+
+def gain_after(traces: dict, overlap: pd.DataFrame, seed: int, at: int = 50) -> tuple[float, list]:
+    """How much the D-hat 10-NN overlap (``overlap``: index (dataset, split), columns rounds) still gains after
+    round ``at``, for the traces of ``seed`` that ran longer. Returns (largest gain or NaN, rows (dataset,
+    split, gain, overlap at 0, at ``at``, at the end, rounds))."""
+    late = []
+    for (n, split, s), tr in traces.items():
+        if s != seed:
+            continue
+        row = overlap.loc[(n, SPLIT_LABELS[split])]
+        if tr.rounds > at and np.isfinite(row.get(at, np.nan)):
+            late.append((n, SPLIT_LABELS[split], row[tr.rounds] - row[at], row[0], row[at], row[tr.rounds], tr.rounds))
+    return (max(item[2] for item in late) if late else np.nan), late
+
+
+def benchmark_runs(data: dict, scorers: dict, traces: dict, seeds: Sequence[int], methods: Sequence[str], *,
+                   num_clients: int, n_landmarks: int, beta: float, window: float = 0.1, min_window: int = 10,
+                   embed_kwargs: dict | None = None):
+    """The benchmark's runs (Algorithm 2): per dataset and seed, centralized t-SNE / UMAP; FedDL noise-free
+    (the trace of :func:`convergence_study`) and with the paper's heuristic noise (as many rounds) on each
+    split, and the untrained Y^0; each embedded by every method (:func:`embed`, ``embed_kwargs``) and
+    scored (``scorers``). Returns (results: one row per embedding, dist_q: D-hat quality per FedDL run,
+    costs: rounds, plateau share, seconds, gamma, uploads per FedDL run, embeddings keyed (dataset, method,
+    variant, split, seed), checks: max |scorer - embedding_report| on the first embedding and max
+    |Y^0 IID - Y^0 non-IID|)."""
+    import dataclasses
+
+    from fedlib.evaluation.embedding import embedding_report
+    from fedlib.papers.fedtsne.chapters import client_split
+    from fedlib.papers.fedtsne.feddl import plateau_share
+    from fedlib.papers.fedtsne.pipelines import METHOD_NAMES, embed, learn_landmarks
+
+    kw = embed_kwargs or {}
+    rows, keep_Z, dist_rows, cost_rows = [], {}, [], []
+    checks = {"scorer vs embedding_report": 0.0, "Y^0 split gap": 0.0}
+    for name, (X, y, _) in data.items():
+        sc = scorers[name]
+        for seed in seeds:
+            for method in methods:
+                res = embed(method, X, None, n_landmarks, seed=seed, **kw)
+                scores = sc(res.embedding, seed)
+                if seed == seeds[0] and method == methods[0]:
+                    ref = embedding_report(X, res.embedding, y, seed=seed)
+                    checks["scorer vs embedding_report"] = max(abs(scores[k] - ref[k]) for k in scores)
+                rows.append({"dataset": name, "seed": seed, "embedding": METHOD_NAMES[method], "variant": "central",
+                             "split": "pooled", "seconds": res.seconds, **scores})
+                keep_Z[name, method, "central", "pooled", seed] = res.embedding
+            runs = []
+            for split, label in SPLIT_LABELS.items():
+                parts = client_split(y, num_clients, split, seed)
+                tr = traces[name, split, seed]
+                for variant in ("Fed", "Fed+"):   # Fed: the noise-free trace; Fed+: as many rounds, with noise
+                    fd = tr.result if variant == "Fed" else learn_landmarks(X, parts, variant, n_landmarks, tr.rounds,
+                                                                            beta=beta, seed=seed)
+                    runs.append((variant, label, fd, parts))
+                    cost_rows.append({"dataset": name, "seed": seed, "variant": variant, "split": label,
+                                      "rounds": fd.rounds,
+                                      "plateau share": plateau_share(fd.objective, window=window, min_window=min_window),
+                                      "FedDL s": fd.seconds, "gamma": fd.gamma, "FedDL upload MiB": fd.upload_bytes / 2**20})
+            y0 = {split: fd.init_landmarks for variant, split, fd, _ in runs if variant == "Fed"}
+            checks["Y^0 split gap"] = max(checks["Y^0 split gap"], float(np.abs(y0["IID"] - y0["non-IID"]).max()))
+            fd_iid, parts_iid = runs[0][2], runs[0][3]
+            runs.insert(0, ("untrained", "any", dataclasses.replace(fd_iid, landmarks=fd_iid.init_landmarks), parts_iid))
+            for variant, split, fd, parts in runs:
+                for i, method in enumerate(methods):
+                    res = embed(method, X, parts, n_landmarks, seed=seed, feddl_result=fd, keep_distances=i == 0, **kw)
+                    if i == 0:
+                        dist_rows.append({"dataset": name, "seed": seed, "variant": variant, "split": split,
+                                          **sc.distance_quality(res.distances)})
+                        for row in cost_rows:
+                            if (row["dataset"], row["seed"], row["variant"], row["split"]) == (name, seed, variant, split):
+                                row["distance upload MiB"] = res.distance_upload_bytes / 2**20
+                    rows.append({"dataset": name, "seed": seed, "embedding": METHOD_NAMES[method], "variant": variant,
+                                 "split": split, "seconds": res.seconds, **sc(res.embedding, seed)})
+                    keep_Z[name, method, variant, split, seed] = res.embedding
+                    del res
+        sc.release()
+    return pd.DataFrame(rows), pd.DataFrame(dist_rows), pd.DataFrame(cost_rows), keep_Z, checks
+
+
+def paired_differences(frame: pd.DataFrame, comparisons: Sequence[tuple], metric: str, **where) -> dict:
+    """label -> paired difference (by seed) of ``metric`` between settings a and b ((variant, split) pairs) of
+    ``comparisons`` = [(label, a, b), ...], over the rows of ``frame`` matching ``where`` (column=value)."""
+    from fedlib.evaluation.report import column_by
+
+    return {label: paired_difference(column_by(frame, metric, **where, variant=a[0], split=a[1]),
+                                     column_by(frame, metric, **where, variant=b[0], split=b[1]))
+            for label, a, b in comparisons}
+
+
+def paired_metric_table(results: pd.DataFrame, comparisons: Sequence[tuple], datasets: Sequence[str],
+                        embeddings: Sequence[str], metrics: Sequence[str], paper_tables: dict,
+                        digits: int = 4) -> tuple[dict, pd.DataFrame]:
+    """:func:`paired_differences` for every dataset, embedding and metric, beside the difference of the
+    paper's means (``paper_tables``: dataset -> transcribed table; none for the untrained column).
+    Returns ({(dataset, embedding, metric, label): PairedDifference}, table)."""
+    pdiff, rows = {}, []
+    for name in datasets:
+        paper = paper_tables[name]() if name in paper_tables else None
+        for emb in embeddings:
+            for metric in metrics:
+                diffs = paired_differences(results, comparisons, metric, dataset=name, embedding=emb)
+                for label, a, b in comparisons:
+                    d = pdiff[name, emb, metric, label] = diffs[label]
+                    p = np.nan
+                    if paper is not None and "untrained" not in label:
+                        p = paper.loc[(emb, metric), (*a, "mean")] - paper.loc[(emb, metric), (*b, "mean")]
+                    rows.append({"dataset": name, "embedding": emb, "metric": metric, "comparison": label,
+                                 "ours: mean [95% CI]": d.format(digits), "paper: difference of means": p})
+    return pdiff, pd.DataFrame(rows).set_index(["dataset", "embedding", "metric", "comparison"])
+
+
+def client_sweep(X, y, client_runs: Sequence[tuple], seeds: Sequence[int], scorer, *, n_landmarks: int,
+                 rounds: int, beta: float, embed_kwargs: dict | None = None) -> pd.DataFrame:
+    """Fed-tSNE and Fed-tSNE+ for every (split, number of clients) of ``client_runs`` and seed (paper
+    Tables 3-4): rows seed, split, clients, method, gamma and the scorer's metrics."""
+    from fedlib.papers.fedtsne.chapters import client_split
+    from fedlib.papers.fedtsne.pipelines import embed, learn_landmarks
+
+    rows = []
+    for seed in seeds:
+        for split, k in client_runs:
+            parts = client_split(y, k, split, seed)
+            for variant in ("Fed", "Fed+"):
+                fd = learn_landmarks(X, parts, variant, n_landmarks, rounds, beta=beta, seed=seed)
+                res = embed("tsne", X, parts, n_landmarks, seed=seed, feddl_result=fd, **(embed_kwargs or {}))
+                rows.append({"seed": seed, "split": SPLIT_LABELS[split], "clients": k,
+                             "method": "Fed-tSNE" + ("+" if variant == "Fed+" else ""),
+                             "gamma": fd.gamma, **scorer(res.embedding, seed)})
+    return pd.DataFrame(rows)
+
+
+def landmark_sweep(X, y, splits: Sequence[str], counts: Sequence[int], variants: Sequence[str],
+                   methods: Sequence[str], seeds: Sequence[int], scorer, *, num_clients: int, rounds: int,
+                   beta: float, window: float = 0.1, min_window: int = 10,
+                   embed_kwargs: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Paper Fig. 6: for every seed, split, n_y of ``counts`` and variant, the embeddings' metrics (one row per
+    method) and the D-hat quality of three Nystrom estimates (FedDL landmarks on squared distances,
+    untrained Y^0, FedDL landmarks on plain distances). Returns (embedding rows, quality rows)."""
+    from fedlib.papers.fedtsne.chapters import client_split
+    from fedlib.papers.fedtsne.feddl import plateau_share
+    from fedlib.papers.fedtsne.nystrom import nystrom_estimate
+    from fedlib.papers.fedtsne.pipelines import FED_NAMES, embed, learn_landmarks
+
+    lrow, qrow = [], []
+    for seed in seeds:
+        for split in splits:
+            parts = client_split(y, num_clients, split, seed)
+            for ny in counts:
+                for variant in variants:
+                    fd = learn_landmarks(X, parts, variant, ny, rounds, beta=beta, seed=seed)
+                    share = plateau_share(fd.objective, window=window, min_window=min_window)
+                    for estimate, D_hat in [("FedDL landmarks, squared", nystrom_estimate(X, fd.landmarks)),
+                                            ("untrained landmarks, squared", nystrom_estimate(X, fd.init_landmarks)),
+                                            ("FedDL landmarks, plain", nystrom_estimate(X, fd.landmarks, False))]:
+                        qrow.append({"seed": seed, "split": SPLIT_LABELS[split], "n_y": ny, "variant": variant,
+                                     "estimate": estimate, "plateau share": share, **scorer.distance_quality(D_hat)})
+                    for method in methods:
+                        res = embed(method, X, parts, ny, seed=seed, feddl_result=fd, **(embed_kwargs or {}))
+                        lrow.append({"seed": seed, "split": SPLIT_LABELS[split], "n_y": ny,
+                                     "method": FED_NAMES[method] + ("+" if variant == "Fed+" else ""),
+                                     **scorer(res.embedding, seed)})
+    return pd.DataFrame(lrow), pd.DataFrame(qrow)
+
+
+def paper_drop(tables: Sequence[pd.DataFrame], metric: str, pairs: Sequence[tuple],
+               embeddings: Sequence[str] = ("t-SNE", "UMAP")) -> float:
+    """Smallest (most negative) difference of the paper's means ``metric`` of setting a minus setting b over
+    the transcribed ``tables``, embeddings and (a, b) ``pairs`` of (variant, split) settings."""
+    return min(t.loc[(e, metric), (*a, "mean")] - t.loc[(e, metric), (*b, "mean")]
+               for t in tables for e in embeddings for a, b in pairs)
+
+
+def check_splits(labels, client_runs: Sequence[tuple], seed: int = 0) -> None:
+    """Draw every (split, number of clients) of ``client_runs`` once (:func:`client_split`), so that a split
+    the labels cannot support raises its ValueError before the long work."""
+    from fedlib.papers.fedtsne.chapters import client_split
+
+    for split, k in client_runs:
+        client_split(labels, k, split, seed)
+
+
+def distance_verdicts(dist_q: pd.DataFrame, data: dict, n_landmarks: int, train_gain: dict) -> list[tuple[str, bool]]:
+    """Per dataset, (message, holds): with m + 2 <= n_y the squared-distance estimate of every FedDL run must
+    be exact (largest relative error < 1e-6, the rank argument); otherwise FedDL's training must beat its
+    initialisation (the 95 % interval of ``train_gain[name]``, the paired D-hat 10-NN gain, above 0)."""
+    out = []
+    for name, (X, _, _) in data.items():
+        m2 = X.shape[1] + 2
+        if m2 <= n_landmarks:
+            fed = dist_q[(dist_q.dataset == name) & (dist_q.variant != "untrained")]
+            worst = fed["D-hat rel. error"].max()
+            out.append((f"{name}: m + 2 = {m2} <= n_y = {n_landmarks}: exact whatever the landmarks, largest "
+                        f"relative error {worst:.1e}", bool(worst < 1e-6)))
+        else:
+            out.append((f"{name}: m + 2 = {m2} > n_y = {n_landmarks}: FedDL's training must improve on Y^0; "
+                        f"D-hat 10-NN overlap trained - untrained {train_gain[name].format(4)}",
+                        bool(train_gain[name].low > 0)))
+    return out
+
+
+def gamma_control(X, y, num_clients: int, n_landmarks: int, rounds: int, gamma: float, seed: int = 0) -> float:
+    """Largest |landmark difference| between IID and non-IID noise-free FedDL given ONE kernel width
+    ``gamma``: 0 up to rounding, since with size weights both are the pooled gradient descent."""
+    from fedlib.papers.fedtsne.chapters import client_split
+
+    ctl = {split: feddl([X[p] for p in client_split(y, num_clients, split, seed)], n_landmarks, rounds=rounds,
+                        gamma=gamma, seed=seed) for split in SPLIT_LABELS}
+    return float(np.abs(ctl["iid"].landmarks - ctl["non_iid"].landmarks).max())
+
+
+def late_gain_evidence(late: list) -> str:
+    """One line of evidence from the rows of :func:`gain_after`."""
+    return "; ".join(f"{n} {s}: overlap {o0:.3f} untrained, {o50:.3f} at round 50, {oe:.3f} at round {re}"
+                     for n, s, _, o0, o50, oe, re in late)
+
+
+def metric_tables(results: pd.DataFrame, data: dict, seeds: Sequence[int], metrics: Sequence[str],
+                  row_order: Sequence[tuple], settings: Sequence[tuple], paper_tables: dict) -> dict:
+    """Per dataset: (title, table) of our metrics, mean ± sample std over seeds
+    (:func:`fedlib.evaluation.report.mean_std_table`), interleaved with the paper's table
+    (:func:`fedlib.evaluation.report.beside`) where ``paper_tables`` (dataset -> (table function, label))
+    has one."""
+    from fedlib.evaluation import report
+
+    out = {}
+    for name in data:
+        label = f"ours: {name}, {len(data[name][1])} points, {len(seeds)} seeds"
+        ours = report.mean_std_table(results[results.dataset == name], metrics, ["embedding"], ["variant", "split"],
+                                     row_order=row_order, column_order=settings)
+        if name in paper_tables:
+            fn, plabel = paper_tables[name]
+            out[name] = (f"=== {name} ===", report.beside(report.pm_table(fn(), settings, names=["variant", "split"]),
+                                                          ours, (plabel, label)))
+        else:
+            out[name] = (f"=== {name} ===\n{label} (the paper has no table for this dataset)", ours)
+    return out
+
+
+def data_sizes(data: dict, seeds: Sequence[int]) -> pd.DataFrame:
+    """Per dataset (name -> (X, y, classes)): points, features m, classes and number of seeds."""
+    return pd.DataFrame([{"dataset": name, "points": X.shape[0], "features m": X.shape[1], "classes": len(c),
+                          "seeds": len(seeds)} for name, (X, y, c) in data.items()]).set_index("dataset")
+
+
+def select_differences(pdiff: dict, datasets: Sequence[str], embeddings: Sequence[str], metric: str,
+                       labels: Sequence[str]) -> dict:
+    """{(dataset, embedding, label): PairedDifference} picked from :func:`paired_metric_table`'s dict."""
+    return {(n, e, lab): pdiff[n, e, metric, lab] for n in datasets for e in embeddings for lab in labels}

@@ -1,0 +1,419 @@
+"""fedlib.papers.fedtsne.checks and .studies: the derivation chapter's numerical checks and the experiment
+loops / tables of the benchmark, privacy and Fed-SpeClust chapters, on tiny data with real values."""
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+from threadpoolctl import threadpool_limits
+
+from fedlib.core import privacy
+from fedlib.evaluation.stats import paired_difference
+from fedlib.papers import fedtsne as ft
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _blas_one_thread():
+    """One BLAS / OpenMP thread for the whole module (tiny problems; a shared 2-core machine)."""
+    limits = threadpool_limits(1)
+    yield
+    limits.restore_original_limits()
+
+
+def _blobs(n=90, m=6, seed=0, scale=4.0):
+    """Three well-separated Gaussian classes in R^m (n // 3 each), min-max scaled into [0, 1]."""
+    rng = np.random.default_rng(seed)
+    y = np.arange(n) // (n // 3)
+    X = scale * rng.standard_normal((3, m))[y] + rng.standard_normal((n, m))
+    return (X - X.min()) / np.ptp(X), y
+
+
+# ------------------------------------------------------------------------------------------------
+# checks.py (derivation chapter)
+# ------------------------------------------------------------------------------------------------
+def test_rel_error():
+    assert ft.rel_error(np.array([3.0, 4.0]) * 1.1, np.array([3.0, 4.0])) == pytest.approx(0.1, rel=1e-12)
+
+
+def test_mmd_unbiasedness_u_statistic_unbiased_v_statistic_biased():
+    mc = ft.mmd_unbiasedness(np.random.default_rng(0), 300, dim=3, gamma=0.5, shift=0.7)
+    # E k(x, y) = 3^{-3/2} exp(-0.5 d^2 / 3) for s^2 = 2, gamma = 0.5, dim = 3
+    assert mc["exact"] == pytest.approx(2 * 3 ** -1.5 * (1 - math.exp(-0.5 * 0.49 / 3)), rel=1e-12)
+    assert abs(mc["u_mean"] - mc["exact"]) < 4 * mc["u_se"]
+    assert mc["v_mean"] - mc["exact"] > 4 * mc["u_se"]             # the diagonal adds a positive bias
+
+
+def test_gradient_fd_error_small_for_eq13():
+    rng = np.random.default_rng(1)
+    assert ft.gradient_fd_error(rng.standard_normal((12, 3)), rng.standard_normal((5, 3)), 0.3) < 1e-7
+
+
+def test_gradient_identity_table_size_weights_exact_uniform_weights_not():
+    X, y = _blobs()
+    parts = {"skewed": [np.where(y == 0)[0][:10], np.where(y == 1)[0], np.where(y == 2)[0]]}
+    X = X[np.concatenate(parts["skewed"])]
+    parts = {"skewed": [np.arange(10), np.arange(10, 40), np.arange(40, 70)]}
+    Y = np.random.default_rng(0).random((6, X.shape[1]))
+    t = ft.gradient_identity_table(X, parts, Y, ft.median_kernel_width(X)).set_index("weights")
+    assert t.loc["n_p/n", "rel. error vs pooled gradient"] < 1e-12
+    assert t.loc["1/P", "rel. error vs pooled gradient"] > 1e-2
+    assert t.loc["n_p/n", "client sizes"] == "10-30"
+
+
+def test_split_runs_landmarks_do_not_depend_on_the_split():
+    X, y = _blobs()
+    parts = {"IID": ft.client_split(y, 3, "iid"), "non-IID": ft.client_split(y, 3, "non_iid")}
+    Y0 = np.random.default_rng(0).random((5, X.shape[1]))
+    runs, gaps = ft.split_runs(X, parts, 5, 10, init=Y0, gamma=2.0, seed=0)
+    assert list(runs) == ["one client (pooled)", "IID", "non-IID"]
+    assert max(gaps.values()) < 1e-9
+    assert np.abs(runs["IID"].landmarks - Y0).max() > 1e-3         # they did move
+
+
+def test_objective_curves_steps_and_decrease():
+    X, y = _blobs()
+    curves = ft.objective_curves(X, {"IID": ft.client_split(y, 3, "iid")}, 5, 10,
+                                 init=np.random.default_rng(0).random((5, X.shape[1])), gamma=2.0)
+    g = curves[curves["mode"] == "gradient, Q=1"]
+    a = curves[curves["mode"] == "average, Q=5"]
+    assert list(g["gradient steps"]) == list(range(11)) and list(a["gradient steps"]) == [0, 5, 10]
+    assert g["objective F (MMD^2)"].iloc[-1] < g["objective F (MMD^2)"].iloc[0]
+
+
+def test_theorem1_denominator():
+    assert [ft.theorem1_denominator(q) for q in (1, 2, 5)] == [1, -5, -95]
+    assert ft.theorem1_denominator(2, rho_l=1.5, max_ratio=2.0) == pytest.approx(1 - 3 * 3.5)
+
+
+def test_nystrom_exactness_table_squared_exact_from_m_plus_2():
+    t = ft.nystrom_exactness_table(np.random.default_rng(0).standard_normal((80, 4)), np.random.default_rng(1),
+                                   [4, 5, 6, 9])
+    sq = t.set_index("landmarks n_y")["rel. error, squared distances"]
+    assert sq[6] < 1e-9 and sq[9] < 1e-9 and sq[4] > 1e-3
+    assert t["rel. error, plain distances"].min() > 1e-3
+
+
+def test_landmark_quality_sweep_exact_with_enough_landmarks():
+    X, y = _blobs(m=4)
+    sweep = ft.landmark_quality_sweep(X, {"IID": ft.client_split(y, 3, "iid")}, [3, 10], 5, gamma=2.0,
+                                      rng=np.random.default_rng(0))
+    assert set(sweep.landmarks) == {"uniform sample (oracle)", "untrained Y^0", "FedDL, IID"}
+    big = sweep[sweep.n_y == 10]
+    assert big["rel. error of D_hat"].max() < 1e-6 and big["10-NN overlap"].min() == pytest.approx(1.0)
+    assert sweep[sweep.n_y == 3]["rel. error of D_hat"].min() > 1e-3
+
+
+def test_theorem2_table_bound_formula():
+    t = ft.theorem2_table(np.random.default_rng(0), n=200, dim=5, columns=[10, 40])
+    rng = np.random.default_rng(0)
+    d2 = ft.sq_distances(rng.standard_normal((200, 5)))
+    eig = np.sort(np.linalg.eigvalsh(np.exp(-d2 / np.median(d2))))[::-1]
+    assert t["stated bound"].iloc[0] == pytest.approx(np.sqrt(np.sum(eig[10:] ** 2)) + 64 ** 0.25, rel=1e-10)
+    assert (t["||H - H_hat||_F"] > 0).all() and t["||H - H_hat||_F"].iloc[1] < t["||H - H_hat||_F"].iloc[0]
+
+
+def test_kernel_nystrom_error_zero_with_the_data_as_landmarks():
+    X, _ = _blobs(n=30)
+    assert ft.kernel_nystrom_error(X, X, 2.0) < 1e-8
+    assert 0 < ft.kernel_nystrom_error(X, X[:3], 2.0) <= len(X)
+
+
+def test_theorem6_inputs():
+    X = np.array([[3.0, 4.0], [0.0, 1.0]])
+    Y = np.array([[0.0, 0.0], [0.0, 2.0]])
+    tau_x, tau_y, ups = ft.theorem6_inputs(X, Y)
+    assert (tau_x, tau_y, ups) == pytest.approx((5.0, 2.0, 5.0))
+
+
+def test_sensitivity_audit_within_the_kernel_bound():
+    X, _ = _blobs(n=60)
+    Y = X[:8] + 0.01
+    gamma = 3.0
+    bound = ft.kernel_gradient_sensitivity(20, 8, gamma)
+    audit = ft.sensitivity_audit(X[:20], X, Y, gamma, np.random.default_rng(0), 15, {"kernel bound": bound})
+    assert list(audit.columns) == ["replacement", "largest change", "/ kernel bound"]
+    assert (audit["/ kernel bound"] <= 1 + 1e-12).all()
+    assert audit["/ kernel bound"].iloc[1] > 0.1           # the adversarial pairs come close to it
+
+
+def test_calibration_table_analytic_sd_buys_its_epsilon():
+    t = ft.calibration_table([0.5, 4.0], 1e-5, 2.0, 1.0, 0.01, 10)
+    for eps, sd in zip(t.epsilon, t["analytic Gaussian sd"]):
+        assert privacy.analytic_gaussian_epsilon(sd, 1e-5, 4.0) == pytest.approx(eps, rel=1e-5)
+    assert (t["PLD sd, kernel Delta"] / t["PLD sd, Thm 6 Delta"]).to_numpy() == pytest.approx(0.01, rel=1e-9)
+    assert t["its true epsilon"].iloc[0] < 0.5 < t["its true epsilon"].iloc[1] / 4 * 0.5 + 0.5
+
+
+def test_theorem4_validity():
+    calib = pd.DataFrame({"epsilon": [0.5, 2.0, 8.0], "its true epsilon": [0.4, 2.5, 9.0]})
+    ok, first, buys = ft.theorem4_validity(calib)
+    assert ok and first == 2.0 and buys == 2.5
+    ok, first, buys = ft.theorem4_validity(calib.assign(**{"its true epsilon": [0.6, 1.0, 2.0]}))
+    assert not ok and first == 0.5 and buys == 0.6
+    assert math.isnan(ft.theorem4_validity(calib.assign(**{"its true epsilon": [0.1, 1.0, 2.0]}))[1])
+
+
+def test_reconstruction_table_exact_from_clean_uploads_only():
+    X, _ = _blobs(n=60, m=4)
+    t = ft.reconstruction_table(X[:10], X, np.random.default_rng(0), [3, 6], noise_sd=0.5)
+    clean = t[t["upload from"].str.startswith("clean")].set_index("n_y")["rel. reconstruction error"]
+    noisy = t[t["upload from"].str.startswith("perturbed")]["rel. reconstruction error"]
+    assert clean[6] < 1e-8 and clean[3] > 1e-3 and noisy.min() > 0.1
+
+
+def test_upload_leak_exact_with_m_plus_2_landmarks():
+    X, y = _blobs(n=60, m=4)
+    parts = ft.client_split(y, 3, "iid")
+    err_d, err_x = ft.upload_leak(X, parts, np.random.default_rng(0).random((6, 4)))
+    assert err_d < 1e-8 and err_x < 1e-8
+    assert ft.upload_leak(X, parts, np.random.default_rng(0).random((3, 4)))[1] > 1e-3
+
+
+def test_rank_study_exact_low_rank_kernels_and_never_the_gaussian():
+    rng = np.random.default_rng(0)
+    X, pool = rng.standard_normal((60, 3)), rng.standard_normal((16, 3))
+    kernels = ft.exact_rank_kernels(3, 0.3)
+    assert [r for _, r in kernels.values()] == [5, 10, None]
+    table = ft.nystrom_rank_table(kernels, X, pool)
+    spectra = ft.kernel_spectra(kernels, np.vstack([pool, X]))
+    summary = ft.rank_summary(table)
+    assert list(summary["first exact n_y"].iloc[:2]) == [5, 10] and math.isnan(summary["first exact n_y"].iloc[2])
+    assert ft.rank_study_holds(table, spectra, kernels, top=20) == {k: True for k in kernels}
+    broken = table.assign(**{"rel. error": table["rel. error"][::-1].to_numpy()})   # the error now grows
+    assert not any(ft.rank_study_holds(broken, spectra, kernels, top=20).values())
+
+
+def test_affine_projection():
+    L = np.array([[0.0, 0.0, 1.0], [1.0, 0.0, 1.0], [0.0, 1.0, 1.0]])      # the plane z = 1
+    proj, dim = ft.affine_projection(np.array([[2.0, 3.0, 5.0]]), L)
+    assert dim == 2 and proj == pytest.approx(np.array([[2.0, 3.0, 1.0]]))
+
+
+# ------------------------------------------------------------------------------------------------
+# studies.py: privacy chapter
+# ------------------------------------------------------------------------------------------------
+def test_privacy_variants():
+    v = ft.privacy_variants([0.0, 1.0], [1.0, 10.0], 1e-5, 2.0, "pld")
+    assert [name for name, *_ in v] == ["Fed (no noise)", "heuristic beta=1", "data perturbation eps=1",
+                                        "data perturbation eps=10", "gradient perturbation eps=1",
+                                        "gradient perturbation eps=10"]
+    assert v[2][3] == {"epsilon": 1.0, "delta": 1e-5, "tau_x": 2.0} and v[4][3]["dp_accountant"] == "pld"
+
+
+def test_public_feddl_uses_only_public_setup():
+    X, y = _blobs(n=60)
+    parts = ft.client_split(y, 3, "iid")
+    res = ft.public_feddl(X, parts, X[:10], 5, 3, 2.0, seed=1)
+    assert np.array_equal(res.init_landmarks, ft.public_landmarks(X[:10], 5, 1))
+    assert res.gamma == 2.0 and res.landmarks.min() >= 0 and res.landmarks.max() <= 1
+
+
+def test_privacy_runs_rows_and_epsilon_spent():
+    X, y = _blobs(n=60)
+    parts = ft.client_split(y, 3, "iid")
+    variants = ft.privacy_variants([], [100.0], 1e-5, 2.0)[:2]
+    runs = ft.privacy_runs(X, y, parts, X[:10], variants, [0], ["tsne"], n_landmarks=8, rounds=3, gamma=2.0,
+                           tsne_max_iter=250)
+    assert list(runs.variant) == ["Fed (no noise)", "data perturbation eps=100"]
+    assert math.isinf(runs["FedDL epsilon"].iloc[0]) and runs["FedDL epsilon"].iloc[1] <= 100
+    assert runs["CA 10-NN"].between(0, 1).all() and runs["NMI"].between(0, 1).all()
+
+
+def _privacy_frame():
+    rows = []
+    for s, (ref, lo, hi) in enumerate([(0.9, 0.5, 0.88), (0.8, 0.45, 0.79), (0.85, 0.5, 0.86)]):
+        rows += [{"noise": "none", "level": np.nan, "method": "tsne", "seed": s, "CA 10-NN": ref, "NMI": ref},
+                 {"noise": "dp_data", "level": 1.0, "method": "tsne", "seed": s, "CA 10-NN": lo, "NMI": lo},
+                 {"noise": "dp_data", "level": 10.0, "method": "tsne", "seed": s, "CA 10-NN": hi, "NMI": hi},
+                 {"noise": "heuristic", "level": 2.0, "method": "tsne", "seed": s, "CA 10-NN": lo, "NMI": lo}]
+    return pd.DataFrame(rows)
+
+
+def test_paired_vs_reference_and_recovery_epsilon():
+    runs = _privacy_frame()
+    d = ft.paired_vs_reference(runs, "CA 10-NN", "tsne", "dp_data", 1.0)
+    assert d.mean == pytest.approx(-0.35 - 0.0 + (0.0), abs=0.02) and d.n == 3
+    assert d.mean == paired_difference([0.5, 0.45, 0.5], [0.9, 0.8, 0.85]).mean
+    assert ft.paired_vs_reference(runs, "CA 10-NN", "umap", "dp_data", 1.0) is None
+    assert ft.recovery_epsilon(runs, "tsne", "dp_data", [10.0, 1.0]) == 10.0
+    assert ft.recovery_epsilon(runs, "tsne", "dp_data", [1.0]) is None
+
+
+def test_beta_runs_table_and_trend():
+    b = ft.beta_runs(_privacy_frame())
+    assert sorted(b.beta.unique()) == [0.0, 2.0]
+    t = ft.beta_table(b, ["tsne"], {2.0: 12.345})
+    assert list(t.NMI) == ["0.850 ± 0.050", "0.483 ± 0.029"]
+    assert t["nominal epsilon (RDP, seed 0, not a guarantee)"].iloc[1] == "12.3"
+    assert t["paired diff vs beta=0"].iloc[1].startswith("-0.367")
+    # ranks: beta (2, 2, 2, 5, 5, 5), NMI (6, 4, 5, 2.5, 1, 2.5): Pearson of the ranks by hand
+    assert ft.beta_trend(b, ["tsne"])["tsne"] == pytest.approx(-13.5 / np.sqrt(13.5 * 17), abs=1e-12)
+
+
+def test_nominal_epsilon_is_the_least_noisy_clients():
+    parts = [np.arange(10), np.arange(10, 30)]
+    gamma, n_y, z = 2.0, 4, 3.0
+    sd = np.array([[z * ft.kernel_gradient_sensitivity(10, n_y, gamma),
+                    2 * z * ft.kernel_gradient_sensitivity(20, n_y, gamma)]] * 5)
+    fake = SimpleNamespace(landmarks=np.zeros((n_y, 2)), noise_sd=sd)
+    assert ft.nominal_epsilon(fake, parts, gamma, 1e-5) == pytest.approx(
+        privacy.gaussian_epsilon(np.full(5, z), 1e-5, accountant="rdp"), rel=1e-9)
+
+
+# ------------------------------------------------------------------------------------------------
+# studies.py: Fed-SpeClust chapter
+# ------------------------------------------------------------------------------------------------
+def test_speclust_data_optdigits():
+    data, splits, info = ft.speclust_data(["optdigits"], 200, 10, [0, 1], n_landmarks=50)
+    X, y, n_classes = data["optdigits"]
+    assert X.shape == (200, 64) and n_classes == 10
+    assert set(splits["optdigits"]) == {0, 1} and set(splits["optdigits"][0]) == {"IID", "non-IID"}
+    assert info.loc["optdigits", "non-IID: classes per client"] == 1
+    with pytest.raises(ValueError, match="n_landmarks"):
+        ft.speclust_data(["optdigits"], 200, 10, [0], n_landmarks=300)
+
+
+@pytest.fixture(scope="module")
+def speclust_small():
+    X, y = _blobs(n=60)
+    data = {"blobs": (X, y, 3)}
+    splits = {"blobs": {s: {"IID": ft.client_split(y, 3, "iid", s), "non-IID": ft.client_split(y, 3, "non_iid", s)}
+                        for s in (0, 1)}}
+    variants = [("Fed", "IID", "none"), ("Fed+", "IID", "heuristic"), ("Fed", "non-IID", "none")]
+    with threadpool_limits(1):
+        out = ft.speclust_runs(data, splits, [0, 1], variants, n_landmarks=8, gamma_rule="moments",
+                               rounds={"blobs": 5}, beta=1.0)
+    return out, variants
+
+
+def test_speclust_runs_and_split_invariance(speclust_small):
+    (runs, landmarks, objectives), variants = speclust_small
+    assert len(runs) == 2 * 4 and set(landmarks) == {("blobs", s, v, sp) for s in (0, 1) for v, sp, _ in variants}
+    assert runs[runs.variant == "central"]["kernel rel. error"].eq(0).all()
+    assert len(objectives["blobs", 0, "Fed", "IID"]) == 6
+    spread, gap, nmi_gap = ft.split_invariance(runs, landmarks)
+    assert spread.max() < 1e-10 and gap < 1e-8 and nmi_gap < 1e-2
+
+
+def test_setting_cells_tables_and_paired_differences(speclust_small):
+    (runs, _, _), _ = speclust_small
+    cols = [("central", "pooled"), ("Fed", "IID")]
+    cells = ft.setting_cells(runs, ["blobs"], cols, ["NMI"])
+    assert cells["blobs", ("Fed", "IID"), "NMI"].shape == (2,)
+    table = ft.cells_table(cells, ["blobs"], cols, ["central", "Fed"], ["NMI"], {"blobs": "B"})
+    assert table.index.tolist() == [("B", "NMI")] and "±" in table.loc[("B", "NMI"), "Fed"]
+    paper = pd.DataFrame({("central", "pooled", "mean"): [0.5], ("Fed", "IID", "mean"): [0.45]},
+                         index=pd.MultiIndex.from_tuples([("MNIST", "NMI")]))
+    pdiff, paired = ft.paired_cells(cells, paper, ["blobs"], [("Fed - central", cols[1], cols[0])], ["NMI"])
+    d = pdiff["blobs", "NMI", "Fed - central"]
+    assert d.mean == pytest.approx(np.mean(cells["blobs", cols[1], "NMI"] - cells["blobs", cols[0], "NMI"]))
+    assert paired.iloc[-1, 0] == "-0.0500"
+    change = ft.change_table(cells, paper, ["blobs"], cols, ["central", "Fed"], ["NMI"])
+    assert change.loc[("paper", "MNIST", "NMI"), "Fed"] == pytest.approx(-0.05)
+    assert change.loc[("ours", "blobs", "NMI"), "Fed"] == pytest.approx(d.mean)
+
+
+def test_kernel_landmark_sweep_assembly_and_oracle():
+    X, y = _blobs(n=60)
+    sweep, info = ft.kernel_landmark_sweep(X, y, ft.client_split(y, 3, "iid"), [5, 20], 3, gamma_rule="moments",
+                                           rounds=5)
+    assert info["assembly gap"] < 1e-8 and info["K"].shape == (60, 60)
+    err = sweep.pivot(index="n_y", columns="landmarks", values="kernel rel. error")
+    assert err["uniform sample (oracle, not federated)"][20] <= err["uniform sample (oracle, not federated)"][5]
+    assert sweep["top share of C"].between(0, 1).all() and 0 <= info["central NMI"] <= 1
+
+
+# ------------------------------------------------------------------------------------------------
+# studies.py: visualization benchmark
+# ------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def bench_small():
+    X, y = _blobs(n=90)
+    data = {"blobs": (X, y, ("a", "b", "c"))}
+    with threadpool_limits(1):
+        scorers = {"blobs": ft.EmbeddingScorer(X, y)}
+        traces, conv = ft.convergence_study(data, scorers, [0, 1], 3, 8, tol=0.01, window=0.1, min_window=10,
+                                            check_every=20, max_rounds=40, stop_at_plateau=False,
+                                            checkpoints=[10, 30])
+        out = ft.benchmark_runs(data, scorers, traces, [0, 1], ["tsne"], num_clients=3, n_landmarks=8, beta=1.0,
+                                embed_kwargs={"tsne_max_iter": 250})
+    return data, scorers, traces, conv, out
+
+
+def test_convergence_study_and_plateau_tables(bench_small):
+    _, _, traces, conv, _ = bench_small
+    assert set(traces) == {("blobs", s, seed) for s in ("iid", "non_iid") for seed in (0, 1)}
+    first = conv[conv.split == "IID"].set_index("round")
+    assert list(first.index) == [0, 10, 20, 30, 40]
+    assert first["moved"][0] == 0 and first["moved"][40] == pytest.approx(1.0)
+    study = ft.plateau_study(traces)
+    assert (study["rounds run"] == 40).all() and (study["F(Y^S)"] < study["F(Y^0)"]).all()
+    summary = ft.plateau_summary(study)
+    assert summary.loc[("blobs", "IID"), "rounds run"] == "40 ± 0"
+    wide = conv.pivot_table(index=["dataset", "split"], columns="round", values="D-hat 10-NN")
+    gain, late = ft.gain_after(traces, wide, 0, at=10)
+    assert len(late) == 2 and gain == pytest.approx(max(r[2] for r in late))
+    assert ft.late_gain_evidence(late).startswith("blobs IID: overlap")
+    assert math.isnan(ft.gain_after(traces, wide, 0, at=50)[0])
+
+
+def test_benchmark_runs(bench_small):
+    *_, (results, dist_q, costs, keep_Z, checks) = bench_small
+    assert checks["scorer vs embedding_report"] < 1e-12 and checks["Y^0 split gap"] <= 1e-10
+    assert len(results) == 2 * (1 + 5) and set(dist_q.variant) == {"untrained", "Fed", "Fed+"}
+    assert len(costs) == 2 * 4 and (costs["distance upload MiB"] == 90 * 8 * 8 / 2**20).all()
+    assert keep_Z["blobs", "tsne", "Fed", "IID", 0].shape == (90, 2)
+
+
+def test_paired_differences_tables_and_selection(bench_small):
+    *_, (results, dist_q, _, _, _) = bench_small
+    comps = [("Fed IID - central", ("Fed", "IID"), ("central", "pooled"))]
+    d = ft.paired_differences(results, comps, "NMI", dataset="blobs")["Fed IID - central"]
+    a = results[(results.variant == "Fed") & (results.split == "IID")].sort_values("seed")["NMI"].to_numpy()
+    b = results[results.variant == "central"].sort_values("seed")["NMI"].to_numpy()
+    assert d.mean == pytest.approx(np.mean(a - b))
+    paper = pd.DataFrame({("Fed", "IID", "mean"): [0.7], ("central", "pooled", "mean"): [0.8]},
+                         index=pd.MultiIndex.from_tuples([("t-SNE", "NMI")]))
+    pdiff, table = ft.paired_metric_table(results, comps, ["blobs"], ["t-SNE"], ["NMI"], {"blobs": lambda: paper})
+    assert table["paper: difference of means"].iloc[0] == pytest.approx(-0.1)
+    assert ft.select_differences(pdiff, ["blobs"], ["t-SNE"], "NMI", ["Fed IID - central"]) == {
+        ("blobs", "t-SNE", "Fed IID - central"): pdiff["blobs", "t-SNE", "NMI", "Fed IID - central"]}
+
+
+def test_distance_verdicts_and_metric_tables(bench_small):
+    data, _, _, _, (results, dist_q, _, _, _) = bench_small
+    train_gain = {"blobs": paired_difference([0.9, 0.8], [0.5, 0.45])}
+    (message, ok), = ft.distance_verdicts(dist_q, data, 8, train_gain)       # m + 2 = 8 <= n_y = 8: exact
+    assert ok and message.startswith("blobs: m + 2 = 8 <= n_y = 8")
+    (message, ok), = ft.distance_verdicts(dist_q, data, 7, train_gain)       # not exact: trained > Y^0
+    assert ok and "trained - untrained" in message
+    tables = ft.metric_tables(results, data, [0, 1], ["NMI"], [("t-SNE", "NMI")], [("central", "pooled")], {})
+    title, table = tables["blobs"]
+    assert "no table" in title and table.shape == (1, 1)
+    assert ft.data_sizes(data, [0, 1]).loc["blobs"].tolist() == [90, 6, 3, 2]
+
+
+def test_client_and_landmark_sweeps():
+    X, y = _blobs(n=90)
+    with threadpool_limits(1):
+        sc = ft.EmbeddingScorer(X, y)
+        clients = ft.client_sweep(X, y, [("iid", 3), ("non_iid", 3)], [0], sc, n_landmarks=8, rounds=3, beta=1.0,
+                                  embed_kwargs={"tsne_max_iter": 250})
+        lm, q = ft.landmark_sweep(X, y, ["iid"], [4, 8], ["Fed"], ["tsne"], [0], sc, num_clients=3, rounds=3,
+                                  beta=1.0, embed_kwargs={"tsne_max_iter": 250})
+    assert list(clients.method) == ["Fed-tSNE", "Fed-tSNE+"] * 2 and set(clients.split) == {"IID", "non-IID"}
+    assert list(lm.n_y) == [4, 8] and list(lm.method) == ["Fed-tSNE"] * 2
+    exact = q[(q.n_y == 8) & (q.estimate != "FedDL landmarks, plain")]["D-hat rel. error"]
+    assert exact.max() < 1e-6 and q[q.estimate == "FedDL landmarks, plain"]["D-hat rel. error"].min() > 1e-3
+
+
+def test_paper_drop_check_splits_gamma_control():
+    t = pd.DataFrame({("Fed", "IID", "mean"): [0.7, 0.9], ("central", "pooled", "mean"): [0.8, 0.85]},
+                     index=pd.MultiIndex.from_tuples([("t-SNE", "CA"), ("UMAP", "CA")]))
+    assert ft.paper_drop([t], "CA", [(("Fed", "IID"), ("central", "pooled"))]) == pytest.approx(-0.1)
+    X, y = _blobs(n=60)
+    ft.check_splits(y, [("iid", 3), ("non_iid", 3)])
+    with pytest.raises(ValueError, match="num_clients"):
+        ft.check_splits(y, [("non_iid", 4)])
+    assert ft.gamma_control(X, y, 3, 5, 5, 2.0) < 1e-8
