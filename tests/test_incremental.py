@@ -136,3 +136,21 @@ def test_result_carries_each_stage_cost_and_partitions_use_the_one_seed_derivati
     assert len(res.costs) == 2 and all(c.bytes_up > 0 and c.bytes_down > 0 for c in res.costs)
     assert res.bytes_up.tolist() == [c.bytes_up for c in res.costs]
     assert res.cost.bytes_up == learner.cost.bytes_up and res.cost.bytes_down == learner.cost.bytes_down
+
+
+def test_scratch_backbone_cache_is_keyed_by_the_training_scheme(tmp_path, monkeypatch):
+    """A backbone cached under another batch-order scheme is retrained, not silently reused."""
+    from fedlib.data.datasets import Dataset
+    from fedlib.federated import incremental
+    from fedlib.federated.gradient import FedConfig
+    from fedlib.federated.incremental import scratch_backbone_features
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 255, size=(len(Y_TRAIN), 8, 8), dtype=np.uint8)
+    ds = Dataset("tiny", x, Y_TRAIN, x[:len(Y_TEST)], Y_TEST, [str(c) for c in range(10)])
+    stream = make_stream(Y_TRAIN, Y_TEST, 2, seed=0)
+    cfg = FedConfig(rounds=1, local_epochs=1, batch_size=32, lr=0.05, seed=0, device="cpu", num_threads=1)
+    scratch_backbone_features(ds, stream, 2, 0.5, 0, cfg, widths=(4, 8), cache_dir=tmp_path, progress=False)
+    monkeypatch.setattr(incremental, "SCRATCH_TRAINING", {"batches": "shared"})
+    scratch_backbone_features(ds, stream, 2, 0.5, 0, cfg, widths=(4, 8), cache_dir=tmp_path, progress=False)
+    assert len(list(tmp_path.glob("*.npz"))) == 2

@@ -273,6 +273,10 @@ def run_class_incremental(learner: IncrementalLearner, stream: ClassIncrementalS
     return IncrementalResult(learner.name, acc, top1, bytes_up, wall, dict(config or {}), costs)
 
 
+# how run_federated trains (part of the scratch-backbone cache key: a change here must not reuse old files)
+SCRATCH_TRAINING = {"batches": "per-client"}   # each client draws its mini-batch order from its own stream
+
+
 def scratch_backbone_features(dataset, stream: ClassIncrementalStream, num_clients: int, beta: float | None,
                               seed: int, config, widths=(8, 16, 32), cache_dir=None, progress: bool = True):
     """Stage 1 of the paper's "training from scratch" setting, on a small CIFAR-style ResNet.
@@ -293,8 +297,7 @@ def scratch_backbone_features(dataset, stream: ClassIncrementalStream, num_clien
 
     settings = json.dumps({"K": num_clients, "beta": beta, "seed": seed, "widths": list(widths),
                            "order": stream.class_order.tolist(), "config": asdict(config) | {"device": None},
-                           "batches": "per-client"},  # run_federated's batch order (each client its own stream)
-                          sort_keys=True)
+                           **SCRATCH_TRAINING}, sort_keys=True)
     key = hashlib.sha1((settings + _fingerprint(dataset, "scratch", 0)).encode()).hexdigest()[:12]
     directory = default_cache_dir() if cache_dir is None else Path(cache_dir)
     path = directory / f"scratch_resnet__{dataset.name.replace('/', '_')}__{key}.npz"
