@@ -8,12 +8,16 @@ A method is two objects:
 - a :class:`Server`: ``broadcast() -> Message`` is what this round's clients receive,
   ``receive(messages)`` takes the round's uploads, ``result()`` is what the run produced.
 
-:func:`simulate` drives them in one process (rounds, client sampling, measured bytes and seconds);
-the Flower apps drive the very same objects between processes. Nothing in a client reads another
+:func:`simulate` drives them in one process (rounds, client sampling, measured bytes and seconds).
+Inside ``with transport(t):`` every :func:`simulate` call is handed to ``t`` instead, with the same
+arguments: :class:`fedlib.flower.FlowerTransport` sends the broadcast to Flower SuperNodes and
+returns their uploads, so every method's orchestration code runs unchanged between processes. Nothing in a client reads another
 client's state or the server's: all a client learns arrives in the broadcast ``Message``.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import time
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
@@ -33,6 +37,10 @@ class Client(Protocol):
     def step(self, data: Any, state: dict[str, Any], broadcast: Message) -> Message:
         """One upload computed from local ``data``, own ``state`` (updated in place) and ``broadcast``."""
         ...
+
+    # Optional: ``step_many(datas, states, broadcast) -> list[Message]``, the uploads of several
+    # clients at once, equal to ``[step(d, s, broadcast) for d, s in zip(datas, states)]`` (up to
+    # float round-off); :func:`simulate` calls it with each round's participants when present.
 
 
 class Server(Protocol):
@@ -76,16 +84,39 @@ def simulate(server: Server, client: Client, data: Sequence[Any], rounds: int = 
 
     Round r (1-based): ``ids = participants(r)`` (default: every client, in order); the server's
     broadcast goes to each (bytes down = its size x len(ids)); each client k in ``ids`` runs
-    ``client.step(data[k], states[k], broadcast)`` in increasing k; the server receives the uploads
+    ``client.step(data[k], states[k], broadcast)`` in increasing k (or, if the client program has
+    ``step_many``, ``client.step_many([data[k] ...], [states[k] ...], broadcast)``); the server receives the uploads
     (bytes up = their sizes). A round with no participant sends nothing. Then each callback is
     called as ``callback(r, server, cost_so_far)``; time spent in callbacks (evaluation, logging)
     is not counted in ``seconds``. ``states`` carries the clients' states between calls (stages).
     """
     if rounds < 0:
         raise ValueError(f"rounds must be >= 0, got {rounds}")
+    active = _TRANSPORT.get()
+    if active is not None:
+        return active(server, client, data, rounds, participants=participants, states=states,
+                      callbacks=callbacks, device=device, progress=progress, desc=desc)
     states = ClientStates(client) if states is None else states
     if states.client is None:
         states.client = client
+    step_many = getattr(client, "step_many", None)
+    if callable(step_many):  # a client program that computes a round's uploads at once
+        exchange = lambda msg, ids, r: step_many([data[k] for k in ids], [states[k] for k in ids], msg)  # noqa: E731
+    else:
+        exchange = lambda msg, ids, r: [client.step(data[k], states[k], msg) for k in ids]  # noqa: E731
+    return run_rounds(server, len(data), rounds, exchange, participants=participants, callbacks=callbacks,
+                      device=device, progress=progress, desc=desc)
+
+
+Exchange = Callable[[Message, list[int], int], list[Message]]
+
+
+def run_rounds(server: Server, num_clients: int, rounds: int, exchange: Exchange, *,
+               participants: Callable[[int], Iterable[int]] | None = None, callbacks: Sequence[RoundCallback] = (),
+               device: torch.device | None = None, progress: bool = False, desc: str | None = None) -> Cost:
+    """The round loop of :func:`simulate` with the clients' side abstracted: ``exchange(broadcast,
+    ids, r)`` returns the uploads of clients ``ids`` (in that order; in-process: their steps, over
+    Flower: the nodes' replies). Bytes, seconds and callbacks as in :func:`simulate`."""
     cost = Cost()
     iterator: Iterable[int] = range(1, rounds + 1)
     if progress:
@@ -94,12 +125,12 @@ def simulate(server: Server, client: Client, data: Sequence[Any], rounds: int = 
         iterator = tqdm(iterator, desc=desc, leave=False)
     for r in iterator:
         t0 = time.perf_counter()
-        ids = sorted(participants(r)) if participants is not None else range(len(data))
+        ids = sorted(participants(r)) if participants is not None else range(num_clients)
         ids = list(ids)
         if ids:
             message = server.broadcast()
             cost.bytes_down += message.nbytes * len(ids)
-            uploads = [client.step(data[k], states[k], message) for k in ids]
+            uploads = exchange(message, ids, r)
             cost.bytes_up += sum(u.nbytes for u in uploads)
             server.receive(uploads)
             del uploads
@@ -109,6 +140,20 @@ def simulate(server: Server, client: Client, data: Sequence[Any], rounds: int = 
         for callback in callbacks:
             callback(r, server, cost)
     return cost
+
+
+_TRANSPORT: contextvars.ContextVar[Callable[..., Cost] | None] = contextvars.ContextVar("transport", default=None)
+
+
+@contextlib.contextmanager
+def transport(runner: Callable[..., Cost]):
+    """Within the block, :func:`simulate` calls ``runner`` (same signature) instead of running the
+    clients in this process; e.g. a :class:`fedlib.flower.FlowerTransport` over a Flower Grid."""
+    token = _TRANSPORT.set(runner)
+    try:
+        yield runner
+    finally:
+        _TRANSPORT.reset(token)
 
 
 EMPTY = Message(sender="server")   # the broadcast of a one-shot method (nothing to send)

@@ -1,0 +1,189 @@
+"""fedlib.flower without a Flower engine: records, options, and every protocol over an in-memory Grid
+whose nodes run the real node code (:func:`fedlib.flower.transport.answer`) with their own Flower
+Context, so equality with the in-process runs and the fault handling are checked in seconds.
+The engines themselves are tested in test_flower_simulation.py and test_flower_deployment.py."""
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("flwr")
+
+from conftest import afl_ridge_reference  # noqa: E402
+from flwr.app import ArrayRecord, Context, RecordDict  # noqa: E402
+from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+
+from fedlib.core import protocol  # noqa: E402
+from fedlib.core.messages import Message as FedMessage  # noqa: E402
+from fedlib.flower import apps, records, transport  # noqa: E402
+from fedlib.flower.tasks import OPTIONS, Task, parse_options  # noqa: E402
+
+
+# ------------------------------------------------------------------------------------------------
+def test_records_round_trip_is_lossless():
+    payload = {"W": torch.randn(5, 3, dtype=torch.float64), "n": 7, "gamma": 1.5, "name": "c1", "none": None,
+               "flag": True, "labels": np.arange(4), "scalar": np.float32(2.5), 3: "int key",
+               "nested": {"t": (torch.ones(2, dtype=torch.int64), [np.zeros((1, 2)), 4.0])}}
+    content = records.to_records(FedMessage("client3", payload), client=3)
+    back = records.from_records(content)
+    assert back.sender == "client3" and back.payload.keys() == payload.keys()
+    assert torch.equal(back["W"], payload["W"]) and back["W"].dtype == torch.float64
+    assert back["n"] == 7 and back["gamma"] == 1.5 and back["none"] is None and back["flag"] is True
+    assert back["scalar"] == np.float32(2.5) and back["scalar"].dtype == np.float32
+    assert back[3] == "int key" and np.array_equal(back["labels"], np.arange(4))
+    t, (z, four) = back["nested"]["t"]
+    assert torch.equal(t, torch.ones(2, dtype=torch.int64)) and z.shape == (1, 2) and four == 4.0
+    data = payload["W"].numpy().nbytes + payload["labels"].nbytes + 16 + 16
+    assert data < records.array_bytes(content) < data + 4 * 200      # data + .npy headers and key names
+    with pytest.raises(ValueError, match="not a fedlib message"):
+        records.from_records(RecordDict({"x": ArrayRecord()}))
+    with pytest.raises(TypeError, match="cannot send"):
+        records.to_records(FedMessage("c", {"f": object()}))
+
+
+def test_program_unpickler_refuses_foreign_code():
+    import os
+
+    with pytest.raises(pickle.UnpicklingError, match="refusing to load"):
+        transport.loads(pickle.dumps(os.getcwd))
+    from fedlib.papers.afl import AFLClient
+
+    assert transport.loads(pickle.dumps(AFLClient(10, 2.0))) == AFLClient(10, 2.0)
+
+
+def test_options_are_checked_before_work():
+    assert parse_options("afl", "num-clients=5 gamma=2")["gamma"] == 2.0
+    with pytest.raises(ValueError, match="unknown option 'rounds' for protocol 'afl'"):
+        parse_options("afl", "rounds=3")
+    with pytest.raises(ValueError, match="option num-clients must be int"):
+        parse_options("afl", "num-clients=three")
+    with pytest.raises(ValueError, match="alpha must be > 0"):
+        parse_options("gradient", "alpha=0")
+    with pytest.raises(ValueError, match="protocol"):
+        parse_options("fedsgd")
+    with pytest.raises(ValueError, match="key=value"):
+        parse_options("afl", "gamma")
+    assert set(OPTIONS) == {"afl", "stsa", "gradient", "feddl", "refed"}
+
+
+# ------------------------------------------------------------------------------------------------
+class LoopbackGrid:
+    """A Grid whose node i answers with :func:`fedlib.flower.transport.answer` on its own Context
+    (fault ``kind`` per node as in the ClientApp; "drop": never answers)."""
+
+    def __init__(self, task: Task, faults: dict[int, str] | None = None):
+        self.task, self.faults = task, faults or {}
+        self.contexts = {100 + k: Context(0, 100 + k, {"partition-id": k}, RecordDict(), {})
+                         for k in range(task.config["num-clients"])}
+
+    def get_node_ids(self):
+        return list(self.contexts)
+
+    def send_and_receive(self, messages, timeout=None):
+        replies = []
+        for m in messages:
+            node = m.metadata.dst_node_id
+            kind = self.faults.get(node - 100, "")
+            if kind == "drop":
+                continue
+            TaskIdentity.node_id = node
+            damage = apps.corrupt(kind) if kind in ("nan", "shape") else None
+            task = apps._task(str(m.content.config_records[records.META]["task"]))
+            replies.append(transport.answer(m, self.contexts[node], task.client_data, damage))
+            TaskIdentity.node_id = 0
+        return replies
+
+
+@pytest.fixture
+def identity():
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
+    yield
+    TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = None
+
+
+def over_grid(config, faults=None):
+    task = Task(config)
+    grid = LoopbackGrid(task, faults)
+    nodes = {k: 100 + k for k in range(config["num-clients"])}
+    t = transport.FlowerTransport(grid, nodes, 5.0, task.validators(), stage=lambda: task.stage, task=task.key)
+    with protocol.transport(t):
+        return task, task.run(), t
+
+
+CASES = [("afl", ""), ("afl", "server=pairwise"), ("stsa", ""), ("stsa", "method=STSA-E"),
+         ("gradient", "method=fedavg participation=0.67"), ("gradient", "method=fedprox"),
+         ("gradient", "method=feddyn"), ("gradient", "method=fedntd"), ("gradient", "method=moon"),
+         ("gradient", "method=feddisco"), ("feddl", ""), ("feddl", "mode=average"), ("refed", "")]
+
+
+@pytest.mark.parametrize("protocol_name,options", CASES)
+def test_every_protocol_over_a_grid_equals_in_process(identity, protocol_name, options):
+    config = parse_options(protocol_name, options)
+    reference = Task(config).run()
+    _, outcome, t = over_grid(config)
+    assert outcome.arrays.keys() == reference.arrays.keys()
+    assert outcome.difference(reference.arrays) == 0.0
+    assert outcome.summary["fedlib_bytes_up"] == reference.summary["fedlib_bytes_up"]
+    report = t.report()
+    assert report["answered"] == list(range(config["num-clients"])) and not report["rejected"]
+    flower = report["flower_bytes"]
+    assert reference.summary["fedlib_bytes_up"] <= flower["array_up"] < 1.1 * reference.summary["fedlib_bytes_up"] + 5e3
+
+
+@pytest.mark.parametrize("fault", ["nan", "shape", "drop"])
+def test_afl_fault_leaves_out_one_client_and_equals_centralized_ridge(identity, fault):
+    config = parse_options("afl", "num-clients=4")
+    task, outcome, t = over_grid(config, {2: fault})
+    report = t.report()
+    assert report["answered"] == [0, 1, 3]
+    if fault == "drop":
+        assert report["missing"] == [2]
+    else:
+        why = report["rejected"]["2"]
+        assert ("non-finite" in why) if fault == "nan" else ("shape" in why), why
+    assert outcome.summary["clients_aggregated"] == 3
+    assert outcome.difference({"weights_regularized": afl_ridge_reference(task, [0, 1, 3])}) < 1e-10
+
+
+def test_outcome_difference_flags_nan_placement_and_shape():
+    from fedlib.flower.tasks import Outcome
+
+    ref = {"a": np.array([[1.0, np.nan], [2.0, 4.0]])}
+    assert Outcome({"a": np.array([[1.0, np.nan], [2.0, 4.2]])}, {}).difference(ref) == pytest.approx(0.05)
+    assert Outcome({"a": np.array([[1.0, 3.0], [2.0, 4.0]])}, {}).difference(ref) == float("inf")
+    assert Outcome({"a": np.ones(3)}, {}).difference(ref) == float("inf")
+    assert Outcome({}, {}).difference(ref) == float("inf")
+
+
+def test_engines_refuse_bad_runs_before_starting(tmp_path):
+    from fedlib.flower.engines import run_deployment, run_simulation_engine
+
+    config = parse_options("afl", "num-clients=5000")
+    with pytest.raises(ValueError, match="num_clients"):
+        run_simulation_engine(config)
+    with pytest.raises(ValueError, match="num_clients"):
+        run_deployment(config, tmp_path)
+    with pytest.raises(ValueError, match="dataset"):
+        run_simulation_engine(parse_options("afl", "dataset=nope"))
+
+
+def test_node_caches_are_bounded():
+    cache, made = {}, []
+    for k in range(5):
+        assert transport.remember(cache, k, lambda k=k: made.append(k) or k * 10, size=3) == k * 10
+    assert list(cache) == [2, 3, 4] and made == [0, 1, 2, 3, 4]
+    assert transport.remember(cache, 4, lambda: 1 / 0, size=3) == 40       # a hit makes nothing
+
+
+def test_cli_bad_option_is_one_error_line():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "fedlib.flower", "simulate", "afl", "bogus=1"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.strip() == ("error: unknown option 'bogus' for protocol 'afl'; allowed: alpha, dataset, "
+                                  "gamma, num-clients, partition, seed, server, timeout")
