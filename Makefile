@@ -6,7 +6,9 @@ PROFILE     ?= quick
 NB          ?= afl_benchmark
 ARGS        ?=
 
-.PHONY: all setup data notebooks html book run bench test clean
+FLOWER      ?= afl num-clients=3
+
+.PHONY: all setup data notebooks html book run bench flower-deploy flower-simulate test clean
 
 all: book
 
@@ -14,7 +16,7 @@ setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON_BOOT) -m venv $(VENV)
-	$(PY) -m pip install -e ".[book,test]"
+	$(PY) -m pip install -e ".[book,test,flower]"
 	touch $@
 
 data: setup
@@ -35,9 +37,19 @@ run: data
 
 bench: setup
 	$(PY) -m fedlib.bench.afl_aggregation --out book/benchmarks/afl_aggregation.txt
+	$(PY) -m fedlib.bench.federated_batched --out book/benchmarks/federated_batched.txt
 	$(PY) -m fedlib.bench.stsa_gram --out book/benchmarks/stsa_gram.txt
 	$(PY) -m fedlib.bench.fedtsne_speed --out book/benchmarks/fedtsne_speed.txt
+	$(PY) -m fedlib.bench.fedtsne_scale --out book/benchmarks/fedtsne_scale.txt
 	$(PY) -m fedlib.bench.refed_scoring --out book/benchmarks/refed_scoring.txt
+	$(PY) -m fedlib.bench.flower --out book/benchmarks/flower.txt
+
+# a SuperLink and N SuperNodes on 127.0.0.1, the run, everything stopped: make flower-deploy FLOWER="stsa num-clients=5"
+flower-deploy: data
+	$(PY) -m fedlib.flower deploy $(FLOWER)
+
+flower-simulate: data
+	$(PY) -m fedlib.flower simulate $(FLOWER)
 
 test: data
 	$(PY) -m pytest -n 2 --dist loadfile tests

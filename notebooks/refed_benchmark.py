@@ -87,7 +87,7 @@ memory_mode = "replay"     # replay (M old samples on top of the new task) | tot
 lam = 0.8                  # Re-Fed lambda, class-incremental (Table 2's CIFAR10 choice)
 lam_domain = 0.2           # Re-Fed lambda, domain-incremental (our choice for alpha 0.1, notes D9)
 pim_epochs = 2
-grad_norm = "exact"        # Re-Fed's norms (Eq. 4): exact (all parameters, vmap) | last_layer (closed-form proxy)
+grad_norm = "exact"        # Re-Fed's norms (Eq. 4): exact (all parameters, ghost norms) | last_layer (closed-form proxy)
 methods = ["refed", "refed_balanced", "refed_proxy", "fedavg_replay", "fedprox_replay", "fedavg", "fixed"]
 methods_domain = ["refed", "fedavg_replay", "fedavg", "fixed"]
 method_hparams = {"fedprox_replay": {"mu": 0.01}, "fedewc": {"lam": 10.0}}   # our choices (FedEWC's default 100 diverged at lr 0.05)
@@ -454,7 +454,7 @@ display(paper10)
 # %% [markdown]
 # ## Exact against last-layer gradient norms
 #
-# The exact $G^p$ (all parameters, `torch.func.vmap`) and the last layer's closed form
+# The exact $G^p$ (all parameters, ghost norms: `fedlib.core.persample.grad_sq_norms`) and the last layer's closed form
 # $\|\pi-e_y\|^2(\|h\|^2+1)$ are computed on the same PIM trajectory (the scoring does not change
 # the PIM's steps): one client's final pool of the first seed's Re-Fed run, the final global
 # model, all classes seen. How similar are the rankings, and the caches they select? The

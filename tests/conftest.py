@@ -48,3 +48,17 @@ def chapter_values(chapter: str, **changes) -> dict:
     from fedlib.runner import profiles
 
     return {**profiles.notebook_parameters(chapter), **changes}
+
+
+def afl_ridge_reference(task, clients) -> np.ndarray:
+    """Centralized reference for AFL's regularized head on ``clients``' data of a fedlib.flower Task:
+    ``W = argmin ||X W - Y||^2 + K gamma ||W||^2`` (K = len(clients)) by numpy ``lstsq`` on the
+    augmented system [X; sqrt(K gamma) I] W = [Y; 0] (not the normal equations AFL aggregates)."""
+    f, gamma = task.features, task.config["gamma"]
+    idx = np.concatenate([task.parts[k] for k in clients])
+    x = np.asarray(f.x_train, dtype=np.float64)[idx]
+    y = np.eye(len(f.classes))[np.asarray(f.y_train)[idx]]
+    d = x.shape[1]
+    a = np.vstack([x, np.sqrt(len(clients) * gamma) * np.eye(d)])
+    b = np.vstack([y, np.zeros((d, y.shape[1]))])
+    return np.linalg.lstsq(a, b, rcond=None)[0]

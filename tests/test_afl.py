@@ -46,16 +46,42 @@ def test_ridge_fit_matches_numpy(data):
 
 def test_client_update_is_local_ridge(data):
     x, y, _ = data
-    msg = afl.client_update(x[:40], y[:40], C, gamma=2.0)
+    msg = afl.client_update(x[:40], y[:40], C, gamma=2.0, packed=False)   # the paper's upload
     y1 = np.eye(C)[y[:40]]
     np.testing.assert_allclose(msg["C"].numpy(), x[:40].T @ x[:40] + 2.0 * np.eye(D), rtol=1e-12)
     np.testing.assert_allclose(msg["W"].numpy(), np.linalg.solve(msg["C"].numpy(), x[:40].T @ y1), rtol=1e-9)
     assert msg.nbytes == (D * D + D * C) * 8 + 8
 
 
+def test_packed_upload_is_the_upper_triangle_and_halves_the_bytes_of_c(data):
+    x, y, _ = data
+    full = afl.client_update(x[:40], y[:40], C, gamma=2.0, packed=False)
+    packed = afl.client_update(x[:40], y[:40], C, gamma=2.0)   # the default
+    assert "C" not in packed.payload and packed["C_packed"].shape == (D * (D + 1) // 2,)
+    rows, cols = torch.triu_indices(D, D)
+    assert torch.equal(packed["C_packed"], full["C"][rows, cols]) and torch.equal(packed["W"], full["W"])
+    restored = afl.upload_gram(packed)
+    assert torch.equal(restored, restored.T) and torch.equal(restored.triu(), full["C"].triu())
+    # measured bytes: C goes from d^2 to d(d+1)/2 float64 numbers, W and gamma are unchanged
+    assert packed.nbytes == (D * (D + 1) // 2 + D * C) * 8 + 8
+    assert full.nbytes - packed.nbytes == (D * D - D * (D + 1) // 2) * 8 == D * (D - 1) // 2 * 8
+
+
+def test_pack_unpack_round_trip_and_bad_lengths():
+    a = torch.randn(7, 7, dtype=torch.float64)
+    s = a + a.T
+    p = afl.pack_symmetric(s)
+    assert p.shape == (28,) and afl.packed_length(7) == 28 and afl.packed_dim(p) == 7
+    assert torch.equal(afl.unpack_symmetric(p), s)
+    with pytest.raises(ValueError, match="d\\(d\\+1\\)/2 entries, got shape \\(27,\\)"):
+        afl.unpack_symmetric(p[:-1])
+    with pytest.raises(ValueError, match="7 x 7 matrix has 28 entries"):
+        afl.unpack_symmetric(p[:21], 7)
+
+
 def test_empty_client_uploads_gamma_identity():
     msg = afl.client_update(np.zeros((0, D)), np.zeros(0, dtype=int), C, gamma=1.5)
-    torch.testing.assert_close(msg["C"], 1.5 * torch.eye(D, dtype=torch.float64))
+    torch.testing.assert_close(afl.upload_gram(msg), 1.5 * torch.eye(D, dtype=torch.float64))
     assert float(msg["W"].abs().max()) == 0.0
 
 
@@ -70,6 +96,18 @@ def test_aggregate_equals_joint_least_squares(data, server, k):
     assert res.num_clients == k and len(res.upload_bytes) == k
 
 
+def test_one_round_delivery_is_identical(data):
+    x, y, _ = data
+    parts = make_partition(y, 7, "dirichlet", alpha=0.5, seed=3)
+    for server in ["pairwise", "one_solve"]:
+        streamed = afl.run_afl(x, y, parts, C, gamma=1.0, server=server)
+        once = afl.run_afl(x, y, parts, C, gamma=1.0, server=server, one_round=True)
+        assert torch.equal(streamed.weights, once.weights)
+        assert once.cost.bytes_up == streamed.cost.bytes_up
+    with pytest.raises(ValueError, match="order"):
+        afl.run_afl(x, y, parts, C, one_round=True, order=[1, 0, 2, 3, 4, 5, 6])
+
+
 @pytest.mark.parametrize("alpha", [1.0, 0.01])
 def test_heterogeneity_and_order_invariance(data, alpha):
     x, y, w_joint = data
@@ -82,7 +120,7 @@ def test_heterogeneity_and_order_invariance(data, alpha):
 
 def test_aa_weights_corrected_sign_identities(data):
     x, y, _ = data
-    a, b = (afl.client_update(x[p], y[p], C, 0.0)["C"] for p in np.array_split(np.arange(N), 2))
+    a, b = (afl.client_update(x[p], y[p], C, 0.0, packed=False)["C"] for p in np.array_split(np.arange(N), 2))
     w_a, w_b = afl.aa_weights(a, b, sign=+1)
     s_inv_a = torch.linalg.solve(a + b, a)
     assert float((w_a - s_inv_a).abs().max()) < 1e-10
@@ -286,9 +324,13 @@ def test_run_afl_cost_is_measured_and_nothing_is_broadcast(data, server):
     x, y, _ = data
     parts = make_partition(y, 6, "iid", seed=0)
     res = afl.run_afl(x, y, parts, C, gamma=1.0, server=server)
-    assert res.cost.bytes_up == sum(res.upload_bytes) == 6 * ((D * D + D * C) * 8 + 8) == res.total_upload_bytes
+    # each client: W (d, C), the upper triangle of C (d(d+1)/2 numbers), gamma; float64
+    assert res.cost.bytes_up == sum(res.upload_bytes) == 6 * ((D * (D + 1) // 2 + D * C) * 8 + 8) == res.total_upload_bytes
     assert res.cost.bytes_down == 0 and afl.make_server(server).broadcast() is EMPTY
     assert res.cost.seconds >= res.server_seconds > 0
+    paper = afl.run_afl(x, y, parts, C, gamma=1.0, server=server, packed=False)   # full C (d, d)
+    assert paper.cost.bytes_up == 6 * ((D * D + D * C) * 8 + 8)
+    assert paper.cost.bytes_up - res.cost.bytes_up == 6 * D * (D - 1) // 2 * 8
 
 
 def test_client_program_step_equals_client_update(data):
@@ -297,7 +339,9 @@ def test_client_program_step_equals_client_update(data):
     state = client.init_state(3)
     msg = client.step((x[:50], y[:50]), state, afl.make_server().broadcast())
     ref = afl.client_update(x[:50], y[:50], C, gamma=2.0, client="client3")
-    assert msg.sender == "client3" and torch.equal(msg["W"], ref["W"]) and torch.equal(msg["C"], ref["C"])
+    assert msg.sender == "client3" and torch.equal(msg["W"], ref["W"]) and torch.equal(msg["C_packed"], ref["C_packed"])
+    paper = afl.AFLClient(C, gamma=2.0, packed=False).step((x[:50], y[:50]), state, afl.make_server().broadcast())
+    assert torch.equal(paper["C"], afl.client_update(x[:50], y[:50], C, gamma=2.0, packed=False)["C"])
 
 
 @pytest.mark.parametrize("server", ["pairwise", "one_solve"])
@@ -377,3 +421,95 @@ def test_table1_recipe_breaks_without_ri_only_when_clients_are_rank_deficient():
     assert list(table.index) == [2, 10, 40] and list(table["N_k"]) == [200, 40, 10]
     assert (table["ΔW w/ RI (ours)"] < 1e-8).all()
     assert table.loc[2, "ΔW w/o RI (ours)"] < 1e-8 and table.loc[40, "ΔW w/o RI (ours)"] > 1e-3
+
+
+# ----------------------------------------------------------------------------------------------
+# packed uploads (upper triangle of C_k^r) against the paper's full C_k^r
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("server", ["pairwise", "one_solve"])
+@pytest.mark.parametrize("gamma", [1.0, 0.0])
+def test_packed_and_full_uploads_give_the_same_head(data, server, gamma):
+    x, y, w_joint = data
+    if server == "pairwise" and gamma == 0:
+        parts = np.array_split(np.arange(N), 3)   # N_k >= d: C_k invertible
+    else:
+        parts = make_partition(y, 12, "dirichlet", alpha=0.5, seed=4)
+    packed = afl.run_afl(x, y, parts, C, gamma=gamma, server=server)
+    full = afl.run_afl(x, y, parts, C, gamma=gamma, server=server, packed=False)
+    assert relative_error(packed.weights, full.weights) < 1e-12
+    assert relative_error(packed.weights_regularized, full.weights_regularized) < 1e-12
+    assert relative_error(packed.weights, w_joint) < (1e-10 if server == "one_solve" else 1e-7)
+    assert torch.equal(packed.gram_regularized, packed.gram_regularized.T)
+
+
+def test_one_solve_server_packed_sums_equal_the_full_ones(data, monkeypatch):
+    """The one-pass packed product (compiled kernel) gives the sums of the paper's form, sum_k C_k and
+    sum_k C_k W_k, to round-off; a mixed round equals both; the torch fallback (no numba, or a GPU)
+    equals the kernels for both forms."""
+    x, y, _ = data
+    parts = make_partition(y, 9, "iid", seed=1)
+    full = [afl.client_update(x[p], y[p], C, packed=False) for p in parts]
+    packed = [afl.client_update(x[p], y[p], C) for p in parts]
+    ref = afl.OneSolveServer()
+    ref.receive(full)
+    srv = afl.OneSolveServer()
+    srv.receive(packed)
+    sym = ref.gram.triu() + ref.gram.triu(1).T   # the packed form keeps the upper triangle
+    assert float((srv.gram - sym).abs().max()) <= 1e-12 * float(sym.abs().max())
+    assert relative_error(srv.rhs, ref.rhs) < 1e-12
+    expected = sum(u["C"] @ u["W"] for u in full)
+    assert relative_error(ref.rhs, expected) < 1e-12 and torch.equal(ref.gram, sum(u["C"] for u in full))
+    mixed = afl.OneSolveServer()
+    mixed.receive([u if k % 2 else f for k, (u, f) in enumerate(zip(packed, full))])
+    assert relative_error(mixed.result()[0], ref.result()[0]) < 1e-12 and mixed.count == 9
+    monkeypatch.setattr(afl, "_KERNELS", {"packed": None, "full": None})   # as without numba, or on a GPU
+    for uploads, kernel_server in [(packed, srv), (full, ref)]:
+        fallback = afl.OneSolveServer()
+        fallback.receive(uploads)
+        assert relative_error(fallback.rhs, kernel_server.rhs) < 1e-12 and torch.equal(fallback.gram, kernel_server.gram)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_one_solve_server_threads_split_the_work_exactly(data, threads):
+    """Threads own disjoint classes / rows: the sums do not depend on the thread count beyond round-off
+    and are bit-identical from run to run."""
+    x, y, _ = data
+    parts = make_partition(y, 4, "iid", seed=2)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = [afl.aggregate([afl.client_update(x[p], y[p], C, packed=pk) for p in parts]) for pk in (True, False)]
+        torch.set_num_threads(threads)
+        many = [afl.aggregate([afl.client_update(x[p], y[p], C, packed=pk) for p in parts]) for pk in (True, False)]
+        again = [afl.aggregate([afl.client_update(x[p], y[p], C, packed=pk) for p in parts]) for pk in (True, False)]
+    finally:
+        torch.set_num_threads(before)
+    for a, b, c in zip(one, many, again):
+        assert relative_error(a.weights, b.weights) < 1e-12 and torch.equal(b.weights, c.weights)
+
+
+def test_one_solve_packed_float32_uploads(data):
+    x, y, _ = data
+    parts = make_partition(y, 5, "iid", seed=0)
+    w32 = afl.run_afl(x, y, parts, C, dtype=torch.float32).weights
+    w32_full = afl.run_afl(x, y, parts, C, dtype=torch.float32, packed=False).weights
+    assert w32.dtype == torch.float32 and relative_error(w32.double(), w32_full.double()) < 1e-5
+
+
+@pytest.mark.parametrize("server", ["pairwise", "one_solve"])
+def test_malformed_upload_is_refused_with_a_clear_error(data, server):
+    from fedlib.core.messages import Message
+
+    x, y, _ = data
+    good = afl.client_update(x[:100], y[:100], C)
+    short = Message("client7", {"W": good["W"], "C_packed": good["C_packed"][:-1], "gamma": 1.0})
+    with pytest.raises(ValueError, match=r"malformed AFL upload from client7: C_packed has shape \(299,\), "
+                                         r"expected \(300,\) = d\(d\+1\)/2"):
+        afl.make_server(server).receive([short])
+    full = afl.client_update(x[:100], y[:100], C, packed=False)
+    both = Message("c", {"W": good["W"], "C_packed": good["C_packed"], "C": full["C"], "gamma": 1.0})
+    with pytest.raises(ValueError, match="exactly one of 'C'"):
+        afl.aggregate([good, both], server=server)
+    wrong = Message("c", {"W": good["W"], "C": full["C"][:, :-1], "gamma": 1.0})
+    with pytest.raises(ValueError, match=r"C has shape \(24, 23\), expected \(24, 24\)"):
+        afl.aggregate([wrong], server=server)

@@ -131,7 +131,8 @@ def test_centralized_reference_and_setting_runs(data):
     assert list(runs.setting) == ["α=0.1", "α=0.1", "IID", "IID"] and list(runs["partition seed"]) == [0, 1, 0, 1]
     assert (runs.accuracy == ref["joint_acc"]).all() and runs["max rel. |W - W_QR|"].max() < 1e-10
     assert (runs["uploads per client"] == 1).all()
-    matrices = (D * D + D * C) * 8   # float64 C_k^r and W_k^r (+ gamma and the message's framing)
+    # float64 W_k^r and the upper triangle of C_k^r, d(d+1)/2 numbers (the default packed upload; + gamma)
+    matrices = (D * (D + 1) // 2 + D * C) * 8
     assert matrices <= runs["upload bytes/client"].iloc[0] <= matrices + 64
 
 

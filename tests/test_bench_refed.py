@@ -8,7 +8,7 @@ from fedlib.federated.models import SmallCNN
 from fedlib.core.persample import grad_sq_norms, reference_grad_sq_norms
 
 TINY = ["--n", "24", "--batch-size", "8", "--models", "2x4", "3x5", "--repeats", "1", "--check-n", "8",
-        "--threads", "1"]
+        "--threads", "1", "--resnet-n", "2", "--resnet-batch", "2", "--resnet-check-n", "2", "--resnet-norms", "batch"]
 
 
 def test_bench_tiny_writes_report_and_checks_pass(tmp_path):
@@ -16,13 +16,15 @@ def test_bench_tiny_writes_report_and_checks_pass(tmp_path):
     assert refed_scoring.main(TINY + ["--out", str(out)]) == 0
     text = out.read_text()
     assert "torch threads" in text and "SmallCNN(width=2, hidden=4)" in text and "SmallCNN(width=3, hidden=5)" in text
-    for label in ["(a) vmap(grad), all parameters", "(b) autograd loop, all parameters", "(c) last-layer closed form"]:
-        assert len(re.findall(re.escape(label) + r"\s+\d+ samples/s", text)) == 2, label
-    assert len(re.findall(r"throughput ratio \(a\) / \(b\)\s+[\d.]+x", text)) == 2
-    assert len(re.findall(r"throughput ratio \(c\) / \(a\)\s+[\d.]+x", text)) == 2
-    diffs = [float(v) for v in re.findall(r"\(a\) vs \(b\), float64\s+(\S+)", text)]
-    assert len(diffs) == 2 and max(diffs) < 1e-8
-    assert text.count(": passed)") == 4 and "FAILED" not in text
+    assert "resnet18_cifar(norm=batch)" in text
+    for label in ["(a) ghost norms, all parameters", "(b) vmap(grad), all parameters",
+                  "(c) autograd loop, all parameters", "(d) last-layer closed form"]:
+        assert len(re.findall(re.escape(label) + r"\s+[\d.]+ samples/s", text)) == 3, label
+    for pair in ["(a) over (b)", "(a) over (c)", "(d) over (a)"]:
+        assert len(re.findall(r"speed-up " + re.escape(pair) + r"\s+[\d.]+x", text)) == 3, pair
+    diffs = [float(v) for v in re.findall(r"\([ab]\) vs \(c\), float64\s+(\S+)", text)]
+    assert len(diffs) == 6 and max(diffs) < 1e-8
+    assert text.count("check < ") == text.count(": passed)") == 9 and "FAILED" not in text
 
 
 def test_reference_loop_matches_vectorized_in_float64_and_restores_the_model():

@@ -46,7 +46,7 @@ def test_page_covers_every_paper_and_package_and_is_in_the_toc():
     text = PAGE.read_text()
     for paper in ("afl", "stsa", "fedtsne", "refed"):
         assert f"`fedlib.papers.{paper}." in text and f"papers/{paper}.md" in text, paper
-    for package in ("core", "data", "federated", "papers", "evaluation", "bench", "runner"):
+    for package in ("core", "data", "federated", "papers", "evaluation", "bench", "runner", "flower"):
         assert f"| `fedlib.{package}` |" in text, package
     assert "file: book/code" in (REPO / "_toc.yml").read_text()
 

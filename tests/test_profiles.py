@@ -83,3 +83,18 @@ def test_environment_yml_agrees_with_pyproject():
 def test_all_refuses_overrides():
     with pytest.raises(ValueError, match="one notebook"):
         profiles.main(["all", "--profile", "smoke", "num_clients=3"])
+
+
+def test_time_left_comes_from_the_last_runs_at_that_profile(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setattr(profiles, "EXECUTED_DIR", tmp_path)
+    for name, prof, secs in [("a", "quick", 120.0), ("b", "smoke", 5.0)]:
+        meta = {"metadata": {"papermill": {"parameters": {"profile": prof}, "duration": secs}}}
+        (tmp_path / f"{name}.ipynb").write_text(json.dumps(meta))
+    (tmp_path / "broken.ipynb").write_text("{not json")
+    assert profiles.last_duration("a", "quick") == 120.0
+    assert profiles.last_duration("a", "smoke") is None and profiles.last_duration("b", "quick") is None
+    assert profiles.last_duration("broken", "quick") is None and profiles.last_duration("none", "quick") is None
+    assert profiles._estimate(["a", "b"], "quick") == "about 2.0 min left by the last runs, plus 1 chapter(s) never run at this profile"
+    assert profiles._estimate(["b"], "quick").startswith("no earlier run")

@@ -253,8 +253,9 @@ class StageClient:
     def step(self, data, state: dict, broadcast: Message) -> Message:
         self.global_model.load_state_dict(broadcast["state"])
         x, y = GradientClient.training_data(data, state)
-        payload = self.method.stage_upload(self.global_model, x, y, int(broadcast["num_seen"]), self.names,
-                                           self.config.batch_size)
+        with torch_threads(self.config.num_threads):  # as GradientClient.step: a Flower node's count differs
+            payload = self.method.stage_upload(self.global_model, x, y, int(broadcast["num_seen"]), self.names,
+                                               self.config.batch_size)
         return Message(f"client{state['id']}", payload)
 
 

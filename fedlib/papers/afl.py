@@ -10,6 +10,12 @@ Client k (Alg. 1, local stage) fits a ridge head on its frozen features and uplo
 * ``OneSolveServer``: the equivalent one-solve form from summed statistics,
   ``W^r = (sum_k C_k^r)^{-1} sum_k C_k^r W_k^r`` (eq. 56-57), O(K d^2 C + d^3) instead of O(K d^3).
 
+The symmetric ``C_k^r`` travels packed by default: only its upper triangle, ``d(d+1)/2`` numbers in
+the row-major order of ``torch.triu_indices`` (entry ``"C_packed"``), about half of the paper's ``d^2``
+(:func:`pack_symmetric`; ``packed=False`` uploads the paper's full ``"C"``, for the communication
+table). Both servers take either form; the one-solve server adds packed uploads as they come and
+unpacks once, at the end.
+
 Both end with the RI restoration (eq. 15), which removes the accumulated ``K gamma I`` and returns
 the unregularized joint least-squares head ``(X^T X)^{-1} X^T Y``: weight-invariance (Thm. 1-2).
 
@@ -38,11 +44,15 @@ SERVERS = ("pairwise", "one_solve")
 
 
 def client_update(x: Array, labels: Array, num_classes: int, gamma: float = 1.0, client: str = "client",
-                  dtype: torch.dtype = torch.float64, device: str | torch.device = "cpu") -> Message:
+                  dtype: torch.dtype = torch.float64, device: str | torch.device = "cpu",
+                  packed: bool = True) -> Message:
     """AFL local stage (Alg. 1) for one client with features x (N_k, d) and labels (N_k,).
 
-    Returns the paper's upload ``{"W": W_k^r (d, C), "C": C_k^r (d, d), "gamma": gamma}``:
+    Returns the upload ``{"W": W_k^r (d, C), "C_packed": upper triangle of C_k^r (d(d+1)/2,), "gamma"}``
+    (``packed=False``: the paper's ``{"W", "C": C_k^r (d, d), "gamma"}``):
     ``C_k^r = X_k^T X_k + gamma I`` (eq. 14), ``W_k^r = (C_k^r)^{-1} X_k^T Y_k`` (eq. 12).
+    ``C_k^r`` is symmetric, so its upper triangle (:func:`pack_symmetric`) carries all of it in
+    ``d(d+1)/2`` numbers instead of ``d^2``; :func:`upload_gram` restores the full matrix.
     When N_k < d the same W is computed in the dual form ``X_k^T (X_k X_k^T + gamma I)^{-1} Y_k``.
     With ``gamma = 0`` the head is the Moore-Penrose solution ``X_k^+ Y_k`` (eq. 4). An empty
     client (N_k = 0) uploads ``C = gamma I`` and ``W = 0``.
@@ -62,7 +72,86 @@ def client_update(x: Array, labels: Array, num_classes: int, gamma: float = 1.0,
         weights = torch.linalg.pinv(as_tensor(x, dtype, device)) @ one_hot(labels, num_classes, dtype, device)
     else:
         weights = torch.zeros(dim, num_classes, dtype=dtype, device=device)
-    return Message(client, {"W": weights, "C": stats.gram + gamma * eye, "gamma": float(gamma)})
+    gram = stats.gram + gamma * eye
+    if packed:
+        return Message(client, {"W": weights, "C_packed": pack_symmetric(gram), "gamma": float(gamma)})
+    return Message(client, {"W": weights, "C": gram, "gamma": float(gamma)})
+
+
+# ----------------------------------------------------------------------------------------------
+# the packed symmetric upload: upper triangle, row-major (torch.triu_indices order)
+# ----------------------------------------------------------------------------------------------
+_TRIU_CACHE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _triu(dim: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    key = (int(dim), str(device))
+    if key not in _TRIU_CACHE:
+        rows, cols = torch.triu_indices(dim, dim, device=device)
+        _TRIU_CACHE.clear()   # one size at a time: a d = 1280 pair is 13 MB
+        _TRIU_CACHE[key] = rows, cols
+    return _TRIU_CACHE[key]
+
+
+def packed_length(dim: int) -> int:
+    """Numbers in the packed upper triangle of a symmetric (dim, dim) matrix: ``dim (dim + 1) / 2``."""
+    return dim * (dim + 1) // 2
+
+
+def pack_symmetric(c: torch.Tensor) -> torch.Tensor:
+    """The upper triangle (diagonal included) of a symmetric (d, d) ``c`` as a 1-D tensor of
+    ``d(d+1)/2`` entries, row by row (the order of ``torch.triu_indices(d, d)``): ``c[0, 0:], c[1, 1:], ...``.
+    Only the upper triangle is read (an asymmetric round-off below the diagonal is dropped)."""
+    rows, cols = _triu(c.shape[0], c.device)
+    return c[rows, cols]
+
+
+def unpack_symmetric(packed: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """The symmetric (d, d) matrix whose upper triangle is ``packed`` (see :func:`pack_symmetric`).
+    ``dim`` defaults to the d with ``d(d+1)/2 = len(packed)``; a length that fits no d raises."""
+    dim = packed_dim(packed) if dim is None else int(dim)
+    if packed.ndim != 1 or packed.shape[0] != packed_length(dim):
+        raise ValueError(f"a packed symmetric {dim} x {dim} matrix has {packed_length(dim)} entries "
+                         f"(d(d+1)/2), got shape {tuple(packed.shape)}")
+    rows, cols = _triu(dim, packed.device)
+    out = torch.empty(dim, dim, dtype=packed.dtype, device=packed.device)
+    out[rows, cols] = packed
+    out[cols, rows] = packed
+    return out
+
+
+def packed_dim(packed) -> int:
+    """d such that ``d(d+1)/2 = len(packed)``; ValueError when the length is not triangular."""
+    n = int(np.shape(packed)[0]) if np.ndim(packed) == 1 else -1
+    dim = int((np.sqrt(8 * n + 1) - 1) // 2) if n >= 0 else -1
+    if n < 0 or packed_length(dim) != n:
+        raise ValueError(f"a packed symmetric matrix is 1-D with d(d+1)/2 entries, got shape {tuple(np.shape(packed))}")
+    return dim
+
+
+def upload_gram(msg: Message) -> torch.Tensor:
+    """``C_k^r`` (d, d) of an upload in either form (``"C"`` or ``"C_packed"``), checked against W (d, C)."""
+    check_upload(msg)
+    return msg["C"] if "C" in msg.payload else unpack_symmetric(msg["C_packed"], msg["W"].shape[0])
+
+
+def check_upload(msg: Message) -> None:
+    """Refuse an upload whose Gram entry does not fit its W (d, C): ``"C"`` must be (d, d),
+    ``"C_packed"`` 1-D with d(d+1)/2 entries; exactly one of the two must be present."""
+    pay = msg.payload
+    if "W" not in pay or np.ndim(pay["W"]) != 2:
+        raise ValueError(f"malformed AFL upload from {msg.sender}: W must be a (d, C) matrix")
+    dim = int(np.shape(pay["W"])[0])
+    if ("C" in pay) == ("C_packed" in pay):
+        raise ValueError(f"malformed AFL upload from {msg.sender}: it must hold exactly one of 'C' (d, d) and "
+                         f"'C_packed' (d(d+1)/2,), got entries {sorted(pay)}")
+    if "C" in pay and tuple(np.shape(pay["C"])) != (dim, dim):
+        raise ValueError(f"malformed AFL upload from {msg.sender}: C has shape {tuple(np.shape(pay['C']))}, "
+                         f"expected ({dim}, {dim}) for W of shape {tuple(np.shape(pay['W']))}")
+    if "C_packed" in pay and tuple(np.shape(pay["C_packed"])) != (packed_length(dim),):
+        raise ValueError(f"malformed AFL upload from {msg.sender}: C_packed has shape "
+                         f"{tuple(np.shape(pay['C_packed']))}, expected ({packed_length(dim)},) = d(d+1)/2 "
+                         f"entries of the upper triangle for W of shape {tuple(np.shape(pay['W']))}")
 
 
 def aa_weights(c_agg: torch.Tensor, c_k: torch.Tensor, sign: int = +1, inverse: str = "solve"):
@@ -155,7 +244,7 @@ class PairwiseAAServer(_AAServerBase):
         self.gram: torch.Tensor | None = None
 
     def _absorb(self, msg: Message) -> None:
-        w_k, c_k = msg["W"], msg["C"]
+        w_k, c_k = msg["W"], upload_gram(msg)
         if self.inverse == "solve" and msg["gamma"] == 0:
             # gamma = 0: C_k = X_k^T X_k may be singular; a Cholesky can still "succeed" on rounding
             # noise and return garbage, so test the rank (eigendecomposition, relative tolerance)
@@ -178,29 +267,191 @@ class PairwiseAAServer(_AAServerBase):
 
 class OneSolveServer(_AAServerBase):
     """Summed statistics: ``C^r = sum_k C_k^r`` and ``B = sum_k C_k^r W_k^r (= sum_k X_k^T Y_k)``; one
-    solve (eqs. 56-57)."""
+    solve (eqs. 56-57).
+
+    Per upload the server must read ``C_k^r`` once (the memory-bandwidth floor) and form
+    ``C_k^r W_k^r`` (``d^2 C`` multiply-adds). Both are done in one pass over the upload
+    (compiled loops, :func:`_absorb_packed` / :func:`_absorb_full`), not as an addition followed by
+    a separate matrix product. A packed upload (``"C_packed"``, the upper triangle) is added to a
+    packed sum, each off-diagonal entry serving ``B[i]`` and ``B[j]``: it is read once and never
+    unpacked; ``result()`` unpacks the sum once. A full upload (``"C"``, the paper's form) is added
+    row by row, each row's dot products with W formed while it is in cache. Both forms may be
+    mixed in one round.
+    """
 
     def __init__(self):
         super().__init__()
-        self.gram: torch.Tensor | None = None
-        self.rhs: torch.Tensor | None = None
+        self.gram_full: torch.Tensor | None = None     # (d, d): sum of the full uploads' C_k^r
+        self.rhs_full_t: torch.Tensor | None = None    # (C, d): their sum of (C_k^r W_k^r)^T
+        self.gram_packed: torch.Tensor | None = None   # (d(d+1)/2,): sum of the packed uploads' triangles
+        self.rhs_packed_t: torch.Tensor | None = None  # (C, d): their sum of (C_k^r W_k^r)^T
 
     def _absorb(self, msg: Message) -> None:
-        w_k, c_k = msg["W"], msg["C"]
-        if self.gram is None:
-            self.gram, self.rhs = c_k.clone(), c_k @ w_k
-        else:
-            self.gram += c_k
-            self.rhs.addmm_(c_k, w_k)
+        check_upload(msg)
+        w_k = msg["W"]
+        if "C_packed" in msg.payload:
+            p_k = msg["C_packed"]
+            if self.gram_packed is None:
+                self.gram_packed = torch.zeros_like(p_k)
+                self.rhs_packed_t = torch.zeros(w_k.shape[1], w_k.shape[0], dtype=p_k.dtype, device=p_k.device)
+            _absorb_packed(self.gram_packed, self.rhs_packed_t, p_k, w_k)
+            return
+        c_k = msg["C"]
+        if self.gram_full is None:
+            self.gram_full = torch.zeros_like(c_k)
+            self.rhs_full_t = torch.zeros(w_k.shape[1], w_k.shape[0], dtype=c_k.dtype, device=c_k.device)
+        _absorb_full(self.gram_full, self.rhs_full_t, c_k, w_k)
+
+    @property
+    def gram(self) -> torch.Tensor | None:
+        """``C^r = sum_k C_k^r`` (d, d) of the uploads so far (the packed sum unpacked), or None."""
+        if self.gram_packed is None:
+            return self.gram_full
+        gram = unpack_symmetric(self.gram_packed, self.rhs_packed_t.shape[1])
+        return gram if self.gram_full is None else gram + self.gram_full
+
+    @property
+    def rhs(self) -> torch.Tensor | None:
+        """``B = sum_k C_k^r W_k^r`` (d, C) of the uploads so far, or None."""
+        parts = [r.T for r in (self.rhs_full_t, self.rhs_packed_t) if r is not None]
+        if not parts:
+            return None
+        return parts[0].contiguous() if len(parts) == 1 else parts[0] + parts[1]
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(W^r_agg,K = (C^r)^{-1} B (d, C), C^r_agg,K (d, d))``, identical to the recursive law."""
-        if self.gram is None:
+        if self.gram_full is None and self.gram_packed is None:
             raise ValueError("the server has received no upload")
         t0 = time.perf_counter()
-        out = ridge_solve(self.gram, self.rhs), self.gram
+        gram = self.gram
+        out = ridge_solve(gram, self.rhs), gram
         self.seconds += time.perf_counter() - t0
         return out
+
+
+def _absorb_packed_loop(gp, rt, p, wt, m0, m1, q0, q1):
+    """``gp[q0:q1] += p[q0:q1]`` and rows ``m0:m1`` of ``rt += (S W)^T`` for the symmetric S whose upper
+    triangle is ``p`` (row-major, :func:`pack_symmetric`), in one pass over ``p``: row i's segment
+    ``S[i, i:]`` gives ``B[i] += S[i, i:] W[i:]`` and, off the diagonal, ``B[j] += S[i, j] W[i]`` (j > i).
+    NumPy arrays: gp, p (d(d+1)/2,); wt, rt (C, d) (W and B transposed, so every inner loop runs
+    over contiguous memory). Threads given disjoint ``m0:m1`` and ``q0:q1`` never write the same
+    entry. Compiled by numba (:func:`_kernels`)."""
+    dim = wt.shape[1]
+    off = 0
+    for i in range(dim):
+        n = dim - i
+        for q in range(max(off, q0), min(off + n, q1)):
+            gp[q] += p[q]
+        for m in range(m0, m1):
+            w_m = wt[m]
+            r_m = rt[m]
+            w_i = w_m[i]
+            acc = p[off] * w_i
+            for jj in range(1, n):
+                v = p[off + jj]
+                acc += v * w_m[i + jj]
+                r_m[i + jj] += v * w_i
+            r_m[i] += acc
+        off += n
+
+
+def _absorb_full_loop(g, rt, c, wt, i0, i1):
+    """Rows ``i0:i1`` of ``g += c`` and of ``rt += (c W)^T`` (columns i0:i1 of rt), one pass over
+    those rows of ``c`` (d, d): each row is added and its C dot products with ``W`` are formed while it
+    is in cache. NumPy arrays: g, c (d, d); wt, rt (C, d). Threads given disjoint row ranges never
+    write the same entry. Compiled by numba (:func:`_kernels`)."""
+    num_classes, dim = wt.shape
+    for i in range(i0, i1):
+        c_i = c[i]
+        g_i = g[i]
+        for j in range(dim):
+            g_i[j] += c_i[j]
+        for m in range(num_classes):
+            w_m = wt[m]
+            acc = 0.0
+            for j in range(dim):
+                acc += c_i[j] * w_m[j]
+            rt[m, i] += acc
+
+
+_KERNELS: dict = {}
+_POOL: list = []
+
+
+def _kernels() -> dict | None:
+    """``{"packed": ..., "full": ...}``: :func:`_absorb_packed_loop` and :func:`_absorb_full_loop`
+    compiled by numba (a dependency of umap-learn; cached on disk after the first compilation; they
+    release the GIL), or None where numba is missing (then the torch fallback runs)."""
+    if "packed" not in _KERNELS:
+        try:
+            import numba
+
+            # reassociation lets the row sums vectorize; no finite-math assumption (NaN stays NaN)
+            jit = numba.njit(cache=True, nogil=True, boundscheck=False, fastmath={"reassoc", "contract"})
+            _KERNELS.update(packed=jit(_absorb_packed_loop), full=jit(_absorb_full_loop))
+        except ImportError:  # pragma: no cover - numba comes with umap-learn
+            _KERNELS.update(packed=None, full=None)
+    return _KERNELS if _KERNELS["packed"] is not None else None
+
+
+def _in_threads(kernel, args: tuple, ranges: list[tuple]) -> None:
+    """``kernel(*args, *r)`` for every ``r`` of ``ranges``, the first in this thread and the others in
+    a pool (the compiled kernels release the GIL)."""
+    if len(ranges) == 1:
+        kernel(*args, *ranges[0])
+        return
+    import os
+
+    if not _POOL or _POOL[0][0] < len(ranges) - 1 or _POOL[0][2] != os.getpid():   # new pool after a fork
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL[:] = [(len(ranges) - 1, ThreadPoolExecutor(len(ranges) - 1, thread_name_prefix="afl-server"), os.getpid())]
+    jobs = [_POOL[0][1].submit(kernel, *args, *r) for r in ranges[1:]]
+    kernel(*args, *ranges[0])
+    for job in jobs:
+        job.result()
+
+
+def _host_arrays(acc: torch.Tensor, c: torch.Tensor, w: torch.Tensor):
+    """NumPy views of ``c`` (contiguous) and ``W^T`` (contiguous) in the accumulator's dtype."""
+    return (c.detach().to(acc.dtype).contiguous().numpy(), w.detach().to(acc.dtype).T.contiguous().numpy())
+
+
+def _absorb_packed(gram_packed: torch.Tensor, rhs_t: torch.Tensor, p_k: torch.Tensor, w_k: torch.Tensor) -> None:
+    """Add a packed upload to the one-solve server's sums: ``gram_packed += p_k`` and
+    ``rhs_t += (C_k W_k)^T`` with ``C_k`` symmetric of upper triangle ``p_k``, in place.
+
+    On the CPU: the compiled one-pass kernel, split over ``torch.get_num_threads()`` threads by
+    classes (each thread also adds its share of the packed sum); deterministic (no two threads
+    write one entry). Elsewhere, or without numba: unpack, add and multiply with torch.
+    """
+    kernels = _kernels() if p_k.device.type == "cpu" else None
+    if kernels is None:
+        gram_packed += p_k
+        rhs_t.T.addmm_(unpack_symmetric(p_k, w_k.shape[0]), w_k.to(rhs_t.dtype))
+        return
+    p, wt = _host_arrays(gram_packed, p_k, w_k)
+    num_classes, total = wt.shape[0], p.shape[0]
+    threads = max(1, min(torch.get_num_threads(), num_classes))
+    ranges = [(num_classes * t // threads, num_classes * (t + 1) // threads, total * t // threads,
+               total * (t + 1) // threads) for t in range(threads)]
+    _in_threads(kernels["packed"], (gram_packed.numpy(), rhs_t.numpy(), p, wt), ranges)
+
+
+def _absorb_full(gram: torch.Tensor, rhs_t: torch.Tensor, c_k: torch.Tensor, w_k: torch.Tensor) -> None:
+    """Add a full upload to the one-solve server's sums: ``gram += c_k`` and ``rhs_t += (c_k W_k)^T``,
+    in place; on the CPU the compiled one-pass kernel over ``torch.get_num_threads()`` row ranges,
+    elsewhere (or without numba) torch's addition and matrix product."""
+    kernels = _kernels() if c_k.device.type == "cpu" else None
+    if kernels is None:
+        gram += c_k
+        rhs_t.T.addmm_(c_k, w_k.to(rhs_t.dtype))
+        return
+    c, wt = _host_arrays(gram, c_k, w_k)
+    dim = c.shape[0]
+    threads = max(1, min(torch.get_num_threads(), dim))
+    ranges = [(dim * t // threads, dim * (t + 1) // threads) for t in range(threads)]
+    _in_threads(kernels["full"], (gram.numpy(), rhs_t.numpy(), c, wt), ranges)
 
 
 def make_server(server: str = "one_solve", sign: int = +1, inverse: str = "solve"):
@@ -265,21 +516,23 @@ class AFLClient:
     """AFL's client program (Alg. 1, local stage) for :func:`fedlib.core.protocol.simulate`.
 
     ``step((x_k (N_k, d), labels_k (N_k,)), state, broadcast)`` returns :func:`client_update`'s
-    upload ``{W_k^r, C_k^r, gamma}`` (eqs. 12, 14); the broadcast is empty and the state holds only
-    the client's name.
+    upload ``{W_k^r, C_k^r, gamma}`` (eqs. 12, 14), ``C_k^r`` packed unless ``packed=False``; the
+    broadcast is empty and the state holds only the client's name.
     """
 
     num_classes: int
     gamma: float = 1.0
     dtype: torch.dtype = torch.float64
     device: str | torch.device = "cpu"
+    packed: bool = True
 
     def init_state(self, k: int) -> dict:
         return {"name": f"client{k}"}
 
     def step(self, data, state: dict, broadcast: Message) -> Message:
         x, labels = data
-        return client_update(x, labels, self.num_classes, self.gamma, state["name"], self.dtype, self.device)
+        return client_update(x, labels, self.num_classes, self.gamma, state["name"], self.dtype, self.device,
+                             self.packed)
 
 
 class _ClientData(Sequence):
@@ -299,7 +552,8 @@ class _ClientData(Sequence):
 def run_afl(x: Array, labels: Array, parts: Sequence[np.ndarray], num_classes: int, gamma: float = 1.0,
             server: str = "one_solve", restore: bool = True, order: Sequence[int] | None = None,
             sign: int = +1, inverse: str = "solve", dtype: torch.dtype = torch.float64,
-            device: str | torch.device = "cpu", progress: bool = False) -> AFLResult:
+            device: str | torch.device = "cpu", progress: bool = False, one_round: bool = False,
+            packed: bool = True) -> AFLResult:
     """Full AFL on :func:`fedlib.core.protocol.simulate`: every client of ``parts`` (index arrays into
     x (N, d) / labels (N,)) runs :class:`AFLClient`, the server aggregates in ``order`` (default
     0..K-1) and restores (eq. 15). Returns an :class:`AFLResult` whose ``cost`` is measured.
@@ -307,6 +561,10 @@ def run_afl(x: Array, labels: Array, parts: Sequence[np.ndarray], num_classes: i
     AFL is one communication round (each client uploads once, the broadcast is empty). The simulator
     delivers that round's uploads one client at a time (K steps of one participant, in ``order``), so
     at most one client's d x d matrix is alive: K = 1000 clients at d = 1280 fit in memory.
+    ``one_round=True`` delivers all K uploads in one round instead (as between processes, e.g. on
+    Flower: one exchange, not K); the server absorbs them in the same order, so the result is identical.
+    ``packed=False`` uploads the paper's full ``C_k^r`` (d, d) instead of its upper triangle: the same
+    head (to round-off), about twice the upload bytes.
     """
     check_positive("gamma", gamma, strict=False)
     check_choice("server", server, SERVERS)
@@ -320,8 +578,14 @@ def run_afl(x: Array, labels: Array, parts: Sequence[np.ndarray], num_classes: i
                                                f"(e.g. client {small[0]}, N_k = {len(parts[small[0]])})"))
     srv = make_server(server, sign, inverse)
     data = _ClientData(as_tensor(x, dtype, device), np.asarray(labels), parts)
-    cost = simulate(srv, AFLClient(num_classes, gamma, dtype, device), data, rounds=len(order),
-                    participants=lambda r: [order[r - 1]], progress=progress, desc=f"AFL clients ({server})")
+    client = AFLClient(num_classes, gamma, dtype, device, packed)
+    if one_round:
+        if order != sorted(order):
+            raise ValueError("one_round delivers the uploads in client order: order must be 0..K-1")
+        cost = simulate(srv, client, data, rounds=1)
+    else:
+        cost = simulate(srv, client, data, rounds=len(order), participants=lambda r: [order[r - 1]],
+                        progress=progress, desc=f"AFL clients ({server})")
     return _finish(srv, restore, cost)
 
 
@@ -464,7 +728,7 @@ def two_client_check(x: Array, labels: Array, num_classes: int, reference: torch
     weights' identities ``max|W_u - S^{-1} C_u|`` and ``max|W_u + W_v - I|``.
     """
     halves = np.array_split(np.arange(len(labels)), 2)
-    up = [client_update(x[p], labels[p], num_classes, gamma=0.0) for p in halves]
+    up = [client_update(x[p], labels[p], num_classes, gamma=0.0, packed=False) for p in halves]
     w_u, w_v = aa_weights(up[0]["C"], up[1]["C"], sign=+1)
     s_inv_cu = torch.linalg.solve(up[0]["C"] + up[1]["C"], up[0]["C"])
     rows = []

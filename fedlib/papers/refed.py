@@ -44,9 +44,11 @@ method of the chapter. Decisions the paper leaves open (notes Sec. 8), all optio
 * [D11] ``aggregation="uniform"`` (Alg. 2) for every method; ``"size"``: n_k-weighted FedAvg.
 * [D12] iteration p = PIM epoch; every sample gets one G^p per epoch, taken at the parameters
   current when its mini-batch is processed (before the step).
-* [D13] ``grad_norm="exact"``: vectorised per-sample gradients (``torch.func.vmap(grad)``, model
-  in eval mode, :func:`fedlib.core.persample.grad_sq_norms`) over all trainable parameters;
-  ``"last_layer"``: the closed form of :func:`fedlib.core.persample.last_layer_grad_sq_norms`.
+* [D13] ``grad_norm="exact"``: the exact per-sample squared norms over all trainable parameters,
+  model in eval mode (:func:`fedlib.core.persample.grad_sq_norms`: ghost norms, one forward and one
+  backward per mini-batch, no per-sample gradient formed; ``torch.func.vmap`` for layers it does
+  not cover); ``"last_layer"``: the closed form of
+  :func:`fedlib.core.persample.last_layer_grad_sq_norms`, a cheaper proxy (the output layer only).
 * [D16] FedAvg/FedProx replay baselines cache a uniformly random subset of the pool under the same
   budget rule; FedProx mu = 0.01.
 

@@ -373,7 +373,9 @@ class STSAClient:
             msg = stsae_client(x, labels, c_t, features, self.num_dummy, self.split,
                                seed=derive_seed(self.seed, "dummy_split", t, k), sender=name)
         else:
-            msg = afl_client_update(features(x), labels, c_t, broadcast["gamma"], name, device=self.device)
+            # the paper's full C (d x d), like STSA's own G: the chapter compares the two uploads as published
+            msg = afl_client_update(features(x), labels, c_t, broadcast["gamma"], name, device=self.device,
+                                    packed=False)
         if self.noise is not None:
             msg = add_upload_noise(msg, *self.noise, generator=torch_generator(self.seed, "upload_noise", t, k),
                                    entries=self.noise_entries)

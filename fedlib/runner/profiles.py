@@ -29,7 +29,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from fedlib.runner import specs
+from fedlib.runner import memory, specs
 from fedlib.runner.paths import EXECUTED_DIR, FAILED_DIR, NOTEBOOK_DIR, PROFILE_FILE, REPO  # noqa: F401
 
 
@@ -109,13 +109,36 @@ def to_ipynb(name: str, dest: Path) -> Path:
     return dest
 
 
+def last_duration(name: str, profile: str) -> float | None:
+    """Seconds the chapter's executed notebook in the book took at ``profile`` (papermill's record),
+    or None when there is none (first run) or it ran at another profile."""
+    path = EXECUTED_DIR / f"{name}.ipynb"
+    if not path.exists():
+        return None
+    try:
+        import json
+
+        meta = json.loads(path.read_text()).get("metadata", {}).get("papermill", {})
+    except (OSError, ValueError):
+        return None
+    if meta.get("parameters", {}).get("profile") != profile or meta.get("duration") is None:
+        return None
+    return float(meta["duration"])
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
 def run_notebook(name: str, profile: str = "quick", overrides: Mapping[str, Any] | None = None,
-                 output: Path | None = None, cwd: Path | None = None) -> Path:
-    """Execute one chapter at ``profile`` with ``overrides``; return the executed notebook's path."""
+                 output: Path | None = None, cwd: Path | None = None, progress: bool = True) -> Path:
+    """Execute one chapter at ``profile`` with ``overrides``; return the executed notebook's path.
+    ``progress``: a per-cell bar on stderr (chapter, cell, elapsed, estimated time left)."""
     import papermill
 
     params = resolve_parameters(name, profile, overrides)
     params["profile"] = profile
+    memory.check_fits(name, {**notebook_parameters(name), **params})   # refuse, with the numbers, what cannot fit
     output = Path(output) if output else EXECUTED_DIR / f"{name}.ipynb"
     output.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -123,8 +146,9 @@ def run_notebook(name: str, profile: str = "quick", overrides: Mapping[str, Any]
         # execute into a scratch file; the chapter is replaced only when every cell ran
         scratch = Path(tmp) / f"{name}.executed.ipynb"
         try:
+            bar = {"desc": f"[{profile}] {name}", "unit": "cell", "leave": True} if progress else False
             papermill.execute_notebook(str(source), str(scratch), parameters=params, kernel_name="python3",
-                                       cwd=str(cwd or NOTEBOOK_DIR), progress_bar=False, log_output=False)
+                                       cwd=str(cwd or NOTEBOOK_DIR), progress_bar=bar, log_output=False)
         except BaseException:
             if scratch.exists():  # keep the failed run for inspection, away from the book
                 failed = FAILED_DIR / f"{name}.ipynb"
@@ -145,25 +169,50 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="parameter overrides name=value (YAML values)")
     parser.add_argument("--profile", default="quick", help="smoke, quick or paper (default quick)")
     parser.add_argument("--output", type=Path, help="executed notebook path (one notebook only)")
+    parser.add_argument("--estimate", action="store_true",
+                        help="print each chapter's peak-memory estimate (fedlib.runner.memory) and stop")
     args = parser.parse_intermixed_args(argv)
     overrides = parse_overrides(args.overrides)
     if args.notebook == "all" and (overrides or args.output):
         raise ValueError("parameter overrides and --output apply to one notebook; name it instead of 'all'")
     names = notebook_names() if args.notebook == "all" else [args.notebook]
-    for name in names:  # validate every name before any long work
-        resolve_parameters(name, args.profile, overrides)
-    for name in names:
+    if args.estimate:
+        for name in names:
+            est = memory.estimate(name, {**notebook_parameters(name), **resolve_parameters(name, args.profile, overrides)})
+            terms = "; ".join(f"{k}: {memory.gib(b)}" for k, b in {**est.host, **est.device}.items())
+            print(f"[{args.profile}] {name}: host {memory.gib(est.host_bytes)}, GPU {memory.gib(est.device_bytes)}"
+                  + (f" ({terms})" if terms else ""))
+        return 0
+    for name in names:  # validate every name and its memory before any long work
+        params = resolve_parameters(name, args.profile, overrides)
+        memory.check_fits(name, {**notebook_parameters(name), **params})
+    start = time.perf_counter()
+    for i, name in enumerate(names):
+        print(f"[{args.profile}] chapter {i + 1}/{len(names)}: {name}; {_estimate(names[i:], args.profile)}",
+              file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         out = run_notebook(name, args.profile, overrides, args.output)
-        print(f"[{args.profile}] {name}: {time.perf_counter() - t0:.0f} s -> {out}", flush=True)
+        print(f"[{args.profile}] {name}: {time.perf_counter() - t0:.0f} s -> {out} "
+              f"(elapsed {_minutes(time.perf_counter() - start)})", flush=True)
     return 0
+
+
+def _estimate(remaining: list[str], profile: str) -> str:
+    """"about T left (from the last runs)" over the chapters still to run, where earlier runs say."""
+    known = {n: last_duration(n, profile) for n in remaining}
+    seconds = sum(t for t in known.values() if t is not None)
+    unknown = [n for n, t in known.items() if t is None]
+    if len(unknown) == len(remaining):
+        return "no earlier run at this profile to estimate the time left from"
+    note = f", plus {len(unknown)} chapter(s) never run at this profile" if unknown else ""
+    return f"about {_minutes(seconds)} left by the last runs{note}"
 
 
 def cli(argv: list[str] | None = None) -> None:
     """``python -m fedlib.runner``: bad input and failed cells end in a one-line error, no traceback."""
     try:
         sys.exit(main(argv))
-    except ValueError as err:  # bad input: a clear message, no traceback
+    except (ValueError, MemoryError) as err:  # bad input or a run that cannot fit: a clear message, no traceback
         sys.exit(f"error: {err}")
     except Exception as err:
         if type(err).__name__ != "PapermillExecutionError":

@@ -70,7 +70,8 @@ Modules (one per part of the paper): :mod:`~fedlib.papers.fedtsne.mmd` (Eqs. 9-1
 THE kernel-width rule), :mod:`~fedlib.papers.fedtsne.dp` (Sec. 5, Theorems 4 and 6),
 :mod:`~fedlib.papers.fedtsne.feddl` (Algorithm 1 as a client program and a server on
 :mod:`fedlib.core.protocol`, the plateau rule), :mod:`~fedlib.papers.fedtsne.nystrom` (Eqs. 18-22, the
-final upload and its assembly, the reconstruction attack), :mod:`~fedlib.papers.fedtsne.pipelines`
+final upload and its assembly, the reconstruction attack, the estimate's kNN without the n x n matrix),
+:mod:`~fedlib.papers.fedtsne.knn` (exact blockwise kNN of a low-rank score matrix), :mod:`~fedlib.papers.fedtsne.pipelines`
 (Algorithms 2 and 3), :mod:`~fedlib.papers.fedtsne.chapters` (data, splits, scorer of the chapters),
 :mod:`~fedlib.papers.fedtsne.checks` (the derivation chapter's numerical checks),
 :mod:`~fedlib.papers.fedtsne.studies` (the experiment loops and tables of the other chapters).
@@ -90,10 +91,11 @@ from fedlib.papers.fedtsne.feddl import (
 from fedlib.papers.fedtsne.nystrom import (
     client_sq_distances, client_kernel, landmark_pinv, nystrom, distances_from_squared, nystrom_distances,
     nystrom_kernel, reconstruct_from_sq_distances, INVERSES, NystromClient, NystromServer, NYSTROM_KINDS,
-    nystrom_estimate)
+    nystrom_estimate, landmark_pinv_factors, nystrom_knn)
+from fedlib.papers.fedtsne.knn import BLOCK_BYTES, blockwise_knn, exact_sq_knn, knn_graph, block_rows
 from fedlib.papers.fedtsne.pipelines import (
     PipelineResult, EmbeddingResult, ClusteringResult, fed_tsne, fed_umap, fed_spectral_clustering, METHOD_NAMES,
-    FED_NAMES, VARIANTS, embed, learn_landmarks)
+    FED_NAMES, VARIANTS, embed, learn_landmarks, DENSE_MAX_POINTS, SPECTRAL_NEIGHBORS)
 from fedlib.papers.fedtsne.chapters import (
     SPLITS, load_points, label_skew_parts, client_split, EmbeddingScorer, check_fits, privacy_table)
 from fedlib.papers.fedtsne.checks import (
@@ -133,4 +135,5 @@ __all__ = ["sq_distances", "gaussian_kernel", "mmd2_u", "mmd2_u_grad", "lipschit
            "convergence_study", "plateau_study", "plateau_summary", "gain_after", "benchmark_runs",
            "paired_differences", "paired_metric_table", "client_sweep", "landmark_sweep", "paper_drop", "check_splits",
            "distance_verdicts", "gamma_control", "late_gain_evidence", "metric_tables", "data_sizes",
-           "select_differences"]
+           "select_differences", "landmark_pinv_factors", "nystrom_knn", "BLOCK_BYTES", "blockwise_knn",
+           "exact_sq_knn", "knn_graph", "block_rows", "DENSE_MAX_POINTS", "SPECTRAL_NEIGHBORS"]

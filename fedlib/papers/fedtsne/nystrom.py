@@ -1,7 +1,9 @@
 """The final upload and the Nystrom estimate (Eqs. 18-22; Algorithm 2 step 3-4, Algorithm 3 step 3-4):
 the clients' distance / kernel blocks (:class:`NystromClient`), the server's assembly
-(:class:`NystromServer`: D2_hat = B W^+ B^T on squared distances, or C W^+ C^T for the kernel), and what
-the server learns from the distance upload (:func:`reconstruct_from_sq_distances`)."""
+(:class:`NystromServer`: D2_hat = B W^+ B^T on squared distances, or C W^+ C^T for the kernel), its
+k nearest neighbours without the n x n matrix (:func:`nystrom_knn`: W^+ = V diag(mu) V^T makes the
+estimate the Gram of the n x r features B V, ranked blockwise by :mod:`~fedlib.papers.fedtsne.knn`),
+and what the server learns from the distance upload (:func:`reconstruct_from_sq_distances`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,6 +12,7 @@ import numpy as np
 
 from fedlib.core.messages import Message
 from fedlib.core.validate import check_choice, check_int, check_positive
+from fedlib.papers.fedtsne.knn import BLOCK_BYTES, blockwise_knn, check_k
 from fedlib.papers.fedtsne.mmd import _as_matrix, gaussian_kernel, sq_distances
 
 
@@ -40,15 +43,15 @@ def _check_inverse(inverse: str, rank, ridge, ny: int | None = None) -> None:
         check_positive("ridge", ridge)
 
 
-def landmark_pinv(W, *, inverse: str = "pinv", rank: int | None = None, ridge: float | None = None,
-                  rcond: float = 1e-10) -> np.ndarray:
-    """The middle factor of the Nystrom estimate, W symmetric (n_y, n_y) -> (n_y, n_y).
+def landmark_pinv_factors(W, *, inverse: str = "pinv", rank: int | None = None, ridge: float | None = None,
+                          rcond: float = 1e-10) -> tuple[np.ndarray, np.ndarray]:
+    """The middle factor of the Nystrom estimate in eigen-form, W^+ = V diag(mu) V^T: (V (n_y, r), mu (r,)).
 
     ``"pinv"``: W_k^+ (Eq. 19), the pseudo-inverse of the best rank-k approximation; W may be
     indefinite (a distance matrix), so the k eigenvalues of largest |lambda| are kept (k = ``rank``,
-    default all), and those with |lambda| <= rcond max|lambda| dropped. ``"ridge"``: (W + lambda I)^{-1}
-    ("add an identity matrix", Sec. 4.1), lambda = ``ridge``, default 1e-8 ||W||_2 (the notes' trace
-    rule is 0 for a distance matrix)."""
+    default all), and those with |lambda| <= rcond max|lambda| dropped; mu = 1/lambda. ``"ridge"``:
+    (W + lambda I)^{-1} ("add an identity matrix", Sec. 4.1), lambda = ``ridge``, default 1e-8 ||W||_2
+    (the notes' trace rule is 0 for a distance matrix); mu = 1/(lambda_i + lambda)."""
     W = np.asarray(W, dtype=np.float64)
     if W.ndim != 2 or W.shape[0] != W.shape[1]:
         raise ValueError(f"W must be square, got shape {W.shape}")
@@ -57,11 +60,19 @@ def landmark_pinv(W, *, inverse: str = "pinv", rank: int | None = None, ridge: f
     lam, V = np.linalg.eigh(W)
     if inverse == "ridge":
         r = 1e-8 * np.abs(lam).max() if ridge is None else ridge
-        return (V / (lam + r)) @ V.T
+        return V, 1.0 / (lam + r)
     order = np.argsort(-np.abs(lam))
     keep = order[: rank if rank is not None else len(lam)]
     keep = keep[np.abs(lam[keep]) > rcond * np.abs(lam).max()]
-    return (V[:, keep] / lam[keep]) @ V[:, keep].T
+    return V[:, keep], 1.0 / lam[keep]
+
+
+def landmark_pinv(W, *, inverse: str = "pinv", rank: int | None = None, ridge: float | None = None,
+                  rcond: float = 1e-10) -> np.ndarray:
+    """The middle factor of the Nystrom estimate, W symmetric (n_y, n_y) -> (n_y, n_y): V diag(mu) V^T
+    from :func:`landmark_pinv_factors` (see there for ``inverse``, ``rank``, ``ridge``, ``rcond``)."""
+    V, mu = landmark_pinv_factors(W, inverse=inverse, rank=rank, ridge=ridge, rcond=rcond)
+    return (V * mu) @ V.T
 
 
 def nystrom(B, W, **inverse_kw) -> np.ndarray:
@@ -99,6 +110,30 @@ def nystrom_kernel(C, W, **inverse_kw) -> np.ndarray:
 NYSTROM_KINDS = ("distances", "kernel")
 
 
+def nystrom_knn(B, W, k: int, kind: str = "distances", *, block_bytes: float = BLOCK_BYTES, rows: int | None = None,
+                **inverse_kw) -> tuple[np.ndarray, np.ndarray]:
+    """The k nearest neighbours of every row under the Nystrom estimate, without the n x n matrix.
+
+    With W^+ = V diag(mu) V^T (:func:`landmark_pinv_factors`, keywords ``inverse_kw``) the estimate is
+    the Gram B W^+ B^T = F diag(mu) F^T of the n x r features F = B V, so :func:`~fedlib.papers.fedtsne.knn.blockwise_knn`
+    ranks it a block of rows at a time (``block_bytes`` or ``rows``). ``kind="distances"`` (B, W squared
+    distances, Eq. 22): the k smallest clip_0(b_i W^+ b_j^T), returned as distances
+    sqrt(clip_0(.)) (what :func:`nystrom_distances` holds at those entries), nearest first.
+    ``kind="kernel"`` (C, W = K_YY, Alg. 3): the k largest clip_0(c_i W^+ c_j^T) (:func:`nystrom_kernel`'s
+    entries), largest first. The diagonal is excluded; ties go to the lower row index. Returns
+    (indices (n, k) int64, values (n, k) float64) in the row order of B."""
+    check_choice("kind", kind, NYSTROM_KINDS)
+    B = np.asarray(B, dtype=np.float64)
+    W = np.asarray(W, dtype=np.float64)
+    if B.ndim != 2 or W.shape != (B.shape[1], B.shape[1]):
+        raise ValueError(f"B must be (n, n_y) and W (n_y, n_y); got {B.shape} and {W.shape}")
+    check_k(k, len(B))
+    V, mu = landmark_pinv_factors(W, **inverse_kw)
+    F = B @ V
+    idx, val = blockwise_knn(F, F * mu, k, largest=kind == "kernel", block_bytes=block_bytes, rows=rows)
+    return idx, (np.sqrt(val) if kind == "distances" else val)
+
+
 @dataclass(frozen=True)
 class NystromClient:
     """Client program of the final upload, :class:`fedlib.core.protocol.Client`: from the broadcast
@@ -123,12 +158,17 @@ class NystromServer:
     ``kind="kernel"``), stacks the clients' blocks B = [D_1; ...; D_P] (Eq. 21) and ``result()`` is
     the estimate in the clients' stacked row order: sqrt(clip_0(B W^+ B^T)) with W = D_YY (Eq. 22,
     :func:`nystrom_distances`) or clip_0(C W^+ C^T) with W = K_YY (Alg. 3 step 4, :func:`nystrom_kernel`).
+    With ``neighbors=k`` the server never forms the n x n estimate: ``result()`` is its k nearest
+    neighbours (indices, values) from :func:`nystrom_knn` (``block_bytes`` bounds its work memory).
     Keywords go to :func:`landmark_pinv`."""
 
-    def __init__(self, landmarks, kind: str = "distances", gamma: float | None = None, **inverse_kw):
+    def __init__(self, landmarks, kind: str = "distances", gamma: float | None = None, *,
+                 neighbors: int | None = None, block_bytes: float = BLOCK_BYTES, **inverse_kw):
         check_choice("kind", kind, NYSTROM_KINDS)
         self.Y, self.kind, self.inverse_kw = _as_matrix("landmarks", landmarks), kind, inverse_kw
         self.gamma = check_positive("gamma", gamma) if kind == "kernel" else None
+        self.neighbors = None if neighbors is None else check_int("neighbors", neighbors, 1)
+        self.block_bytes = check_positive("block_bytes", block_bytes)
         self.estimate = None
 
     def broadcast(self) -> Message:
@@ -140,12 +180,20 @@ class NystromServer:
     def receive(self, messages: list[Message]) -> None:
         if self.kind == "distances":
             B = np.vstack([msg["sq_distances"] for msg in messages])                      # Eq. 21
-            self.estimate = nystrom_distances(B, sq_distances(self.Y), **self.inverse_kw)  # Eq. 22
+            W = sq_distances(self.Y)
         else:
-            C = np.vstack([msg["kernel"] for msg in messages])
-            self.estimate = nystrom_kernel(C, gaussian_kernel(self.Y, None, self.gamma), **self.inverse_kw)
+            B = np.vstack([msg["kernel"] for msg in messages])
+            W = gaussian_kernel(self.Y, None, self.gamma)
+        if self.neighbors is not None:
+            self.estimate = nystrom_knn(B, W, self.neighbors, self.kind, block_bytes=self.block_bytes,
+                                        **self.inverse_kw)
+        elif self.kind == "distances":
+            self.estimate = nystrom_distances(B, W, **self.inverse_kw)                    # Eq. 22
+        else:
+            self.estimate = nystrom_kernel(B, W, **self.inverse_kw)
 
-    def result(self) -> np.ndarray:
+    def result(self):
+        """The estimate (n, n), or with ``neighbors`` its (indices, values) (n, k), stacked row order."""
         return self.estimate
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from fedlib.data.datasets import DATASETS
 from fedlib.data.features import BACKBONES
 from fedlib.federated.gradient import ALGORITHMS
-from fedlib.runner.specs import NULL, Choice, Int, List, Real, Seeds, Spec
+from fedlib.runner.specs import NULL, Bool, Choice, Int, List, Real, Seeds, Spec
 
 DEVICES = ("auto", "cpu", "cuda")
 POSITIVE = Real(0.0)                     # > 0
@@ -60,7 +60,8 @@ SPECS = {
         "methods": List(Choice(ALGORITHMS), distinct=True), "partition_seed": Int(0), "seeds": Seeds(least=2),
         "resample_methods": List(Choice(ALGORITHMS), least=0, distinct=True),
         "rounds": Int(1), "local_epochs": Int(1), "batch_size": Int(1), "lr": POSITIVE,
-        "participation": Real(0.0, 1.0, strict=False), "moon_hidden": Int(1) | NULL, "gamma": NON_NEGATIVE,
+        "participation": Real(0.0, 1.0, strict=False), "batched_clients": Bool(), "moon_hidden": Int(1) | NULL,
+        "gamma": NON_NEGATIVE,
         "client_counts": List(Int(1), distinct=True), "invariance_alpha": POSITIVE,
         "table3_alphas": List(POSITIVE), "gammas": List(NON_NEGATIVE), "ri_clients": List(Int(1), distinct=True),
         "paper_rounds": Int(1),

@@ -1,0 +1,160 @@
+"""Peak-memory estimates of each chapter from its parameters, checked by the runner before any work.
+
+:func:`estimate` returns the dominant arrays a chapter holds at once (a lower bound of its peak:
+the named terms only, interpreter, libraries and small arrays not counted), on the host and, for
+chapters that train on ``device: cuda``, on the GPU. :func:`check_fits` refuses a run whose
+estimate exceeds the memory the machine has (host RAM from ``psutil``; the GPU's total memory from
+``torch.cuda``), with the numbers, so a ``paper`` run on a small machine fails in a second instead
+of after an hour.
+
+Sizes of the datasets (images x values per image) are the public sizes of the datasets registered
+in :data:`fedlib.data.datasets.DATASETS` (train + test).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+F32, F64 = 4, 8
+
+#: name -> (images, values per image) of the registered datasets (train + test)
+DATASET_SIZES = {"optdigits": (1797, 64), "mnist5k": (5000, 784), "fashion_mnist": (70000, 784),
+                 "mnist": (70000, 784), "animal_mnist": (10000, 784), "cifar10": (60000, 3072),
+                 "cifar100": (60000, 3072)}
+#: backbone -> feature dimension (raw: the image's values)
+FEATURE_DIMS = {"efficientnet_lite0": 1280, "resnet18": 512}
+#: float32 values of ResNet-18's activations kept for the backward pass, per 32x32 image (forward
+#: outputs of every conv / norm / ReLU layer of the CIFAR variant, counted from its layer shapes)
+RESNET18_ACTIVATIONS_32PX = 2_500_000
+RESNET18_PARAMS = 11_200_000
+
+
+@dataclass
+class Estimate:
+    """Named byte counts of the dominant arrays on the host and on the device."""
+
+    host: dict[str, float] = field(default_factory=dict)
+    device: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def host_bytes(self) -> float:
+        return sum(self.host.values())
+
+    @property
+    def device_bytes(self) -> float:
+        return sum(self.device.values())
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def _points(dataset: str, n: int | None) -> int:
+    total = DATASET_SIZES.get(dataset, (0, 0))[0]
+    return total if n is None else min(int(n), total)
+
+
+def _features(v: Mapping[str, Any], dataset: str, n: int | None) -> tuple[int, int]:
+    """(rows, feature dim) of a chapter's frozen-backbone features."""
+    dim = FEATURE_DIMS.get(v.get("backbone", "raw"), DATASET_SIZES.get(dataset, (0, 0))[1])
+    return _points(dataset, n), dim
+
+
+def _afl_benchmark(v) -> Estimate:
+    n, d = _features(v, v["dataset"], None if v["n_train"] is None and v["n_test"] is None
+                     else (v["n_train"] or 0) + (v["n_test"] or 0))
+    return Estimate({"images (uint8)": n * DATASET_SIZES.get(v["dataset"], (0, 0))[1],
+                     "features (float32)": n * d * F32, "AFL statistics C, C_agg, inverse (4 d x d float64)": 4 * d * d * F64})
+
+
+def _afl_derivation(v) -> Estimate:
+    n, d = max(v["n_samples"], v["reference_samples"]), max(v["dim"], v["reference_dim"], v["table1_dim"])
+    return Estimate({"data X and copies (3 n x d float64)": 3 * n * d * F64, "Gram matrices (6 d x d float64)": 6 * d * d * F64})
+
+
+def _stsa_benchmark(v) -> Estimate:
+    M = max([v["M"], v["M_scratch"], *v["ablation_M"], *v["ablation_M_scratch"]])
+    n, d = max((_features(v, ds, None if v["n_train"] is None else v["n_train"] + (v["n_test"] or 0))
+                for ds in v["datasets"]), default=(0, 0))
+    host = {"features (float32)": n * d * F32, "random features of one chunk (4096 x M float64)": 4096 * M * F64,
+            "Gram G, its solve and the server's sums (4 M x M float64)": 4 * M * M * F64}
+    device = dict(host) if v["device"] == "cuda" else {}
+    return Estimate(host, device)
+
+
+def _stsa_derivation(v) -> Estimate:
+    n, M = v["n_samples"], max(v["M"], v["dim"])
+    return Estimate({"random features Phi (n x M float64)": n * M * F64, "Gram matrices (4 M x M float64)": 4 * M * M * F64})
+
+
+def _dense(n: int, count: int, what: str) -> dict[str, float]:
+    return {f"{what} ({count} n x n float64, n = {n})": count * n * n * F64}
+
+
+def _fedtsne_benchmark(v) -> Estimate:
+    n = max(_points(ds, v["n_points"].get(ds)) for ds in v["datasets"])
+    return Estimate(_dense(n, 4, "pooled distances, Nystrom estimate, its square root, t-SNE affinities"))
+
+
+def _fedspeclust(v) -> Estimate:
+    n = max(_points(ds, v["max_points"]) for ds in v["datasets"])
+    return Estimate(_dense(n, 4, "kernel estimate, affinity, Laplacian, a copy"))
+
+
+def _fedtsne_small(v) -> Estimate:
+    return Estimate(_dense(v["n_points"], 4, "pooled distances, Nystrom estimate, square root, affinities"))
+
+
+def _refed_benchmark(v) -> Estimate:
+    dataset = v["dataset"]
+    n = _points(dataset, None if v["n_train"] is None else v["n_train"] + (v["n_test"] or 0))
+    px = DATASET_SIZES.get(dataset, (0, 0))[1]
+    host = {"images as float32 tensors": n * px * F32}
+    if v["model"] == "resnet18":
+        scale = px / 3072
+        train = {"ResNet-18 weights, gradients, momentum, global and PIM copies (5 x float32)": 5 * RESNET18_PARAMS * F32,
+                 "activations of one batch (float32)": v["batch_size"] * RESNET18_ACTIVATIONS_32PX * scale * F32}
+        (host if v["device"] == "cpu" else {}).update(train)
+        device = train if v["device"] != "cpu" else {}
+        return Estimate(host, device)
+    return Estimate(host)
+
+
+ESTIMATORS: dict[str, Callable[[Mapping[str, Any]], Estimate]] = {
+    "afl_derivation": _afl_derivation, "afl_benchmark": _afl_benchmark, "stsa_derivation": _stsa_derivation,
+    "stsa_benchmark": _stsa_benchmark, "fedtsne_benchmark": _fedtsne_benchmark, "fedspeclust": _fedspeclust,
+    "fedtsne_derivation": _fedtsne_small, "fedtsne_privacy": _fedtsne_small, "refed_benchmark": _refed_benchmark,
+}
+
+
+def estimate(chapter: str, values: Mapping[str, Any]) -> Estimate:
+    """The dominant arrays of ``chapter`` run with ``values`` (all its parameters); empty for a
+    chapter whose arrays are all small (``refed_theory``)."""
+    fn = ESTIMATORS.get(chapter)
+    return fn(values) if fn is not None else Estimate()
+
+
+def available() -> tuple[float, float | None]:
+    """(host RAM bytes, the first GPU's bytes or None without CUDA)."""
+    import psutil
+    import torch
+
+    gpu = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
+    return float(psutil.virtual_memory().total), gpu
+
+
+def check_fits(chapter: str, values: Mapping[str, Any], host_limit: float | None = None,
+               device_limit: float | None = None) -> Estimate:
+    """:func:`estimate`, refused with a MemoryError naming every term when it exceeds the host's RAM
+    (or ``host_limit``) or the GPU's memory (or ``device_limit``)."""
+    est = estimate(chapter, values)
+    host, gpu = available()
+    host = host if host_limit is None else host_limit
+    gpu = gpu if device_limit is None else device_limit
+    for where, need, have, terms in (("host RAM", est.host_bytes, host, est.host),
+                                     ("GPU memory", est.device_bytes, gpu, est.device)):
+        if have is not None and need > have:
+            detail = "; ".join(f"{name}: {gib(b)}" for name, b in terms.items())
+            raise MemoryError(f"{chapter} needs at least {gib(need)} of {where} with these parameters, this machine "
+                              f"has {gib(have)} ({detail}). Lower the sizes named above or use a larger machine.")
+    return est

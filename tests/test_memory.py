@@ -1,0 +1,52 @@
+"""Peak-memory estimates of the chapters (fedlib.runner.memory), checked before any work."""
+import pytest
+
+from fedlib.runner import memory, profiles
+
+
+def params(chapter, profile, **overrides):
+    return {**profiles.notebook_parameters(chapter), **profiles.resolve_parameters(chapter, profile, overrides)}
+
+
+def test_estimates_follow_the_dominant_arrays():
+    small = memory.estimate("fedtsne_benchmark", params("fedtsne_benchmark", "quick"))
+    big = memory.estimate("fedtsne_benchmark", params("fedtsne_benchmark", "quick", n_points={
+        "mnist5k": 2000, "fashion_mnist": 4000, "optdigits": 1000}))
+    assert big.host_bytes == pytest.approx(4 * 8 * 4000**2)          # four dense n x n float64 matrices
+    assert small.host_bytes < big.host_bytes
+    stsa = memory.estimate("stsa_benchmark", params("stsa_benchmark", "quick", M=2000))
+    assert stsa.host["Gram G, its solve and the server's sums (4 M x M float64)"] == 4 * 8 * 2000**2
+    assert memory.estimate("refed_theory", params("refed_theory", "quick")).host_bytes == 0
+
+
+def test_every_quick_chapter_fits_this_machine_and_smoke_fits_one_gib():
+    for name in profiles.notebook_names():
+        memory.check_fits(name, params(name, "quick"))
+        assert memory.estimate(name, params(name, "smoke")).host_bytes < 2**30, name
+
+
+def test_a_run_that_cannot_fit_is_refused_with_the_numbers():
+    v = params("fedspeclust", "quick", max_points=20000)
+    with pytest.raises(MemoryError, match=r"fedspeclust needs at least .* GiB of host RAM .* has 2.00 GiB \(kernel"):
+        memory.check_fits("fedspeclust", v, host_limit=2 * 2**30)
+    v = params("refed_benchmark", "quick", model="resnet18", device="cuda", batch_size=4096)
+    with pytest.raises(MemoryError, match="GPU memory"):
+        memory.check_fits("refed_benchmark", v, device_limit=4 * 2**30)
+
+
+def test_runner_refuses_before_executing(monkeypatch):
+    monkeypatch.setattr(memory, "available", lambda: (2**30, None))
+    with pytest.raises(MemoryError, match="host RAM"):
+        profiles.main(["fedspeclust", "--profile", "quick", "max_points=20000"])
+
+
+def test_runner_prints_estimates_without_running(capsys):
+    assert profiles.main(["all", "--profile", "paper", "--estimate"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("[paper]") == len(profiles.notebook_names()) and "fedtsne_benchmark: host" in out
+
+
+def test_command_line_ends_a_refused_run_in_one_error_line(monkeypatch):
+    monkeypatch.setattr(memory, "available", lambda: (2**30, None))
+    with pytest.raises(SystemExit, match=r"^error: fedspeclust needs at least .* GiB of host RAM"):
+        profiles.cli(["fedspeclust", "--profile", "quick", "max_points=20000"])
