@@ -513,3 +513,19 @@ def test_malformed_upload_is_refused_with_a_clear_error(data, server):
     wrong = Message("c", {"W": good["W"], "C": full["C"][:, :-1], "gamma": 1.0})
     with pytest.raises(ValueError, match=r"C has shape \(24, 23\), expected \(24, 24\)"):
         afl.aggregate([wrong], server=server)
+
+
+def test_ri_ablation_heads_from_one_aggregate_equal_full_runs():
+    """ri_ablation's shortcut: the server state at gamma from the run at gamma_0 (C^r + K (gamma - gamma_0) I,
+    the same B) gives the same heads as the protocol re-run at gamma, before and after RI (eq. 15)."""
+    g = np.random.RandomState(3)
+    x, labels = g.randn(400, 12), g.randint(0, 4, 400)
+    parts = np.array_split(g.permutation(400), 7)
+    base = afl.run_afl(x, labels, parts, 4, gamma=0.0)
+    rhs = base.gram_regularized @ base.weights_regularized
+    for gamma in (0.5, 20.0):
+        full = afl.run_afl(x, labels, parts, 4, gamma=gamma)
+        gram = base.gram_regularized + 7 * gamma * torch.eye(12, dtype=torch.float64)
+        w_r = ridge_solve(gram, rhs)
+        assert relative_error(w_r, full.weights_regularized) < 1e-10
+        assert relative_error(afl.ri_restore(w_r, gram, 7 * gamma), full.weights) < 1e-10

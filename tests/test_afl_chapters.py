@@ -188,6 +188,9 @@ def test_afl_vs_fedavg_and_the_ri_ablation(data):
     assert out.index.name == "K" and out.columns.name == "method" and list(out.columns) == ["AFL", "FedAvg (1 seed)"]
     assert out["AFL"].nunique() == 1 and ((0 <= out["FedAvg (1 seed)"]) & (out["FedAvg (1 seed)"] <= 1)).all()
     ri = afl.ri_ablation(feats, [(k, parts(("alpha", 0.5), k, 0)) for k in [3, 9]], [1.0, 3.0], "cpu")
+    # the other gammas from one protocol run's aggregate equal the full protocol at every gamma
+    rerun = afl.ri_ablation(feats, [(k, parts(("alpha", 0.5), k, 0)) for k in [3, 9]], [1.0, 3.0], "cpu", rerun=True)
+    assert np.abs(ri.to_numpy() - rerun.to_numpy()).max() <= 100 / len(feats.y_test) + 1e-9
     assert list(ri.columns) == [(1.0, "w/o RI"), (1.0, "w/ RI"), (3.0, "w/o RI"), (3.0, "w/ RI")]
     with_ri = ri.xs("w/ RI", axis=1, level="RI").to_numpy()
     assert np.unique(with_ri).size == 1 and with_ri[0, 0] == pytest.approx(100 * out["AFL"].iloc[0])
