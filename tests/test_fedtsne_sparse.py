@@ -247,3 +247,23 @@ def test_scale_bench_tiny_report(tmp_path):
     with pytest.raises(SystemExit):
         fedtsne_scale.main(argv[:-2] + ["--rounds", "zero", "--out", "-"])
     assert fedtsne_scale.overlap([[1, 2]], [[2, 3]]) == 0.5
+
+
+@pytest.mark.parametrize("squared", [True, False])
+def test_landmark_quality_equals_the_dense_distance_quality(squared):
+    """The chapters' D-hat quality from landmarks, in row blocks, equals distance_quality on the dense
+    Nystrom estimate (relative error to round-off, the same 10-NN overlap), for any block size."""
+    from fedlib.papers.fedtsne.chapters import EmbeddingScorer
+    from fedlib.papers.fedtsne.nystrom import nystrom_estimate
+
+    g = np.random.default_rng(5)
+    X = np.concatenate([g.normal(c, 1.0, (60, 7)) for c in (0.0, 3.0, 6.0)])
+    Y = g.normal(3.0, 2.0, (9, 7))
+    scorer = EmbeddingScorer(X, np.repeat([0, 1, 2], 60), ks=[5])
+    dense = scorer.distance_quality(nystrom_estimate(X, Y, squared))
+    for block in (None, 7 * 24 * len(X)):   # the default budget (one block) and 7-row blocks
+        blocked = scorer.landmark_quality(Y, squared, block_bytes=block)
+        assert blocked["D-hat rel. error"] == pytest.approx(dense["D-hat rel. error"], rel=1e-9)
+        assert blocked["D-hat 10-NN"] == dense["D-hat 10-NN"]
+    with pytest.raises(ValueError, match="landmarks must have 7 columns"):
+        scorer.landmark_quality(Y[:, :3])

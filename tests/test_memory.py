@@ -50,3 +50,14 @@ def test_command_line_ends_a_refused_run_in_one_error_line(monkeypatch):
     monkeypatch.setattr(memory, "available", lambda: (2**30, None))
     with pytest.raises(SystemExit, match=r"^error: fedspeclust needs at least .* GiB of host RAM"):
         profiles.cli(["fedspeclust", "--profile", "quick", "max_points=20000"])
+
+
+def test_fedtsne_above_the_dense_limit_is_estimated_on_the_knn_path():
+    """fashion_mnist at 40,000 points (the paper profile) takes the kNN path: no n x n term, a few GiB."""
+    from fedlib.papers.fedtsne.pipelines import DENSE_MAX_POINTS
+
+    est = memory.estimate("fedtsne_benchmark", params("fedtsne_benchmark", "paper"))
+    assert not any("n x n" in k for k in est.host) and est.host_bytes < 2 * 2**30
+    at_limit = memory.estimate("fedtsne_benchmark", params("fedtsne_benchmark", "quick", n_points={
+        "mnist5k": 1000, "fashion_mnist": DENSE_MAX_POINTS, "optdigits": 1000}))
+    assert at_limit.host_bytes == pytest.approx(4 * 8 * DENSE_MAX_POINTS**2)

@@ -98,3 +98,20 @@ def test_time_left_comes_from_the_last_runs_at_that_profile(tmp_path, monkeypatc
     assert profiles.last_duration("broken", "quick") is None and profiles.last_duration("none", "quick") is None
     assert profiles._estimate(["a", "b"], "quick") == "about 2.0 min left by the last runs, plus 1 chapter(s) never run at this profile"
     assert profiles._estimate(["b"], "quick").startswith("no earlier run")
+
+
+def test_cell_timings_slowest_first_and_cli(tmp_path, monkeypatch, capsys):
+    import json
+
+    cells = [{"cell_type": "markdown", "source": "# t", "metadata": {}},
+             {"cell_type": "code", "source": "x = 1\ny = 2", "metadata": {"papermill": {"duration": 0.5}}},
+             {"cell_type": "code", "source": ["slow()\n", "more()"], "metadata": {"papermill": {"duration": 12.25}}},
+             {"cell_type": "code", "source": "never_ran()", "metadata": {}}]
+    path = tmp_path / "afl_derivation.ipynb"
+    path.write_text(json.dumps({"cells": cells, "metadata": {}}))
+    assert profiles.cell_timings(path) == [(2, 12.25, "slow()"), (1, 0.5, "x = 1")]
+    assert profiles.cell_timings(path, top=1) == [(2, 12.25, "slow()")]
+    monkeypatch.setattr(profiles, "EXECUTED_DIR", tmp_path)
+    assert profiles.main(["afl_derivation", "--timings"]) == 0
+    out = capsys.readouterr().out
+    assert "afl_derivation: 13 s in 2 code cells" in out and "cell   2    12.2 s  slow()" in out

@@ -92,8 +92,24 @@ def _dense(n: int, count: int, what: str) -> dict[str, float]:
 
 
 def _fedtsne_benchmark(v) -> Estimate:
-    n = max(_points(ds, v["n_points"].get(ds)) for ds in v["datasets"])
-    return Estimate(_dense(n, 4, "pooled distances, Nystrom estimate, its square root, t-SNE affinities"))
+    """Up to ``DENSE_MAX_POINTS`` points a dataset takes the dense path (four n x n matrices); above
+    it the kNN path (the points, their neighbour lists and one block of scores, knn.BLOCK_BYTES)."""
+    from fedlib.papers.fedtsne.knn import BLOCK_BYTES
+    from fedlib.papers.fedtsne.pipelines import DENSE_MAX_POINTS
+
+    best: dict[str, float] = {}
+    for ds in v["datasets"]:
+        n = _points(ds, v["n_points"].get(ds))
+        if n <= DENSE_MAX_POINTS:
+            terms = _dense(n, 4, "pooled distances, Nystrom estimate, its square root, t-SNE affinities")
+        else:
+            m, k = DATASET_SIZES[ds][1], max(int(3 * v["perplexity"]) + 1, v["umap_neighbors"], 90)
+            terms = {f"points and a copy (2 n x m float64, n = {n})": 2 * n * m * F64,
+                     f"neighbour lists and affinities (4 n x {k} x 8 bytes)": 4 * n * k * F64,
+                     "one block of scores (knn.BLOCK_BYTES)": float(BLOCK_BYTES)}
+        if sum(terms.values()) > sum(best.values()):
+            best = terms
+    return Estimate(best)
 
 
 def _fedspeclust(v) -> Estimate:

@@ -126,6 +126,22 @@ def last_duration(name: str, profile: str) -> float | None:
     return float(meta["duration"])
 
 
+def cell_timings(path: Path, top: int | None = None) -> list[tuple[int, float, str]]:
+    """Papermill's per-cell record of an executed notebook: ``(cell number, seconds, first source
+    line)`` of its code cells, slowest first (``top``: only that many)."""
+    import json
+
+    cells = json.loads(Path(path).read_text())["cells"]
+    rows = []
+    for i, cell in enumerate(cells):
+        seconds = cell.get("metadata", {}).get("papermill", {}).get("duration")
+        if cell.get("cell_type") == "code" and seconds is not None:
+            source = "".join(cell.get("source", "")).strip().splitlines()
+            rows.append((i, float(seconds), source[0][:80] if source else ""))
+    rows.sort(key=lambda r: -r[1])
+    return rows[:top] if top else rows
+
+
 def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
@@ -169,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="parameter overrides name=value (YAML values)")
     parser.add_argument("--profile", default="quick", help="smoke, quick or paper (default quick)")
     parser.add_argument("--output", type=Path, help="executed notebook path (one notebook only)")
+    parser.add_argument("--timings", action="store_true",
+                        help="print the slowest cells of each executed chapter in the book and stop")
     parser.add_argument("--estimate", action="store_true",
                         help="print each chapter's peak-memory estimate (fedlib.runner.memory) and stop")
     args = parser.parse_intermixed_args(argv)
@@ -176,6 +194,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.notebook == "all" and (overrides or args.output):
         raise ValueError("parameter overrides and --output apply to one notebook; name it instead of 'all'")
     names = notebook_names() if args.notebook == "all" else [args.notebook]
+    if args.timings:
+        for name in names:
+            path = args.output or EXECUTED_DIR / f"{name}.ipynb"
+            if not path.exists():
+                print(f"{name}: not executed yet ({path})")
+                continue
+            rows = cell_timings(path)
+            print(f"{name}: {sum(r[1] for r in rows):.0f} s in {len(rows)} code cells; slowest:")
+            for i, seconds, head in rows[:5]:
+                print(f"  cell {i:3d} {seconds:7.1f} s  {head}")
+        return 0
     if args.estimate:
         for name in names:
             est = memory.estimate(name, {**notebook_parameters(name), **resolve_parameters(name, args.profile, overrides)})

@@ -99,7 +99,9 @@ class EmbeddingScorer:
 
     ``scorer(Z, seed)`` -> dict of metrics; ``scorer.distance_quality(D_hat)`` -> relative Frobenius
     error of an estimated distance matrix (n, n) and the 10-NN overlap of its neighbours with the exact
-    ones; ``scorer.release()`` frees the cached exact distance matrix."""
+    ones; ``scorer.landmark_quality(Y)`` -> the same for the Nystrom estimate from landmarks Y, computed
+    in row blocks (no n x n matrix: the chapters use it); ``scorer.release()`` frees the cached exact
+    distance matrix."""
 
     def __init__(self, X, labels, ks: Sequence[int] | None = None):
         from fedlib.evaluation import embedding as em
@@ -136,6 +138,47 @@ class EmbeddingScorer:
         out["NMI"] = em.clustering_nmi(self.y, pred)
         out["SC"] = float(silhouette_score(Z, pred))
         return out
+
+    def landmark_quality(self, landmarks, squared: bool = True, k: int = 10, block_bytes: float | None = None) -> dict:
+        """:meth:`distance_quality` of ``nystrom_estimate(X, landmarks, squared)`` without any n x n
+        matrix: the estimate B W^+ B^T = F diag(mu) F^T (F = B V, :func:`~fedlib.papers.fedtsne.nystrom.landmark_pinv_factors`)
+        and the exact distances are formed a block of rows at a time (:func:`~fedlib.papers.fedtsne.knn.block_rows`),
+        the squared Frobenius errors summed and each row's k nearest kept. Equal to the dense
+        computation to round-off (ties in the neighbour lists aside). landmarks (n_y, m)."""
+        from fedlib.papers.fedtsne.knn import BLOCK_BYTES, _select, block_rows
+        from fedlib.papers.fedtsne.nystrom import landmark_pinv_factors
+
+        Y = _as_matrix("landmarks", landmarks)
+        if Y.shape[1] != self.X.shape[1]:
+            raise ValueError(f"landmarks must have {self.X.shape[1]} columns, got {Y.shape[1]}")
+        n = len(self.X)
+        k = check_int("k", k, 1, n - 1)
+        B, W = sq_distances(self.X, Y), sq_distances(Y)
+        if not squared:
+            B, W = np.sqrt(B), np.sqrt(W)
+        V, mu = landmark_pinv_factors(W)
+        F = B @ V
+        G = np.ascontiguousarray((F * mu).T)
+        Xt = np.ascontiguousarray(self.X.T)
+        sq = np.einsum("ij,ij->i", self.X, self.X)
+        step = block_rows(n, BLOCK_BYTES if block_bytes is None else block_bytes)
+        err = ref = 0.0
+        nbrs = np.empty((n, k), dtype=np.int64)
+        for i0 in range(0, n, step):
+            i1 = min(n, i0 + step)
+            diag = (np.arange(i1 - i0), np.arange(i0, i1))
+            H = np.maximum(F[i0:i1] @ G, 0.0)
+            H[diag] = 0.0
+            if squared:
+                np.sqrt(H, out=H)
+            D = np.maximum(sq[i0:i1, None] - 2.0 * (self.X[i0:i1] @ Xt) + sq[None, :], 0.0)
+            D[diag] = 0.0
+            np.sqrt(D, out=D)
+            err += float(np.square(H - D).sum())
+            ref += float(np.square(D).sum())
+            H[diag] = np.inf
+            nbrs[i0:i1] = _select(H, k)[0]
+        return {"D-hat rel. error": float(np.sqrt(err / ref)), f"D-hat {k}-NN": _list_overlap(self.nn[:, :k], nbrs)}
 
     def distance_quality(self, D_hat, k: int = 10) -> dict:
         D_hat = np.asarray(D_hat, dtype=np.float64)

@@ -303,12 +303,11 @@ def convergence_study(data: dict, scorers: dict, seeds: Sequence[int], num_clien
                       tol: float, window: float, min_window: int, check_every: int, max_rounds: int,
                       stop_at_plateau: bool, checkpoints: Sequence[int]):
     """Noise-free FedDL until its plateau (:func:`feddl_until_plateau`) for every dataset (name -> (X, y, _)),
-    seed and split; for the first seed, the D-hat 10-NN overlap (``scorers[name].distance_quality``) and
+    seed and split; for the first seed, the D-hat 10-NN overlap (``scorers[name].landmark_quality``) and
     the share of the landmarks' path ||Y^s - Y^0|| / ||Y^S - Y^0|| at every kept round. Returns (traces
     keyed (dataset, split, seed), frame dataset, split, round, D-hat 10-NN, moved)."""
     from fedlib.papers.fedtsne.chapters import client_split
     from fedlib.papers.fedtsne.feddl import feddl_until_plateau
-    from fedlib.papers.fedtsne.nystrom import nystrom_estimate
 
     traces, rows = {}, []
     for name, (X, y, _) in data.items():
@@ -325,7 +324,7 @@ def convergence_study(data: dict, scorers: dict, seeds: Sequence[int], num_clien
                 path = np.linalg.norm(tr.landmarks[tr.rounds] - tr.landmarks[0])
                 for s, Y in tr.landmarks.items():
                     rows.append({"dataset": name, "split": label, "round": s,
-                                 "D-hat 10-NN": scorers[name].distance_quality(nystrom_estimate(X, Y))["D-hat 10-NN"],
+                                 "D-hat 10-NN": scorers[name].landmark_quality(Y)["D-hat 10-NN"],
                                  "moved": np.linalg.norm(Y - tr.landmarks[0]) / path})
         scorers[name].release()
     return traces, pd.DataFrame(rows)
@@ -419,10 +418,10 @@ def benchmark_runs(data: dict, scorers: dict, traces: dict, seeds: Sequence[int]
             runs.insert(0, ("untrained", "any", dataclasses.replace(fd_iid, landmarks=fd_iid.init_landmarks), parts_iid))
             for variant, split, fd, parts in runs:
                 for i, method in enumerate(methods):
-                    res = embed(method, X, parts, n_landmarks, seed=seed, feddl_result=fd, keep_distances=i == 0, **kw)
-                    if i == 0:
+                    res = embed(method, X, parts, n_landmarks, seed=seed, feddl_result=fd, **kw)
+                    if i == 0:   # the server's estimate: these clients hold X's rows unperturbed (no dp_data)
                         dist_rows.append({"dataset": name, "seed": seed, "variant": variant, "split": split,
-                                          **sc.distance_quality(res.distances)})
+                                          **sc.landmark_quality(fd.landmarks)})
                         for row in cost_rows:
                             if (row["dataset"], row["seed"], row["variant"], row["split"]) == (name, seed, variant, split):
                                 row["distance upload MiB"] = res.distance_upload_bytes / 2**20
@@ -495,7 +494,6 @@ def landmark_sweep(X, y, splits: Sequence[str], counts: Sequence[int], variants:
     untrained Y^0, FedDL landmarks on plain distances). Returns (embedding rows, quality rows)."""
     from fedlib.papers.fedtsne.chapters import client_split
     from fedlib.papers.fedtsne.feddl import plateau_share
-    from fedlib.papers.fedtsne.nystrom import nystrom_estimate
     from fedlib.papers.fedtsne.pipelines import FED_NAMES, embed, learn_landmarks
 
     lrow, qrow = [], []
@@ -506,11 +504,12 @@ def landmark_sweep(X, y, splits: Sequence[str], counts: Sequence[int], variants:
                 for variant in variants:
                     fd = learn_landmarks(X, parts, variant, ny, rounds, beta=beta, seed=seed)
                     share = plateau_share(fd.objective, window=window, min_window=min_window)
-                    for estimate, D_hat in [("FedDL landmarks, squared", nystrom_estimate(X, fd.landmarks)),
-                                            ("untrained landmarks, squared", nystrom_estimate(X, fd.init_landmarks)),
-                                            ("FedDL landmarks, plain", nystrom_estimate(X, fd.landmarks, False))]:
+                    for estimate, Y, squared in [("FedDL landmarks, squared", fd.landmarks, True),
+                                                 ("untrained landmarks, squared", fd.init_landmarks, True),
+                                                 ("FedDL landmarks, plain", fd.landmarks, False)]:
                         qrow.append({"seed": seed, "split": SPLIT_LABELS[split], "n_y": ny, "variant": variant,
-                                     "estimate": estimate, "plateau share": share, **scorer.distance_quality(D_hat)})
+                                     "estimate": estimate, "plateau share": share,
+                                     **scorer.landmark_quality(Y, squared)})
                     for method in methods:
                         res = embed(method, X, parts, ny, seed=seed, feddl_result=fd, **(embed_kwargs or {}))
                         lrow.append({"seed": seed, "split": SPLIT_LABELS[split], "n_y": ny,
