@@ -37,6 +37,14 @@
 # pixels / 255. The paper's tables are shown beside ours and labelled as the paper's numbers on the
 # paper's data, never as reproduced.
 #
+# **Scale.** Up to `fedlib.papers.fedtsne.DENSE_MAX_POINTS` points a dataset takes the dense path
+# (the server's $n\times n$ estimate, as in Algorithm 2). Above it (the `paper` profile's 40,000
+# Fashion-MNIST images) no $n\times n$ matrix is formed: each point's nearest neighbours under the
+# Nyström estimate are computed in row blocks from the landmark factors, t-SNE runs on them
+# (openTSNE), UMAP takes them as `precomputed_knn`, and the $\hat D$ quality below is summed block by
+# block (`EmbeddingScorer.landmark_quality`); the Fed-tSNE performance page shows both paths agree
+# and the full 70,000 images embedded on a 2-core machine.
+#
 # Choices the paper leaves open (notes `papers/fedtsne.md` Sec. 2.8; `fedlib.papers.fedtsne` defaults):
 # gradient-averaging FedDL with one step per round and size weights, $\gamma$ from the clients'
 # median squared distances, landmarks initialized from the pooled moments, step $1/L$ from a
