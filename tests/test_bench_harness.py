@@ -72,6 +72,7 @@ def test_afl_aggregation_tiny_report(tmp_path):
     text = out.read_text()
     assert text.startswith("machine: ") and "K=3 clients, d=12" in text and "best of 1" in text
     assert "time ratio pairwise / one-solve" in text and "peak resident memory" in text
+    assert "arithmetic: C_k W_k by BLAS" in text and "time ratio server packed / arithmetic" in text
     diff = float(text.split("max |W_pairwise - W_one_solve|")[1].split()[0])
     assert diff < 1e-8
 

@@ -86,6 +86,13 @@ def bandwidth_floor(held: int, dim: int, classes: int, per_client: int, device, 
                 acc.add_(u[key])
         return run
 
+    products = [u["W"].T.contiguous() for u in full]
+    out = torch.empty(classes, dim, dtype=full[0]["C"].dtype, device=full[0]["C"].device)
+
+    def arithmetic():   # the server's d^2 C multiply-adds alone, by BLAS: (C_k W_k)^T = W_k^T C_k
+        for u, wt in zip(full, products):
+            torch.mm(wt, u["C"], out=out)
+
     def server(uploads):
         def run():
             srv = afl.OneSolveServer()
@@ -98,6 +105,7 @@ def bandwidth_floor(held: int, dim: int, classes: int, per_client: int, device, 
     try:
         t = bench.measure({"floor full": floor(acc_full, full, "C"),
                            "floor packed": floor(acc_packed, packed, "C_packed"),
+                           "arithmetic": arithmetic,
                            "server full": server(full), "server packed": server(packed)}, repeats)
     finally:
         torch.set_num_threads(before)
@@ -180,12 +188,17 @@ def main(argv: list[str] | None = None) -> int:
         bench.row("floor: sum the packed C (read once)",
                   f"{flo['floor packed'] * 1e3:.3f} ms/upload  "
                   f"({flo['bytes_packed'] / flo['floor packed'] / 1e9:.1f} GB/s; x K = {flo['floor packed'] * k:.2f} s)", w),
+        bench.row("arithmetic: C_k W_k by BLAS, no sum",
+                  f"{flo['arithmetic'] * 1e3:.3f} ms/upload  ({2 * d * d * args.classes / flo['arithmetic'] / 1e9:.1f} "
+                  f"GFLOP/s; the server's d^2 C multiply-adds alone)", w),
         bench.row("server, full C (one pass)", f"{flo['server full'] * 1e3:.3f} ms/upload", w),
         bench.row("server, packed C (one pass)", f"{flo['server packed'] * 1e3:.3f} ms/upload", w),
         *bench.ratio_rows({"floor full": flo["floor full"], "server full": flo["server full"],
                            "server packed": flo["server packed"]}, "floor full", w, fmt=".2f"),
         *bench.ratio_rows({"floor packed": flo["floor packed"], "server packed": flo["server packed"]},
                           "floor packed", w, fmt=".2f"),
+        *bench.ratio_rows({"arithmetic": flo["arithmetic"], "server packed": flo["server packed"]},
+                          "arithmetic", w, fmt=".2f"),
         bench.check_row("max rel. |B_packed - B_full|", flo["rhs_diff"], 1e-12, "sum_k C_k W_k, both forms", w),
         f"Statistics accumulation, N={args.samples}, d={d} (float32 features -> float64), best of {args.repeats}:",
         bench.row("SufficientStats.from_data", f"{acc['t_stats'] * 1e3:.1f} ms  ({acc['gflops_stats']:.1f} GFLOP/s)", w),
