@@ -39,10 +39,11 @@ from fedlib.evaluation.metrics import accuracy
 from fedlib.federated.fcil import IncrementalAlgorithm, make_method
 from fedlib.federated.gradient import FedConfig, GradientClient, History, frozen_copy, initial_state, run_federated
 
-__all__ = ["stage_config", "BALANCING", "MEMORY_MODES", "SCENARIOS", "select_top", "Replay", "RandomReplay",
-           "GradientLearner", "FixedLearner", "StageCallback", "KeepWeights"]
+__all__ = ["stage_config", "BALANCING", "MEMORY_MODES", "SCENARIOS", "select_top", "budget_groups", "Replay", "RandomReplay",
+           "SCORE_RULES", "el2n_scores", "grand_scores", "ScoreReplay", "herding_order", "penultimate_features", "HerdingReplay",
+           "reservoir_select", "ReservoirReplay", "GradientLearner", "FixedLearner", "StageCallback", "KeepWeights"]
 
-BALANCING = ("none", "proportional", "equal")
+BALANCING = ("none", "proportional", "equal", "task", "task_class")
 MEMORY_MODES = ("total", "replay")
 SCENARIOS = ("class", "domain")
 AGGREGATIONS = ("size", "uniform")
@@ -104,7 +105,8 @@ def _quotas(counts: Tensor, budget: int, mode: str) -> Tensor:
     return quota
 
 
-def select_top(scores: Tensor, budget: int, labels: Tensor | None = None, class_balanced: bool | str = False) -> Tensor:
+def select_top(scores: Tensor, budget: int, labels: Tensor | None = None, class_balanced: bool | str = False,
+               tasks: Tensor | None = None) -> Tensor:
     """Indices (sorted ascending) of the ``budget`` highest ``scores`` (n,); ties keep the lower index.
 
     ``class_balanced`` splits the budget over the classes of ``labels`` (n,) (required then) and
@@ -112,7 +114,9 @@ def select_top(scores: Tensor, budget: int, labels: Tensor | None = None, class_
     floor/largest-remainder share budget * n_c / n (the pool's class mix); ``"equal"``: every class
     the same quota, capped at n_c, with what a small class cannot use shared among the others
     (water-filling; a remainder goes to the classes with the most samples left, ties to the lower
-    label).
+    label). ``"task"``: the same water-filling over the task ids ``tasks`` (n,) (required then),
+    top-k inside each task's share; ``"task_class"``: equal task shares first, then each task's
+    share split equally over its classes, top-k inside each (task, class) share.
     """
     mode = balancing(class_balanced)
     scores = torch.as_tensor(scores)
@@ -125,13 +129,42 @@ def select_top(scores: Tensor, budget: int, labels: Tensor | None = None, class_
         return torch.sort(order[:budget]).values
     if labels is None or int(labels.shape[0]) != n:
         raise ValueError("class_balanced selection needs labels with one entry per score")
-    classes, counts = torch.unique(labels, return_counts=True)
     picked = []
-    for c, k in zip(classes.tolist(), _quotas(counts, budget, mode).tolist()):
-        idx = torch.nonzero(labels == c).flatten()
+    for idx, k in budget_groups(labels, budget, mode, tasks):
         order = torch.argsort(scores[idx], descending=True, stable=True)
         picked.append(idx[order[:k]])
     return torch.sort(torch.cat(picked)).values
+
+
+def budget_groups(labels: Tensor, budget: int, mode: str, tasks: Tensor | None = None) -> list[tuple[Tensor, int]]:
+    """How :func:`select_top` shares ``budget`` over a pool with ``labels`` (n,) (and task ids ``tasks``
+    (n,) for the task modes): [(indices of a group, its quota)], quotas summing to ``budget`` (each
+    <= its group's size). ``"none"``: one group; ``"proportional"`` / ``"equal"``: one per class;
+    ``"task"``: equal water-filled shares over the tasks; ``"task_class"``: each task's share split
+    equally over the task's classes."""
+    mode = balancing(mode)
+    labels = torch.as_tensor(labels).cpu()
+    n = int(labels.shape[0])
+    if mode == "none":
+        return [(torch.arange(n), budget)]
+    if mode in ("proportional", "equal"):
+        classes, counts = torch.unique(labels, return_counts=True)
+        return [(torch.nonzero(labels == c).flatten(), k)
+                for c, k in zip(classes.tolist(), _quotas(counts, budget, mode).tolist())]
+    if tasks is None or int(tasks.shape[0]) != n:
+        raise ValueError(f"class_balanced={mode!r} needs tasks (task ids) with one entry per score")
+    tasks = torch.as_tensor(tasks).cpu()
+    out = []
+    task_ids, counts = torch.unique(tasks, return_counts=True)
+    for t, q in zip(task_ids.tolist(), _quotas(counts, budget, "equal").tolist()):
+        idx = torch.nonzero(tasks == t).flatten()
+        if mode == "task":
+            out.append((idx, q))
+            continue
+        classes, c_counts = torch.unique(labels[idx], return_counts=True)
+        for c, k in zip(classes.tolist(), _quotas(c_counts, q, "equal").tolist()):
+            out.append((idx[labels[idx] == c], k))
+    return out
 
 
 @dataclasses.dataclass
@@ -145,6 +178,7 @@ class SelectionContext:
     generator: torch.Generator
     names: list[str]
     config: FedConfig
+    tasks: Tensor | None = None   # (n,) task id of every pool sample (CPU)
 
 
 class Replay:
@@ -197,7 +231,182 @@ class RandomReplay(Replay):
         if self.class_balanced == "none":
             return torch.sort(torch.randperm(len(y), generator=ctx.generator)[:budget]).values, None
         scores = torch.rand(len(y), generator=ctx.generator)
-        return select_top(scores, budget, y.cpu(), self.class_balanced), None
+        return select_top(scores, budget, y.cpu(), self.class_balanced, ctx.tasks), None
+
+
+SCORE_RULES = ("el2n", "grand")
+
+
+@torch.no_grad()
+def el2n_scores(model: nn.Module, x: Tensor, y: Tensor, num_seen: int, batch_size: int = 1024) -> Tensor:
+    """EL2N (Paul et al. 2021, "Deep learning on a data diet"), at one model: the error L2 norm
+    ||softmax(f(x_i)[:num_seen]) - e_{y_i}||_2 for x (n, ...), y (n,) < num_seen -> (n,) float32
+    (eval mode, the model's mode restored). It is also the norm of the cross-entropy gradient with
+    respect to the seen logits."""
+    num_seen = check_int("num_seen", num_seen, 1)
+    was = model.training
+    model.eval()
+    try:
+        out = []
+        for s in range(0, int(x.shape[0]), batch_size):
+            p = torch.softmax(model(x[s:s + batch_size])[:, :num_seen].double(), dim=1)
+            p[torch.arange(p.shape[0], device=p.device), y[s:s + batch_size].long()] -= 1.0
+            out.append(p.norm(dim=1).float().cpu())
+    finally:
+        model.train(was)
+    return torch.cat(out) if out else torch.zeros(0)
+
+
+def grand_scores(model: nn.Module, x: Tensor, y: Tensor, num_seen: int, names: Sequence[str] | None = None,
+                 batch_size: int = 64) -> Tensor:
+    """GraNd (Paul et al. 2021) at one model: the per-sample gradient norm ||grad_theta CE(f(x_i)[:num_seen],
+    y_i)||_2 over the parameters ``names`` (default: those with requires_grad), exact
+    (:func:`fedlib.core.persample.grad_sq_norms`, eval mode) -> (n,) float32 on the CPU. At the global
+    model it is Re-Fed's score without PIM training (every G^p taken at w, the lam -> 0 limit)."""
+    from fedlib.core.persample import grad_sq_norms
+
+    return grad_sq_norms(model, x, y, num_seen, names, batch_size).detach().float().cpu().clamp_min(0).sqrt()
+
+
+class ScoreReplay(Replay):
+    """Top-k of a per-sample score at the broadcast global model (no PIM): ``rule`` in
+    :data:`SCORE_RULES`: ``"el2n"`` (:func:`el2n_scores`) or ``"grand"`` (:func:`grand_scores`, exact
+    norms over the trained parameters); the budget shared as :func:`select_top`'s ``class_balanced``."""
+
+    name = "score"
+
+    def __init__(self, memory: int, memory_mode: str = "total", rule: str = "el2n",
+                 class_balanced: bool | str = False):
+        super().__init__(memory, memory_mode)
+        check_choice("rule", rule, SCORE_RULES)
+        self.rule, self.name = rule, rule
+        self.class_balanced = balancing(class_balanced)
+
+    def scores(self, x: Tensor, y: Tensor, ctx: SelectionContext) -> Tensor:
+        if self.rule == "el2n":
+            return el2n_scores(ctx.global_model, x, y, ctx.num_old)
+        return grand_scores(ctx.global_model, x, y, ctx.num_old, ctx.names or None, ctx.config.batch_size)
+
+    def select(self, x, y, budget, ctx):
+        scores = self.scores(x, y, ctx)
+        return select_top(scores, budget, y.cpu(), self.class_balanced, ctx.tasks), {"scores": scores}
+
+
+def herding_order(features: Tensor, k: int, normalize: bool = True) -> Tensor:
+    """iCaRL's herding (Rebuffi et al. 2017, Alg. 4; Welling 2009) on features (n, d): the sequence
+    p_1..p_k (k distinct row indices, in the order chosen) with
+
+        p_j = argmin_{i not chosen} || mu - (phi_i + sum_{l<j} phi_{p_l}) / j ||_2,   mu = mean_i phi_i,
+
+    phi_i = features_i / ||features_i|| when ``normalize`` (as iCaRL), float64; ties to the lower index."""
+    phi = torch.as_tensor(features).double()
+    if phi.ndim != 2:
+        raise ValueError(f"features must be an (n, d) matrix, got shape {tuple(phi.shape)}")
+    n = int(phi.shape[0])
+    k = check_int("k", k, 0, n)
+    if normalize:
+        phi = phi / phi.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    mu = phi.mean(0)
+    chosen = torch.zeros(n, dtype=torch.bool)
+    total = torch.zeros_like(mu)
+    order = []
+    for j in range(1, k + 1):
+        dist = (mu - (total + phi) / j).norm(dim=1)
+        dist[chosen] = float("inf")
+        i = int(torch.argmin(dist))
+        order.append(i)
+        chosen[i] = True
+        total += phi[i]
+    return torch.tensor(order, dtype=torch.long)
+
+
+@torch.no_grad()
+def penultimate_features(model: nn.Module, x: Tensor, batch_size: int = 1024) -> Tensor:
+    """The input h (n, d) of the model's last nn.Linear (its output layer) for x (n, ...): the
+    feature map phi of iCaRL, float32 on the CPU (eval mode, the model's mode restored)."""
+    from fedlib.core.persample import _last_linear
+
+    layer, seen = _last_linear(model), []
+    handle = layer.register_forward_hook(lambda m, inp, out: seen.append(inp[0].detach().flatten(1).float().cpu()))
+    was = model.training
+    model.eval()
+    try:
+        for s in range(0, int(x.shape[0]), batch_size):
+            model(x[s:s + batch_size])
+    finally:
+        handle.remove()
+        model.train(was)
+    return torch.cat(seen) if seen else torch.zeros(0, layer.in_features)
+
+
+class HerdingReplay(Replay):
+    """iCaRL-style herding (:func:`herding_order`) on the broadcast global model's features
+    (:func:`penultimate_features`: the input of its output layer, eval mode), inside each share of the budget (:func:`budget_groups`;
+    default ``"equal"``: the same quota per class, as iCaRL's m = M / classes)."""
+
+    name = "herding"
+
+    def __init__(self, memory: int, memory_mode: str = "total", class_balanced: bool | str = "equal"):
+        super().__init__(memory, memory_mode)
+        self.class_balanced = balancing(class_balanced)
+
+    def select(self, x, y, budget, ctx):
+        feats = penultimate_features(ctx.global_model, x)
+        picked = [idx[herding_order(feats[idx], k)] for idx, k in budget_groups(y.cpu(), budget, self.class_balanced,
+                                                                                 ctx.tasks)]
+        return torch.sort(torch.cat(picked)).values, None
+
+
+def reservoir_select(labels: Tensor, budget: int, generator: torch.Generator | None = None) -> Tensor:
+    """Class-balancing reservoir sampling (CBRS, Chrysakis & Moens 2020, Alg. 1) of ``budget`` samples
+    from a pool with ``labels`` (n,), streamed in a random order (``generator``): a sample enters
+    while the memory has room; then a sample of a class that is not *full* (not a largest class in
+    memory at any step since the memory filled) replaces a random stored sample of a largest class
+    (ties: a random one of them), and a sample of a full class c replaces a random stored sample of
+    c with probability m_c / n_c (stored / seen of c). Returns the kept indices (sorted). On a pool
+    the class counts end within one of the equal water-filled shares (tested)."""
+    labels = torch.as_tensor(labels).cpu()
+    n = int(labels.shape[0])
+    budget = check_int("budget", budget, 0, n)
+    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    order = torch.randperm(n, generator=gen).tolist()
+    lab = labels.tolist()
+    memory: dict[int, list[int]] = {}
+    seen: dict[int, int] = {}
+    full: set[int] = set()
+    size = 0
+    for i in order:
+        c = lab[i]
+        seen[c] = seen.get(c, 0) + 1
+        if size < budget:
+            memory.setdefault(c, []).append(i)
+            size += 1
+        elif budget > 0:
+            largest = max(len(v) for v in memory.values())
+            full |= {d for d, v in memory.items() if len(v) == largest}
+            if c not in full:
+                big = [d for d in sorted(memory) if len(memory[d]) == largest]
+                d = big[int(torch.randint(len(big), (1,), generator=gen))]
+                memory[d].pop(int(torch.randint(len(memory[d]), (1,), generator=gen)))
+                memory.setdefault(c, []).append(i)
+            elif float(torch.rand(1, generator=gen)) <= len(memory.get(c, [])) / seen[c]:
+                stored = memory[c]
+                stored[int(torch.randint(len(stored), (1,), generator=gen))] = i
+        if budget > 0 and size == budget:
+            largest = max(len(v) for v in memory.values())
+            full |= {d for d, v in memory.items() if len(v) == largest}
+    kept = [i for v in memory.values() for i in v]
+    return torch.sort(torch.tensor(kept, dtype=torch.long)).values if kept else torch.zeros(0, dtype=torch.long)
+
+
+class ReservoirReplay(Replay):
+    """A class-balanced reservoir: :func:`reservoir_select` over the client's pool, streamed in the
+    order of the client's generator for this selection."""
+
+    name = "reservoir"
+
+    def select(self, x, y, budget, ctx):
+        return reservoir_select(y.cpu(), budget, ctx.generator), None
 
 
 class CacheClient:
@@ -226,7 +435,8 @@ class CacheClient:
             else:
                 self.global_model.load_state_dict(broadcast["state"])
                 ctx = SelectionContext(self.global_model, int(broadcast["num_old"]),
-                                       torch_generator(self.config.seed, "cache", t, k), self.names, self.config)
+                                       torch_generator(self.config.seed, "cache", t, k), self.names, self.config,
+                                       ptask.cpu())
                 with torch_threads(self.config.num_threads):
                     keep, log["pim"] = self.replay.select(px, py, budget, ctx)
                 keep = keep.to(py.device)

@@ -77,8 +77,8 @@ from fedlib.evaluation.compare import refed_label
 from fedlib.federated.fcil import METHODS
 from fedlib.federated.gradient import FedConfig, History
 from fedlib.federated.incremental import run_class_incremental
-from fedlib.federated.learner import (MEMORY_MODES, FixedLearner, GradientLearner, KeepWeights, RandomReplay, Replay,
-                                      balancing, select_top)
+from fedlib.federated.learner import (MEMORY_MODES, FixedLearner, GradientLearner, HerdingReplay, KeepWeights,
+                                      RandomReplay, Replay, ReservoirReplay, ScoreReplay, balancing, select_top)
 
 __all__ = ["WEIGHTINGS", "GRAD_NORMS", "PROX_SCALINGS", "MEMORY_MODES", "LEARNERS", "q_lambda", "importance_scores",
            "PIMResult", "train_pim", "RefedReplay", "make_learner", "rounds_to_best", "PIM_METHODS",
@@ -252,7 +252,7 @@ class RefedReplay(Replay):
                         prox_scaling=self.prox_scaling, grad_norm=self.grad_norm, names=ctx.names,
                         generator=ctx.generator)
         scores = res.scores(self.weighting)
-        keep = select_top(scores, budget, y.cpu(), self.class_balanced)
+        keep = select_top(scores, budget, y.cpu(), self.class_balanced, ctx.tasks)
         return keep, {"dist_sq": res.dist_sq, "loss": res.loss, "scores": scores}
 
 
@@ -277,6 +277,13 @@ LEARNERS: dict[str, dict[str, Any]] = {
     "fixed": {"replay": None, "method": "finetune"},
     "fedewc": {"replay": None, "method": "fedewc"},
     "fedlwf": {"replay": None, "method": "fedlwf"},
+    # controls and budget splits of the "beyond the paper" chapter (notebooks/refed_beyond.py)
+    "refed_task": {"replay": RefedReplay, "method": "finetune", "class_balanced": "task"},
+    "refed_task_class": {"replay": RefedReplay, "method": "finetune", "class_balanced": "task_class"},
+    "grand": {"replay": ScoreReplay, "method": "finetune", "rule": "grand"},
+    "el2n": {"replay": ScoreReplay, "method": "finetune", "rule": "el2n"},
+    "herding": {"replay": HerdingReplay, "method": "finetune"},
+    "reservoir": {"replay": ReservoirReplay, "method": "finetune"},
 }
 
 
@@ -330,9 +337,9 @@ def make_learner(method: str, model_fn: Callable[[], nn.Module], config: FedConf
 # the benchmark chapter's runs
 # ----------------------------------------------------------------------------------------------
 #: the benchmark's methods that train a PIM; "refed_proxy" is "refed" with ``grad_norm="last_layer"``
-PIM_METHODS = ("refed", "refed_balanced", "refed_proxy")
-#: the benchmark's methods that keep a replay cache under the budget M
-REPLAY_METHODS = PIM_METHODS + ("fedavg_replay", "fedprox_replay")
+PIM_METHODS = ("refed", "refed_balanced", "refed_proxy", "refed_task", "refed_task_class")
+#: the methods that keep a replay cache under the budget M
+REPLAY_METHODS = PIM_METHODS + ("fedavg_replay", "fedprox_replay", "grand", "el2n", "herding", "reservoir")
 
 
 def run_scenario(scenario: dict, kind: str, method: str, seed: int, *, model_fn: Callable[[], nn.Module],

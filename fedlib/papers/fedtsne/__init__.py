@@ -75,7 +75,10 @@ final upload and its assembly, the reconstruction attack, the estimate's kNN wit
 (Algorithms 2 and 3), :mod:`~fedlib.papers.fedtsne.chapters` (data, splits, scorer of the chapters),
 :mod:`~fedlib.papers.fedtsne.checks` (the derivation chapter's numerical checks),
 :mod:`~fedlib.papers.fedtsne.studies` (the experiment loops and tables of the other chapters).
-Every public name is importable from ``fedlib.papers.fedtsne``.
+Every public name of those is importable from ``fedlib.papers.fedtsne``; beyond the paper (issue 14),
+:mod:`~fedlib.papers.fedtsne.beyond` (the upload as projection + residual and the closed form of the
+Nystrom estimate, estimators from the same upload, federated k-means landmarks, local placement) is
+imported as a module.
 """
 from __future__ import annotations
 

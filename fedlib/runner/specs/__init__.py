@@ -170,9 +170,11 @@ class Spec:
         return out
 
 
-PAPER_OF = {"afl_derivation": "afl", "afl_benchmark": "afl", "stsa_derivation": "stsa", "stsa_benchmark": "stsa",
+PAPER_OF = {"afl_derivation": "afl", "afl_benchmark": "afl", "afl_beyond": "afl", "stsa_derivation": "stsa", "stsa_benchmark": "stsa",
+            "stsa_beyond": "stsa",
             "fedtsne_derivation": "fedtsne", "fedtsne_benchmark": "fedtsne", "fedtsne_privacy": "fedtsne",
-            "fedspeclust": "fedtsne", "refed_theory": "refed", "refed_benchmark": "refed"}
+            "fedspeclust": "fedtsne", "fedtsne_beyond": "fedtsne", "refed_theory": "refed", "refed_benchmark": "refed",
+            "refed_beyond": "refed"}
 
 
 def spec(chapter: str) -> Spec:

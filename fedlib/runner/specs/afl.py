@@ -1,4 +1,4 @@
-"""Typed parameters of the two AFL chapters (``notebooks/afl_derivation.py``, ``afl_benchmark.py``):
+"""Typed parameters of the AFL chapters (``notebooks/afl_derivation.py``, ``afl_benchmark.py``, ``afl_beyond.py``):
 one :class:`Spec` per chapter covering every name of its ``parameters`` cell, and the
 cross-parameter rules (each raises ValueError naming the parameters)."""
 from __future__ import annotations
@@ -42,6 +42,12 @@ def _participation_positive(v):
         raise ValueError(f"participation must lie in (0, 1], got {v['participation']}")
 
 
+def _unlearn_client_exists(v):
+    if v["unlearn_client"] >= v["loco_clients"]:
+        raise ValueError(f"unlearn_client must be < loco_clients = {v['loco_clients']} (a client index), "
+                         f"got {v['unlearn_client']}")
+
+
 SPECS = {
     "afl_derivation": Spec({
         "n_samples": Int(2), "dim": Int(1), "num_classes": Int(2),
@@ -66,5 +72,17 @@ SPECS = {
         "table3_alphas": List(POSITIVE), "gammas": List(NON_NEGATIVE), "ri_clients": List(Int(1), distinct=True),
         "paper_rounds": Int(1),
     }, rules=[rule_subset("resample_methods", "methods"), _some_setting, _participation_positive]),
+    "afl_beyond": Spec({
+        "dataset": Choice(DATASETS), "backbone": Choice(BACKBONES), "input_size": Int(1),
+        "n_train": Int(1) | NULL, "n_test": Int(1) | NULL,
+        "num_clients": Int(1), "alpha": POSITIVE, "partition_seed": Int(0), "gamma": NON_NEGATIVE,
+        "check_samples": Int(2), "check_dim": Int(1),
+        "conditions": List(CONDITION, distinct=True, increasing=True), "cond_samples": Int(2), "cond_dim": Int(1),
+        "cond_clients": Int(1), "seeds": Seeds(least=2),
+        "mask_clients": Int(2), "feature_bound": POSITIVE | NULL, "mask_secret": Int(0),
+        "loco_clients": Int(2), "loco_alpha": POSITIVE, "ridge_grid": List(POSITIVE, distinct=True, increasing=True),
+        "negligible_pp": NON_NEGATIVE, "unlearn_client": Int(0),
+    }, rules=[rule_at_most("check_dim", "check_samples"), rule_at_most("cond_dim", "cond_samples"),
+              rule_at_most("cond_clients", "cond_samples"), _unlearn_client_exists]),
 }
 

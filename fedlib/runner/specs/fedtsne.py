@@ -1,5 +1,5 @@
-"""Typed parameters of the four Fed-tSNE chapters (``notebooks/fedtsne_derivation.py``,
-``fedtsne_benchmark.py``, ``fedtsne_privacy.py``, ``fedspeclust.py``): one :class:`Spec` per chapter
+"""Typed parameters of the five Fed-tSNE chapters (``notebooks/fedtsne_derivation.py``,
+``fedtsne_benchmark.py``, ``fedtsne_privacy.py``, ``fedspeclust.py``, ``fedtsne_beyond.py``): one :class:`Spec` per chapter
 covering every name of its ``parameters`` cell, and the cross-parameter rules."""
 from __future__ import annotations
 
@@ -53,7 +53,41 @@ def _max_points_fits_clients(v):
                          f"got {v['max_points']}")
 
 
+LANDMARK_KINDS = ("feddl", "kmeans")                                       # fedlib.papers.fedtsne.beyond
+ESTIMATORS = ("nystrom", "projection", "residual_sum", "residual_gap")     # fedlib.papers.fedtsne.beyond
+COMBOS = tuple(f"{kind}/{est}" for kind in LANDMARK_KINDS for est in ESTIMATORS)
+
+
+def _grid_within(values: str, grid: str):
+    def rule(v):
+        missing = sorted(set(v[values]) - set(v[grid]))
+        if missing:
+            raise ValueError(f"{values} must be values of {grid} {v[grid]}; not there: {missing}")
+    return rule
+
+
+def _placement_in_grid(v):
+    if v["placement_kinds"] and v["placement_landmarks"] not in v["landmark_grid"]:
+        raise ValueError(f"placement_landmarks must be one of landmark_grid {v['landmark_grid']}, "
+                         f"got {v['placement_landmarks']}")
+
+
+def _grid_below_points(v):
+    if v["n_points"] is not None and max(v["landmark_grid"]) > v["n_points"]:
+        raise ValueError(f"landmark_grid values must be <= n_points = {v['n_points']}, got {max(v['landmark_grid'])}")
+
+
 SPECS = {
+    "fedtsne_beyond": Spec({
+        "dataset": Choice(DATASETS), "n_points": Int(200) | NULL, "num_clients": Int(2), "seeds": Seeds(2),
+        "rounds": Int(1), "landmark_grid": List(Int(2), distinct=True, increasing=True),
+        "metric_grid": List(Int(2), least=0, distinct=True, increasing=True),
+        "metric_combos": List(Choice(COMBOS), least=0, distinct=True), "placement_landmarks": Int(4),
+        "placement_kinds": List(Choice(LANDMARK_KINDS), least=0, distinct=True),
+        "methods": List(Choice(METHODS), distinct=True), "perplexity": Real(0.0), "tsne_max_iter": Int(250),
+        "umap_neighbors": Int(2), "umap_min_dist": Real(0.0, strict=False), "umap_epochs": Int(1) | NULL,
+        "knn_k": Int(1), "num_threads": Int(1),
+    }, rules=[_grid_within("metric_grid", "landmark_grid"), _placement_in_grid, _grid_below_points]),
     "fedtsne_derivation": Spec({
         "n_points": Int(10), "n_landmarks": Int(2), "feddl_rounds": Int(1), "num_clients": Int(2),
         "mc_reps": Int(4), "landmark_grid": List(Int(2), distinct=True), "epsilons": List(Real(0.0)),

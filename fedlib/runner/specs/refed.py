@@ -1,5 +1,5 @@
-"""Typed parameters of the two Re-Fed chapters (``notebooks/refed_theory.py``,
-``refed_benchmark.py``): one :class:`Spec` per chapter covering every name of its ``parameters``
+"""Typed parameters of the Re-Fed chapters (``notebooks/refed_theory.py``,
+``refed_benchmark.py``, ``refed_beyond.py``): one :class:`Spec` per chapter covering every name of its ``parameters``
 cell, and the cross-parameter rules (each raises ValueError naming the parameters).
 
 :func:`check_total_memory` is the one data-dependent check (``memory_mode="total"`` needs M above
@@ -13,6 +13,7 @@ from fedlib.data.datasets import DATASETS, RGB_DATASETS
 from fedlib.data.domains import DOMAIN_NAMES
 from fedlib.federated.models import MODEL_NAMES
 from fedlib.papers.refed import GRAD_NORMS, LEARNERS, MEMORY_MODES, WEIGHTINGS, q_lambda
+from fedlib.papers.refed_beyond import RULES
 from fedlib.runner.specs import NULL, Bool, Choice, Dict, Int, List, Real, Seeds, Spec, Str
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -84,6 +85,30 @@ def _theory_sizes(v):
                          f"got {v['grad_samples']}")
 
 
+def _noise_rules_run_clean(v):
+    """Every rule run with label noise is also run without (the noise's paired effect), and so is refed."""
+    missing = [r for r in v["noise_rules"] if r not in v["rules"] + v["split_rules"]]
+    if missing:
+        raise ValueError(f"noise_rules must be rules run without noise too (in rules or split_rules), got {missing}")
+    if v["noise_rules"] and "refed" not in v["noise_rules"]:
+        raise ValueError(f"noise_rules must contain 'refed' (the reference), got {v['noise_rules']}")
+
+
+def _fork_on_cpu(v):
+    """Forked worker processes cannot share a CUDA context: workers > 1 needs device cpu."""
+    if v["workers"] > 1 and v["device"] != "cpu":
+        raise ValueError(f"workers must be 1 with device {v['device']!r} (forked processes cannot share CUDA), "
+                         f"got workers = {v['workers']}")
+
+
+def _beyond_pim_stable(v):
+    """lr * q(lambda) < 2 for lam and lam_local, else the PIM's proximal step diverges."""
+    for name in ("lam", "lam_local"):
+        if v["lr"] * q_lambda(v[name]) >= 2.0:
+            raise ValueError(f"lr * q({name}) = {v['lr'] * q_lambda(v[name]):.3g} >= 2: the PIM step diverges; "
+                             f"lower lr or raise {name}")
+
+
 SPECS = {
     "refed_theory": Spec({
         "seed": Int(0), "dim": Int(1), "mu": POSITIVE, "L_smooth": POSITIVE, "n_lambda": Int(1),
@@ -112,6 +137,18 @@ SPECS = {
     }, rules=[_contains("methods", "refed", "Re-Fed itself"), _contains("weightings", "early", "Re-Fed itself"),
               _participation_positive, _pim_step_stable, _one_channel_count, _below("first_task_min_acc", 1.0),
               _below("momentum", 1.0)]),
+    "refed_beyond": Spec({
+        "dataset": Choice(DATASETS), "n_train": Int(1) | NULL, "n_test": Int(1) | NULL, "num_tasks": Int(1),
+        "num_clients": Int(1), "participation": FRACTION, "alpha": POSITIVE, "model": Choice(MODEL_NAMES),
+        "cnn_width": Int(1), "cnn_hidden": Int(1), "device": Choice(DEVICES), "rounds": Int(1),
+        "local_epochs": Int(1), "batch_size": Int(1), "lr": POSITIVE, "momentum": FRACTION, "memory": Int(1),
+        "memory_mode": Choice(MEMORY_MODES), "lam": LAMBDA, "lam_local": LAMBDA, "pim_epochs": Int(1),
+        "grad_norm": Choice(GRAD_NORMS), "seeds": Seeds(least=2), "rules": List(Choice(RULES), distinct=True),
+        "split_rules": List(Choice(RULES), least=0, distinct=True), "noise": Real(0.0, 1.0, strict=False),
+        "noise_rules": List(Choice(RULES), least=0, distinct=True), "num_threads": Int(1), "workers": Int(1),
+    }, rules=[_contains("rules", "refed", "the reference of every paired difference"), _participation_positive,
+              _below("momentum", 1.0), _below("noise", 1.0), _noise_rules_run_clean, _beyond_pim_stable,
+              _fork_on_cpu]),
 }
 
 

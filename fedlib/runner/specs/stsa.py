@@ -1,4 +1,4 @@
-"""Typed parameters of the two STSA chapters (``notebooks/stsa_derivation.py``, ``stsa_benchmark.py``):
+"""Typed parameters of the STSA chapters (``notebooks/stsa_derivation.py``, ``stsa_benchmark.py``, ``stsa_beyond.py``):
 one :class:`Spec` per chapter covering every name of its ``parameters`` cell, and the
 cross-parameter rules (each raises ValueError naming the parameters)."""
 from __future__ import annotations
@@ -6,7 +6,9 @@ from __future__ import annotations
 from fedlib.data.datasets import DATASETS
 from fedlib.data.features import BACKBONES
 from fedlib.federated.fcil import METHODS
+from fedlib.core.privacy import ACCOUNTANTS
 from fedlib.papers.stsa import HEADS
+from fedlib.papers.stsa_beyond import AGGREGATIONS
 from fedlib.runner.specs import NULL, Bool, Choice, Dict, Int, List, Real, Seeds, Spec, Str
 from fedlib.runner.specs.afl import DEVICES, NON_NEGATIVE, POSITIVE, rule_at_most, rule_subset
 
@@ -26,6 +28,22 @@ def _subsets_known(v):
     extra = sorted(set(v["subsets"]) - set(v["datasets"]) - {v["scratch_dataset"]})
     if extra:
         raise ValueError(f"subsets has entries for datasets not used ({extra}); datasets: {v['datasets']}")
+
+
+def _gamma_range(v):
+    if v["gamma_max"] < v["gamma_min"]:
+        raise ValueError(f"gamma_max = {v['gamma_max']} must be >= gamma_min = {v['gamma_min']}")
+
+
+def _paper_noise_pair(v):
+    if v["paper_noise"] is not None and len(v["paper_noise"]) != 2:
+        raise ValueError(f"paper_noise must be a [q, s] pair or null, got {v['paper_noise']}")
+
+
+def _beyond_subsets(v):
+    extra = sorted(set(v["subsets"]) - {v["dataset"]})
+    if extra:
+        raise ValueError(f"subsets has entries for datasets not used ({extra}); dataset: {v['dataset']}")
 
 
 SPECS = {
@@ -55,4 +73,15 @@ SPECS = {
         "noise_seeds": Seeds(), "skew_scale": NON_NEGATIVE, "first_task_classes": Int(1),
         "later_task_classes": Int(1), "num_threads": Int(1),
     }, rules=[rule_subset("baseline_seeds", "seeds"), _noise_pairs, _subsets_known]),
+    "stsa_beyond": Spec({
+        "dataset": Choice(DATASETS), "subsets": Dict(Choice(DATASETS), List(Int(1) | NULL)),
+        "n_train": Int(1) | NULL, "n_test": Int(1) | NULL, "backbone": Choice(BACKBONES), "input_size": Int(1),
+        "device": Choice(DEVICES), "num_tasks": Int(1), "num_clients": Int(1), "beta": POSITIVE,
+        "seeds": Seeds(least=2), "M": Int(1), "gamma_min": POSITIVE, "gamma_max": POSITIVE, "gamma_points": Int(2),
+        "fixed_gammas": List(POSITIVE, distinct=True), "sweep_gammas": List(POSITIVE, distinct=True),
+        "check_samples": Int(2), "check_gammas": List(POSITIVE, distinct=True), "clip_norm": POSITIVE,
+        "epsilons": List(POSITIVE, distinct=True), "delta": Real(0.0, 1.0),
+        "aggregations": List(Choice(AGGREGATIONS), distinct=True), "paper_noise": List(NON_NEGATIVE) | NULL,
+        "accountant": Choice(ACCOUNTANTS), "num_threads": Int(1),
+    }, rules=[_gamma_range, _paper_noise_pair, _beyond_subsets]),
 }
