@@ -3,7 +3,6 @@ small files written here in the real on-disk format), subsets, registry and CLI.
 from __future__ import annotations
 
 import gzip
-import os
 import pickle
 import struct
 from pathlib import Path
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 
 import fedlib.data.datasets as fd
+from conftest import Py2Str, cifar_rows, py2_dict as _py2, write_py2_pickle  # CIFAR's on-disk format
 from fedlib.data.datasets import (
     ANIMAL_MNIST_CLASSES,
     DATASETS,
@@ -59,57 +59,10 @@ def write_mnist_files(folder: Path, data, suffix: str = ""):
         write_idx(folder / f"{stem}{suffix}", arr)
 
 
-class Py2Str(bytes):
-    """A Python-2 ``str``: the CIFAR python pickles were written by Python 2, so their keys and
-    names are py2 str (SHORT_BINSTRING). They load as ``str`` with encoding="latin1" (what
-    torchvision uses) and as ``bytes`` (b"data", ...) with encoding="bytes" (the CIFAR web page)."""
-
-
-class _Py2Pickler(pickle._Pickler):  # the pure-python pickler lets us add an opcode writer
-    dispatch = pickle._Pickler.dispatch.copy()
-
-    def save_py2str(self, obj):
-        b = bytes(obj)
-        if len(b) < 256:
-            self.write(pickle.SHORT_BINSTRING + bytes([len(b)]) + b)
-        else:
-            self.write(pickle.BINSTRING + struct.pack("<i", len(b)) + b)
-        self.memoize(obj)
-
-    dispatch[Py2Str] = save_py2str
-
-
-def write_py2_pickle(path: Path, obj) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as f:
-        _Py2Pickler(f, protocol=2).dump(obj)
-
-
-def _py2(d: dict) -> dict:
-    return {Py2Str(k.encode()): v for k, v in d.items()}
-
-
-def cifar_rows(n, rng):
-    """(n, 3072) uint8 rows laid out as CIFAR: 1024 R, then 1024 G, then 1024 B (row-major 32x32)."""
-    return rng.integers(0, 256, (n, 3072), dtype=np.uint8)
-
-
 @pytest.fixture
 def no_system_fmnist(monkeypatch, tmp_path):
     """Hide the Debian Fashion-MNIST folder so only tmp roots are searched."""
     monkeypatch.setattr(fd, "SYSTEM_FASHION_MNIST_DIR", tmp_path / "no-system-fmnist")
-
-
-@pytest.fixture
-def ignore_cifar_md5(monkeypatch):
-    """torchvision checks each CIFAR file against the md5 of the official release, both in
-    ``CIFAR10._check_integrity`` and in ``_load_meta``; both call the module-level
-    ``torchvision.datasets.cifar.check_integrity``. Small generated files cannot match those sums,
-    so for these tests only we replace it by an existence check (what it does when md5 is None).
-    Everything else (paths, pickle parsing, reshaping to HWC) is torchvision's real code."""
-    import torchvision.datasets.cifar as tv_cifar
-
-    monkeypatch.setattr(tv_cifar, "check_integrity", lambda fpath, md5=None: os.path.isfile(fpath))
 
 
 # --------------------------------------------------------------------------------------------

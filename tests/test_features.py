@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import fedlib.data.features as ff
+from conftest import write_resnet18_weights
 from fedlib.data.datasets import Dataset
 from fedlib.data.features import BACKBONES, Features, extract_features, feature_cache_path, load_backbone
 
@@ -122,13 +123,8 @@ def test_resnet18_without_weights_raises_helpful_error(tmp_path, monkeypatch):
 
 
 def test_resnet18_with_weights_file(tmp_path, monkeypatch):
-    import torchvision
-
     monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
-    (tmp_path / "data" / "weights").mkdir(parents=True)
-    torch.manual_seed(0)
-    torch.save(torchvision.models.resnet18(weights=None).state_dict(),
-               tmp_path / "data" / "weights" / "resnet18-f37072fd.pth")
+    write_resnet18_weights(tmp_path / "data" / "weights")
     module, dim = load_backbone("resnet18", root=tmp_path / "data")
     assert dim == 512 and not module.training
     f = extract_features(make_dataset(3, 2), backbone="resnet18", input_size=32, cache_dir=False,

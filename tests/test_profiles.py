@@ -115,3 +115,14 @@ def test_cell_timings_slowest_first_and_cli(tmp_path, monkeypatch, capsys):
     assert profiles.main(["afl_derivation", "--timings"]) == 0
     out = capsys.readouterr().out
     assert "afl_derivation: 13 s in 2 code cells" in out and "cell   2    12.2 s  slow()" in out
+
+
+def test_executed_notebook_folds_the_default_parameters_cell():
+    import json
+
+    nb = {"cells": [{"cell_type": "code", "source": "a = 1", "metadata": {"tags": ["parameters"]}},
+                    {"cell_type": "code", "source": "a = 2", "metadata": {"tags": ["injected-parameters"]}},
+                    {"cell_type": "code", "source": "b = a", "metadata": {}}], "metadata": {}}
+    out = json.loads(profiles._fold_default_parameters(json.dumps(nb)))
+    assert [c["metadata"]["tags"] for c in out["cells"]] == [["parameters", "hide-input"], ["injected-parameters"], []]
+    assert [c["source"] for c in out["cells"]] == ["a = 1", "a = 2", "b = a"]

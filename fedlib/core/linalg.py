@@ -258,13 +258,19 @@ def lstsq_reference(x: Array, labels: Array, num_classes: int, lam: float = 0.0)
 def qr_reference(x: Array, labels: Array, num_classes: int) -> torch.Tensor:
     """Independent reference for the least-squares head (d, C): a Householder QR of X's live columns
     (NumPy, float64; never X^T X), ``W = R^{-1} Q^T Y``; a column that is 0 in every sample gets weight 0
-    (the minimum-norm choice). Needs the live columns to have full column rank."""
+    (the minimum-norm choice). Needs the live columns to have full column rank; with fewer samples than
+    live columns (n < d: X cannot have it, R is not square) the minimum-norm solution from NumPy's
+    SVD-based ``lstsq`` on X instead (:func:`lstsq_reference`)."""
     xn = np.asarray(x.cpu() if isinstance(x, torch.Tensor) else x)
     yn = np.asarray(labels.cpu() if isinstance(labels, torch.Tensor) else labels)
     live = np.abs(xn).max(axis=0) > 0
-    q, r = np.linalg.qr(xn[:, live].astype(np.float64))
+    xl, targets = xn[:, live].astype(np.float64), np.eye(num_classes)[yn]
     w = np.zeros((xn.shape[1], num_classes))
-    w[live] = np.linalg.solve(r, q.T @ np.eye(num_classes)[yn])
+    if xl.shape[0] < xl.shape[1]:
+        w[live] = np.linalg.lstsq(xl, targets, rcond=None)[0]
+    else:
+        q, r = np.linalg.qr(xl)
+        w[live] = np.linalg.solve(r, q.T @ targets)
     return torch.from_numpy(w)
 
 

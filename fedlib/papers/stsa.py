@@ -1135,12 +1135,14 @@ def scratch_baseline_runs(methods, dataset, setting: str, num_tasks: int, num_cl
     from fedlib.federated.models import SmallResNet, images_to_tensor
 
     img_train, img_test = images_to_tensor(dataset.x_train), images_to_tensor(dataset.x_test)
+    channels = int(img_train.shape[1])   # 1 (grayscale) or 3 (RGB, CIFAR); one block per stage as the scratch backbone
     out = []
     for method in methods:
         stream = make_stream(dataset.y_train, dataset.y_test, num_tasks, seed=seed)
         learner = make_fcil_learner(method, None, len(dataset.classes), None, gamma, seed,
                                     fed_kwargs={**fed_kwargs, "rounds": rounds}, baseline_hparams=baseline_hparams,
-                                    model_fn=partial(SmallResNet, 1, len(dataset.classes), tuple(widths)))
+                                    model_fn=partial(SmallResNet, channels, len(dataset.classes), widths=tuple(widths),
+                                                     blocks=(1,) * len(widths)))
         out.append(run_class_incremental(learner, stream, img_train, dataset.y_train, img_test, dataset.y_test,
                                          num_clients, beta, seed,
                                          config={"setting": setting, "beta": beta, "seed": seed},

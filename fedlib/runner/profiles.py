@@ -142,6 +142,20 @@ def cell_timings(path: Path, top: int | None = None) -> list[tuple[int, float, s
     return rows[:top] if top else rows
 
 
+def _fold_default_parameters(notebook_json: str) -> str:
+    """The executed notebook with its ``parameters`` cell (the notebook's own defaults) tagged
+    ``hide-input``: the book folds it, and shows papermill's ``injected-parameters`` cell (the values
+    this run used) open, instead of two parameter cells one after the other."""
+    import json
+
+    nb = json.loads(notebook_json)
+    for cell in nb["cells"]:
+        tags = cell.setdefault("metadata", {}).setdefault("tags", [])
+        if "parameters" in tags and "hide-input" not in tags:
+            tags.append("hide-input")
+    return json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
+
+
 def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
@@ -174,7 +188,7 @@ def run_notebook(name: str, profile: str = "quick", overrides: Mapping[str, Any]
                       file=sys.stderr, flush=True)
             raise
         staged = output.with_name(f".{output.name}.partial")   # same folder: os.replace is atomic
-        shutil.copyfile(scratch, staged)
+        staged.write_text(_fold_default_parameters(scratch.read_text()))
         os.replace(staged, output)
     return output
 
