@@ -8,7 +8,7 @@ ARGS        ?=
 
 FLOWER      ?= afl num-clients=3
 
-.PHONY: all setup data notebooks html book run bench flower-deploy flower-simulate test clean
+.PHONY: all setup data browser notebooks html html-student book run bench flower-deploy flower-simulate test clean
 
 all: book
 
@@ -28,6 +28,10 @@ notebooks: data
 html: setup
 	$(VENV)/bin/jupyter-book build . -W --keep-going
 	@echo "Book built: $(CURDIR)/_build/html/index.html"
+
+# the same book without the solutions of the exercises (sphinx-exercise hide_solutions), for students
+html-student: setup
+	$(PY) -m fedlib.runner.student . --out _build/student/html
 
 book: notebooks
 	$(MAKE) html
@@ -51,7 +55,23 @@ flower-deploy: data
 flower-simulate: data
 	$(PY) -m fedlib.flower simulate $(FLOWER)
 
-test: data
+# headless Chromium for the browser tests of the built book (tests/test_book.py): Debian's chromium and
+# chromium-driver, installed with apt-get when missing (needs root, as in CI); nothing if present
+browser:
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then \
+	    echo "browser: chromium and chromedriver found"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "browser: installing the Debian packages chromium chromium-driver (apt-get, as root)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	        chromium chromium-driver fonts-liberation fonts-dejavu-core; \
+	else \
+	    echo "browser: chromium and chromedriver are missing and this is not root. Install them with" >&2; \
+	    echo "    sudo apt-get update && sudo apt-get install -y chromium chromium-driver" >&2; \
+	    echo "(the browser tests of tests/test_book.py need them; FEDLIB_CHROMIUM / FEDLIB_CHROMEDRIVER name other paths)" >&2; \
+	    exit 1; \
+	fi
+
+test: data browser
 	$(PY) -m pytest -n 2 --dist loadfile tests
 
 clean:

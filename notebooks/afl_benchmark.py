@@ -14,14 +14,17 @@
 # %% [markdown]
 # # AFL against gradient-based federated learning on frozen features
 #
-# The AFL paper (Zhuang et al., 2024) compares its one-round analytic head with FedAvg, FedProx,
-# MOON, FedGen, FedDyn, FedNTD and FedDisco, all training a head on the same **frozen** ImageNet
+# The AFL paper {cite:p}`zhuang2024afl` compares its one-round analytic head with FedAvg
+# {cite:p}`mcmahan2017fedavg`, FedProx {cite:p}`li2020fedprox`, MOON {cite:p}`li2021moon`, FedGen
+# {cite:p}`zhu2021fedgen`, FedDyn {cite:p}`acar2021feddyn`, FedNTD {cite:p}`lee2022fedntd` and FedDisco
+# {cite:p}`ye2023feddisco`, all training a head on the same {term}`frozen <frozen backbone>` ImageNet
 # ResNet-18, on CIFAR-10/100 and Tiny-ImageNet with 100 clients. Those datasets and weights cannot
 # be downloaded on the machines this book is built on, so this chapter runs the same protocol on
-# **Fashion-MNIST** with an ImageNet-pretrained **EfficientNet-Lite0** (both install from package
+# **Fashion-MNIST** {cite:p}`xiao2017fashion` with an ImageNet-pretrained **EfficientNet-Lite0**
+# {cite:p}`tan2019efficientnet` (both install from package
 # registries). Our numbers are therefore *not* a reproduction of the paper's numbers: section 8
 # shows the paper's tables beside ours, labelled. What does carry over is the structure of the
-# claims: AFL's accuracy does not depend on the partition, the number of clients or the seed
+# claims: AFL's accuracy does not depend on the partition, the {term}`number of clients` or the seed
 # (std exactly 0), it needs one round, and the RI process makes $\gamma$ irrelevant.
 #
 # **Protocol.** As in the paper, each setting has **one fixed partition** (drawn with
@@ -65,7 +68,7 @@ gammas = [0.0, 0.1, 1.0, 10.0, 100.0]    # RI ablation (paper Table 4)
 ri_clients = [100, 500, 1000]
 paper_rounds = 200               # the baselines' rounds inferred from the paper's timing (Fig. 2)
 
-# %%
+# %% tags=["hide-input"]
 import time
 
 import numpy as np
@@ -101,7 +104,7 @@ print(f"profile={profile}, device={dev}, torch threads={torch.get_num_threads()}
 # seconds, before the feature extraction and training. Partitions are drawn once per (setting, $K$,
 # seed) and shared by all methods (`afl.SettingPartitions`).
 
-# %%
+# %% tags=["hide-input"]
 data = load_dataset(dataset)
 data = data.subset(n_train, n_test) if (n_train or n_test) else data
 partition, label = afl.SettingPartitions(data.y_train), afl.setting_label
@@ -147,7 +150,7 @@ assert ref["qr_error"] < qr_tol, "the normal-equations head must agree with the 
 # %% [markdown]
 # ## 2. Partitions
 #
-# NIID-1 is Dirichlet label skew with concentration $\alpha$ (smaller is more skewed); NIID-2
+# NIID-1 is Dirichlet label skew with {term}`concentration <Dirichlet concentration>` $\alpha$ (smaller is more skewed); NIID-2
 # gives each client $s$ shards of the label-sorted data. All methods share each partition.
 
 # %%
@@ -164,8 +167,8 @@ plt.show()
 #
 # AFL has no training seed. We run it on the fixed partition of every setting and, to test the
 # invariance where it could break, on the re-drawn partition of every seed as well.
-# Weight-invariance says the head, hence the accuracy, is the same for all of them and equals the
-# centralized least-squares head.
+# {term}`Weight invariance` ({prf:ref}`afl-thm-aa`, {prf:ref}`afl-thm-ri`) says the head, hence the accuracy, is the
+# same for all of them and equals the centralized least-squares head {eq}`afl-eq-joint` of the derivation chapter.
 
 # %%
 afl_runs = afl.afl_setting_runs(feats, partition, settings, num_clients, [partition_seed, *seeds], gamma, dev, w_qr)
@@ -226,6 +229,21 @@ display(table)
 paired = afl.paired_against_afl(runs, [label(s) for s in settings], methods, afl_acc)
 print("Paired differences by training seed, 95 % t-interval (pp = percentage points):")
 display(paired.drop(columns="afl_low").set_index(["setting", "method"]))
+
+# %% [markdown]
+# The main table as a figure: each point is a method's mean test accuracy over the training seeds
+# of one setting, its bar the sample standard deviation over those seeds; the dashed line is AFL,
+# one value for every setting (no training seed).
+
+# %%
+fig, ax = plt.subplots(figsize=(8, 3.8))
+sns.pointplot(data=runs.assign(acc=100 * runs["accuracy"]), x="method", y="acc", hue="setting", errorbar="sd",
+              dodge=0.4 if len(settings) > 1 else False, linestyle="none", capsize=0.15, ax=ax)
+ax.axhline(100 * joint_acc, color="black", ls="--", lw=1, label="AFL (every setting)")
+ax.set(xlabel="method", ylabel="test accuracy (%)",
+       title=f"{dataset}, K={num_clients}: mean ± sample std over {len(seeds)} training seeds")
+ax.legend(fontsize=8, loc="lower left")
+plt.show()
 
 # %%
 adv = afl.advantage_summary(runs, afl_acc, paired)   # per setting: AFL above every method's mean?
@@ -397,10 +415,9 @@ claims.register(
              f"cells; without RI down to {no_ri['acc'].min():.2f} % (-{no_ri_drop:.2f} pp) at the largest K*gamma")
 
 # %% [markdown]
-# Without RI the aggregate is a joint ridge with $\lambda=K\gamma$ (checked in the derivation
-# chapter), so accuracy depends on $K\gamma$ only (the table above groups the cells with equal
+# Without RI the aggregate is a joint ridge with $\lambda=K\gamma$, eq. {eq}`afl-eq-ri-agg` of the derivation chapter (checked there), so accuracy depends on $K\gamma$ only (the table above groups the cells with equal
 # $K\gamma$ and the assertion checks them; the paper's Table 4 shows the same pattern); with RI
-# every cell is the least-squares accuracy (asserted). At $\gamma=0$ the one-solve server is exact
+# every cell is the least-squares accuracy of {eq}`afl-eq-ri-restore` of the derivation chapter (asserted). At $\gamma=0$ the one-solve server is exact
 # for every $K$: since $C_k\,X_k^{+}Y_k = X_k^\top Y_k$ even for rank-deficient clients, the sum of
 # the uploads is the pooled statistics. The paper's $\gamma=0$ collapse at $K=500$ and $1000$
 # (its Table 4, printed in section 8) comes from the recursive form, which inverts each singular
@@ -451,23 +468,64 @@ display(ri.style.format("{:.2f}"))
 # %% [markdown]
 # ## Exercises
 #
-# 1. **Heterogeneity.** Re-run with `alphas=[0.01]` and `shards=[1]`. Predict AFL's accuracy
-#    before running, then compare FedAvg's drop with the paper's Table 3.
-# 2. **More clients than the data can carry.** Set `client_counts=[100, 1000, 5000]`. What happens
-#    to AFL, to FedAvg, and to the no-RI column of the ablation at $\gamma=1$?
-# 3. **Which variance?** Set `resample_methods` to all methods. Do the paired differences of
-#    section 4 still resolve the same comparisons when the partition varies too?
+# Re-run with `make run NB=afl_benchmark ARGS="..."` (the `smoke` profile, `--profile smoke`, runs
+# in seconds). The self-check line under an exercise compares this run's measurements with the
+# prediction (`fedlib.evaluation.selfcheck`).
 #
-# ```{admonition} Solutions
-# :class: dropdown
-# 1. AFL's accuracy is exactly the centralized least-squares accuracy of section 1, for any
-#    partition. FedAvg loses accuracy as the skew grows (fewer classes per client); with `s=1`
-#    each client holds about one class, the hardest case.
-# 2. AFL is unchanged (every client, even an empty one, contributes its exact statistics).
-#    FedAvg degrades further (less data per client, client drift). Without RI the penalty is
-#    $K\gamma=5000$, a strong ridge, so that column drops.
-# 3. Both methods of a pair still share that seed's partition, so the partition's effect can
-#    cancel in their difference while each method's own ± grows (section 5 measures the growth
-#    for FedAvg). Whether it does cancel depends on how differently the methods react to a
-#    partition: that is what the re-run measures.
+# ```{exercise} Heterogeneity
+# :label: afl-bench-ex-heterogeneity
+#
+# Re-run with `alphas=[0.01]` and `shards=[1]`. Predict AFL's accuracy before running, then compare
+# FedAvg's drop with the paper's Table 3.
 # ```
+#
+# ````{solution} afl-bench-ex-heterogeneity
+# :class: dropdown
+#
+# AFL's accuracy is exactly the centralized least-squares accuracy of section 1, for any partition.
+# FedAvg loses accuracy as the skew grows (fewer classes per client); with `s=1` each client holds
+# about one class, the hardest case.
+# ````
+
+# %%
+from fedlib.evaluation import selfcheck
+
+selfcheck.afl_accuracy_invariance(afl_runs["accuracy"], joint_acc,
+                                  exercise="AFL benchmark, ex. heterogeneity")
+
+# %% [markdown]
+# ```{exercise} More clients than the data can carry
+# :label: afl-bench-ex-clients
+#
+# Set `client_counts=[100, 1000, 5000]`. What happens to AFL, to FedAvg, and to the no-RI column of
+# the ablation at $\gamma=1$?
+# ```
+#
+# ````{solution} afl-bench-ex-clients
+# :class: dropdown
+#
+# AFL is unchanged (every client, even an empty one, contributes its exact statistics). FedAvg
+# degrades further (less data per client, client drift). Without RI the penalty is $K\gamma=5000$, a
+# strong ridge, so that column drops.
+# ````
+
+# %%
+selfcheck.afl_accuracy_invariance(knum["AFL"], joint_acc, exercise="AFL benchmark, ex. clients")
+
+# %% [markdown]
+# ```{exercise} Which variance?
+# :label: afl-bench-ex-variance
+#
+# Set `resample_methods` to all methods. Do the paired differences of section 4 still resolve the
+# same comparisons when the partition varies too? (No self-check: the outcome depends on the data;
+# compare the paired intervals of sections 4 and 5 yourself.)
+# ```
+#
+# ````{solution} afl-bench-ex-variance
+# :class: dropdown
+#
+# Both methods of a pair still share that seed's partition, so the partition's effect can cancel in
+# their difference while each method's own ± grows (section 5 measures the growth for FedAvg).
+# Whether it does cancel depends on how differently the methods react to a partition: that is what
+# the re-run measures.
+# ````

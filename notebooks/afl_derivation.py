@@ -14,11 +14,11 @@
 # %% [markdown]
 # # AFL: deriving the AA law and the RI process, and checking them
 #
-# *Analytic Federated Learning* (Zhuang et al., 2024, arXiv:2405.16240 v1) trains only a linear
-# head $W\in\mathbb R^{d\times C}$ on the embeddings of a **frozen** backbone, by least squares,
-# and claims **weight-invariance**: one round of aggregation gives *exactly* the head trained on
+# *Analytic Federated Learning* {cite:p}`zhuang2024afl` (arXiv:2405.16240 v1) trains only a linear
+# head $W\in\mathbb R^{d\times C}$ on the embeddings of a {term}`frozen backbone`, by least squares,
+# and claims {term}`weight invariance`: one round of aggregation gives *exactly* the head trained on
 # the pooled data, whatever the partition and the number of clients. This chapter derives the two
-# ingredients, the absolute-aggregation (AA) law and the regularization-intermediary (RI) process,
+# ingredients, the absolute-aggregation ({term}`AA law`) and the regularization-intermediary ({term}`RI process`),
 # and checks every step numerically in float64 with asserted tolerances. It also shows the places
 # where the paper's text is wrong (a sign in the AA law) or only true in exact arithmetic
 # ("any $\gamma$ would suffice").
@@ -50,7 +50,7 @@ reference_dim = 64
 n_orders = 3              # random client orders checked
 seed = 0
 
-# %%
+# %% tags=["hide-input"]
 import numpy as np
 import pandas as pd
 import seaborn as sns
@@ -79,19 +79,20 @@ print(f"profile={profile}: N={n_samples}, d={dim}, C={num_classes}, K in {client
 # %% [markdown]
 # ## 1. Local stage: each client solves a least-squares problem
 #
-# Client $k$ maps its inputs through the frozen backbone, stacks the embeddings
-# $X_k\in\mathbb R^{N_k\times d}$ and one-hot labels $Y_k\in\{0,1\}^{N_k\times C}$ (eqs. 1-2) and
+# Client $k$ (one of $K$, the {term}`number of clients`) maps its inputs through the frozen backbone, stacks the embeddings
+# $X_k\in\mathbb R^{N_k\times d}$ ($N_k$ {term}`samples <number of samples>`, $d$ the {term}`feature dimension`) and one-hot labels $Y_k\in\{0,1\}^{N_k\times C}$ (eqs. 1-2) and
 # minimises $\lVert Y_k-X_kW_k\rVert_F^2$ (eq. 3):
 #
-# $$\hat W_k = X_k^{\dagger}Y_k = (X_k^\top X_k)^{-1}X_k^\top Y_k \quad\text{(eq. 4; full column rank).}$$
+# $$\hat W_k = X_k^{\dagger}Y_k = (X_k^\top X_k)^{-1}X_k^\top Y_k \quad\text{(paper's eq. 4; full column rank).}$$ (afl-eq-local)
 #
-# Write $C_k = X_k^\top X_k$ (the autocorrelation, or Gram, matrix) and $B_k = X_k^\top Y_k$.
+# Write $C_k = X_k^\top X_k$ (the autocorrelation, or {term}`Gram matrix`) and $B_k = X_k^\top Y_k$.
 # Then $C_k\hat W_k = B_k$. The centralized (joint) head on $X=[X_1;\dots;X_K]$ is
 #
-# $$\hat W = (X^\top X)^{-1}X^\top Y = \Big(\sum_k C_k\Big)^{-1}\sum_k B_k ,$$
+# $$\hat W = (X^\top X)^{-1}X^\top Y = \Big(\sum_k C_k\Big)^{-1}\sum_k B_k ,$$ (afl-eq-joint)
 #
 # because $X^\top X=\sum_k C_k$ and $X^\top Y=\sum_k B_k$: Gram matrices and cross-correlations
-# of disjoint data **add**. Everything below is a way of recovering this sum from the uploads.
+# of disjoint data **add**. Everything below is a way of recovering this sum from the uploads. Every
+# "joint" head in the code cells is {eq}`afl-eq-joint` computed independently (`lstsq_reference`).
 
 # %% [markdown]
 # ## 2. Two clients: the AA law (Lemma 1, Theorem 1), with the sign corrected
@@ -101,16 +102,34 @@ print(f"profile={profile}: N={n_samples}, d={dim}, C={num_classes}, K in {client
 # are the matrices $\mathcal W_u=S^{-1}C_u$ and $\mathcal W_v=S^{-1}C_v$, which sum to $I$.
 # The paper writes them through $R_u=C_u^{-1}$ (eq. 8):
 #
-# $$\mathcal W_u = I - R_uC_v \;\mathbf{\pm}\; R_uC_v S^{-1}C_v .$$
+# $$\mathcal W_u = I - R_uC_v \;\mathbf{\pm}\; R_uC_v S^{-1}C_v .$$ (afl-eq-aa-printed)
 #
 # Which sign? Use $I-S^{-1}C_v = S^{-1}C_u$: then
 # $R_uC_v(I - S^{-1}C_v) = R_uC_vS^{-1}C_u$. Since $C_vS^{-1}C_u = C_u - C_uS^{-1}C_u$ is symmetric,
 # $C_vS^{-1}C_u=C_uS^{-1}C_v$, hence $R_uC_vS^{-1}C_u = R_uC_uS^{-1}C_v = S^{-1}C_v$ and
 #
-# $$I - R_uC_v + R_uC_vS^{-1}C_v = I - R_uC_v(I-S^{-1}C_v) = I - S^{-1}C_v = S^{-1}C_u .$$
+# $$I - R_uC_v + R_uC_vS^{-1}C_v = I - R_uC_v(I-S^{-1}C_v) = I - S^{-1}C_v = S^{-1}C_u .$$ (afl-eq-aa-law)
 #
 # The third term needs a **plus**. The paper prints a minus in eqs. (6), (8), (10) and in
-# Appendix A from (30) on; the authors' code uses the plus. We check both signs.
+# Appendix A from (30) on; the authors' code uses the plus.
+#
+# ```{prf:theorem} AA law, two clients (the paper's Theorem 1, sign corrected)
+# :label: afl-thm-aa
+#
+# {cite:t}`zhuang2024afl`:
+# Let $C_u, C_v$ be invertible Gram matrices, $S=C_u+C_v$, $R_u=C_u^{-1}$, and $\hat W_u,\hat W_v$ the local
+# least-squares heads {eq}`afl-eq-local`. Then the joint head {eq}`afl-eq-joint` is
+# $\hat W=\mathcal W_u\hat W_u+\mathcal W_v\hat W_v$ with $\mathcal W_u = I-R_uC_v+R_uC_vS^{-1}C_v = S^{-1}C_u$ and
+# $\mathcal W_v = S^{-1}C_v$.
+# ```
+#
+# ```{prf:proof}
+# $\hat W = S^{-1}(B_u+B_v)$ with $B_u=C_u\hat W_u$, $B_v=C_v\hat W_v$; the identity {eq}`afl-eq-aa-law`
+# turns the paper's form of the weight into $S^{-1}C_u$.
+# ```
+#
+# The next cell (`afl.two_client_check`) computes both signs of {eq}`afl-eq-aa-printed` and compares
+# each aggregate with the lstsq head {eq}`afl-eq-joint`.
 
 # %%
 x2, y2 = synthetic_features(n_samples, table1_dim, num_classes, "gaussian", seed)
@@ -139,13 +158,13 @@ claims.register(
 #
 # $$\hat W_{\text{agg},k}=\mathcal W_{\text{agg}}\hat W_{\text{agg},k-1}+\mathcal W_k\hat W_k,\qquad
 # \mathcal W_{\text{agg}}=C_{\text{agg},k}^{-1}C_{\text{agg},k-1},\quad
-# \mathcal W_k = C_{\text{agg},k}^{-1}C_k,\quad C_{\text{agg},k}=\sum_{i\le k}C_i .$$
+# \mathcal W_k = C_{\text{agg},k}^{-1}C_k,\quad C_{\text{agg},k}=\sum_{i\le k}C_i .$$ (afl-eq-recursive)
 #
 # By induction $C_{\text{agg},k}\hat W_{\text{agg},k}=\sum_{i\le k}B_i$, so the recursion ends at
 # the joint solution, in any client order. The same result comes from **one solve** on summed
 # statistics, $\big(\sum_k C_k\big)^{-1}\sum_k C_k\hat W_k$, at cost $O(Kd^2C+d^3)$ instead of the
-# recursion's $O(Kd^3)$. `fedlib.papers.afl` implements both: `PairwiseAAServer` (the paper's form) and
-# `OneSolveServer`.
+# recursion's $O(Kd^3)$. `fedlib.papers.afl` implements both: `PairwiseAAServer` (the paper's form,
+# {eq}`afl-eq-recursive`) and `OneSolveServer` ({eq}`afl-eq-joint` on the summed uploads).
 #
 # Clients with $N_k<d$ have a singular $C_k$, and with many clients that is the common case. The
 # paper's remedy is the RI process (section 4); the checks in this section already use it, with
@@ -220,16 +239,31 @@ claims.register(
 # these with the AA law gives, by the same induction,
 #
 # $$\hat W^r_{\text{agg},K}=\Big(\sum_k C^r_k\Big)^{-1}\sum_k B_k = (X^\top X+K\gamma I)^{-1}X^\top Y
-# = (C^r_{\text{agg},K})^{-1}C_{\text{agg},K}\hat W_{\text{agg},K}\quad\text{(Thm. 2, eq. 13)},$$
+# = (C^r_{\text{agg},K})^{-1}C_{\text{agg},K}\hat W_{\text{agg},K}\quad\text{(Thm. 2, eq. 13)},$$ (afl-eq-ri-agg)
 #
 # a joint ridge whose penalty $K\gamma$ **grows with the number of clients**. Since the server
-# knows $K$ and $\gamma$, it removes the penalty (eq. 15):
+# knows $K$ and $\gamma$ (the {term}`ridge parameter`), it removes the penalty (eq. 15):
 #
 # $$\hat W = (C^r_{\text{agg},K}-K\gamma I)^{-1}C^r_{\text{agg},K}\hat W^r_{\text{agg},K}
-#          = (X^\top X)^{-1}X^\top Y .$$
+#          = (X^\top X)^{-1}X^\top Y .$$ (afl-eq-ri-restore)
+#
+# ```{prf:theorem} RI process (the paper's Theorem 2)
+# :label: afl-thm-ri
+#
+# {cite:t}`zhuang2024afl`:
+# If every client uploads $C^r_k=C_k+\gamma I$ and $\hat W^r_k=(C^r_k)^{-1}B_k$ with $\gamma>0$, the AA-law aggregate is
+# the joint ridge head {eq}`afl-eq-ri-agg` with penalty $K\gamma$, and the restoration {eq}`afl-eq-ri-restore`
+# returns the unregularized joint head {eq}`afl-eq-joint` whenever the pooled $X^\top X$ is invertible.
+# ```
+#
+# ```{prf:proof}
+# By induction over {eq}`afl-eq-recursive` with $C^r_k$ in place of $C_k$,
+# $C^r_{\text{agg},K}\hat W^r_{\text{agg},K}=\sum_kB_k=X^\top Y$, and $C^r_{\text{agg},K}-K\gamma I=X^\top X$.
+# ```
 #
 # Only the **pooled** $X^\top X$ must be invertible; single clients may be rank-deficient or empty.
 #
+# `afl.table1_deviations` computes both columns: $\gamma=0$ without restoration and {eq}`afl-eq-ri-restore`.
 # The paper's Table 1 measures $\Delta W = \sum|\hat W-\hat W_{\text{agg},K}|$ on 512-d Gaussian
 # dummy data (10,000 samples, equal contiguous split) *without* RI (local Moore-Penrose inverse,
 # $\gamma=0$) and *with* RI ($\gamma=1$ plus eq. 15). Ours uses the same recipe:
@@ -428,24 +462,65 @@ assert real["test accuracy"].nunique() == 1, "identical accuracy for every K"
 # %% [markdown]
 # ## Exercises
 #
-# 1. **Sign.** Set `table1_dim = 20` and re-run section 2. Predict the error of the printed sign
-#    before you look. Does it depend on $N$?
-# 2. **Where does Table 1 break?** With `n_samples = 10000` and `table1_dim = 512`, at which $K$
-#    does the deviation without RI first explode? Predict it from $N_k$ and $d$, then change
-#    `table1_clients` to bracket it finely.
-# 3. **Conditioning.** Re-run section 5 with `fp_clients = 1000`. Which server fails first as
-#    $\gamma$ shrinks, and why does the one-solve form not care?
+# Each exercise changes one parameter of the `parameters` cell; predict, re-run (`make run NB=afl_derivation ARGS="table1_dim=20"`),
+# then read the self-check line below the exercise: a `fedlib.evaluation.selfcheck` function that
+# compares what this run measured with the prediction.
 #
-# ```{admonition} Solutions
-# :class: dropdown
-# 1. The printed weight is $\mathcal W_u^{\text{printed}} = S^{-1}C_u - 2R_uC_vS^{-1}C_v$. For two
-#    alike halves ($C_u\approx C_v$, $S\approx 2C_u$) the extra term is $\approx I$, so
-#    $\mathcal W_u\approx -I/2$ and the aggregate is about $-\hat W$: an $O(1)$ relative error
-#    (about 2-3) for any $N$ and $d$. It does not shrink with more data.
-# 2. The local Gram $C_k$ is singular as soon as $N_k = N/K < d$, i.e. $K > 10000/512 \approx 19.5$:
-#    $K=19$ is still exact, $K=20$ breaks (the paper's Table 1 jumps between $K=10$ and $K=20$).
-# 3. The recursive form: with $N_k=10<d$ every $C^r_k$ has condition number
-#    $\approx\lambda_{\max}(C_k)/\gamma$, and it inverts each of them. The one-solve form never
-#    inverts a single client's matrix; it solves once with $\sum_k C^r_k - K\gamma I = X^\top X$,
-#    whose conditioning does not depend on $K$ or $\gamma$.
+# ```{exercise} Sign
+# :label: afl-deriv-ex-sign
+#
+# Set `table1_dim = 20` and re-run section 2. Predict the error of the printed sign before you look.
+# Does it depend on $N$?
 # ```
+#
+# ````{solution} afl-deriv-ex-sign
+# :class: dropdown
+#
+# The printed weight is $\mathcal W_u^{\text{printed}} = S^{-1}C_u - 2R_uC_vS^{-1}C_v$. For two
+# alike halves ($C_u\approx C_v$, $S\approx 2C_u$) the extra term is $\approx I$, so $\mathcal W_u\approx -I/2$
+# and the aggregate is about $-\hat W$: an $O(1)$ relative error (about 2-3) for any $N$ and $d$. It
+# does not shrink with more data.
+# ````
+
+# %%
+from fedlib.evaluation import selfcheck
+
+selfcheck.afl_printed_sign(two_clients)
+
+# %% [markdown]
+# ```{exercise} Where does Table 1 break?
+# :label: afl-deriv-ex-table1
+#
+# With `n_samples = 10000` and `table1_dim = 512`, at which $K$ does the deviation without RI first
+# explode? Predict it from $N_k$ and $d$, then change `table1_clients` to bracket it finely.
+# ```
+#
+# ````{solution} afl-deriv-ex-table1
+# :class: dropdown
+#
+# The local Gram $C_k$ is singular as soon as $N_k = N/K < d$, i.e. $K > 10000/512 \approx 19.5$:
+# $K=19$ is still exact, $K=20$ breaks (the paper's Table 1 jumps between $K=10$ and $K=20$).
+# ````
+
+# %%
+selfcheck.afl_table1_break(table1, table1_dim)
+
+# %% [markdown]
+# ```{exercise} Conditioning
+# :label: afl-deriv-ex-conditioning
+#
+# Re-run section 5 with `fp_clients = 1000`. Which server fails first as $\gamma$ shrinks, and why
+# does the one-solve form not care?
+# ```
+#
+# ````{solution} afl-deriv-ex-conditioning
+# :class: dropdown
+#
+# The recursive form: with $N_k=10<d$ every $C^r_k$ has condition number
+# $\approx\lambda_{\max}(C_k)/\gamma$, and it inverts each of them. The one-solve form never inverts
+# a single client's matrix; it solves once with $\sum_k C^r_k - K\gamma I = X^\top X$, whose
+# conditioning does not depend on $K$ or $\gamma$.
+# ````
+
+# %%
+selfcheck.afl_gamma_conditioning(fp, fp_tol["float64"])

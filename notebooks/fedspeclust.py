@@ -14,14 +14,15 @@
 # %% [markdown]
 # # Fed-SpeClust: federated spectral clustering from learned landmarks
 #
-# Algorithm 3 of "Federated t-SNE and UMAP for Distributed Data Visualization" (Qiao, Ma, Fan,
-# AAAI 2025) clusters data that stay on $P$ clients. The server first learns $n_y$ landmarks
+# Algorithm 3 of "Federated t-SNE and UMAP for Distributed Data Visualization" {cite:p}`qiao2025fedtsne`
+# (federated spectral clustering was earlier studied by the same group, {cite:t}`qiao2024fedsc`)
+# clusters data that stay on $P$ clients. The server first learns $n_y$ {term}`landmarks`
 # $Y$ with federated distribution learning (FedDL, Algorithm 1: federated gradient descent on an
-# unbiased MMD$^2$ between the landmarks and the clients' data). Each client $p$ then uploads its
+# unbiased {term}`MMD`$^2$ {eq}`fedtsne-eq-mmd` of the derivation chapter between the landmarks and the clients' data). Each client $p$ then uploads its
 # Gaussian kernel block $K_{X_p,Y}$ ($n_p\times n_y$). The server stacks
 # $C=[K_{X_1,Y};\dots;K_{X_P,Y}]$ and forms the Nyström estimate
 #
-# $$\hat K_{X,X}=C\,W^{+}C^\top,\qquad W=K_{Y,Y},$$
+# $$\hat K_{X,X}=C\,W^{+}C^\top,\qquad W=K_{Y,Y},$$ (fedsc-eq-nystrom)
 #
 # then runs ordinary spectral clustering on $\hat K$. The data-to-data block $K_{X,X}$ is never
 # observed. "Fed-SpeClust+" adds the **paper's heuristic noise (no formal DP guarantee; see the
@@ -64,7 +65,7 @@ derivation_dim = 5          # feature dimension of the synthetic exactness check
 derivation_points = 300
 threads = 1                 # BLAS and OpenMP threads; null keeps the library defaults
 
-# %%
+# %% tags=["hide-input"]
 import time
 
 import matplotlib.pyplot as plt
@@ -98,18 +99,24 @@ print(f"profile={profile}: datasets={datasets}, <= {max_points} points each, P={
 # symmetric function such as squared distances) on $[Y;X]$ in blocks:
 #
 # $$H=\begin{bmatrix}W & C^\top\\ C & Z\end{bmatrix},\qquad W=k(Y,Y)\in\mathbb R^{n_y\times n_y},\quad
-# C=k(X,Y)\in\mathbb R^{n\times n_y},\quad Z=k(X,X).$$
+# C=k(X,Y)\in\mathbb R^{n\times n_y},\quad Z=k(X,X).$$ (fedsc-eq-blocks)
 #
-# **Claim.** If $\operatorname{rank}H=\operatorname{rank}W$ then $Z=CW^{+}C^\top$ exactly. When $W$
+# ```{prf:lemma} When the Nyström estimate is exact
+# :label: fedsc-lemma-exact
+#
+# For $H$ of {eq}`fedsc-eq-blocks`: if $\operatorname{rank}H=\operatorname{rank}W$ then $Z=CW^{+}C^\top$ exactly. When $W$
 # is invertible (rank $n_y$), this is the same as $\operatorname{rank}H\le n_y$.
+# ```
 #
-# *Proof.* The top block row $[W,\ C^\top]$ contains $W$, so
+# ````{prf:proof}
+# The top block row $[W,\ C^\top]$ contains $W$, so
 # $\operatorname{rank}W\le\operatorname{rank}[W,\ C^\top]\le\operatorname{rank}H$. With equality at both
 # ends, the top rows already span the row space of $H$, so the bottom rows are combinations of
 # them: $[C,\ Z]=A\,[W,\ C^\top]$ for some $A$, i.e. $C=AW$ and $Z=AC^\top$. Then, with $W$
 # symmetric ($C^\top=WA^\top$) and $WW^{+}W=W$,
 #
-# $$CW^{+}C^\top=AWW^{+}WA^\top=AWA^\top=A\,C^\top=Z.\qquad\square$$
+# $$CW^{+}C^\top=AWW^{+}WA^\top=AWA^\top=A\,C^\top=Z.$$ (fedsc-eq-exact)
+# ````
 #
 # Nothing here needs $H$ to be positive semidefinite, so it covers squared distances too.
 #
@@ -129,7 +136,7 @@ print(f"profile={profile}: datasets={datasets}, <= {max_points} points each, P={
 # is explicit: $CW^{+}C^\top=G_X\Pi G_X^\top$ with $\Pi=G_Y^{+}G_Y$ the projector onto the span of the
 # landmarks' features, so
 #
-# $$K-\hat K=G_X(I-\Pi)G_X^\top\succeq0:$$
+# $$K-\hat K=G_X(I-\Pi)G_X^\top\succeq0:$$ (fedsc-eq-psd-error)
 #
 # the estimate never overshoots (in the PSD order; in particular $\hat K_{ii}\le1$) and is good
 # exactly when the landmarks' features span the data's. The Gaussian kernel's eigenvalues decay
@@ -137,7 +144,7 @@ print(f"profile={profile}: datasets={datasets}, <= {max_points} points each, P={
 #
 # The check below: $n$ synthetic points in $\mathbb R^m$, landmarks drawn one after another (nested
 # sets), relative Frobenius error $\|Z-CW^{+}C^\top\|_F/\|Z\|_F$ with `fedlib.papers.fedtsne.nystrom`, and
-# the ranks of $H$ and $W$.
+# the ranks of $H$ and $W$ ({prf:ref}`fedsc-lemma-exact`).
 
 # %%
 rng = np.random.default_rng(0)
@@ -496,42 +503,111 @@ print(f"total run time {time.perf_counter() - t_start:.0f} s (profile={profile})
 # %% [markdown]
 # ## Exercises
 #
-# 1. **Where the splits differ.** Non-IID Fed-SpeClust equals IID Fed-SpeClust here. Which FedDL
-#    option of `fedlib.papers.fedtsne.feddl` would make them differ, and why?
-# 2. **Rank and exactness.** For the linear kernel $k(x,y)=x^\top y$ on data in $\mathbb R^m$, from
-#    which $n_y$ is the Nyström estimate exact? And for $e^{-\gamma\|x-y\|^2}$ with $\gamma\to0$?
-# 3. **Kernel width.** Re-run with `gamma_rule="median"` (per-client medians). Which runs change, and
-#    does the centralized baseline still use the same $\gamma$ as the federated runs?
-# 4. **Noise.** Set `beta=4`. Predict which column of the table moves most, then check.
-# 5. **Reconstruction.** In section 6, how many landmarks would the server need to recover
-#    optdigits clients exactly? And MNIST clients?
-# 6. **Rounds.** Re-run the MNIST-5k runs with `rounds=200` and `rounds=500`. Does the gap to the
-#    centralized NMI close, and does FedDL catch up with the uniform-sample oracle?
+# Re-run with `python -m fedlib.runner fedspeclust ...`. The self-check line under an exercise
+# compares this run's measurement with the prediction (`fedlib.evaluation.selfcheck`).
 #
-# ```{admonition} Solutions
-# :class: dropdown
-# 1. `mode="average"` with `local_steps` > 1 (client drift: each client takes several steps towards
-#    its own data before averaging), or `weights="uniform"` with unequal client sizes (then the
-#    averaged gradient is no longer the pooled one). With `mode="gradient"` and size weights the
-#    update is the pooled gradient for every split.
-# 2. The linear kernel matrix of $[Y;X]$ is $[Y;X][Y;X]^\top$, rank $\le m$: exact from $m$ landmarks
-#    in general position. For the Gaussian, $e^{-\gamma\|x-y\|^2}=1-\gamma\|x-y\|^2+O(\gamma^2)$: as
-#    $\gamma\to0$ the kernel tends to a constant plus a rank-$(m+2)$ term, so the error with $n_y\ge m+3$
-#    landmarks vanishes like $\gamma^2$; for any fixed $\gamma>0$ it is never exactly 0.
-# 3. Under label skew the within-client medians are smaller than the pooled one, so FedDL's
-#    $\gamma$ is larger for the non-IID split than for the IID split. The pipeline's centralized
-#    baseline with `parts=None` uses the pooled median, so the section 3 assertion that all runs
-#    share one $\gamma$ fails: that is why this chapter uses the split-invariant moments rule.
-# 4. The noise sd is $\beta$ times each client's gradient sd; it is largest for non-IID clients,
-#    so "Fed+ non-IID" moves most: its kernel error grows and its NMI/ARI fall (at $\beta=1$ the
-#    averaging over 10 clients and the contraction of gradient descent keep the effect small).
-# 5. $n_y\ge m+1$ landmarks whose differences span $\mathbb R^m$: 65 for optdigits ($m=64$), 785 for
-#    MNIST ($m=784$). With fewer, the server still gets the projection onto an $(n_y-1)$-dimensional
-#    affine subspace fitted to the data (printed relative error for the study's dataset).
-# 6. Run it and compare the printed kernel errors and NMI with the default run. While $F$ is still
-#    falling (the printed share of the last 10 % of the rounds is above the benchmark chapter's 1 %),
-#    the kernel error keeps dropping and the NMI gap to the centralized run narrows: much of the
-#    gap is optimisation, not federation, at the step $1/L$ of the data-free Lipschitz bound. Compare
-#    also with the uniform-sample oracle at the same $n_y$: MMD-fitted landmarks match the data's
-#    distribution, which is not the same as spanning the kernel's top eigenvectors.
+# ```{exercise} Where the splits differ
+# :label: fedsc-ex-splits
+#
+# Non-IID Fed-SpeClust equals IID Fed-SpeClust here. Which FedDL option of
+# `fedlib.papers.fedtsne.feddl` would make them differ, and why? (No self-check: a question about
+# the code.)
 # ```
+#
+# ````{solution} fedsc-ex-splits
+# :class: dropdown
+#
+# `mode="average"` with `local_steps` > 1 (client drift: each client takes several steps towards its
+# own data before averaging), or `weights="uniform"` with unequal client sizes (then the averaged
+# gradient is no longer the pooled one). With `mode="gradient"` and size weights the update is the
+# pooled gradient for every split.
+# ````
+#
+# ```{exercise} Rank and exactness
+# :label: fedsc-ex-rank
+#
+# For the linear kernel $k(x,y)=x^\top y$ on data in $\mathbb R^m$, from which $n_y$ is the Nyström
+# estimate exact? And for $e^{-\gamma\|x-y\|^2}$ with $\gamma\to0$? Use
+# {prf:ref}`fedsc-lemma-exact`. (No self-check: a derivation.)
+# ```
+#
+# ````{solution} fedsc-ex-rank
+# :class: dropdown
+#
+# The linear kernel matrix of $[Y;X]$ is $[Y;X][Y;X]^\top$, rank $\le m$: exact from $m$ landmarks
+# in general position. For the Gaussian, $e^{-\gamma\|x-y\|^2}=1-\gamma\|x-y\|^2+O(\gamma^2)$: as
+# $\gamma\to0$ the kernel tends to a constant plus a rank-$(m+2)$ term, so the error with $n_y\ge m+3$
+# landmarks vanishes like $\gamma^2$; for any fixed $\gamma>0$ it is never exactly 0.
+# ````
+#
+# ```{exercise} Kernel width
+# :label: fedsc-ex-width
+#
+# Re-run with `gamma_rule="median"` (per-client medians). Which runs change, and does the
+# centralized baseline still use the same $\gamma$ as the federated runs? (No self-check: compare
+# the printed kernel widths.)
+# ```
+#
+# ````{solution} fedsc-ex-width
+# :class: dropdown
+#
+# Under label skew the within-client medians are smaller than the pooled one, so FedDL's $\gamma$ is
+# larger for the non-IID split than for the IID split. The pipeline's centralized baseline with
+# `parts=None` uses the pooled median, so the section 3 assertion that all runs share one $\gamma$
+# fails: that is why this chapter uses the split-invariant moments rule.
+# ````
+#
+# ```{exercise} Noise
+# :label: fedsc-ex-noise
+#
+# Set `beta=4`. Predict which column of the table moves most, then check. (No self-check: compare
+# the table with the default run's.)
+# ```
+#
+# ````{solution} fedsc-ex-noise
+# :class: dropdown
+#
+# The noise sd is $\beta$ times each client's gradient sd; it is largest for non-IID clients, so
+# "Fed+ non-IID" moves most: its kernel error grows and its NMI/ARI fall (at $\beta=1$ the averaging
+# over 10 clients and the contraction of gradient descent keep the effect small).
+# ````
+#
+# ```{exercise} Reconstruction
+# :label: fedsc-ex-reconstruction
+#
+# In section 6, how many landmarks would the server need to recover optdigits clients exactly? And
+# MNIST clients? Then change the landmark study's largest $n_y$ and re-run section 6.
+# ```
+#
+# ````{solution} fedsc-ex-reconstruction
+# :class: dropdown
+#
+# $n_y\ge m+1$ landmarks whose differences span $\mathbb R^m$: 65 for optdigits ($m=64$), 785 for
+# MNIST ($m=784$). With fewer, the server still gets the projection onto an $(n_y-1)$-dimensional
+# affine subspace fitted to the data (printed relative error for the study's dataset).
+# ````
+
+# %%
+from fedlib.evaluation import selfcheck
+
+selfcheck.fedtsne_reconstruction(X_rec, X_proj, Xp, span_dim)
+
+# %% [markdown]
+# ```{exercise} Rounds
+# :label: fedsc-ex-rounds
+#
+# Re-run the MNIST-5k runs with `rounds=200` and `rounds=500`. Does the gap to the centralized NMI
+# close, and does FedDL catch up with the uniform-sample oracle? (No self-check: compare the printed
+# errors and NMI.)
+# ```
+#
+# ````{solution} fedsc-ex-rounds
+# :class: dropdown
+#
+# Run it and compare the printed kernel errors and NMI with the default run. While $F$ is still
+# falling (the printed share of the last 10 % of the rounds is above the benchmark chapter's 1 %),
+# the kernel error keeps dropping and the NMI gap to the centralized run narrows: much of the gap is
+# optimisation, not federation, at the step $1/L$ of the data-free Lipschitz bound. Compare also
+# with the uniform-sample oracle at the same $n_y$: MMD-fitted landmarks match the data's
+# distribution, which is not the same as spanning the kernel's top eigenvectors.
+# ````

@@ -14,11 +14,13 @@
 # %% [markdown]
 # # Fed-tSNE and Fed-UMAP: visualization benchmark
 #
-# The experiments of Qiao, Ma and Fan (AAAI 2025), Sec. 6.1 and App. A: $P=10$ clients hold the
+# The experiments of {cite:t}`qiao2025fedtsne`, Sec. 6.1 and App. A: $P=10$ clients ({term}`number of clients`) hold the
 # data, IID (a random split) or non-IID (one class per client, "the hardest setting"). The server
-# learns $n_y$ landmarks by federated distribution learning (FedDL, Algorithm 1), every client
-# uploads its squared distances to the landmarks, and the server runs t-SNE or UMAP on the Nyström
-# estimate of the global distance matrix (Algorithm 2). The columns of every table:
+# learns $n_y$ {term}`landmarks` by federated distribution learning (FedDL, Algorithm 1, the descent on
+# {eq}`fedtsne-eq-mmd` of the derivation chapter), every client
+# uploads its squared distances to the landmarks, and the server runs t-SNE {cite:p}`vandermaaten2008tsne` or UMAP
+# {cite:p}`mcinnes2018umap` on the Nyström
+# estimate {eq}`fedtsne-eq-nystrom` of the global distance matrix (Algorithm 2). The columns of every table:
 #
 # * **central**: t-SNE / UMAP on the exact pooled distances (the paper's only baseline);
 # * **untrained**: the same pipeline with FedDL's *initial* landmarks $Y^0$, no training at all
@@ -87,7 +89,7 @@ landmark_variants = ["Fed"]
 scatter_points = 1000      # points drawn per scatter panel
 num_threads = 2
 
-# %%
+# %% tags=["hide-input"]
 import os
 
 # OpenMP threads that wait passively: sklearn's t-SNE and k-means and numba's UMAP otherwise spin
@@ -122,7 +124,7 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 T_START = time.perf_counter()
 timings = {}
 
-# %%
+# %% tags=["hide-input"]
 METHOD_NAMES, FED_NAMES = ft.METHOD_NAMES, ft.FED_NAMES
 
 SPLIT_NAMES = ft.SPLIT_LABELS
@@ -148,7 +150,7 @@ if len(seeds) < 5:
 # Table 3 with $k=5$: classes $\{0,1\},\{2,3\},\dots$). The seeds change the client split, the
 # landmark initialization, FedDL's noise, the t-SNE / UMAP initialization, the CA split and k-means.
 
-# %%
+# %% tags=["hide-input"]
 t0 = time.perf_counter()
 data = {name: ft.load_points(name, n_points[name], seed=0) for name in datasets}
 # checks that need the data, still before the long work
@@ -359,6 +361,22 @@ PAPER_TABLES = {"mnist5k": (paper_results.fedtsne_table1, "paper Table 1: MNIST,
 for title, table in ft.metric_tables(results, data, seeds, METRICS, ROW_ORDER, SETTING_ORDER, PAPER_TABLES).values():
     print(title)
     display(table)
+
+# %% [markdown]
+# The tables' headline metric (CA 10-NN, the one section 8 reads) as a figure: mean over seeds,
+# bars = sample standard deviation, one colour per embedding, one panel per dataset.
+
+# %%
+fig_metric = "CA 10-NN" if "CA 10-NN" in METRICS else METRICS[0]
+fig_df = results.assign(setting=results["variant"] + " " + results["split"])
+g = sns.catplot(data=fig_df, x="setting", y=fig_metric, hue="embedding", col="dataset", kind="point", errorbar="sd",
+                dodge=0.3 if fig_df["embedding"].nunique() > 1 else False, linestyle="none", capsize=0.15,
+                order=[f"{v} {s}" for v, s in SETTING_ORDER], height=3.4, aspect=1.5)
+g.set_axis_labels("setting (variant, split)", f"{fig_metric} (fraction)")
+for ax in g.axes.flat:
+    plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
+g.figure.suptitle(f"{fig_metric}: mean ± sample std over {len(seeds)} seeds", y=1.03)
+plt.show()
 
 # %% [markdown]
 # ### Paired differences
@@ -626,29 +644,64 @@ display(pd.Series(timings, name="seconds").to_frame().style.format("{:.0f}"))
 # %% [markdown]
 # ## Exercises
 #
-# 1. **Too few rounds.** Run `python -m fedlib.runner fedtsne_benchmark rounds=10`. Compare the
-#    "Fed" and "untrained" columns with those of the default run. What do 10 rounds of FedDL measure?
-# 2. **Plain distances.** In the landmark sweep, compare the plain-distance estimate with the
-#    squared one. Why can $B W^{+} B^\top$ on squared distances be exact while on plain distances it
-#    cannot?
-# 3. **Stronger noise.** Run with `datasets=[optdigits] sweep_dataset=optdigits beta=20`, then again
-#    with `n_landmarks=40`. Why can the noise not change the federated columns in the first run, and
-#    what changes in the second?
+# Re-run with `python -m fedlib.runner fedtsne_benchmark ...` (see *Reproducing and re-running*).
+# The self-check line under an exercise compares this run's measurement with the prediction
+# (`fedlib.evaluation.selfcheck`).
 #
-# ```{admonition} Solutions
-# :class: dropdown
-# 1. After 10 rounds the landmarks have moved only a small part of the way they move until the
-#    plateau (Sec. 2, right panel), so the "Fed" columns sit close to the "untrained" ones: they
-#    measure the random initialization more than FedDL. The paired "Fed IID - untrained" rows
-#    shrink towards 0.
-# 2. Squared Euclidean distances are $\lVert x\rVert^2-2x^\top y+\lVert y\rVert^2$: the matrix
-#    over all points and landmarks has rank at most $m+2$, and a Nyström estimate from columns that
-#    span the whole range reproduces a low-rank matrix exactly. Plain distances are square roots of
-#    those entries; the square root destroys the low rank, so no finite set of landmarks makes the
-#    estimate exact.
-# 3. optdigits has $m=64$, so 200 landmarks are more than $m+2$: the squared-distance estimate is
-#    exact for any landmarks in general position, noisy or not (and so are the untrained ones), and
-#    the federated columns equal the centralized ones up to t-SNE / UMAP randomness. With 40
-#    landmarks the estimate depends on where they are: noise that pushes them away from the data
-#    lowers the 10-NN overlap of $\hat D$, and the neighbour metrics follow it.
+# ```{exercise} Too few rounds
+# :label: fedtsne-bench-ex-rounds
+#
+# Run `python -m fedlib.runner fedtsne_benchmark rounds=10`. Compare the "Fed" and "untrained"
+# columns with those of the default run. What do 10 rounds of FedDL measure? (No self-check: compare
+# the two tables.)
 # ```
+#
+# ````{solution} fedtsne-bench-ex-rounds
+# :class: dropdown
+#
+# After 10 rounds the landmarks have moved only a small part of the way they move until the plateau
+# (Sec. 2, right panel), so the "Fed" columns sit close to the "untrained" ones: they measure the
+# random initialization more than FedDL. The paired "Fed IID - untrained" rows shrink towards 0.
+# ````
+#
+# ```{exercise} Plain distances
+# :label: fedtsne-bench-ex-plain
+#
+# In the landmark sweep, compare the plain-distance estimate with the squared one. Why can $B W^{+} B^\top$
+# on squared distances be exact while on plain distances it cannot? See
+# {prf:ref}`fedtsne-prop-nystrom`.
+# ```
+#
+# ````{solution} fedtsne-bench-ex-plain
+# :class: dropdown
+#
+# Squared Euclidean distances are $\lVert x\rVert^2-2x^\top y+\lVert y\rVert^2$: the matrix over all
+# points and landmarks has rank at most $m+2$, and a Nyström estimate from columns that span the
+# whole range reproduces a low-rank matrix exactly. Plain distances are square roots of those
+# entries; the square root destroys the low rank, so no finite set of landmarks makes the estimate
+# exact.
+# ````
+
+# %%
+from fedlib.evaluation import selfcheck
+
+selfcheck.fedtsne_plain_vs_squared(quality_df, m_dim)
+
+# %% [markdown]
+# ```{exercise} Stronger noise
+# :label: fedtsne-bench-ex-noise
+#
+# Run with `datasets=[optdigits] sweep_dataset=optdigits beta=20`, then again with `n_landmarks=40`.
+# Why can the noise not change the federated columns in the first run, and what changes in the
+# second? (No self-check: compare the federated columns of the two runs.)
+# ```
+#
+# ````{solution} fedtsne-bench-ex-noise
+# :class: dropdown
+#
+# optdigits has $m=64$, so 200 landmarks are more than $m+2$: the squared-distance estimate is exact
+# for any landmarks in general position, noisy or not (and so are the untrained ones), and the
+# federated columns equal the centralized ones up to t-SNE / UMAP randomness. With 40 landmarks the
+# estimate depends on where they are: noise that pushes them away from the data lowers the 10-NN
+# overlap of $\hat D$, and the neighbour metrics follow it.
+# ````

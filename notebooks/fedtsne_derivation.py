@@ -14,12 +14,13 @@
 # %% [markdown]
 # # Fed-tSNE / Fed-UMAP: deriving FedDL and the Nyström step, and checking them
 #
-# *Federated t-SNE and UMAP for Distributed Data Visualization* (Qiao, Ma, Fan, AAAI 2025) lets a
+# *Federated t-SNE and UMAP for Distributed Data Visualization* {cite:p}`qiao2025fedtsne` lets a
 # server embed the union of the clients' data without seeing it. The server learns $n_y$
-# **landmarks** $Y$ that match the data distribution (**FedDL**, Algorithm 1: federated descent on
-# an MMD), each client uploads the distances from its points to the landmarks, and the server
-# completes the $n\times n$ distance matrix by the **Nyström** method before running ordinary t-SNE
-# or UMAP (Algorithm 2). The "+" variants add Gaussian noise for differential privacy.
+# {term}`landmarks` $Y$ that match the data distribution (**FedDL**, Algorithm 1: federated descent on
+# an {term}`MMD` {cite:p}`gretton2012mmd`), each client uploads the distances from its points to the landmarks, and the server
+# completes the $n\times n$ distance matrix by the {term}`Nyström <Nyström estimate>` method {cite:p}`williams2001nystrom` before running ordinary t-SNE
+# {cite:p}`vandermaaten2008tsne` or UMAP {cite:p}`mcinnes2018umap` (Algorithm 2). The "+" variants add Gaussian noise for differential privacy
+# {cite:p}`dwork2014dp`.
 #
 # This chapter derives each step and checks it numerically: the objective and its gradient, the
 # identity that makes federated descent equal to pooled descent, when the Nyström estimate is exact,
@@ -40,7 +41,7 @@ epsilons = [0.5, 1.0, 4.0, 16.0]
 delta = 1e-5
 seed = 0
 
-# %%
+# %% tags=["hide-input"]
 import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
@@ -62,11 +63,11 @@ print(f"profile={profile}: optdigits {n} points in R^{m}, {num_clients} clients,
 # %% [markdown]
 # ## 1. The objective: an unbiased MMD² between a client's data and the landmarks
 #
-# With the Gaussian kernel $k(x,y)=e^{-\gamma\lVert x-y\rVert^2}$, client $p$ holding $X_p$
+# With the Gaussian kernel $k(x,y)=e^{-\gamma\lVert x-y\rVert^2}$ ({term}`kernel width` $\gamma$), client $p$ holding $X_p$
 # ($n_p\times m$) evaluates (Eq. 10)
 #
 # $$f_p(Y)=\frac{\mathbf 1^\top K_{XX}\mathbf 1-n_p}{n_p(n_p-1)}-\frac{2\,\mathbf 1^\top K_{XY}\mathbf 1}{n_pn_y}
-#          +\frac{\mathbf 1^\top K_{YY}\mathbf 1-n_y}{n_y(n_y-1)},$$
+#          +\frac{\mathbf 1^\top K_{YY}\mathbf 1-n_y}{n_y(n_y-1)},$$ (fedtsne-eq-mmd)
 #
 # the U-statistic estimate of $\mathrm{MMD}^2(P_X,P_Y)$: unbiased, because the diagonal terms
 # $k(x,x)=1$ are removed. For two Gaussians $\mathcal N(\mu_i,s_i^2I_m)$,
@@ -77,7 +78,10 @@ print(f"profile={profile}: optdigits {n} points in R^{m}, {num_clients} clients,
 # Differentiating the two terms that depend on $Y$ (row $j$ is landmark $y_j$) gives Eq. 13:
 #
 # $$\nabla_Y f_p=-\frac{4\gamma}{n_pn_y}\big[K_{XY}^\top X_p-\mathrm{diag}(\mathbf 1^\top K_{XY})Y\big]
-#   +\frac{4\gamma}{n_y(n_y-1)}\big[K_{YY}Y-\mathrm{diag}(\mathbf 1^\top K_{YY})Y\big].$$
+#   +\frac{4\gamma}{n_y(n_y-1)}\big[K_{YY}Y-\mathrm{diag}(\mathbf 1^\top K_{YY})Y\big].$$ (fedtsne-eq-grad)
+#
+# The next cell checks that the mean of {eq}`fedtsne-eq-mmd` is the exact MMD² (`ft.mmd_unbiasedness`) and
+# {eq}`fedtsne-eq-grad` against finite differences (`ft.gradient_fd_error`).
 
 # %%
 mc = ft.mmd_unbiasedness(rng, mc_reps, dim=3, gamma=0.5, shift=0.7)   # V-statistic: diagonal kept, biased
@@ -98,7 +102,7 @@ assert grad_err < 1e-7
 # client's points. So with weights $\omega_p=n_p/n$,
 #
 # $$\sum_p\omega_p\nabla f_p(Y)=-\frac{4\gamma}{n\,n_y}\big[K_{XY}^\top X-\mathrm{diag}(\mathbf 1^\top K_{XY})Y\big]+(\text{same }Y\text{ term})
-#   =\nabla_Y\,\mathrm{MMD}_u^2(X_{\text{pooled}},Y)$$
+#   =\nabla_Y\,\mathrm{MMD}_u^2(X_{\text{pooled}},Y)$$ (fedtsne-eq-pooled)
 #
 # up to the $XX$ term, which does not depend on $Y$. Hence FedDL in gradient mode (Eq. 16) **is**
 # gradient descent on the pooled data, for any split: IID and one-class-per-client clients give the
@@ -168,13 +172,29 @@ claims.register(
 # ## 3. The Nyström step: exact for squared distances, given enough landmarks
 #
 # The server holds $B=D^{(2)}_{X,Y}$ (the uploads, $n\times n_y$) and $W=D^{(2)}_{Y,Y}$ and forms
-# $\hat D^{(2)}=BW^{+}B^\top$ (Eq. 19). For **squared** Euclidean distances the full matrix on
+#
+# $$\hat D^{(2)}=BW^{+}B^\top\qquad\text{(the paper's Eq. 19).}$$ (fedtsne-eq-nystrom)
+#
+# For **squared** Euclidean distances the full matrix on
 # $[X;Y]$ is $D^{(2)}=\mathbf r\mathbf 1^\top+\mathbf 1\mathbf r^\top-2ZZ^\top$ ($\mathbf r$ the squared
 # norms, $Z$ the stacked points): rank at most $m+2$. If $W$ already has that rank (generic for
 # $n_y\ge m+2$ landmarks in general position), the column space of $D^{(2)}$ is spanned by the
 # landmark columns and the Nyström formula is **exact**, whatever the landmarks. Plain distances
 # have no such low-rank structure. The paper does not say which it means; we use squared distances,
 # clip at 0 and take the square root before t-SNE/UMAP.
+#
+# ```{prf:proposition} Exact Nyström estimate of squared distances (our statement)
+# :label: fedtsne-prop-nystrom
+#
+# If the points lie in an affine subspace of dimension $r$ and the landmark block $W=D^{(2)}_{Y,Y}$ has rank
+# equal to that of the full $D^{(2)}$ on points and landmarks (at most $r+2$; generic for $n_y\ge r+2$ landmarks in general position in that subspace),
+# then {eq}`fedtsne-eq-nystrom` equals the true squared-distance matrix.
+# ```
+#
+# ```{prf:proof}
+# $D^{(2)}$ is the low-rank matrix $\mathbf r\mathbf 1^\top+\mathbf 1\mathbf r^\top-2ZZ^\top$ of rank at most $r+2$;
+# a Nyström estimate $BW^+B^\top$ reproduces any matrix whose rank equals that of its landmark block $W$.
+# ```
 
 # %%
 small_m = 5
@@ -289,7 +309,7 @@ for name in parts:
 # $\frac{8\gamma}{n_pn_y\sqrt{2e\gamma}}$, so for **any** data and landmarks
 #
 # $$\Delta_K=\frac{8\sqrt\gamma}{\sqrt{2e}\,n_p\sqrt{n_y}}=\frac{4}{n_p\sqrt{n_y}}\sqrt{\frac{2\gamma}{e}},
-#   \qquad \frac{\Delta_6}{\Delta_K}=\sqrt{2e\gamma}\,\tau_X\{1+2\gamma(\tau_X+\tau_Y)(\tau_X+\Upsilon)\}.$$
+#   \qquad \frac{\Delta_6}{\Delta_K}=\sqrt{2e\gamma}\,\tau_X\{1+2\gamma(\tau_X+\tau_Y)(\tau_X+\Upsilon)\}.$$ (fedtsne-eq-sensitivity)
 #
 # No clipping, no projection; $\gamma$ must be public (fixed, or from public data) and $Y^0$ data-free,
 # otherwise their set-up uploads (the median heuristic, the pooled moments) are releases too. The
@@ -452,23 +472,58 @@ plt.show()
 # %% [markdown]
 # ## Exercises
 #
-# 1. **Weights.** Re-run section 2 with `num_clients = 3`. Is the $1/P$ error larger or smaller than
-#    with 10 clients? Why?
-# 2. **Landmarks for exactness.** Optdigits has 64 features but many are always 0 (the border
-#    pixels). Predict from that how many landmarks really suffice for an exact $\hat D$, and check it
-#    with `landmark_grid`.
-# 3. **Privacy budget.** With $\delta=10^{-5}$ and the kernel sensitivity, which $\varepsilon$ makes the
-#    gradient noise equal to the gradient's own standard deviation? Solve with `fedtsne.dp_noise_sd`
-#    (PLD accountant) by bisection.
+# Re-run with `make run NB=fedtsne_derivation ARGS="..."`. The self-check line under an exercise
+# compares this run's measurement with the prediction (`fedlib.evaluation.selfcheck`).
 #
-# ```{admonition} Solutions
-# :class: dropdown
-# 1. With one class per client the client sizes are the class counts; $1/P$ weighting gives each class
-#    the same weight regardless of its size. The error depends on how unequal the sizes are, not
-#    directly on $P$; with IID splits of equal size both weightings coincide.
-# 2. The data lie in the affine span of the pixels that vary; if $r$ pixels are never non-zero, the
-#    squared-distance matrix has rank at most $(64-r)+2$, and that many landmarks in general position
-#    (within the data's span) make the estimate exact.
-# 3. The calibrated $\sigma(\varepsilon)=z(\varepsilon,\delta,S)\,\Delta_K$ decreases in $\varepsilon$; bisect
-#    $\sigma(\varepsilon)=\mathrm{sd}(\nabla f_p)$ on a log scale (`g_ref.std()` in section 4).
+# ```{exercise} Weights
+# :label: fedtsne-deriv-ex-weights
+#
+# Re-run section 2 with `num_clients = 3`. Is the $1/P$ error larger or smaller than with 10
+# clients? Why? Use {eq}`fedtsne-eq-pooled`. (No self-check: compare the printed errors.)
 # ```
+#
+# ````{solution} fedtsne-deriv-ex-weights
+# :class: dropdown
+#
+# With one class per client the client sizes are the class counts; $1/P$ weighting gives each class
+# the same weight regardless of its size. The error depends on how unequal the sizes are, not
+# directly on $P$; with IID splits of equal size both weightings coincide.
+# ````
+#
+# ```{exercise} Landmarks for exactness
+# :label: fedtsne-deriv-ex-landmarks
+#
+# Optdigits has 64 features but many are always 0 (the border pixels). Predict from that how many
+# landmarks really suffice for an exact $\hat D$, and check it with `landmark_grid`. See
+# {prf:ref}`fedtsne-prop-nystrom`.
+# ```
+#
+# ````{solution} fedtsne-deriv-ex-landmarks
+# :class: dropdown
+#
+# The data lie in the affine span of the pixels that vary; if $r$ pixels are never non-zero, the
+# squared-distance matrix has rank at most $(64-r)+2$, and that many landmarks in general position
+# (within the data's span) make the estimate exact.
+# ````
+
+# %%
+from fedlib.evaluation import selfcheck
+
+selfcheck.fedtsne_exact_landmarks(sweep, X)
+
+# %% [markdown]
+# ```{exercise} Privacy budget
+# :label: fedtsne-deriv-ex-budget
+#
+# With $\delta=10^{-5}$ and the kernel sensitivity, which $\varepsilon$ makes the gradient noise
+# equal to the gradient's own standard deviation? Solve with `fedtsne.dp_noise_sd` (PLD accountant)
+# by bisection. The sensitivity is {eq}`fedtsne-eq-sensitivity`. (No self-check: the bisection is
+# the exercise.)
+# ```
+#
+# ````{solution} fedtsne-deriv-ex-budget
+# :class: dropdown
+#
+# The calibrated $\sigma(\varepsilon)=z(\varepsilon,\delta,S)\,\Delta_K$ decreases in $\varepsilon$;
+# bisect $\sigma(\varepsilon)=\mathrm{sd}(\nabla f_p)$ on a log scale (`g_ref.std()` in section 4).
+# ````

@@ -14,17 +14,17 @@
 # %% [markdown]
 # # Fed-tSNE+ / Fed-UMAP+: what privacy costs, and what it buys
 #
-# The "+" variants of *Federated t-SNE and UMAP* (Qiao, Ma, Fan, AAAI 2025) add Gaussian noise for
-# $(\varepsilon,\delta)$-differential privacy, either to the data once (**data perturbation**, Theorem 4)
+# The "+" variants of *Federated t-SNE and UMAP* {cite:p}`qiao2025fedtsne` add Gaussian noise for
+# $(\varepsilon,\delta)$-differential privacy {cite:p}`dwork2014dp`, either to the data once (**data perturbation**, Theorem 4)
 # or to every gradient of FedDL (**gradient perturbation**, Theorem 6). The paper's experiments used
-# neither calibration: they added noise with standard deviation $\beta\cdot\mathrm{sd}(\nabla f_p)$,
+# neither calibration: they added noise with standard deviation $\beta\cdot\mathrm{sd}(\nabla f_p)$ ($\beta$ a {term}`noise multiplier`),
 # $\beta=1$, which is computed from the data and carries no $\varepsilon$.
 #
 # This chapter measures utility against the privacy actually spent, for both mechanisms and both
 # methods, and reproduces the paper's $\beta$ sweep (its Figure 7). How each noise is calibrated is
 # derived in the derivation chapter (Sec. 4): rows clipped to a public $\tau_X$ and the analytic
 # Gaussian mechanism for data perturbation; the data-free sensitivity
-# $\Delta_K=4\sqrt{2\gamma/e}/(n_p\sqrt{n_y})$ and the PLD accountant of `dp-accounting` for gradient
+# $\Delta_K=4\sqrt{2\gamma/e}/(n_p\sqrt{n_y})$ (eq. {eq}`fedtsne-eq-sensitivity` of the derivation chapter) and the PLD accountant of `dp-accounting` for gradient
 # perturbation. Every release that touches client data is either noised and counted or computed from
 # public information:
 #
@@ -54,7 +54,7 @@ seeds = [0, 1, 2, 3, 4]
 tsne_max_iter = 400
 seed = 0                   # data subset and partition (fixed; the seeds above vary noise and embedding)
 
-# %%
+# %% tags=["hide-input"]
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -239,16 +239,33 @@ display(Markdown("\n".join(lines)))
 # %% [markdown]
 # ## Exercises
 #
-# 1. Set `n_landmarks = 70` and re-run: what happens to the gradient-perturbation curve, and why?
-# 2. Replace `accountant = "pld"` by `"rdp"`: how much more noise does the RDP bound ask for at
-#    $\varepsilon=1$ and 30 rounds (`privacy.calibrate_noise_multiplier`)?
+# ```{exercise}
+# :label: fedtsne-priv-ex-landmarks
 #
-# ```{admonition} Solutions
-# :class: dropdown
-# 1. With $n_y\ge m+2$ the Nyström estimate is exact for any landmarks in general position, so the
-#    curve becomes flat at the no-noise level: the noise no longer matters for utility, and section 4
-#    shows it no longer matters for privacy either.
-# 2. RDP is an upper bound on the privacy loss, looser than PLD, so it asks for more noise for the
-#    same target: compare `privacy.calibrate_noise_multiplier(1.0, delta, rounds, "rdp")` with the
-#    `"pld"` value.
+# Set `n_landmarks = 70` and re-run: what happens to the gradient-perturbation curve, and why? See
+# {prf:ref}`fedtsne-prop-nystrom`. (No self-check: compare the curve with the default run's.)
 # ```
+#
+# ````{solution} fedtsne-priv-ex-landmarks
+# :class: dropdown
+#
+# With $n_y\ge m+2$ the Nyström estimate is exact for any landmarks in general position, so the
+# curve becomes flat at the no-noise level: the noise no longer matters for utility, and section 4
+# shows it no longer matters for privacy either.
+# ````
+#
+# ```{exercise}
+# :label: fedtsne-priv-ex-accountant
+#
+# Replace `accountant = "pld"` by `"rdp"`: how much more noise does the RDP bound ask for at
+# $\varepsilon=1$ and 30 rounds (`privacy.calibrate_noise_multiplier`)? Check your two numbers with
+# `selfcheck.fedtsne_accountants(sigma_rdp, sigma_pld)` (`from fedlib.evaluation import selfcheck`).
+# ```
+#
+# ````{solution} fedtsne-priv-ex-accountant
+# :class: dropdown
+#
+# RDP is an upper bound on the privacy loss, looser than PLD, so it asks for more noise for the same
+# target: compare `privacy.calibrate_noise_multiplier(1.0, delta, rounds, "rdp")` with the `"pld"`
+# value.
+# ````

@@ -14,13 +14,13 @@
 # %% [markdown]
 # # Re-Fed: replay selection in federated incremental learning, benchmarked
 #
-# Re-Fed (Li et al., CVPR 2024) keeps a per-client replay cache under a storage budget $M$. When a
-# task ends, every client trains a throw-away *personalised informative model* (PIM) from the
-# global model with a proximal pull of weight $q(\lambda)=(1-\lambda)/(2\lambda)$, records every
+# Re-Fed {cite:p}`li2024refed` keeps a per-client replay cache under a storage budget $M$ ({term}`memory budget`). When a
+# task ends, every client trains a throw-away *personalised informative model* ({term}`PIM`) from the
+# global model with a proximal pull of weight $q(\lambda)=(1-\lambda)/(2\lambda)$ ({eq}`refed-eq-pim` of the theory chapter), records every
 # sample's squared gradient norm $G^p$ at every PIM epoch $p$, and caches the samples with the
 # largest early-emphasis score $I=\sum_p G^p/p$. Training is then plain FedAvg on cache $\cup$ new
-# task. The implementation and the decisions the paper leaves open ([D1]-[D21]) are in
-# `fedlib.papers.refed`; the theory chapter checks Lemma 1 and Theorem 3.1.
+# task ({cite:t}`mcmahan2017fedavg`). The implementation and the decisions the paper leaves open ([D1]-[D21]) are in
+# `fedlib.papers.refed`; the theory chapter checks {prf:ref}`refed-lemma-1` and {prf:ref}`refed-thm-3-1`.
 #
 # This chapter runs the paper's two protocols on data that installs offline:
 #
@@ -30,7 +30,7 @@
 #   (`fedlib.data.domains.digit_domains`: plain MNIST, rotated MNIST, optdigits resized, inverted MNIST)
 #   standing in for Digit10 (MNIST, EMNIST, USPS, SVHN), run by the same runner.
 #
-# K clients, a fraction of them per round, a Dirichlet($\alpha$) label skew redrawn for every task.
+# K clients, a fraction of them per round, a Dirichlet($\alpha$) label skew ({term}`Dirichlet concentration`) redrawn for every task.
 # Accuracy after each stage is measured on the test data of every task (domain) seen so far;
 # $A_T$ is the final accuracy averaged over tasks, $A_{avg}$ the average over stages of the
 # accuracy on the tasks seen (the paper's "Avg"), $F_T$ the average forgetting (not in the paper).
@@ -102,7 +102,7 @@ weightings = ["early", "late"]   # Table 10; early is Re-Fed itself
 exact_check = True         # rank agreement of exact and last-layer gradient norms on one pool
 num_threads = 1
 
-# %%
+# %% tags=["hide-input"]
 import time
 from functools import partial
 
@@ -135,7 +135,7 @@ specs.check("refed_benchmark", globals())   # the runner ran the same checks bef
 sns.set_theme(style="whitegrid")
 torch.set_num_threads(num_threads)
 
-# %%
+# %% tags=["hide-input"]
 ds = load_dataset(dataset).at_most(n_train, n_test)
 SCEN = {"class": make_scenario(f"class-incremental / {dataset}", ds.x_train, ds.y_train, ds.x_test, ds.y_test,
                                partial(make_stream, ds.y_train, ds.y_test, num_tasks), alpha=alpha, lr=lr, memory=memory,
@@ -240,6 +240,19 @@ first = first_task_accuracies(run, SCEN_METHODS, seeds, same_first)   # {(scenar
 assert all(len(set(acc.values())) == 1 for acc in first.values()), first
 print("Checked: on task 1, " + ", ".join(m for m in same_first if m in methods + methods_domain)
       + " reach identical accuracy for every seed and scenario (no cache yet), as in the paper's Tables 5-9.")
+
+# %% [markdown]
+# The table's $A_T$ column as a figure: mean over seeds, bars = sample standard deviation, one panel
+# per scenario.
+
+# %%
+g = sns.catplot(data=main, x="method", y="A_T", col="scenario", kind="point", errorbar="sd", linestyle="none",
+                capsize=0.15, height=3.6, aspect=1.5, sharey=False, sharex=False)
+g.set_axis_labels("method", "final accuracy A_T (%)")
+for ax in g.axes.flat:
+    plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
+g.figure.suptitle("A_T: mean ± sample std over seeds", y=1.03)
+plt.show()
 
 # %% [markdown]
 # ### Paired differences
@@ -520,27 +533,68 @@ print(f"\nnotebook compute time: {time.perf_counter() - T_START:.0f} s (profile 
 # %% [markdown]
 # ## Exercises
 #
-# 1. **Local or global importance.** Re-run with `lams=[0.05, 0.95] lam_alphas=[0.1]` and compare the
-#    PIM's distance to the global model (`learner.pim_log[t][k]["dist_sq"]`) for the two values. Which
-#    way does Lemma 1 say it must move?
-# 2. **Class balance of the cache.** Re-Fed's top-$k$ is not class-balanced [D6]. For the first seed's
-#    Re-Fed run, count the classes in every client's cache (`learner.memory_log`, `learner.local_sets`)
-#    and compare with random replay. What happens to a class whose samples are all easy?
-# 3. **When does Re-Fed equal random replay?** Find the smallest $M$ at which the two methods give the
-#    same accuracy matrix in the class-incremental stream, using `learner.memory_log[t]["pool"]`.
+# Re-run with `make run NB=refed_benchmark ARGS="..."`. The self-check line under an exercise
+# compares this run's measurement with the prediction (`fedlib.evaluation.selfcheck`).
 #
-# ```{admonition} Solutions
-# :class: dropdown
-# 1. Lemma 1: $\|\hat v(\lambda)-\hat w\|^2$ does not decrease as $\lambda$ grows, since $q(\lambda)$ falls
-#    and the proximal pull weakens; after a few PIM epochs the PIM is far from its optimum, but the
-#    distance still grows with $\lambda$ because every step is pulled back less.
-# 2. Samples the model already fits have small $\|\pi-e_y\|$ and hence small scores at every PIM epoch;
-#    a class that is easy for the global model can vanish from a client's cache, and the global model
-#    then forgets it first. Random replay keeps classes in proportion to the pool. `class_balanced`
-#    (an option of the learner: `True`/`"proportional"` or `"equal"`, the `refed_balanced` method)
-#    restores per-class quotas.
-# 3. With `memory_mode="replay"` the budget is $\min(M, |\text{pool}|)$, so once $M$ is at least the
-#    largest pool of any client at any boundary, both methods keep every sample (in the same order) and
-#    train identically: the smallest such $M$ is the maximum of `memory_log[t]["pool"]` over clients and
-#    tasks of a run with a large $M$ (pools grow with $M$ until everything is kept).
+# ```{exercise} Local or global importance
+# :label: refed-bench-ex-importance
+#
+# Re-run with `lams=[0.05, 0.95] lam_alphas=[0.1]` and compare the PIM's distance to the global
+# model (`learner.pim_log[t][k]["dist_sq"]`) for the two values. Which way does Lemma 1 say it must
+# move? See {prf:ref}`refed-lemma-1`. (No self-check: compare the two printed distances.)
 # ```
+#
+# ````{solution} refed-bench-ex-importance
+# :class: dropdown
+#
+# Lemma 1: $\|\hat v(\lambda)-\hat w\|^2$ does not decrease as $\lambda$ grows, since $q(\lambda)$
+# falls and the proximal pull weakens; after a few PIM epochs the PIM is far from its optimum, but
+# the distance still grows with $\lambda$ because every step is pulled back less.
+# ````
+#
+# ```{exercise} Class balance of the cache
+# :label: refed-bench-ex-balance
+#
+# Re-Fed's top-$k$ is not class-balanced [D6]. For the first seed's Re-Fed run, count the classes in
+# every client's cache (`learner.memory_log`, `learner.local_sets`) and compare with random replay.
+# What happens to a class whose samples are all easy? (No self-check: count and compare.)
+# ```
+#
+# ````{solution} refed-bench-ex-balance
+# :class: dropdown
+#
+# Samples the model already fits have small $\|\pi-e_y\|$ and hence small scores at every PIM epoch;
+# a class that is easy for the global model can vanish from a client's cache, and the global model
+# then forgets it first. Random replay keeps classes in proportion to the pool. `class_balanced` (an
+# option of the learner: `True`/`"proportional"` or `"equal"`, the `refed_balanced` method) restores
+# per-class quotas.
+# ````
+#
+# ```{exercise} When does Re-Fed equal random replay?
+# :label: refed-bench-ex-full-memory
+#
+# Find the smallest $M$ at which the two methods give the same accuracy matrix in the
+# class-incremental stream, using `learner.memory_log[t]["pool"]`. Change `memories` (the largest
+# $M$ of the sweep) and re-run; the self-check compares the two accuracy matrices at the largest $M$
+# with the prediction.
+# ```
+#
+# ````{solution} refed-bench-ex-full-memory
+# :class: dropdown
+#
+# With `memory_mode="replay"` the budget is $\min(M, |\text{pool}|)$, so once $M$ is at least the
+# largest pool of any client at any boundary, both methods keep every sample (in the same order) and
+# train identically: the smallest such $M$ is the maximum of `memory_log[t]["pool"]` over clients
+# and tasks of a run with a large $M$ (pools grow with $M$ until everything is kept).
+# ````
+
+# %%
+from fedlib.evaluation import selfcheck
+
+if {"refed", "fedavg_replay"} <= set(sweep_methods):
+    M_big, seed0 = max(m_grid), sweep_seeds[0]
+    print(selfcheck.refed_full_memory(run("class", "refed", seed0, memory=M_big)["result"].acc,
+                                      run("class", "fedavg_replay", seed0, memory=M_big)["result"].acc,
+                                      M_big, max(largest_pools(run, sweep_methods, [seed0], memory=M_big))))
+else:
+    print("self-check needs 'refed' and 'fedavg_replay' in sweep_methods")

@@ -14,10 +14,10 @@
 # %% [markdown]
 # # Re-Fed: the PIM's theory (Lemma 1, Theorem 3.1) and the gradient-norm machinery, checked
 #
-# *Re-Fed* (Li et al., CVPR 2024, "Towards Efficient Replay in Federated Incremental Learning")
+# *Re-Fed* {cite:p}`li2024refed` ("Towards Efficient Replay in Federated Incremental Learning")
 # lets every client choose which old samples to keep for replay. At a task boundary the client
-# trains a throw-away **personalised informative model** (PIM) $v$, starting from the global model
-# $w$ with a proximal pull of weight $q(\lambda)=\frac{1-\lambda}{2\lambda}$ (eq. 3), records every
+# trains a throw-away **personalised informative model** ({term}`PIM`) $v$, starting from the global model
+# $w$ with a proximal pull of weight $q(\lambda)=\frac{1-\lambda}{2\lambda}$ ({term}`proximal weight`, eq. 3), records every
 # sample's squared gradient norm $G^p$ (eq. 4), and caches the samples with the largest
 # $I=\sum_p G^p/p$ (eq. 5). Appendix F gives two results: Lemma 1 (the parameter $\lambda$ moves
 # the PIM monotonically from the global model towards the local optimum) and Theorem 3.1 (the PIM
@@ -65,7 +65,7 @@ dnn_pim_epochs = 10        # PIM epochs for the CNN version of Lemma 1 (section 
 dnn_lambdas = [0.1, 0.3, 0.5, 0.7, 0.9]
 grad_samples = 48          # samples in the gradient-norm checks
 
-# %%
+# %% tags=["hide-input"]
 import time
 from functools import partial
 
@@ -107,11 +107,11 @@ print(f"profile={profile}: d={dim}, mu={mu}, L={L_smooth}, horizon={horizon}, mc
 # pull to the global optimum $\hat w$,
 #
 # $$\hat v(\lambda)=\arg\min_v\Big\{f(v)+\frac{q(\lambda)}{2}\lVert v-\hat w\rVert^2\Big\},\qquad
-# q(\lambda)=\frac{1-\lambda}{2\lambda},\ \lambda\in(0,1),$$
+# q(\lambda)=\frac{1-\lambda}{2\lambda},\ \lambda\in(0,1),$$ (refed-eq-pim)
 #
 # and eq. 3 is gradient descent on it, started at $w$. $q$ decreases strictly from $+\infty$
 # ($\lambda\to0$: $v$ pinned to the global model) to $0$ ($\lambda\to1$: pure local training), and
-# $\lambda=1/(1+2q)$. `fedlib.papers.refed.q_lambda` implements $q$; the notes' values are
+# $\lambda=1/(1+2q)$. `fedlib.papers.refed.q_lambda` implements $q$ of {eq}`refed-eq-pim`; the notes' values are
 # $q(0.2)=2$, $q(0.5)=0.5$, $q(0.8)=0.125$.
 
 # %%
@@ -126,11 +126,16 @@ check("max |1/(1+2q(lam)) - lam|", float(np.abs(1 / (1 + 2 * q_grid) - lam_grid)
 # %% [markdown]
 # ## 2. Lemma 1: monotonicity in $\lambda$
 #
-# Lemma 1 states, for every $\lambda\in(0,1)$,
+# ```{prf:lemma} The paper's Lemma 1
+# :label: refed-lemma-1
+#
+# {cite:t}`li2024refed`:
+# For the PIM {eq}`refed-eq-pim` and every $\lambda\in(0,1)$,
 #
 # $$\frac{\partial f(\hat v(\lambda))}{\partial\lambda}\le0,\qquad
 # \frac{\partial\lVert\hat v(\lambda)-\hat w\rVert^2}{\partial\lambda}\ge0,\qquad
-# \lim_{\lambda\to0}\hat v(\lambda)=\hat w .$$
+# \lim_{\lambda\to0}\hat v(\lambda)=\hat w .$$ (refed-eq-lemma1)
+# ```
 #
 # The paper defers the proof to Hanzely & Richtárik (2020). It is short and needs **no
 # convexity**, only that the minimisers exist. Take $q_1<q_2$ with minimisers $v_1,v_2$ and write
@@ -262,12 +267,18 @@ check("train_pim (full batch) reaches the minimiser: max relative gap", float(lo
 # %% [markdown]
 # ## 3. Theorem 3.1 on strongly convex quadratics
 #
-# **Setting of the theorem.** One client, $t$ = communication round, one PIM step per round
-# against the current global model $w^t$, and an assumed global rate
-# $\mathbb E\lVert w^t-\hat w\rVert^2\le g(t)$ with $g$ non-increasing and $g(t)\to0$. The claim:
-# there is $C<\infty$ with $\mathbb E\lVert v^t-\hat v\rVert^2\le C\,g(t)$. The proof picks $A>0$ with
+# ```{prf:theorem} The paper's Theorem 3.1
+# :label: refed-thm-3-1
 #
-# $$A\,(g(t)-g(t+1))\le g(t)^2\quad\forall t,\qquad \eta_t=\frac{2g(t)}{A(\mu+q)},$$
+# {cite:t}`li2024refed`:
+# One client, $t$ = communication round, one PIM step per round against the current global model $w^t$,
+# and an assumed global rate $\mathbb E\lVert w^t-\hat w\rVert^2\le g(t)$ with $g$ non-increasing and $g(t)\to0$.
+# Then there is $C<\infty$ with $\mathbb E\lVert v^t-\hat v\rVert^2\le C\,g(t)$.
+# ```
+#
+# **Setting of the theorem.** As stated above ({prf:ref}`refed-thm-3-1`). The proof picks $A>0$ with
+#
+# $$A\,(g(t)-g(t+1))\le g(t)^2\quad\forall t,\qquad \eta_t=\frac{2g(t)}{A(\mu+q)},$$ (refed-eq-rate)
 #
 # bounds one step by Lemma 2 (eq. 13, Ditto's Lemma 13), substitutes $\eta_t$ (eq. 14), and closes
 # the induction with
@@ -284,13 +295,13 @@ check("train_pim (full batch) reaches the minimiser: max relative gap", float(lo
 # $w^t=\hat w+\zeta_t$ with fresh $\zeta_t\sim\mathcal N(0,\frac{g(t)}dI)$; $v^0=\hat w$.
 # Since $H(\hat v-a)+q(\hat v-\hat w)=0$, the error $e^t=v^t-\hat v$ obeys
 #
-# $$e^{t+1}=(I-\eta_t(H+qI))\,e^t-\eta_t\xi_t+\eta_tq\,\zeta_t ,$$
+# $$e^{t+1}=(I-\eta_t(H+qI))\,e^t-\eta_t\xi_t+\eta_tq\,\zeta_t ,$$ (refed-eq-error)
 #
 # and, in the eigenbasis of $H$ (the noises are isotropic and independent of $e^t$),
 #
 # $$\mathbb E[(e^{t+1}_i)^2]=(1-\eta_t(h_i+q))^2\,\mathbb E[(e^t_i)^2]+\eta_t^2\,\frac{\sigma^2+q^2g(t)}{d}.$$
 #
-# This recursion gives $\mathbb E\lVert e^t\rVert^2$ **exactly** (no Monte Carlo error,
+# This recursion (from {eq}`refed-eq-error`) gives $\mathbb E\lVert e^t\rVert^2$ **exactly** (no Monte Carlo error,
 # `Quadratic.exact_error`); a Monte Carlo simulation in the rotated coordinates
 # (`Quadratic.monte_carlo_error`) checks it first. We use the notes' choice
 # $g(t)=g_0/\sqrt{t+1}$, $A=2g_0$.
@@ -670,35 +681,93 @@ print(f"{len(summary_checks)} checks passed; profile={profile}; {time.perf_count
 # %% [markdown]
 # ## Exercises
 #
-# 1. **Sum versus mean.** Eq. 3 sums the per-sample gradients over the pool; `fedlib` uses the mean
-#    (`prox_scaling="mean"`), so the paper's $q$ corresponds to $q/n$ in ours. Which $\lambda$ under
-#    `"mean"` gives the same PIM as $\lambda=0.8$ under `"sum"` for a pool of $n=500$?
-# 2. **Rates.** Show that for $g(t)=g_0(t+1)^{-p}$ the two conditions on $A$ of section 3.2 (item 3)
-#    can hold together only if $p<1$. What is the largest admissible $A$ for $p=\frac12$ (compare
-#    with the table)?
-# 3. **One step.** Why is the $s=1$ curve in section 2.2 flat in $\lambda$, and what does this
-#    imply for a Re-Fed run with `pim_epochs=1` and one mini-batch per epoch?
-# 4. **Which samples score high?** Using section 6, what is the last-layer score of a sample that
-#    is confidently correct, and of one that is confidently wrong? Relate this to EL2N.
-# 5. **Memory that holds everything.** In section 4, Re-Fed with a memory larger than the pool is
-#    bit-identical to random replay but not to FedAvg. Why, and what does it say about the
-#    comparisons at large $M$ in the paper's Table 4?
+# Re-run with `make run NB=refed_theory ARGS="..."`. The self-check line under an exercise compares
+# this run's measurement (or your answer) with the prediction (`fedlib.evaluation.selfcheck`).
 #
-# ```{admonition} Solutions
-# :class: dropdown
-# 1. We need $q(\lambda')=q(0.8)/500=0.125/500=2.5\cdot10^{-4}$, and $\lambda'=1/(1+2q')=1/1.0005\approx0.9995$.
-#    Under the literal eq. 3 the proximal pull is negligible for any reasonable $\lambda$ on a large pool.
-# 2. $g(t)-g(t+1)\approx p\,g_0(t+1)^{-p-1}$, so the second condition reads $A\lesssim g_0(t+1)^{1-p}/p$ for
-#    all $t$. For $p>1$ the right side tends to 0; for $p=1$ it is exactly $g_0(t+2)/(t+1)\to g_0<2g_0$.
-#    For $p<1$ it grows with $t$, so only $t=0$ binds: $A\le g_0/(1-2^{-1/2})\approx3.41\,g_0$ for
-#    $p=\frac12$, which is the table's value, and $\ge2g_0$.
-# 3. At $v_0=w$ the proximal gradient $q(v_0-w)$ is zero, so $v_1=w-\eta\nabla f(w)$ for every $\lambda$.
-#    With one mini-batch per epoch and `pim_epochs=1`, the recorded $G^1$ are all taken at $v=w$: the
-#    scores, hence the cache, do not depend on $\lambda$ at all (they are the global model's norms).
-# 4. $\lVert\pi-e_y\rVert^2\to0$ for a confident correct prediction and $\to2$ for a confident wrong one
-#    ($\pi=e_j$, $j\ne y$). The last-layer score is this EL2N-type error times $\lVert h\rVert^2+1$: it
-#    favours misclassified or ambiguous samples with large features.
-# 5. With budget $\ge$ pool size both selections keep the whole pool, so caches and training data are the
-#    same; FedAvg keeps no memory at all. At large $M$ any selection rule converges to "keep everything",
-#    so the methods must tie, as Table 4 shows for CIFAR at $M=3000$.
+# ```{exercise} Sum versus mean
+# :label: refed-theory-ex-sum-mean
+#
+# Eq. 3 sums the per-sample gradients over the pool; `fedlib` uses the mean (`prox_scaling="mean"`),
+# so the paper's $q$ corresponds to $q/n$ in ours. Which $\lambda$ under `"mean"` gives the same PIM
+# as $\lambda=0.8$ under `"sum"` for a pool of $n=500$? Use {eq}`refed-eq-pim`, then check your
+# answer: `selfcheck.refed_mean_lambda(your_lambda, lam_sum=0.8, n=500)` (`from fedlib.evaluation import selfcheck`).
 # ```
+#
+# ````{solution} refed-theory-ex-sum-mean
+# :class: dropdown
+#
+# We need $q(\lambda')=q(0.8)/500=0.125/500=2.5\cdot10^{-4}$, and
+# $\lambda'=1/(1+2q')=1/1.0005\approx0.9995$. Under the literal eq. 3 the proximal pull is
+# negligible for any reasonable $\lambda$ on a large pool.
+# ````
+#
+# ```{exercise} Rates
+# :label: refed-theory-ex-rates
+#
+# Show that for $g(t)=g_0(t+1)^{-p}$ the two conditions on $A$ of section 3.2 (item 3) can hold
+# together only if $p<1$. What is the largest admissible $A$ for $p=\frac12$ (compare with the
+# table)? The conditions are {eq}`refed-eq-rate`. (No self-check: a derivation.)
+# ```
+#
+# ````{solution} refed-theory-ex-rates
+# :class: dropdown
+#
+# $g(t)-g(t+1)\approx p\,g_0(t+1)^{-p-1}$, so the second condition reads $A\lesssim g_0(t+1)^{1-p}/p$
+# for all $t$. For $p>1$ the right side tends to 0; for $p=1$ it is exactly $g_0(t+2)/(t+1)\to g_0<2g_0$.
+# For $p<1$ it grows with $t$, so only $t=0$ binds: $A\le g_0/(1-2^{-1/2})\approx3.41\,g_0$ for
+# $p=\frac12$, which is the table's value, and $\ge2g_0$.
+# ````
+#
+# ```{exercise} One step
+# :label: refed-theory-ex-one-step
+#
+# Why is the $s=1$ curve in section 2.2 flat in $\lambda$, and what does this imply for a Re-Fed run
+# with `pim_epochs=1` and one mini-batch per epoch? Change `pim_steps` or `pim_eta` and check that
+# the $s=1$ curve stays flat.
+# ```
+#
+# ````{solution} refed-theory-ex-one-step
+# :class: dropdown
+#
+# At $v_0=w$ the proximal gradient $q(v_0-w)$ is zero, so $v_1=w-\eta\nabla f(w)$ for every
+# $\lambda$. With one mini-batch per epoch and `pim_epochs=1`, the recorded $G^1$ are all taken at
+# $v=w$: the scores, hence the cache, do not depend on $\lambda$ at all (they are the global model's
+# norms).
+# ````
+
+# %%
+from fedlib.evaluation import selfcheck
+
+selfcheck.refed_one_step_flat(fin)
+
+# %% [markdown]
+# ```{exercise} Which samples score high?
+# :label: refed-theory-ex-scores
+#
+# Using section 6, what is the last-layer score of a sample that is confidently correct, and of one
+# that is confidently wrong? Relate this to EL2N. (No self-check: a derivation.)
+# ```
+#
+# ````{solution} refed-theory-ex-scores
+# :class: dropdown
+#
+# $\lVert\pi-e_y\rVert^2\to0$ for a confident correct prediction and $\to2$ for a confident wrong
+# one ($\pi=e_j$, $j\ne y$). The last-layer score is this EL2N-type error times $\lVert h\rVert^2+1$:
+# it favours misclassified or ambiguous samples with large features.
+# ````
+#
+# ```{exercise} Memory that holds everything
+# :label: refed-theory-ex-memory
+#
+# In section 4, Re-Fed with a memory larger than the pool is bit-identical to random replay but not
+# to FedAvg. Why, and what does it say about the comparisons at large $M$ in the paper's Table 4?
+# (No self-check: compare the printed comparisons of section 4.)
+# ```
+#
+# ````{solution} refed-theory-ex-memory
+# :class: dropdown
+#
+# With budget $\ge$ pool size both selections keep the whole pool, so caches and training data are
+# the same; FedAvg keeps no memory at all. At large $M$ any selection rule converges to "keep
+# everything", so the methods must tie, as Table 4 shows for CIFAR at $M=3000$.
+# ````

@@ -14,16 +14,16 @@
 # %% [markdown]
 # # STSA / STSA-E: class-incremental benchmark
 #
-# The protocol of the paper (Sec. 4.1), on data that installs offline: $T$ tasks of disjoint
+# The protocol of the paper {cite:p}`guan2025stsa` (Sec. 4.1), on data that installs offline: $T$ tasks of disjoint
 # classes in a seeded order, $K$ clients, a Dirichlet($\beta$) label-skew partition redrawn for
-# every task, accuracy on all classes seen after each stage. Two stage-1 backbones, as in the paper:
+# every task ({term}`Dirichlet concentration` $\beta$), accuracy on all classes seen after each {term}`stage`. Two stage-1 backbones, as in the paper:
 #
 # * **pretrained** (the paper's ViT-B/16 setting): a frozen ImageNet EfficientNet-Lite0 (1280-d,
 #   the foundation's backbone; the ViT and its adapter cannot be downloaded here);
 # * **scratch** (the paper's ResNet-18 setting): a small CIFAR-style ResNet trained by FedAvg on
 #   task 1 only, then frozen.
 #
-# Methods: STSA, STSA-E (eq. 9 as printed, global $K$), STSA-E with the per-class $K_i$ of the
+# Methods: STSA ({eq}`stsa-eq-temporal` of the derivation chapter), STSA-E ({eq}`stsa-eq-ghat` of the derivation chapter, the paper's eq. 9 as printed, global $K$), STSA-E with the per-class $K_i$ of the
 # derivation chapter, AFL applied stage by stage (no temporal aggregation; each client regularizes
 # with $\gamma/K$ so the aggregate carries the same total $\gamma$ as STSA, like for like), the
 # gradient baselines Finetune, FedEWC and FedLwF trained through the same protocol, and **Joint**:
@@ -89,7 +89,7 @@ first_task_classes = 4     # large-first-task variant: a base task of this many 
 later_task_classes = 2     # then tasks of this many classes
 num_threads = 2
 
-# %%
+# %% tags=["hide-input"]
 import time
 from functools import partial
 
@@ -125,7 +125,7 @@ for name in names:  # every dataset's classes divide into num_tasks tasks (check
 # Every image passes once through the frozen backbone; the features are cached on disk, so every
 # method below (and any re-run with new federated parameters) starts from the same vectors.
 
-# %%
+# %% tags=["hide-input"]
 feats = {}
 for name in datasets:
     t0 = time.perf_counter()
@@ -190,6 +190,20 @@ print("Ours: mean ± sample std over seeds (%), A_avg / A_T / F_T as in eqs. 60-
 print("Pretrained setting: the gradient baselines are linear heads on the frozen features. Joint = centralized "
       "ridge on all data seen (same features and gamma), one run per seed listed under every beta.")
 display(table)
+
+# %% [markdown]
+# The table's $A_T$ column as a figure: mean over seeds, bars = sample standard deviation, one
+# colour per Dirichlet $\beta$, one panel per setting.
+
+# %%
+g = sns.catplot(data=summary.assign(beta=summary["beta"].astype(str)), x="method", y="A_T", hue="beta", col="setting",
+                kind="point", errorbar="sd", dodge=0.4 if summary["beta"].nunique() > 1 else False, linestyle="none",
+                capsize=0.15, height=3.6, aspect=1.5, sharey=False, sharex=False)
+g.set_axis_labels("method", "final accuracy A_T (%)")
+for ax in g.axes.flat:
+    plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
+g.figure.suptitle("A_T: mean ± sample std over seeds", y=1.03)
+plt.show()
 
 # %% [markdown]
 # ### Paired differences
@@ -422,21 +436,56 @@ display(Markdown("\n".join(lines)))
 # %% [markdown]
 # ## Exercises
 #
-# 1. **Heterogeneity.** Run `make run NB=stsa_benchmark ARGS="betas=[0.05] baselines=[] scratch=False"`.
-#    Which numbers change relative to $\beta=0.1$, and which cannot?
-# 2. **Random features.** In the M ablation, why does the expansion help the 32-d scratch features more
-#    than the 1280-d pretrained ones?
-# 3. **Communication.** From the cost table, at which $M$ would STSA's upload exceed FedLwF's in this
-#    setting? Use `fedlib.papers.stsa.upload_floats` and the baseline's measured bytes.
+# Re-run with `make run NB=stsa_benchmark ARGS="..."`. The self-check line under an exercise
+# compares this run's measurement with the prediction (`fedlib.evaluation.selfcheck`).
 #
-# ```{admonition} Solutions
-# :class: dropdown
-# 1. STSA (and the AFL stage-wise head) with the pretrained backbone cannot change: their heads are
-#    exact functions of the pooled data. STSA-E changes through which clients hold which class; the
-#    baselines change through client drift; in the scratch setting everything changes through stage 1.
-# 2. A linear head on $d$ features separates at most what is linearly separable in $\mathbb R^d$; with
-#    $d=32$ that is little, while 1280 generic ImageNet features already separate 10 classes well.
-#    ReLU random features act like a kernel expansion (RanPAC, Cover's theorem).
-# 3. STSA uploads $(M+c_t)M$ floats per client and stage, quadratic in $M$; a linear head's FedAvg
-#    upload is $(d+1)C$ floats per round, times rounds. Equate the two totals and solve for $M$.
+# ```{exercise} Heterogeneity
+# :label: stsa-bench-ex-heterogeneity
+#
+# Run `make run NB=stsa_benchmark ARGS="betas=[0.05] baselines=[] scratch=False"`. Which numbers
+# change relative to $\beta=0.1$, and which cannot?
 # ```
+#
+# ````{solution} stsa-bench-ex-heterogeneity
+# :class: dropdown
+#
+# STSA (and the AFL stage-wise head) with the pretrained backbone cannot change: their heads are
+# exact functions of the pooled data. STSA-E changes through which clients hold which class; the
+# baselines change through client drift; in the scratch setting everything changes through stage 1.
+# ````
+
+# %%
+from fedlib.evaluation import selfcheck
+
+selfcheck.stsa_beta_invariance(spread, gap_joint)
+
+# %% [markdown]
+# ```{exercise} Random features
+# :label: stsa-bench-ex-random-features
+#
+# In the M ablation, why does the expansion help the 32-d scratch features more than the 1280-d
+# pretrained ones? (No self-check: compare the rows of the M ablation.)
+# ```
+#
+# ````{solution} stsa-bench-ex-random-features
+# :class: dropdown
+#
+# A linear head on $d$ features separates at most what is linearly separable in $\mathbb R^d$; with
+# $d=32$ that is little, while 1280 generic ImageNet features already separate 10 classes well. ReLU
+# random features act like a kernel expansion (RanPAC, Cover's theorem).
+# ````
+#
+# ```{exercise} Communication
+# :label: stsa-bench-ex-communication
+#
+# From the cost table, at which $M$ would STSA's upload exceed FedLwF's in this setting? Use
+# `fedlib.papers.stsa.upload_floats` and the baseline's measured bytes. Count with
+# {eq}`stsa-eq-upload` of the derivation chapter. (No self-check: the baseline's bytes depend on your run.)
+# ```
+#
+# ````{solution} stsa-bench-ex-communication
+# :class: dropdown
+#
+# STSA uploads $(M+c_t)M$ floats per client and stage, quadratic in $M$; a linear head's FedAvg
+# upload is $(d+1)C$ floats per round, times rounds. Equate the two totals and solve for $M$.
+# ````

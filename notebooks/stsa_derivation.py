@@ -14,10 +14,12 @@
 # %% [markdown]
 # # STSA / STSA-E: deriving spatial-temporal aggregation and the Gram estimate, and checking them
 #
-# *STSA* (Guan et al., "Enhancing Federated Class-Incremental Learning via Spatial-Temporal
+# *STSA* {cite:p}`guan2025stsa` ("Enhancing Federated Class-Incremental Learning via Spatial-Temporal
 # Statistics Aggregation"; two versions with identical numbers) freezes a backbone $F$ after the
-# first task, expands its features by a random ReLU layer $R$, and from then on learns only a ridge
-# head from **statistics**: each client uploads its Gram matrix and class sums once per task. The
+# first task, expands its features by a random ReLU layer $R$ ({term}`random features`, as RanPAC
+# {cite:p}`mcdonnell2024ranpac`), and from then on learns only a ridge
+# head from **statistics**: each client uploads its {term}`Gram matrix` and {term}`class sums` once per task
+# (federated class-incremental learning was introduced by {cite:t}`dong2022glfc`). The
 # paper claims the result is *exactly* joint ridge on all data seen (so heterogeneity and client
 # count cannot matter once $F$ is fixed), and that the communication-efficient STSA-E, which
 # uploads only class sums and counts, estimates the Gram matrix without bias (Prop. 3.1) when the
@@ -60,7 +62,7 @@ skew_dummy = 10            # K_D of STSA-E in that comparison
 comm_M = [512, 768, 1250, 2500, 5000, 10000]
 seed = 0
 
-# %%
+# %% tags=["hide-input"]
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -96,12 +98,16 @@ print(f"profile={profile}: N={n_samples}, d={dim}, M={M}, C={num_classes}, T={nu
 # code: no bias, no scaling). Client $k$ at stage $t$ stacks its rows into $X_{t,k}$ and one-hot
 # labels $Y_{t,k}$ (over the $c_t$ classes of the stage) and computes
 #
-# $$G_{t,k}=X_{t,k}^\top X_{t,k}\in\mathbb R^{M\times M},\qquad C_{t,k}=X_{t,k}^\top Y_{t,k}\in\mathbb R^{M\times c_t}.$$
+# $$G_{t,k}=X_{t,k}^\top X_{t,k}\in\mathbb R^{M\times M},\qquad C_{t,k}=X_{t,k}^\top Y_{t,k}\in\mathbb R^{M\times c_t}.$$ (stsa-eq-stats)
 #
 # The head minimises $\lVert X W-Y\rVert_F^2+\gamma\lVert W\rVert_F^2$ (eq. 6), whose gradient
-# $2(X^\top XW-X^\top Y+\gamma W)$ vanishes at $W^*=(X^\top X+\gamma I)^{-1}X^\top Y$ (eq. 7):
-# the data enter only through $G=X^\top X$ and $C=X^\top Y$, which are sums over samples. We check
-# the closed form against its gradient and against scikit-learn's `Ridge`.
+# $2(X^\top XW-X^\top Y+\gamma W)$ vanishes at (the paper's eq. 7)
+#
+# $$W^*=(X^\top X+\gamma I)^{-1}X^\top Y=(G+\gamma I)^{-1}C :$$ (stsa-eq-ridge)
+#
+# the data enter only through $G=X^\top X$ and $C=X^\top Y$ of {eq}`stsa-eq-stats`, which are sums over samples
+# ($\gamma$ is the {term}`ridge parameter`). The next cell (`stsa.closed_form_checks`) checks
+# {eq}`stsa-eq-ridge` against its gradient and against scikit-learn's `Ridge`.
 #
 # A solve in float64 is accurate to about $\varepsilon\,\kappa$ in relative terms, where
 # $\kappa=\lambda_{\max}/(\lambda_{\min}+\gamma)$ is the condition number of $G+\gamma I$; ReLU features
@@ -146,7 +152,10 @@ claims.register(
 # Classes of different stages are disjoint, so a sample's one-hot row is zero in the columns of
 # every other stage: the joint $C$ over all $\sum_i c_i$ classes is the column concatenation
 # $[C_1,\dots,C_t]$, and the joint Gram is $\sum_i G_i$. Hence
-# $W_t=(G_{1:t}+\gamma I)^{-1}C_{1:t}$ **is** the joint ridge head after every stage (eq. 8).
+#
+# $$W_t=(G_{1:t}+\gamma I)^{-1}C_{1:t},\qquad G_{1:t}=\sum_{i\le t}\sum_k G_{i,k},\quad C_{1:t}=[C_1,\dots,C_t]$$ (stsa-eq-temporal)
+#
+# **is** the joint ridge head {eq}`stsa-eq-ridge` after every {term}`stage` (the paper's eq. 8).
 # We run the full protocol (`fedlib.federated.incremental`: seeded class order, a Dirichlet partition redrawn
 # per task) and compare the head after each stage with joint ridge on the data seen so far; then the
 # same with the stages in reverse order, and with every stage cut into two sub-stages.
@@ -200,18 +209,32 @@ print({k: round(100 * v, 2) for k, v in result.metrics.items()})
 # $m=s/n$ and $m_k=s_k/n_k$. The server forms (eq. 9, with $C\,C^\top$ outer products; version 001's
 # main text prints the scalar $C^\top C$, a typo)
 #
-# $$\hat G^{(i)}=\frac{n-1}{K-1}\sum_k\frac{s_ks_k^\top}{n_k}-\frac{n-K}{n(K-1)}ss^\top .$$
+# $$\hat G^{(i)}=\frac{n-1}{K-1}\sum_k\frac{s_ks_k^\top}{n_k}-\frac{n-K}{n(K-1)}ss^\top .$$ (stsa-eq-ghat)
 #
 # Since $\sum_k s_ks_k^\top/n_k=\sum_k n_k(m_k-m)(m_k-m)^\top+n\,mm^\top$ and $ss^\top=n^2mm^\top$,
 #
-# $$\hat G^{(i)}=n\,mm^\top+\frac{n-1}{K-1}B,\qquad B=\sum_k n_k(m_k-m)(m_k-m)^\top ,$$
+# $$\hat G^{(i)}=n\,mm^\top+\frac{n-1}{K-1}B,\qquad B=\sum_k n_k(m_k-m)(m_k-m)^\top ,$$ (stsa-eq-ghat-psd)
 #
 # while the true class Gram is $G^{(i)}=n\,mm^\top+S$ with $S=\sum_{x}(\Phi(x)-m)(\Phi(x)-m)^\top$.
 # So STSA-E keeps the mean term exactly and replaces the within-class scatter $S$ ($n-1$ degrees of
 # freedom) by the scaled between-client scatter ($K-1$ degrees of freedom). This form is positive
-# semidefinite, and `fedlib` computes it for all classes and clients as one product $DD^\top+EE^\top$.
+# semidefinite, and `fedlib` computes it for all classes and clients as one product $DD^\top+EE^\top$
+# (`stsa.eq9_identity_checks` compares {eq}`stsa-eq-ghat` with {eq}`stsa-eq-ghat-psd`).
 #
-# **Unbiasedness, under label skew.** If the class's $n$ samples are assigned to clients of fixed
+# ```{prf:proposition} Unbiased Gram estimate (the paper's Prop. 3.1, under label skew)
+# :label: stsa-prop-unbiased
+#
+# {cite:t}`guan2025stsa`, in the form we prove:
+# If the $n$ samples of class $i$ are assigned at random to $K\ge2$ clients of fixed sizes $n_1,\dots,n_K\ge1$,
+# then $E[\hat G^{(i)}]=G^{(i)}$ for the estimate {eq}`stsa-eq-ghat`, whatever the feature values.
+# ```
+#
+# ```{prf:proof}
+# By {eq}`stsa-eq-ghat-psd` it suffices that $E[B]=\frac{K-1}{n-1}S$, the ANOVA identity for sampling
+# without replacement (below).
+# ```
+#
+# **Unbiasedness, under label skew** ({prf:ref}`stsa-prop-unbiased`). If the class's $n$ samples are assigned to clients of fixed
 # sizes $n_1,\dots,n_K\ge1$ at random, then $E[B]=\frac{K-1}{n-1}S$ (the classical ANOVA identity
 # for sampling without replacement), so $E[\hat G^{(i)}]=G^{(i)}$ for any feature values: this is
 # the situation the paper's "i.i.d. global feature set" assumption describes. Random assignment
@@ -332,7 +355,7 @@ claims.register(
 # are independent (so $S=B+(S-B)\sim\mathrm{Wishart}(\Sigma,n-1)$, which is **not** independent of
 # $B$; checked by Monte Carlo after the plot). Writing $\hat G-G=(a-1)B-(S-B)$ with $a=(n-1)/(K-1)$,
 #
-# $$E\lVert\hat G^{(i)}-G^{(i)}\rVert_F^2=\frac{n-K}{K-1}\big[(n-K)\operatorname{tr}\Sigma^2+(n-1)(\operatorname{tr}\Sigma)^2\big]+(n-K)\operatorname{tr}\Sigma^2$$
+# $$E\lVert\hat G^{(i)}-G^{(i)}\rVert_F^2=\frac{n-K}{K-1}\big[(n-K)\operatorname{tr}\Sigma^2+(n-1)(\operatorname{tr}\Sigma)^2\big]+(n-K)\operatorname{tr}\Sigma^2$$ (stsa-eq-error-law)
 #
 # ([derived] in the notes; $\approx n^2(\operatorname{tr}\Sigma^2+(\operatorname{tr}\Sigma)^2)/(K-1)$).
 # It vanishes at $K=n$. The paper's bound (Prop. 3.2) has the shape $((K+1)/(K-1))^2n^2$, which
@@ -461,8 +484,11 @@ assert err_sum < 1e-9 and err_masked > 1.0
 # %% [markdown]
 # ## 8. Communication (Sec. 4.4, Table 5)
 #
-# Per client and stage STSA uploads $(M+c_t)M$ numbers, STSA-E $(M+1)c_tK_D$ (the counts as one extra
-# row). The paper's Table 5 follows with float32, "MB" = MiB, all $T=10$ stages (stage 1 included)
+# Per client and stage
+#
+# $$\text{STSA: }(M+c_t)M,\qquad \text{STSA-E: }(M+1)\,c_t\,K_D$$ (stsa-eq-upload)
+#
+# numbers (STSA-E sends the counts as one extra row; $K_D$ {term}`dummy clients`). The paper's Table 5 follows with float32, "MB" = MiB, all $T=10$ stages (stage 1 included)
 # and the full $M\times M$ Gram. Below the formula, and the bytes of real upload messages
 # (float32, one stage, one client, measured by `Message.nbytes`) times $T$; STSA-E is cheaper iff
 # roughly $c_tK_D<M$.
@@ -516,28 +542,79 @@ print(stsa.recomputed_margins().to_string(index=False))
 # %% [markdown]
 # ## Exercises
 #
-# 1. **Exactness is not accuracy.** Sections 2-3 show that STSA's head does not depend on the
-#    partition once $F$ is fixed. Why then do the paper's Tables 1-2 change with $\beta$?
-# 2. **Dummy clients.** With `k_mode="global"`, predict the covariance ratio of section 4 for a
-#    class that only 2 of 5 clients hold, with $K_D=25$ random chunks each. Check it by changing
-#    `bias_dummy`.
-# 3. **Break-even.** For $c_t=10$ and $M=1250$, at which $K_D$ does STSA-E stop saving communication?
-#    Use `stsa.communication_mib`.
-# 4. **Rank.** In section 6, how small can $\gamma$ be before the solve of eq. 10 becomes
-#    ill-conditioned, and why does STSA (exact $G$) not have this problem when $n_t > M$?
+# Re-run with `make run NB=stsa_derivation ARGS="..."`. Under an exercise that changes a parameter,
+# the self-check line compares this run's measurement with the prediction
+# (`fedlib.evaluation.selfcheck`).
 #
-# ```{admonition} Solutions
-# :class: dropdown
-# 1. Only stage 1 depends on the partition: the backbone $F$ is trained by FedAvg on task 1 under
-#    label skew, and a worse $F$ gives worse features for every later stage. With a fixed $F$ (our
-#    frozen pretrained backbone) the accuracy is identical for every $\beta$ and $K$.
-# 2. Each holding client splits its samples of the class over $K_D=25$ chunks; if it has many samples
-#    of the class, nearly all chunks hold some, so $K_i\approx 2\cdot25=50$ of $K=125$:
-#    ratio $(K_i-1)/(K-1)\approx 49/124\approx0.4$. Fewer samples per client means fewer non-empty
-#    chunks and a smaller ratio.
-# 3. $(M+1)c_tK_D<(M+c_t)M$ gives $K_D<(1260\cdot1250)/(1251\cdot10)\approx125.9$: STSA-E is cheaper up
-#    to $K_D=125$.
-# 4. $\hat G$ has rank $\le\sum_iK_i$, so its smallest eigenvalues are exactly 0 and the condition number
-#    of $\hat G+\gamma I$ is $\approx\lambda_{\max}/\gamma$; the exact $G$ of $n_t>M$ samples in general
-#    position is full rank, so $\gamma$ only regularizes.
+# ```{exercise} Exactness is not accuracy
+# :label: stsa-deriv-ex-exactness
+#
+# Sections 2-3 show that STSA's head does not depend on the partition once $F$ is fixed. Why then do
+# the paper's Tables 1-2 change with $\beta$? Change `betas` or `client_counts` and check that the
+# head of {eq}`stsa-eq-temporal` does not move.
 # ```
+#
+# ````{solution} stsa-deriv-ex-exactness
+# :class: dropdown
+#
+# Only stage 1 depends on the partition: the backbone $F$ is trained by FedAvg on task 1 under label
+# skew, and a worse $F$ gives worse features for every later stage. With a fixed $F$ (our frozen
+# pretrained backbone) the accuracy is identical for every $\beta$ and $K$.
+# ````
+
+# %%
+from fedlib.evaluation import selfcheck
+
+selfcheck.stsa_partition_invariance(spatial, tol_w)
+
+# %% [markdown]
+# ```{exercise} Dummy clients
+# :label: stsa-deriv-ex-dummy
+#
+# With `k_mode="global"`, predict the covariance ratio of section 4 for a class that only 2 of 5
+# clients hold, with $K_D=25$ random chunks each. Check it by changing `bias_dummy`. (No self-check:
+# compare the printed ratio with your prediction.)
+# ```
+#
+# ````{solution} stsa-deriv-ex-dummy
+# :class: dropdown
+#
+# Each holding client splits its samples of the class over $K_D=25$ chunks; if it has many samples
+# of the class, nearly all chunks hold some, so $K_i\approx 2\cdot25=50$ of $K=125$: ratio
+# $(K_i-1)/(K-1)\approx 49/124\approx0.4$. Fewer samples per client means fewer non-empty chunks and
+# a smaller ratio.
+# ````
+#
+# ```{exercise} Break-even
+# :label: stsa-deriv-ex-break-even
+#
+# For $c_t=10$ and $M=1250$, at which $K_D$ does STSA-E stop saving communication? Use
+# `stsa.communication_mib`. Count with {eq}`stsa-eq-upload`, then check your answer:
+# `selfcheck.stsa_break_even(your_K_D, M=1250, c_t=10)`.
+# ```
+#
+# ````{solution} stsa-deriv-ex-break-even
+# :class: dropdown
+#
+# $(M+1)c_tK_D<(M+c_t)M$ gives $K_D<(1260\cdot1250)/(1251\cdot10)\approx125.9$: STSA-E is cheaper up
+# to $K_D=125$.
+# ````
+#
+# ```{exercise} Rank
+# :label: stsa-deriv-ex-rank
+#
+# In section 6, how small can $\gamma$ be before the solve of eq. 10 becomes ill-conditioned, and
+# why does STSA (exact $G$) not have this problem when $n_t > M$? Use {eq}`stsa-eq-ridge` with $\hat G$
+# in place of $G$.
+# ```
+#
+# ````{solution} stsa-deriv-ex-rank
+# :class: dropdown
+#
+# $\hat G$ has rank $\le\sum_iK_i$, so its smallest eigenvalues are exactly 0 and the condition
+# number of $\hat G+\gamma I$ is $\approx\lambda_{\max}/\gamma$; the exact $G$ of $n_t>M$ samples in
+# general position is full rank, so $\gamma$ only regularizes.
+# ````
+
+# %%
+selfcheck.stsa_rank(rk, M)

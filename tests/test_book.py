@@ -1,12 +1,18 @@
-"""Every chapter executed at the `smoke` profile, then the book built from them and inspected.
+"""Every chapter executed at the `smoke` profile, then the book built from them and inspected:
+as files, and in a real browser (headless Chromium over a local HTTP server, no network).
 
 The build runs in a temporary copy of the book's sources, so a developer's executed `quick`
-notebooks in book/executed/ are left alone.
+notebooks in book/executed/ are left alone. Screenshots of every page go to _build/screenshots/.
 """
+import functools
+import http.server
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -42,6 +48,8 @@ def test_notebook_executed_without_errors_and_with_figures(book, name):
     assert any("image/png" in o.get("data", {}) for o in outputs), f"{name} shows no figure"
     params = [c for c in nb["cells"] if "injected-parameters" in c.get("metadata", {}).get("tags", [])]
     assert params and "profile = \"smoke\"" in "".join(params[0]["source"])
+    defaults = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert defaults and "hide-input" in defaults[0]["metadata"]["tags"]   # folded: the run's values show
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
@@ -115,3 +123,272 @@ def test_claims_ledger_page_lists_every_registered_claim(book):
         chapter = (book / "_build" / "html" / "book" / "executed" / f'{r["chapter"]}.html').read_text()
         assert f'id="claim-{r["id"]}"' in chapter, r["id"]
     assert {r["paper"] for r in recs} == set(claims.PAPERS)
+
+
+# --- The built book in a real browser: headless Chromium (Debian packages chromium and
+# chromium-driver, installed by `make browser`) driven by Selenium, over a local HTTP server on
+# 127.0.0.1. One browser session visits every page of the toc once (`browser_visits`); the tests
+# below each check one property of all pages, so a failure lists every page that has it.
+# FEDLIB_BOOK_HTML=path/to/_build/html checks a book already built there (for example by `make
+# html`) instead of building one at `smoke` (the pages are then those of the toc beside _build/).
+
+CHROMIUM = Path(os.environ.get("FEDLIB_CHROMIUM", "/usr/bin/chromium"))
+CHROMEDRIVER = Path(os.environ.get("FEDLIB_CHROMEDRIVER", "/usr/bin/chromedriver"))
+SCREENSHOTS = REPO / "_build" / "screenshots"   # kept after the tests, for review (git-ignored)
+WINDOW = (1280, 2000)
+RAW_TEX = ("$$", "\\(", "\\[", "\\begin{")
+REMOTE_TAG = re.compile(r"<(?:script|img|iframe|link|source|audio|video|embed)\b[^>]*?\s(?:src|href)=[\"']?(?:https?:)?//",
+                        re.IGNORECASE)
+
+# After a page has loaded: wait for MathJax's first typeset, the images and the fonts, then report
+# what a reader sees. Visible text excludes code (pre, code) and typeset math (mjx-container).
+PAGE_STATE_JS = """
+const done = arguments[arguments.length - 1];
+const mathjax = window.MathJax && window.MathJax.startup && window.MathJax.startup.promise;
+(mathjax || Promise.resolve()).then(async () => {
+  await Promise.all(Array.from(document.images).filter(i => !i.complete)
+                    .map(i => new Promise(r => { i.addEventListener('load', r); i.addEventListener('error', r); })));
+  await document.fonts.ready;
+  const text = document.body.cloneNode(true);
+  text.querySelectorAll('pre, code, script, style, textarea, mjx-container').forEach(e => e.remove());
+  const math = Array.from(document.querySelectorAll('.math'));
+  done({
+    mathjax: Boolean(mathjax),
+    text: text.textContent,
+    images: Array.from(document.images).map(i => [i.currentSrc || i.src, i.complete && i.naturalWidth > 0]),
+    math: math.length,
+    typeset: document.querySelectorAll('mjx-container').length,
+    untypeset: math.filter(e => !e.querySelector('mjx-container')).map(e => e.textContent.trim().slice(0, 80)),
+    math_errors: Array.from(document.querySelectorAll('mjx-merror'))
+                      .map(e => e.getAttribute('data-mjx-error') || e.textContent),
+    links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href),
+    nav: Array.from(document.querySelectorAll('nav.bd-docs-nav a[href]')).map(a => a.href),
+    resources: performance.getEntriesByType('resource').map(e => e.name),
+  });
+}).catch(e => done({error: String(e)}));
+"""
+
+
+def toc_pages(root: Path) -> list[str]:
+    """Every page of the book whose sources are at ``root``, in toc order: its root, then each
+    ``file`` of _toc.yml's parts / chapters / sections (e.g. "book/executed/afl_derivation")."""
+    import yaml
+
+    toc = yaml.safe_load((root / "_toc.yml").read_text())
+    pages, todo = [toc["root"]], [toc]
+    while todo:
+        entry = todo.pop(0)
+        if "file" in entry and entry is not toc:
+            pages.append(entry["file"])
+        todo[:0] = entry.get("parts", []) + entry.get("chapters", []) + entry.get("sections", [])
+    return [p.removesuffix(".md").removesuffix(".ipynb") for p in pages]
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+class _QuietServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):   # the browser closing a connection early
+        pass
+
+
+@pytest.fixture(scope="module")
+def site(request):
+    """(html directory, origin, toc pages): the built book served on 127.0.0.1 at a free port by a
+    thread of this process, shut down after the module."""
+    if os.environ.get("FEDLIB_BOOK_HTML"):
+        html = Path(os.environ["FEDLIB_BOOK_HTML"]).resolve()
+    else:
+        html = request.getfixturevalue("book") / "_build" / "html"
+    server = _QuietServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(html)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield html, f"http://127.0.0.1:{server.server_address[1]}", toc_pages(html.parent.parent)
+    server.shutdown()
+    server.server_close()
+    thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """One headless Chromium session for the module, with Debian's chromium and chromedriver given
+    explicitly (Selenium Manager, which would download a driver, is never asked). Host names other
+    than 127.0.0.1 do not resolve, so the browser is offline even on a machine with internet."""
+    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
+    if missing:
+        pytest.fail(f"headless Chromium is needed for the browser tests; missing: {', '.join(missing)}. "
+                    "Install the Debian packages chromium and chromium-driver (`make browser` does it as root), "
+                    "or set FEDLIB_CHROMIUM / FEDLIB_CHROMEDRIVER.")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for arg in ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--hide-scrollbars",
+                f"--window-size={WINDOW[0]},{WINDOW[1]}", "--no-first-run", "--disable-extensions",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"]:
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
+    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
+    try:
+        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",   # screenshots of exactly WINDOW
+                               {"width": WINDOW[0], "height": WINDOW[1], "deviceScaleFactor": 1, "mobile": False})
+        driver.set_page_load_timeout(60)
+        driver.set_script_timeout(60)
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture(scope="module")
+def browser_visits(site, browser):
+    """Every toc page (and search, genindex) loaded once in the browser: {page: what it showed (PAGE_STATE_JS) + the
+    console's errors ("console") + every URL the page requested ("requests", from the DevTools
+    network log)}. Saves a screenshot of each page's top (WINDOW) under SCREENSHOTS, and one with
+    the page's first figure in view (NAME__figure.png) where it has images."""
+    html, origin, pages = site
+    shutil.rmtree(SCREENSHOTS, ignore_errors=True)
+    SCREENSHOTS.mkdir(parents=True)
+    visits = {}
+    for page in pages + ["search", "genindex"]:   # and the two pages Sphinx adds
+        browser.get(f"{origin}/{page}.html")
+        state = browser.execute_async_script(PAGE_STATE_JS)
+        state["console"] = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+        events = [json.loads(e["message"])["message"] for e in browser.get_log("performance")]
+        state["requests"] = [ev["params"]["request"]["url"] for ev in events if ev["method"] == "Network.requestWillBeSent"]
+        shot = SCREENSHOTS / page.replace("/", "__")
+        browser.save_screenshot(f"{shot}.png")
+        if browser.execute_script("const i = document.querySelector('main img');"
+                                  "if (i) { i.scrollIntoView({block: 'center'}); } return Boolean(i);"):
+            browser.save_screenshot(f"{shot}__figure.png")
+        visits[page] = state
+    return visits
+
+
+def test_every_page_loads_without_console_errors(browser_visits):
+    bad = {p: v.get("error") or v["console"] for p, v in browser_visits.items() if v.get("error") or v["console"]}
+    assert not bad, bad
+
+
+def test_every_image_loads(browser_visits):
+    bad = {p: broken for p, v in browser_visits.items() if (broken := [src for src, ok in v["images"] if not ok])}
+    assert not bad, bad
+    for name in NOTEBOOKS if not os.environ.get("FEDLIB_BOOK_HTML") else []:
+        assert browser_visits[f"book/executed/{name}"]["images"], f"{name}: no image on the page"
+
+
+def test_every_formula_is_typeset_from_the_build(browser_visits):
+    """MathJax (served by the build) typeset every formula: no raw TeX left in the visible text,
+    every .math element holds an mjx-container, no MathJax error."""
+    bad = {}
+    for page, v in browser_visits.items():
+        problems = [f"raw {t!r} in the text" for t in RAW_TEX if t in v["text"]]
+        if v["math"] and not (v["mathjax"] and v["typeset"]):
+            problems.append(f"{v['math']} formulas but MathJax did not run")
+        problems += [f"not typeset: {m}" for m in v["untypeset"][:3]] + [f"MathJax error: {m}" for m in v["math_errors"]]
+        if problems:
+            bad[page] = problems
+    assert not bad, bad
+    assert sum(v["typeset"] for v in browser_visits.values()) > 0, "no formula anywhere in the book"
+
+
+def test_every_internal_link_resolves(site, browser_visits):
+    """Each link to a page of the site answers 200, and its #anchor exists in the target."""
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    _, origin, _ = site
+    fetched = {}
+
+    def fetch(url):
+        if url not in fetched:
+            try:
+                with urllib.request.urlopen(url, timeout=30) as r:
+                    body = r.read().decode("utf-8", "replace")
+                    fetched[url] = (r.status, set(re.findall(r'\b(?:id|name)="([^"]+)"', body)))
+            except urllib.error.HTTPError as err:
+                fetched[url] = (err.code, set())
+        return fetched[url]
+
+    bad = {}
+    for page, v in browser_visits.items():
+        for href in set(v["links"]):
+            if not href.startswith(origin + "/"):
+                continue
+            url, _, anchor = href.partition("#")
+            status, ids = fetch(url)
+            if status != 200:
+                bad.setdefault(page, []).append(f"{href}: HTTP {status}")
+            elif anchor and urllib.parse.unquote(anchor) not in ids:
+                bad.setdefault(page, []).append(f"{href}: no anchor #{anchor}")
+    assert not bad, bad
+
+
+def test_navigation_lists_every_chapter_on_every_page(site, browser_visits):
+    _, origin, pages = site
+    expected = {f"{origin}/{p}.html" for p in pages}
+    bad = {p: missing for p, v in browser_visits.items()
+           if (missing := sorted(expected - {h.partition("#")[0] for h in v["nav"]}))}
+    assert not bad, bad
+
+
+def test_no_page_requests_anything_from_another_host(site, browser_visits):
+    """Every request a page made (DevTools network log and the Resource Timing API) went to the
+    local server: scripts, styles, fonts, MathJax and images all come from the build."""
+    _, origin, _ = site
+    local = (origin + "/", "data:", "blob:", "about:")
+    bad = {p: remote for p, v in browser_visits.items()
+           if (remote := sorted({u for u in v["requests"] + v["resources"] if not u.startswith(local)}))}
+    assert not bad, bad
+    assert all(any(u.endswith(".js") or ".js?" in u for u in v["requests"]) for v in browser_visits.values())
+
+
+def test_built_pages_reference_nothing_on_another_host(site):
+    """Static counterpart of the browser check, over every HTML file of the build (not only the toc's):
+    no script, style, image or frame is loaded from another host, and no stylesheet imports a remote
+    url(). Links (<a href>) to the web are allowed. MathJax is served from _static/mathjax/."""
+    html, _, _ = site
+    bad = [str(f.relative_to(html)) for f in html.rglob("*.html") if REMOTE_TAG.search(f.read_text(errors="replace"))]
+    bad += [str(f.relative_to(html)) for f in (html / "_static").rglob("*.css")
+            if re.search(r"url\(\s*[\"']?(?:https?:)?//", f.read_text(errors="replace"))]
+    assert not bad, bad
+    assert (html / "_static" / "mathjax" / "tex-chtml.js").exists()
+    twice = [str(f.relative_to(html)) for f in html.rglob("*.html") if f.read_text(errors="replace").count("const THEBE_JS_URL") > 1]
+    assert not twice, f"inline script written twice (fedlib.runner.book._one_copy_of_each_inline_script): {twice}"
+    assert re.search(r'src="\.\./\.\./_static/mathjax/tex-chtml\.js(\?v=\w+)?"',
+                     (html / "book" / "executed" / "afl_derivation.html").read_text())
+
+
+def test_readme_and_first_page_say_how_to_open_the_built_book():
+    for doc in [REPO / "README.md", REPO / "book" / "intro.md"]:
+        text = doc.read_text()
+        assert "_build/html/index.html" in text and "http.server -d _build/html" in text, doc.name
+    assert "make html" in (REPO / "README.md").read_text()
+
+
+def test_make_test_installs_the_browser_first():
+    rules = {m.group(1): m.group(2).split() for m in re.finditer(r"^([\w-]+):([^=\n]*)$", (REPO / "Makefile").read_text(), re.M)}
+    assert "browser" in rules["test"] and "browser" in rules
+    assert "chromium-driver" in (REPO / "Makefile").read_text()
+
+
+def test_publishing_workflow_runs_make_all_and_deploys_the_html():
+    """.github/workflows/book.yml (it cannot run here): its one build command is `make all`, and it
+    publishes what `make all` builds (_build/html) with the GitHub Pages actions."""
+    import yaml
+
+    jobs = yaml.safe_load((REPO / ".github" / "workflows" / "book.yml").read_text())["jobs"]
+    build = jobs["build"]["steps"]
+    runs = [s["run"] for s in build if "run" in s]
+    assert runs[-1] == "make all" and not any("jupyter-book" in r or "fedlib.runner" in r for r in runs)
+    upload = next(s for s in build if s.get("uses", "").startswith("actions/upload-pages-artifact@"))
+    assert upload["with"]["path"] == "_build/html"
+    assert jobs["deploy"]["needs"] == "build"
+    assert any(s.get("uses", "").startswith("actions/deploy-pages@") for s in jobs["deploy"]["steps"])
+    assert re.search(r"^all: book$", (REPO / "Makefile").read_text(), re.M)

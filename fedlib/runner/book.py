@@ -5,6 +5,9 @@ When the build starts it
    a failed run must never reach the book, whoever wrote the file;
 2. writes the claims ledger table (``fedlib_claims_table``) from the claims registered in the
    executed notebooks (``fedlib_executed_dir``), so the ledger page shows what ran.
+
+Before the pages are written it also keeps one copy of each inline script (see
+``_one_copy_of_each_inline_script``): without it every page raises a SyntaxError in the browser.
 """
 from __future__ import annotations
 
@@ -46,8 +49,24 @@ def _on_builder_inited(app) -> None:
         table.write_text(text)
 
 
+def _one_copy_of_each_inline_script(app, env) -> None:
+    """Sphinx 7.4 writes an inline script that an extension adds after the builder started twice:
+    ``app.add_js_file(None, body=...)`` gives the builder an asset named ``None``, and
+    ``prepare_writing`` adds the registry's copy again named ``''``, which does not compare equal.
+    sphinx-thebe's ``const THEBE_JS_URL = ...`` then runs twice on every page (a SyntaxError in the
+    console). Renaming ``None`` to ``''`` here, after reading and before writing, lets Sphinx's own
+    de-duplication drop the second copy."""
+    from sphinx.builders.html._assets import _JavaScript
+
+    scripts = getattr(app.builder, "_js_files", None)
+    if scripts is not None:
+        scripts[:] = [_JavaScript("", priority=s.priority, **s.attributes) if s.filename is None else s
+                      for s in scripts]
+
+
 def setup(app):
     app.add_config_value("fedlib_executed_dir", "book/executed", "env")
     app.add_config_value("fedlib_claims_table", "book/generated/claims_table.md", "env")
     app.connect("builder-inited", _on_builder_inited)
+    app.connect("env-updated", _one_copy_of_each_inline_script)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

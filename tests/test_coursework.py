@@ -1,0 +1,342 @@
+"""Coursework and textbook apparatus of the book (fast: no chapter is executed).
+
+* every self-check of `fedlib.evaluation.selfcheck` says "as predicted" on a case that follows the
+  prediction and "NOT as predicted" on one that does not;
+* a tiny book with one exercise and its solution, built with jupyter-book in normal and in student
+  mode (`fedlib.runner.student`, what `make html-student` runs): the solution is in the first and
+  absent from the second, the exercise in both;
+* every `{eq}`, `{cite}`, `{term}`, `{ref}`/`{numref}`/`{prf:ref}` target used in the notebooks and
+  prose pages exists, parsed from the sources;
+* every chapter cites a paper, and every derivation chapter has a labelled equation (chapters
+  whose notebook does not exist yet are skipped);
+* every exercise has a solution and a self-check cell.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from fedlib.evaluation import selfcheck
+from fedlib.runner import student
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOKS = REPO / "notebooks"
+CHAPTERS = ["afl_derivation", "afl_benchmark", "afl_beyond", "stsa_derivation", "stsa_benchmark", "stsa_beyond",
+            "fedtsne_derivation", "fedtsne_benchmark", "fedtsne_privacy", "fedspeclust", "fedtsne_beyond",
+            "refed_theory", "refed_benchmark", "refed_beyond"]
+# chapters that derive the paper's results: they must label their equations
+DERIVATIONS = ["afl_derivation", "stsa_derivation", "fedtsne_derivation", "fedspeclust", "refed_theory",
+               "afl_beyond", "stsa_beyond", "fedtsne_beyond", "refed_beyond"]
+
+
+# ---------------------------------------------------------------------------------------------
+# self-checks: one case where the prediction holds, one where it does not
+# ---------------------------------------------------------------------------------------------
+def test_verdict_prints_one_line_with_the_outcome():
+    yes = selfcheck.Verdict("ex", "p", "measured m", True)
+    no = selfcheck.Verdict("ex", "p", "measured m", False)
+    assert str(yes).endswith(": as predicted") and bool(yes)
+    assert "NOT as predicted" in str(no) and not bool(no)
+
+
+def test_afl_printed_sign():
+    good = pd.DataFrame({"max rel. error": [3e-13, 2.4]})
+    assert selfcheck.afl_printed_sign(good)
+    assert not selfcheck.afl_printed_sign(pd.DataFrame({"max rel. error": [3e-13, 1e-9]}))
+    assert not selfcheck.afl_printed_sign(pd.DataFrame({"max rel. error": [1e-3, 2.4]}))
+    with pytest.raises(ValueError, match="max rel. error"):
+        selfcheck.afl_printed_sign(pd.DataFrame({"error": [0.0, 1.0]}))
+
+
+def test_afl_table1_break():
+    k = pd.Index([2, 10, 20, 50], name="K")
+    table = pd.DataFrame({"N_k": [5000, 1000, 500, 200], "ΔW w/o RI (ours)": [1e-9, 1e-9, 40.0, 90.0]}, index=k)
+    v = selfcheck.afl_table1_break(table, 512)
+    assert v and "first at K = 20" in str(v)
+    assert not selfcheck.afl_table1_break(table, 100)        # predicts no break, but K=20 and 50 broke
+    with pytest.raises(ValueError, match="dim"):
+        selfcheck.afl_table1_break(table, 0)
+
+
+def test_afl_gamma_conditioning():
+    rows = [("float64", g, s, e) for g, s, e in [(1e-6, "one_solve", 1e-12), (1e-6, "pairwise", 1e-2),
+                                                 (1.0, "one_solve", 1e-12), (1.0, "pairwise", 1e-12)]]
+    fp = pd.DataFrame(rows, columns=["dtype", "gamma", "server", "max rel. error"])
+    assert selfcheck.afl_gamma_conditioning(fp, 1e-10)
+    worse = fp.assign(**{"max rel. error": [1e-6, 1e-2, 1e-12, 1e-12]})   # one-solve outside its tolerance
+    assert not selfcheck.afl_gamma_conditioning(worse, 1e-10)
+
+
+def test_afl_accuracy_invariance():
+    assert selfcheck.afl_accuracy_invariance([0.81, 0.81, 0.81], 0.81)
+    assert not selfcheck.afl_accuracy_invariance([0.81, 0.8102], 0.81)
+    with pytest.raises(ValueError, match="at least one"):
+        selfcheck.afl_accuracy_invariance([], 0.8)
+
+
+def test_stsa_checks():
+    spatial = pd.DataFrame({"rel. err. W": [1e-13, 3e-12], "same predictions": [True, True]})
+    assert selfcheck.stsa_partition_invariance(spatial, 1e-10)
+    assert not selfcheck.stsa_partition_invariance(spatial.assign(**{"same predictions": [True, False]}), 1e-10)
+    # break-even from (M+1) c_t K_D < (M + c_t) M: 1260 * 1250 / (1251 * 10) = 125.9
+    assert selfcheck.stsa_break_even(125, 1250, 10)
+    assert not selfcheck.stsa_break_even(126, 1250, 10)
+    assert selfcheck.stsa_rank({"rank": 40, "bound": 50}, 1250)
+    assert not selfcheck.stsa_rank({"rank": 1250, "bound": 2000}, 1250)
+
+
+def test_fedtsne_exact_landmarks():
+    rng = np.random.default_rng(0)
+    x = np.c_[rng.normal(size=(200, 6)), np.zeros((200, 4))]       # 10 features, affine rank 6
+    rows = [("FedDL IID", n, e) for n, e in [(4, 0.3), (6, 0.1), (8, 1e-9), (20, 1e-10)]]
+    sweep = pd.DataFrame(rows + [("uniform sample (oracle)", 4, 0.2)], columns=["landmarks", "n_y", "rel. error of D_hat"])
+    v = selfcheck.fedtsne_exact_landmarks(sweep, x)
+    assert v and "r + 2 = 8" in str(v)
+    bad = sweep.copy()
+    bad.loc[2, "rel. error of D_hat"] = 1e-2                    # n_y = 8 = r + 2 but not exact
+    assert not selfcheck.fedtsne_exact_landmarks(bad, x)
+
+
+def test_fedtsne_accountants():
+    assert selfcheck.fedtsne_accountants(1.3, 1.1)
+    assert not selfcheck.fedtsne_accountants(0.9, 1.1)
+    with pytest.raises(ValueError, match="positive"):
+        selfcheck.fedtsne_accountants(0.0, 1.0)
+
+
+def test_refed_checks():
+    assert selfcheck.refed_mean_lambda(1 / 1.0005, 0.8, 500)
+    assert not selfcheck.refed_mean_lambda(0.8, 0.8, 500)
+    fin = pd.DataFrame({"s": [1, 1, 1, 5, 5], "lambda": [0.2, 0.5, 0.8, 0.2, 0.8], "dist": [0.3, 0.3, 0.3, 0.1, 0.5]})
+    assert selfcheck.refed_one_step_flat(fin)
+    assert not selfcheck.refed_one_step_flat(fin.assign(dist=[0.3, 0.31, 0.3, 0.1, 0.5]))
+
+
+# ---------------------------------------------------------------------------------------------
+# student build of a tiny book
+# ---------------------------------------------------------------------------------------------
+TINY_PAGE = """# Tiny
+
+$$ a = b $$ (tiny-eq)
+
+```{prf:theorem} A law
+:label: tiny-thm
+
+THEOREMTEXT
+```
+
+```{exercise} A question
+:label: tiny-ex
+
+EXERCISETEXT, see {eq}`tiny-eq` and {prf:ref}`tiny-thm`.
+```
+
+````{solution} tiny-ex
+:class: dropdown
+
+SOLUTIONTEXT
+````
+
+See {numref}`tiny-ex`.
+"""
+
+
+def test_student_build_removes_solutions_and_keeps_exercises(tmp_path):
+    cfg = yaml.safe_load((REPO / "_config.yml").read_text())
+    extensions = cfg["sphinx"]["extra_extensions"]
+    assert "sphinx_exercise" in extensions and "sphinx_proof" in extensions
+    tiny = {"title": "tiny", "only_build_toc_files": True, "execute": {"execute_notebooks": "off"},
+            "parse": cfg["parse"], "sphinx": {"extra_extensions": ["sphinx_exercise", "sphinx_proof"]}}
+    (tmp_path / "_config.yml").write_text(yaml.safe_dump(tiny))
+    (tmp_path / "_toc.yml").write_text("format: jb-book\nroot: intro\n")
+    (tmp_path / "intro.md").write_text(TINY_PAGE)
+    jb = Path(sys.executable).with_name("jupyter-book")
+    proc = subprocess.run([str(jb), "build", str(tmp_path), "-W", "--keep-going"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    normal = (tmp_path / "_build" / "html" / "intro.html").read_text()
+    out = student.build(tmp_path)
+    assert out == tmp_path / "_build" / "student" / "html"
+    students = (out / "intro.html").read_text()
+    for html in (normal, students):
+        assert "EXERCISETEXT" in html and "THEOREMTEXT" in html and "Exercise 1" in html
+    assert "SOLUTIONTEXT" in normal
+    assert "SOLUTIONTEXT" not in students
+
+
+def test_student_config_needs_sphinx_exercise(tmp_path):
+    (tmp_path / "c.yml").write_text(yaml.safe_dump({"sphinx": {"extra_extensions": []}}))
+    with pytest.raises(ValueError, match="sphinx_exercise"):
+        student.student_config(tmp_path / "c.yml", tmp_path / "out.yml")
+    out = student.student_config(REPO / "_config.yml", tmp_path / "student.yml")
+    assert yaml.safe_load(out.read_text())["sphinx"]["config"]["hide_solutions"] is True
+
+
+def test_makefile_has_the_student_target():
+    assert re.search(r"^html-student:", (REPO / "Makefile").read_text(), re.M)
+
+
+# ---------------------------------------------------------------------------------------------
+# references in the sources resolve
+# ---------------------------------------------------------------------------------------------
+def _markdown(path: Path) -> str:
+    """The markdown text of a page: a .md file, or the markdown cells of a jupytext percent notebook."""
+    text = path.read_text()
+    if path.suffix == ".md":
+        return text
+    cells, md = [], False
+    for line in text.splitlines():
+        if line.startswith("# %%"):
+            md = "[markdown]" in line
+            continue
+        if md:
+            cells.append(line[2:] if line.startswith("# ") else line.lstrip("#"))
+    return "\n".join(cells)
+
+
+def _sources() -> dict[str, str]:
+    pages = sorted(NOTEBOOKS.glob("*.py")) + sorted((REPO / "book").glob("*.md"))
+    return {p.name: _markdown(p) for p in pages}
+
+
+def _roles(text: str, role: str) -> list[str]:
+    """Targets of {role}`...` (the part in <...> when the role has an explicit title)."""
+    out = []
+    for body in re.findall(r"\{" + re.escape(role) + r"\}`([^`]+)`", text):
+        m = re.search(r"<([^>]+)>\s*$", body)
+        out.append((m.group(1) if m else body).strip())
+    return out
+
+
+def _bib_keys() -> set[str]:
+    return set(re.findall(r"@\w+\s*\{\s*([^,\s]+)\s*,", (REPO / "book" / "references.bib").read_text()))
+
+
+def _labels(texts) -> tuple[set[str], set[str]]:
+    """(equation labels, other labels: `(x)=` targets and `:label:` options) in the sources."""
+    eqs, others = set(), set()
+    for text in texts:
+        eqs |= set(re.findall(r"\$\$\s*\(([\w:.-]+)\)\s*$", text, re.M))
+        others |= set(re.findall(r"^\s*\(([\w:.-]+)\)=\s*$", text, re.M))
+        others |= set(re.findall(r"^\s*:label:\s*([\w:.-]+)\s*$", text, re.M))
+    return eqs, others
+
+
+def _glossary_terms() -> set[str]:
+    text = (REPO / "book" / "glossary.md").read_text()
+    block = re.search(r"```\{glossary\}\n(.*?)\n```", text, re.S)
+    assert block, "book/glossary.md must hold a {glossary} directive"
+    return {line.strip().lower() for line in block.group(1).splitlines()
+            if line.strip() and not line.startswith((" ", "\t", ":"))}
+
+
+def test_every_reference_in_the_sources_resolves():
+    sources = _sources()
+    eqs, others = _labels(sources.values())
+    keys, terms = _bib_keys(), _glossary_terms()
+    problems = []
+    for name, text in sources.items():
+        problems += [f"{name}: {{eq}}`{t}`" for t in _roles(text, "eq") if t not in eqs]
+        problems += [f"{name}: {{cite}}`{k}`" for r in ("cite", "cite:p", "cite:t") for t in _roles(text, r)
+                     for k in t.split(",") if k.strip() not in keys]
+        problems += [f"{name}: {{term}}`{t}`" for t in _roles(text, "term") if t.lower() not in terms]
+        problems += [f"{name}: {{{r}}}`{t}`" for r in ("ref", "numref", "prf:ref") for t in _roles(text, r)
+                     if t not in others]
+    assert not problems, "unresolved targets: " + "; ".join(problems)
+
+
+def test_labels_are_unique():
+    seen: dict[str, str] = {}
+    dup = []
+    for name, text in _sources().items():
+        eqs, others = _labels([text])
+        for label in eqs | others:
+            if label in seen:
+                dup.append(f"{label} ({seen[label]}, {name})")
+            seen[label] = name
+    assert not dup, dup
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_chapter_cites_and_labels_equations(chapter):
+    path = NOTEBOOKS / f"{chapter}.py"
+    if not path.exists():
+        pytest.skip(f"{path.name} does not exist yet")
+    text = _markdown(path)
+    assert any(_roles(text, r) for r in ("cite", "cite:p", "cite:t")), f"{chapter} cites nothing"
+    if chapter in DERIVATIONS:
+        assert _labels([text])[0], f"{chapter} has no labelled equation"
+
+
+def test_glossary_is_in_the_toc_and_used():
+    toc = yaml.safe_load((REPO / "_toc.yml").read_text())
+    first = toc["parts"][0]
+    assert first["caption"] == "Using this book"
+    assert "book/glossary" in [c["file"] for c in first["chapters"]]
+    used = {t.lower() for text in _sources().values() for t in _roles(text, "term")}
+    assert len(used) >= 5, used
+
+
+# ---------------------------------------------------------------------------------------------
+# coursework: exercises with solutions and self-checks, at least two per paper
+# ---------------------------------------------------------------------------------------------
+def _exercise_labels(text: str) -> list[str]:
+    return re.findall(r"```\{exercise\}[^\n]*\n:label:\s*(\S+)", text)
+
+
+@pytest.mark.parametrize("chapter", [c for c in CHAPTERS if not c.endswith("_beyond")])
+def test_exercises_have_solutions_and_selfchecks(chapter):
+    src = (NOTEBOOKS / f"{chapter}.py").read_text()
+    text = _markdown(NOTEBOOKS / f"{chapter}.py")
+    labels = _exercise_labels(text)
+    assert labels, f"{chapter} has no {{exercise}}"
+    solved = set(re.findall(r"`\{solution\}\s+(\S+)", text))
+    assert set(labels) <= solved, f"{chapter}: exercises without a solution: {set(labels) - solved}"
+    assert "{admonition} Solutions" not in text, "solutions must be {solution} blocks (hidden in the student build)"
+    assert "selfcheck." in src, f"{chapter} has no self-check cell"
+
+
+def test_at_least_two_selfchecked_exercises_per_paper():
+    for paper in ["afl", "stsa", "fedtsne", "refed"]:
+        files = list(NOTEBOOKS.glob(f"{paper}_*.py")) + ([NOTEBOOKS / "fedspeclust.py"] if paper == "fedtsne" else [])
+        # calls in code (not in markdown, whose lines start with '#')
+        calls = sum(len(re.findall(r"^[^#\n]*\bselfcheck\.\w+\(", p.read_text(), re.M)) for p in files)
+        assert calls >= 2, f"{paper}: {calls} self-check cells"
+
+
+def test_coursework_page_lists_every_exercise():
+    page = (REPO / "book" / "coursework.md").read_text()
+    assert "make html-student" in page
+    for chapter in CHAPTERS:
+        path = NOTEBOOKS / f"{chapter}.py"
+        if path.exists() and not chapter.endswith("_beyond"):
+            for label in _exercise_labels(_markdown(path)):
+                assert f"{{ref}}`{label}`" in page or f"{{numref}}`{label}`" in page, f"{label} not listed"
+
+
+def test_later_selfchecks():
+    assert selfcheck.stsa_beta_invariance(pd.Series([0.0, 0.0]), 0.01)
+    assert not selfcheck.stsa_beta_invariance(pd.Series([0.0, 0.4]), 0.01)
+    quality = pd.DataFrame({"estimate": ["FedDL landmarks", "FedDL landmarks", "FedDL landmarks, plain"],
+                            "n_y": [10, 70, 70], "D-hat rel. error": [0.2, 1e-9, 0.05]})
+    assert selfcheck.fedtsne_plain_vs_squared(quality, 64)
+    assert not selfcheck.fedtsne_plain_vs_squared(quality.assign(**{"D-hat rel. error": [0.2, 1e-9, 1e-12]}), 64)
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(30, 5))
+    flat = x.copy()
+    flat[:, 4] = x[:, 4].mean()                              # projection on a 4-dim affine span
+    assert selfcheck.fedtsne_reconstruction(x, x, x, 5)       # span is all of R^5: exact
+    assert selfcheck.fedtsne_reconstruction(flat, flat, x, 4)  # smaller span: the projection, not exact
+    assert not selfcheck.fedtsne_reconstruction(flat, flat, x, 5)   # full span but not exact
+    assert not selfcheck.fedtsne_reconstruction(x, flat, x, 4)      # reconstruction is not the projection
+    acc = np.tril(rng.uniform(size=(3, 3)))
+    assert selfcheck.refed_full_memory(acc, acc.copy(), 500, 400)
+    assert not selfcheck.refed_full_memory(acc, acc + 0.01, 500, 400)
+    assert selfcheck.refed_full_memory(acc, acc + 0.01, 100, 400)
