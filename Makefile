@@ -5,6 +5,9 @@ PY          := $(VENV)/bin/python
 PROFILE     ?= quick
 NB          ?= afl_benchmark
 ARGS        ?=
+# chapters executed side by side by `make notebooks`: 2 on the 2-core default machine; one at a time
+# at the paper profile (each chapter sizes itself to the whole GPU)
+JOBS        ?= $(if $(filter paper,$(PROFILE)),1,2)
 
 FLOWER      ?= afl num-clients=3
 
@@ -23,7 +26,7 @@ data: setup
 	PYTHON=$(PY) bash data/get_data.sh
 
 notebooks: data
-	$(PY) -m fedlib.runner all --profile $(PROFILE)
+	$(PY) -m fedlib.runner all --profile $(PROFILE) --jobs $(JOBS)
 
 html: setup
 	$(VENV)/bin/jupyter-book build . -W --keep-going

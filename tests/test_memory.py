@@ -61,3 +61,19 @@ def test_fedtsne_above_the_dense_limit_is_estimated_on_the_knn_path():
     at_limit = memory.estimate("fedtsne_benchmark", params("fedtsne_benchmark", "quick", n_points={
         "mnist5k": 1000, "fashion_mnist": DENSE_MAX_POINTS, "optdigits": 1000}))
     assert at_limit.host_bytes == pytest.approx(4 * 8 * DENSE_MAX_POINTS**2)
+
+
+def test_every_chapter_but_the_theory_one_has_an_estimator_that_grows_with_its_sizes():
+    assert set(profiles.notebook_names()) - set(memory.ESTIMATORS) == {"refed_theory"}   # only small arrays there
+    afl = memory.estimate("afl_beyond", params("afl_beyond", "quick"))
+    assert afl.host["stacked client factors R_k for TSQR (at most n x (d+C) float64)"] == 12000 * (1280 + 10) * 8
+    assert memory.estimate("afl_beyond", params("afl_beyond", "quick", loco_clients=50)).host_bytes > afl.host_bytes
+    stsa = memory.estimate("stsa_beyond", params("stsa_beyond", "quick", M=3000))
+    assert stsa.host["Gram G, its solve and the server's sums (6 M x M float64)"] == 6 * 8 * 3000**2
+    assert memory.estimate("stsa_beyond", params("stsa_beyond", "paper")).device_bytes > 0   # cuda at paper
+    tsne = memory.estimate("fedtsne_beyond", params("fedtsne_beyond", "quick", n_points=3000))
+    assert tsne.host_bytes == 4 * 8 * 3000**2
+    one = memory.estimate("refed_beyond", params("refed_beyond", "quick", model="resnet18", workers=1))
+    two = memory.estimate("refed_beyond", params("refed_beyond", "quick", model="resnet18", workers=2))
+    images = one.host["images as float32 tensors"]
+    assert two.host_bytes - images == pytest.approx(2 * (one.host_bytes - images))   # each forked run trains its own model

@@ -27,6 +27,8 @@ FEATURE_DIMS = {"efficientnet_lite0": 1280, "resnet18": 512}
 #: outputs of every conv / norm / ReLU layer of the CIFAR variant, counted from its layer shapes)
 RESNET18_ACTIVATIONS_32PX = 2_500_000
 RESNET18_PARAMS = 11_200_000
+#: classes of the datasets that do not have 10
+NUM_CLASSES = {"cifar100": 100}
 
 
 @dataclass
@@ -72,14 +74,33 @@ def _afl_derivation(v) -> Estimate:
     return Estimate({"data X and copies (3 n x d float64)": 3 * n * d * F64, "Gram matrices (6 d x d float64)": 6 * d * d * F64})
 
 
-def _stsa_benchmark(v) -> Estimate:
+def _stsa_benchmark(v, extra_gram_copies: int = 0) -> Estimate:
     M = max([v["M"], v["M_scratch"], *v["ablation_M"], *v["ablation_M_scratch"]])
     n, d = max((_features(v, ds, None if v["n_train"] is None else v["n_train"] + (v["n_test"] or 0))
                 for ds in v["datasets"]), default=(0, 0))
+    grams = 4 + extra_gram_copies
     host = {"features (float32)": n * d * F32, "random features of one chunk (4096 x M float64)": 4096 * M * F64,
-            "Gram G, its solve and the server's sums (4 M x M float64)": 4 * M * M * F64}
+            f"Gram G, its solve and the server's sums ({grams} M x M float64)": grams * M * M * F64}
     device = dict(host) if v["device"] == "cuda" else {}
     return Estimate(host, device)
+
+
+def _afl_beyond(v) -> Estimate:
+    n, d = _features(v, v["dataset"], None if v["n_train"] is None and v["n_test"] is None
+                     else (v["n_train"] or 0) + (v["n_test"] or 0))
+    p = d + NUM_CLASSES.get(v["dataset"], 10)
+    return Estimate({"images (uint8)": n * DATASET_SIZES.get(v["dataset"], (0, 0))[1],
+                     "features (float32)": n * d * F32,
+                     "stacked client factors R_k for TSQR (at most n x (d+C) float64)": n * p * F64,
+                     f"statistics of the {v['loco_clients']} leave-one-out clients and the sums ((k+2) (d+C)^2 float64)":
+                         (v["loco_clients"] + 2) * p * p * F64,
+                     "conditioning study: data, its copy and QR (3 n x d float64)": 3 * v["cond_samples"] * v["cond_dim"] * F64})
+
+
+def _stsa_beyond(v) -> Estimate:
+    """As :func:`_stsa_benchmark` at one dataset and one M, plus GCV's eigenvectors of the M x M Gram."""
+    return _stsa_benchmark({**v, "datasets": [v["dataset"]], "M_scratch": 0, "ablation_M": [], "ablation_M_scratch": []},
+                           extra_gram_copies=2)
 
 
 def _stsa_derivation(v) -> Estimate:
@@ -121,7 +142,7 @@ def _fedtsne_small(v) -> Estimate:
     return Estimate(_dense(v["n_points"], 4, "pooled distances, Nystrom estimate, square root, affinities"))
 
 
-def _refed_benchmark(v) -> Estimate:
+def _refed_benchmark(v, runs_at_once: int = 1) -> Estimate:
     dataset = v["dataset"]
     n = _points(dataset, None if v["n_train"] is None else v["n_train"] + (v["n_test"] or 0))
     px = DATASET_SIZES.get(dataset, (0, 0))[1]
@@ -130,6 +151,8 @@ def _refed_benchmark(v) -> Estimate:
         scale = px / 3072
         train = {"ResNet-18 weights, gradients, momentum, global and PIM copies (5 x float32)": 5 * RESNET18_PARAMS * F32,
                  "activations of one batch (float32)": v["batch_size"] * RESNET18_ACTIVATIONS_32PX * scale * F32}
+        if runs_at_once > 1:
+            train = {f"{name}, x {runs_at_once} runs at once": b * runs_at_once for name, b in train.items()}
         (host if v["device"] == "cpu" else {}).update(train)
         device = train if v["device"] != "cpu" else {}
         return Estimate(host, device)
@@ -140,6 +163,8 @@ ESTIMATORS: dict[str, Callable[[Mapping[str, Any]], Estimate]] = {
     "afl_derivation": _afl_derivation, "afl_benchmark": _afl_benchmark, "stsa_derivation": _stsa_derivation,
     "stsa_benchmark": _stsa_benchmark, "fedtsne_benchmark": _fedtsne_benchmark, "fedspeclust": _fedspeclust,
     "fedtsne_derivation": _fedtsne_small, "fedtsne_privacy": _fedtsne_small, "refed_benchmark": _refed_benchmark,
+    "afl_beyond": _afl_beyond, "stsa_beyond": _stsa_beyond, "fedtsne_beyond": _fedtsne_small,
+    "refed_beyond": lambda v: _refed_benchmark(v, runs_at_once=max(1, int(v["workers"]))),
 }
 
 

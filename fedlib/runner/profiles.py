@@ -29,7 +29,8 @@ from typing import Any, Mapping
 
 import yaml
 
-from fedlib.runner import memory, specs
+from fedlib.runner import memory, schedule, specs
+from fedlib.runner.schedule import minutes
 from fedlib.runner.paths import EXECUTED_DIR, FAILED_DIR, NOTEBOOK_DIR, PROFILE_FILE, REPO  # noqa: F401
 
 
@@ -47,6 +48,13 @@ def notebook_names() -> list[str]:
     """Chapters in the order the book builds them (``notebooks/profiles.yml``: ``order``)."""
     with open(PROFILE_FILE) as f:
         return list(yaml.safe_load(f)["order"])
+
+
+def chapter_after() -> dict[str, list[str]]:
+    """``{chapter: [chapters it must come after]}`` (``notebooks/profiles.yml``: ``after``): a chapter
+    that reads a cache another chapter writes waits for it when chapters run side by side."""
+    with open(PROFILE_FILE) as f:
+        return dict(yaml.safe_load(f).get("after") or {})
 
 
 def notebook_parameters(name: str) -> dict[str, Any]:
@@ -156,14 +164,11 @@ def _fold_default_parameters(notebook_json: str) -> str:
     return json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
 
 
-def _minutes(seconds: float) -> str:
-    return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
-
-
 def run_notebook(name: str, profile: str = "quick", overrides: Mapping[str, Any] | None = None,
-                 output: Path | None = None, cwd: Path | None = None, progress: bool = True) -> Path:
+                 output: Path | None = None, cwd: Path | None = None, progress: bool | dict = True) -> Path:
     """Execute one chapter at ``profile`` with ``overrides``; return the executed notebook's path.
-    ``progress``: a per-cell bar on stderr (chapter, cell, elapsed, estimated time left)."""
+    ``progress``: a per-cell bar on stderr (chapter, cell, elapsed, estimated time left); a dict adds
+    tqdm options (``{"position": 1}``: the second row, when chapters run side by side)."""
     import papermill
 
     params = resolve_parameters(name, profile, overrides)
@@ -176,7 +181,8 @@ def run_notebook(name: str, profile: str = "quick", overrides: Mapping[str, Any]
         # execute into a scratch file; the chapter is replaced only when every cell ran
         scratch = Path(tmp) / f"{name}.executed.ipynb"
         try:
-            bar = {"desc": f"[{profile}] {name}", "unit": "cell", "leave": True} if progress else False
+            bar = ({"desc": f"[{profile}] {name}", "unit": "cell", "leave": True,
+                    **(progress if isinstance(progress, dict) else {})} if progress else False)
             papermill.execute_notebook(str(source), str(scratch), parameters=params, kernel_name="python3",
                                        cwd=str(cwd or NOTEBOOK_DIR), progress_bar=bar, log_output=False)
         except BaseException:
@@ -199,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="parameter overrides name=value (YAML values)")
     parser.add_argument("--profile", default="quick", help="smoke, quick or paper (default quick)")
     parser.add_argument("--output", type=Path, help="executed notebook path (one notebook only)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="chapters executed side by side (default 1; 2 on a 2-core machine at quick)")
     parser.add_argument("--timings", action="store_true",
                         help="print the slowest cells of each executed chapter in the book and stop")
     parser.add_argument("--estimate", action="store_true",
@@ -229,6 +237,15 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:  # validate every name and its memory before any long work
         params = resolve_parameters(name, args.profile, overrides)
         memory.check_fits(name, {**notebook_parameters(name), **params})
+    if args.jobs != 1:
+        if args.output:
+            raise ValueError("--output names one executed notebook; it cannot be used with --jobs")
+        start = time.perf_counter()
+        schedule.run_chapters(names, args.profile, args.jobs, chapter_after(),
+                              {n: last_duration(n, args.profile) for n in names}, overrides)
+        print(f"[{args.profile}] {len(names)} chapter(s) on {args.jobs} workers: "
+              f"{minutes(time.perf_counter() - start)}", flush=True)
+        return 0
     start = time.perf_counter()
     for i, name in enumerate(names):
         print(f"[{args.profile}] chapter {i + 1}/{len(names)}: {name}; {_estimate(names[i:], args.profile)}",
@@ -236,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         out = run_notebook(name, args.profile, overrides, args.output)
         print(f"[{args.profile}] {name}: {time.perf_counter() - t0:.0f} s -> {out} "
-              f"(elapsed {_minutes(time.perf_counter() - start)})", flush=True)
+              f"(elapsed {minutes(time.perf_counter() - start)})", flush=True)
     return 0
 
 
@@ -248,7 +265,7 @@ def _estimate(remaining: list[str], profile: str) -> str:
     if len(unknown) == len(remaining):
         return "no earlier run at this profile to estimate the time left from"
     note = f", plus {len(unknown)} chapter(s) never run at this profile" if unknown else ""
-    return f"about {_minutes(seconds)} left by the last runs{note}"
+    return f"about {minutes(seconds)} left by the last runs{note}"
 
 
 def cli(argv: list[str] | None = None) -> None:

@@ -1,0 +1,149 @@
+"""Execute several chapters at once: ``python -m fedlib.runner all --jobs 2``.
+
+The chapters are independent notebooks, except that some read a feature cache another writes
+(``after`` in ``notebooks/profiles.yml``: ``afl_beyond`` reads the features ``afl_benchmark``
+extracts). :func:`plan` orders them: a chapter becomes ready when the chapters it comes after are
+done, and among the ready ones the longest (by its last run at this profile; a chapter never run
+first) starts first, so the long chapters do not end up last on one worker (longest-processing-time
+scheduling). :func:`run_chapters` runs the plan on ``jobs`` worker processes, each executing one
+chapter at a time with :func:`fedlib.runner.profiles.run_notebook`; a failed chapter stops new
+starts, the running ones finish, and the first error is raised.
+
+Each chapter keeps its own thread settings (``num_threads``); the workers set
+``OMP_WAIT_POLICY=PASSIVE`` so that idle OpenMP threads of one chapter do not spin on the cores the
+other needs.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from typing import Any, Callable, Mapping, Sequence
+
+_SLOT = 0   # this worker's progress-bar row (set by _init_worker)
+
+
+def order_key(name: str, last: Mapping[str, float | None]) -> tuple[bool, float]:
+    """Sort key of a ready chapter: never-run chapters first, then the longest last run first."""
+    seconds = last.get(name)
+    return (seconds is not None, -(seconds or 0.0))
+
+
+def check_after(names: Sequence[str], after: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+    """``after`` restricted to the chapters being run (a chapter outside ``names`` is not waited
+    for: its cache is already there or the chapter will compute it itself). Refuses unknown names
+    and cycles with a ValueError."""
+    known = set(names)
+    deps: dict[str, list[str]] = {}
+    for chapter, before in after.items():
+        if not isinstance(before, (list, tuple)):
+            raise ValueError(f"after: {chapter!r} must list chapters, got {before!r}")
+        deps[chapter] = [b for b in before if b in known]
+    state: dict[str, int] = {}
+
+    def visit(n: str, path: list[str]) -> None:
+        if state.get(n) == 2:
+            return
+        if state.get(n) == 1:
+            raise ValueError(f"after: the chapters wait for each other in a cycle: {' -> '.join(path + [n])}")
+        state[n] = 1
+        for b in deps.get(n, []):
+            visit(b, path + [n])
+        state[n] = 2
+
+    for n in names:
+        visit(n, [])
+    return {n: deps.get(n, []) for n in names}
+
+
+def plan(names: Sequence[str], after: Mapping[str, Sequence[str]], last: Mapping[str, float | None]) -> list[str]:
+    """The order in which one worker would start the chapters (dependencies first, longest first)."""
+    deps, done, order = check_after(names, after), set(), []
+    while len(order) < len(names):
+        ready = [n for n in names if n not in done and all(b in done for b in deps[n])]
+        nxt = min(ready, key=lambda n: order_key(n, last))
+        order.append(nxt)
+        done.add(nxt)
+    return order
+
+
+def _init_worker(counter) -> None:
+    global _SLOT
+    with counter.get_lock():
+        _SLOT = counter.value
+        counter.value += 1
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def _run_one(name: str, profile: str, overrides: Mapping[str, Any]) -> tuple[str, float]:
+    from fedlib.runner.profiles import run_notebook
+
+    t0 = time.perf_counter()
+    run_notebook(name, profile, overrides, progress={"position": _SLOT})
+    return name, time.perf_counter() - t0
+
+
+def run_chapters(names: Sequence[str], profile: str, jobs: int, after: Mapping[str, Sequence[str]],
+                 last: Mapping[str, float | None], overrides: Mapping[str, Any] | None = None,
+                 run_one: Callable[[str, str, Mapping[str, Any]], tuple[str, float]] = _run_one,
+                 log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict[str, float]:
+    """Execute ``names`` at ``profile`` on ``jobs`` processes; ``{name: seconds}`` of each chapter.
+
+    ``last``: each chapter's last duration at this profile (None: never run), for the order and the
+    time-left estimate. ``run_one`` is the worker's function (replaceable in tests).
+    """
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
+    deps = check_after(names, after)
+    overrides = dict(overrides or {})
+    ctx = multiprocessing.get_context("spawn")   # a fresh interpreter per worker: no forked torch/BLAS state
+    start, times, running = time.perf_counter(), {}, {}
+    pending = list(names)
+    failure: BaseException | None = None
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init_worker,
+                             initargs=(ctx.Value("i", 0),)) as pool:
+        while pending or running:
+            ready = sorted((n for n in pending if all(b in times for b in deps[n])),
+                           key=lambda n: order_key(n, last))
+            while failure is None and ready and len(running) < jobs:
+                name = ready.pop(0)
+                pending.remove(name)
+                log(f"[{profile}] start {name} ({len(times) + len(running) + 1}/{len(names)})")
+                running[pool.submit(run_one, name, profile, overrides)] = name
+            if not running:
+                break
+            finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            for fut in finished:
+                name = running.pop(fut)
+                try:
+                    _, seconds = fut.result()
+                except BaseException as err:   # noqa: BLE001 - let the running chapters finish, then raise
+                    failure = failure or err
+                    log(f"[{profile}] {name} FAILED: {type(err).__name__}: {err}")
+                    continue
+                times[name] = seconds
+                left = [n for n in pending + list(running.values())]
+                log(f"[{profile}] {name}: {seconds:.0f} s (done {len(times)}/{len(names)}, elapsed "
+                    f"{minutes(time.perf_counter() - start)}; {_left(left, last, jobs)})")
+    if failure is not None:
+        raise failure
+    return times
+
+
+def minutes(seconds: float) -> str:
+    """"42 s" below 90 s, else "3.5 min"."""
+    return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def _left(remaining: Sequence[str], last: Mapping[str, float | None], jobs: int) -> str:
+    """About how long the chapters not finished yet take on ``jobs`` workers, from their last runs."""
+    if not remaining:
+        return "nothing left"
+    known = [last[n] for n in remaining if last.get(n) is not None]
+    if not known:
+        return "no earlier run to estimate the time left from"
+    unknown = len(remaining) - len(known)
+    note = f", plus {unknown} chapter(s) never run at this profile" if unknown else ""
+    return f"about {minutes(max(max(known), sum(known) / jobs))} left by the last runs{note}"

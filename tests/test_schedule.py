@@ -1,0 +1,71 @@
+"""Chapters side by side (fedlib.runner.schedule): order, dependencies, concurrency, failures."""
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from fedlib.runner import profiles, schedule
+
+
+def test_plan_puts_dependencies_first_then_the_longest():
+    last = {"a": 10.0, "b": 100.0, "c": 50.0, "d": None}
+    # d never ran: first; b is the longest but waits for a
+    assert schedule.plan(["a", "b", "c", "d"], {"b": ["a"]}, last) == ["d", "c", "a", "b"]
+    assert schedule.plan(["a", "b", "c"], {}, last) == ["b", "c", "a"]
+
+
+def test_after_outside_the_run_is_not_waited_for_and_cycles_are_refused():
+    assert schedule.check_after(["b"], {"b": ["a"]}) == {"b": []}
+    with pytest.raises(ValueError, match="cycle: a -> b -> a"):
+        schedule.check_after(["a", "b"], {"a": ["b"], "b": ["a"]})
+    with pytest.raises(ValueError, match="must list chapters"):
+        schedule.check_after(["a"], {"a": "b"})
+
+
+def test_profiles_after_names_chapters_in_the_order_and_respects_it():
+    after, order = profiles.chapter_after(), profiles.notebook_names()
+    assert after, "profiles.yml: the feature-sharing chapters must be listed under after"
+    for chapter, before in after.items():
+        assert chapter in order and all(b in order for b in before)
+        assert all(order.index(b) < order.index(chapter) for b in before)   # the book's order already respects it
+
+
+def _fake_run(name, profile, overrides):
+    """A chapter that sleeps ``overrides[name]`` seconds and logs its start and end."""
+    t0 = time.time()
+    if name == "boom":
+        raise RuntimeError("cell failed")
+    time.sleep(overrides[name])
+    with open(overrides["log"], "a") as f:
+        f.write(json.dumps([name, t0, time.time(), os.getpid()]) + "\n")
+    return name, time.time() - t0
+
+
+def test_run_chapters_two_at_once_waits_for_dependencies(tmp_path):
+    log = tmp_path / "log.jsonl"
+    durations = {"a": 0.6, "b": 0.1, "c": 0.6, "log": str(log)}
+    lines = []
+    times = schedule.run_chapters(["a", "b", "c"], "quick", 2, {"b": ["a"]}, {}, durations,
+                                  run_one=_fake_run, log=lines.append)
+    assert set(times) == {"a", "b", "c"}
+    rows = {r[0]: r[1:] for r in map(json.loads, log.read_text().splitlines())}
+    assert rows["b"][0] >= rows["a"][1] - 0.05                       # b started after a ended
+    assert rows["a"][0] < rows["c"][1] and rows["c"][0] < rows["a"][1]   # a and c overlapped
+    assert any("done 3/3" in line for line in lines)
+
+
+def test_run_chapters_raises_the_first_failure_and_starts_nothing_after_it(tmp_path):
+    log = tmp_path / "log.jsonl"
+    with pytest.raises(RuntimeError, match="cell failed"):
+        schedule.run_chapters(["boom", "x"], "quick", 1, {"x": ["boom"]}, {}, {"x": 0.0, "log": str(log)},
+                              run_one=_fake_run, log=lambda s: None)
+    assert not Path(log).exists()
+    with pytest.raises(ValueError, match="jobs must be an integer >= 1"):
+        schedule.run_chapters(["x"], "quick", 0, {}, {}, run_one=_fake_run)
+
+
+def test_cli_refuses_output_with_jobs(capsys):
+    with pytest.raises(ValueError, match="--output"):
+        profiles.main(["afl_derivation", "--jobs", "2", "--output", "x.ipynb"])
