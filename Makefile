@@ -50,6 +50,7 @@ bench: setup
 	$(PY) -m fedlib.bench.fedtsne_scale --out book/benchmarks/fedtsne_scale.txt
 	$(PY) -m fedlib.bench.refed_scoring --out book/benchmarks/refed_scoring.txt
 	$(PY) -m fedlib.bench.flower --out book/benchmarks/flower.txt
+	$(PY) -m fedlib.bench.book_time --out book/benchmarks/book_time.txt
 
 # a SuperLink and N SuperNodes on 127.0.0.1, the run, everything stopped: make flower-deploy FLOWER="stsa num-clients=5"
 flower-deploy: data

@@ -82,3 +82,30 @@ def test_afl_aggregation_rejects_bad_options():
 
     with pytest.raises(SystemExit):
         afl_aggregation.main(["--clients", "0", "--out", "-"])
+
+
+def test_book_time_compares_recorded_durations_with_the_baseline(tmp_path, monkeypatch, capsys):
+    import json
+
+    from fedlib.bench import book_time
+
+    def notebook(seconds, profile):
+        cells = [{"cell_type": "code", "source": "slow()", "metadata": {"papermill": {"duration": seconds - 1}}}]
+        return {"cells": cells, "metadata": {"papermill": {"duration": seconds, "parameters": {"profile": profile}}}}
+
+    monkeypatch.setattr(book_time, "EXECUTED_DIR", tmp_path)
+    monkeypatch.setattr(book_time, "notebook_names", lambda: ["a", "b", "c"])
+    (tmp_path / "a.ipynb").write_text(json.dumps(notebook(30.0, "quick")))
+    (tmp_path / "b.ipynb").write_text(json.dumps(notebook(5.0, "smoke")))      # another profile: not compared
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps({"what": "old run", "chapters": {"a": {"seconds": 120.0, "profile": "quick"},
+                                                                "b": {"seconds": 9.0, "profile": "quick"}}}))
+    assert book_time.main(["--baseline", str(base), "--out", "-"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "baseline: old run"
+    assert out[3].split()[:4] == ["a", "120", "30", "0.25x"] and "slow()" in out[3]
+    assert "not comparable" in out[4] and "not comparable" in out[5]
+    saved = tmp_path / "new.json"
+    assert book_time.main(["--save-baseline", str(saved)]) == 0
+    assert json.loads(saved.read_text())["chapters"] == {"a": {"seconds": 30.0, "profile": "quick"},
+                                                         "b": {"seconds": 5.0, "profile": "smoke"}}

@@ -40,7 +40,7 @@ def _fake_run(name, profile, overrides):
     time.sleep(overrides[name])
     with open(overrides["log"], "a") as f:
         f.write(json.dumps([name, t0, time.time(), os.getpid()]) + "\n")
-    return name, time.time() - t0
+    return name, time.time() - t0, 0.0
 
 
 def test_run_chapters_two_at_once_waits_for_dependencies(tmp_path):
@@ -69,3 +69,12 @@ def test_run_chapters_raises_the_first_failure_and_starts_nothing_after_it(tmp_p
 def test_cli_refuses_output_with_jobs(capsys):
     with pytest.raises(ValueError, match="--output"):
         profiles.main(["afl_derivation", "--jobs", "2", "--output", "x.ipynb"])
+
+
+def test_the_record_of_a_whole_run_lists_every_chapter_slowest_first(tmp_path):
+    text = schedule.write_record(tmp_path / "book_run_quick.txt", "quick", 2, {"a": (10.0, 18.0), "b": (30.0, 29.0)},
+                                 41.0, 0.5)
+    rows = [line.split() for line in text.splitlines()[3:]]
+    assert rows[0] == ["b", "30", "29"] and rows[1] == ["a", "10", "18"]
+    assert rows[2][-2:] == ["40", "47"] and rows[3][3] == "41"
+    assert "2 at a time" in text and (tmp_path / "book_run_quick.txt").read_text() == text

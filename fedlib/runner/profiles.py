@@ -31,7 +31,7 @@ import yaml
 
 from fedlib.runner import memory, schedule, specs
 from fedlib.runner.schedule import minutes
-from fedlib.runner.paths import EXECUTED_DIR, FAILED_DIR, NOTEBOOK_DIR, PROFILE_FILE, REPO  # noqa: F401
+from fedlib.runner.paths import BENCHMARK_DIR, EXECUTED_DIR, FAILED_DIR, NOTEBOOK_DIR, PROFILE_FILE, REPO  # noqa: F401
 
 
 def load_profiles(path: Path | None = None) -> dict[str, dict[str, dict[str, Any]]]:
@@ -237,23 +237,25 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:  # validate every name and its memory before any long work
         params = resolve_parameters(name, args.profile, overrides)
         memory.check_fits(name, {**notebook_parameters(name), **params})
+    start, load_before = time.perf_counter(), os.getloadavg()[0]
     if args.jobs != 1:
         if args.output:
             raise ValueError("--output names one executed notebook; it cannot be used with --jobs")
-        start = time.perf_counter()
-        schedule.run_chapters(names, args.profile, args.jobs, chapter_after(),
-                              {n: last_duration(n, args.profile) for n in names}, overrides)
-        print(f"[{args.profile}] {len(names)} chapter(s) on {args.jobs} workers: "
-              f"{minutes(time.perf_counter() - start)}", flush=True)
-        return 0
-    start = time.perf_counter()
-    for i, name in enumerate(names):
-        print(f"[{args.profile}] chapter {i + 1}/{len(names)}: {name}; {_estimate(names[i:], args.profile)}",
-              file=sys.stderr, flush=True)
-        t0 = time.perf_counter()
-        out = run_notebook(name, args.profile, overrides, args.output)
-        print(f"[{args.profile}] {name}: {time.perf_counter() - t0:.0f} s -> {out} "
-              f"(elapsed {minutes(time.perf_counter() - start)})", flush=True)
+        times = schedule.run_chapters(names, args.profile, args.jobs, chapter_after(),
+                                      {n: last_duration(n, args.profile) for n in names}, overrides)
+    else:
+        times = {}
+        for i, name in enumerate(names):
+            print(f"[{args.profile}] chapter {i + 1}/{len(names)}: {name}; {_estimate(names[i:], args.profile)}",
+                  file=sys.stderr, flush=True)
+            _, seconds, cpu = schedule.timed_chapter(name, args.profile, overrides, output=args.output)
+            times[name] = (seconds, cpu)
+            out = args.output or EXECUTED_DIR / f"{name}.ipynb"
+            print(f"[{args.profile}] {name}: {seconds:.0f} s -> {out} "
+                  f"(elapsed {minutes(time.perf_counter() - start)})", flush=True)
+    if args.notebook == "all":   # the record of a whole-book run, shown in the book (reproduce.md)
+        print(schedule.write_record(BENCHMARK_DIR / f"book_run_{args.profile}.txt", args.profile, args.jobs, times,
+                                    time.perf_counter() - start, load_before), end="", flush=True)
     return 0
 
 

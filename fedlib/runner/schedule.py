@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import platform
+import resource
 import sys
 import time
+from pathlib import Path
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any, Callable, Mapping, Sequence
 
@@ -77,19 +80,32 @@ def _init_worker(counter) -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-def _run_one(name: str, profile: str, overrides: Mapping[str, Any]) -> tuple[str, float]:
+def children_cpu() -> float:
+    """CPU seconds (user + sys) of this process's finished child processes (the chapters' kernels)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def timed_chapter(name: str, profile: str, overrides: Mapping[str, Any], progress: bool | dict = True,
+                  output: Path | None = None) -> tuple[str, float, float]:
+    """``run_notebook`` of one chapter: ``(name, wall seconds, CPU seconds of its kernel)``."""
     from fedlib.runner.profiles import run_notebook
 
-    t0 = time.perf_counter()
-    run_notebook(name, profile, overrides, progress={"position": _SLOT})
-    return name, time.perf_counter() - t0
+    t0, c0 = time.perf_counter(), children_cpu()
+    run_notebook(name, profile, overrides, output=output, progress=progress)
+    return name, time.perf_counter() - t0, children_cpu() - c0
+
+
+def _run_one(name: str, profile: str, overrides: Mapping[str, Any]) -> tuple[str, float, float]:
+    return timed_chapter(name, profile, overrides, progress={"position": _SLOT})
 
 
 def run_chapters(names: Sequence[str], profile: str, jobs: int, after: Mapping[str, Sequence[str]],
                  last: Mapping[str, float | None], overrides: Mapping[str, Any] | None = None,
-                 run_one: Callable[[str, str, Mapping[str, Any]], tuple[str, float]] = _run_one,
-                 log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict[str, float]:
-    """Execute ``names`` at ``profile`` on ``jobs`` processes; ``{name: seconds}`` of each chapter.
+                 run_one: Callable[[str, str, Mapping[str, Any]], tuple[str, float, float]] = _run_one,
+                 log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)
+                 ) -> dict[str, tuple[float, float]]:
+    """Execute ``names`` at ``profile`` on ``jobs`` processes; ``{name: (wall s, CPU s)}`` of each chapter.
 
     ``last``: each chapter's last duration at this profile (None: never run), for the order and the
     time-left estimate. ``run_one`` is the worker's function (replaceable in tests).
@@ -118,18 +134,38 @@ def run_chapters(names: Sequence[str], profile: str, jobs: int, after: Mapping[s
             for fut in finished:
                 name = running.pop(fut)
                 try:
-                    _, seconds = fut.result()
+                    _, seconds, cpu = fut.result()
                 except BaseException as err:   # noqa: BLE001 - let the running chapters finish, then raise
                     failure = failure or err
                     log(f"[{profile}] {name} FAILED: {type(err).__name__}: {err}")
                     continue
-                times[name] = seconds
+                times[name] = (seconds, cpu)
                 left = [n for n in pending + list(running.values())]
                 log(f"[{profile}] {name}: {seconds:.0f} s (done {len(times)}/{len(names)}, elapsed "
                     f"{minutes(time.perf_counter() - start)}; {_left(left, last, jobs)})")
     if failure is not None:
         raise failure
     return times
+
+
+def write_record(path: Path, profile: str, jobs: int, times: Mapping[str, tuple[float, float]], wall: float,
+                 load_before: float) -> str:
+    """The record of a run of the whole book (``book/benchmarks/book_run_PROFILE.txt``): each chapter's
+    wall and CPU seconds, their sums, and the run's wall time on ``jobs`` workers. Returns the text."""
+    width = 24
+    lines = [f"machine: {platform.machine()}, {os.cpu_count()} CPUs; load average before the run "
+             f"{load_before:.2f}, after {os.getloadavg()[0]:.2f}",
+             f"profile {profile}, {len(times)} chapters, {jobs} at a time (python -m fedlib.runner all --jobs {jobs})",
+             f"  {'chapter':<{width}}{'wall s':>9}{'CPU s':>9}"]
+    for name, (sec, cpu) in sorted(times.items(), key=lambda kv: -kv[1][0]):
+        lines.append(f"  {name:<{width}}{sec:9.0f}{cpu:9.0f}")
+    lines += [f"  {'sum over chapters':<{width}}{sum(t[0] for t in times.values()):9.0f}"
+              f"{sum(t[1] for t in times.values()):9.0f}",
+              f"  {'whole run, wall':<{width}}{wall:9.0f}   ({minutes(wall)})"]
+    text = "\n".join(lines) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return text
 
 
 def minutes(seconds: float) -> str:
