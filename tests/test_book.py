@@ -152,6 +152,22 @@ const mathjax = window.MathJax && window.MathJax.startup && window.MathJax.start
   const text = document.body.cloneNode(true);
   text.querySelectorAll('pre, code, script, style, textarea, mjx-container').forEach(e => e.remove());
   const math = Array.from(document.querySelectorAll('.math'));
+  // wide content (tables, code, outputs, images, display math) must stay inside the content column or
+  // sit in a box that scrolls horizontally (book/_static/fedlib.css), never run past the column's edge
+  const article = document.querySelector('article.bd-article');
+  const edge = article ? Math.min(article.getBoundingClientRect().right, document.documentElement.clientWidth) + 1 : 0;
+  const scrolls = e => {
+    for (let p = e.parentElement; p && p !== document.body; p = p.parentElement) {
+      const o = getComputedStyle(p).overflowX;
+      if ((o === 'auto' || o === 'scroll') && p.getBoundingClientRect().right <= edge) return true;
+    }
+    return false;
+  };
+  const overflow = article ? Array.from(article.querySelectorAll(
+      'table, pre, img, .cell_output .output, mjx-container[display="true"], .pst-scrollable-table-container'))
+    .filter(e => e.getBoundingClientRect().right > edge && !scrolls(e))
+    .map(e => `${e.tagName.toLowerCase()} ${Math.round(e.getBoundingClientRect().right - edge)} px past the column: `
+              + e.textContent.trim().slice(0, 60)) : [];
   done({
     mathjax: Boolean(mathjax),
     text: text.textContent,
@@ -164,6 +180,7 @@ const mathjax = window.MathJax && window.MathJax.startup && window.MathJax.start
     links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href),
     nav: Array.from(document.querySelectorAll('nav.bd-docs-nav a[href]')).map(a => a.href),
     resources: performance.getEntriesByType('resource').map(e => e.name),
+    overflow: overflow,
   });
 }).catch(e => done({error: String(e)}));
 """
@@ -280,6 +297,13 @@ def test_every_image_loads(browser_visits):
     assert not bad, bad
     for name in NOTEBOOKS if not os.environ.get("FEDLIB_BOOK_HTML") else []:
         assert browser_visits[f"book/executed/{name}"]["images"], f"{name}: no image on the page"
+
+
+def test_wide_content_scrolls_inside_the_content_column(browser_visits):
+    """No table, code block, output, image or display formula runs past the right edge of the content
+    column unless it sits in a box that scrolls horizontally (book/_static/fedlib.css)."""
+    bad = {p: v["overflow"][:3] for p, v in browser_visits.items() if v.get("overflow")}
+    assert not bad, bad
 
 
 def test_every_formula_is_typeset_from_the_build(browser_visits):

@@ -89,6 +89,8 @@ def test_stsa_checks():
     # break-even from (M+1) c_t K_D < (M + c_t) M: 1260 * 1250 / (1251 * 10) = 125.9
     assert selfcheck.stsa_break_even(125, 1250, 10)
     assert not selfcheck.stsa_break_even(126, 1250, 10)
+    assert selfcheck.stsa_break_even(None, 1250, 10).as_predicted is None
+    assert "125" not in str(selfcheck.stsa_break_even(None, 1250, 10)).replace("1250", "")
     assert selfcheck.stsa_rank({"rank": 40, "bound": 50}, 1250)
     assert not selfcheck.stsa_rank({"rank": 1250, "bound": 2000}, 1250)
 
@@ -107,6 +109,7 @@ def test_fedtsne_exact_landmarks():
 
 def test_fedtsne_accountants():
     assert selfcheck.fedtsne_accountants(1.3, 1.1)
+    assert selfcheck.fedtsne_accountants(None, None).as_predicted is None
     assert not selfcheck.fedtsne_accountants(0.9, 1.1)
     with pytest.raises(ValueError, match="positive"):
         selfcheck.fedtsne_accountants(0.0, 1.0)
@@ -115,6 +118,8 @@ def test_fedtsne_accountants():
 def test_refed_checks():
     assert selfcheck.refed_mean_lambda(1 / 1.0005, 0.8, 500)
     assert not selfcheck.refed_mean_lambda(0.8, 0.8, 500)
+    none = selfcheck.refed_mean_lambda(None, 0.8, 500)
+    assert none.as_predicted is None and "my_lambda" in str(none) and "0.9995" not in str(none)
     fin = pd.DataFrame({"s": [1, 1, 1, 5, 5], "lambda": [0.2, 0.5, 0.8, 0.2, 0.8], "dist": [0.3, 0.3, 0.3, 0.1, 0.5]})
     assert selfcheck.refed_one_step_flat(fin)
     assert not selfcheck.refed_one_step_flat(fin.assign(dist=[0.3, 0.31, 0.3, 0.1, 0.5]))
@@ -340,3 +345,194 @@ def test_later_selfchecks():
     assert selfcheck.refed_full_memory(acc, acc.copy(), 500, 400)
     assert not selfcheck.refed_full_memory(acc, acc + 0.01, 500, 400)
     assert selfcheck.refed_full_memory(acc, acc + 0.01, 100, 400)
+
+
+# ---------------------------------------------------------------------------------------------
+# the answer helpers and the checks of the exercises that had none (issue 15)
+# ---------------------------------------------------------------------------------------------
+def _pending(v, *hidden):
+    """A fill-in check while the answer is None: no verdict, names what to fill in, hides the answer."""
+    text = str(v)
+    assert v.as_predicted is None and not bool(v) and "fill in" in text and "predicted" not in text, text
+    for h in hidden:
+        assert str(h) not in text, (h, text)
+
+
+def test_answer_helpers():
+    kw = dict(name="my_x", asks="a number", compared_with="the chapter's number", exercise="ex")
+    _pending(selfcheck.answer_number(None, 3.41, **kw), "3.41")
+    assert selfcheck.answer_number(3.4, 3.414, rtol=0.01, **kw)
+    assert not selfcheck.answer_number(2.0, 3.414, rtol=0.01, **kw)
+    assert selfcheck.answer_number(60, 58, interval=(58, 64), **kw)
+    assert not selfcheck.answer_number(70, 58, interval=(58, 64), **kw)
+    with pytest.raises(ValueError, match="my_x"):
+        selfcheck.answer_number("abc", 1.0, **kw)
+    _pending(selfcheck.answer_choice(None, "yes", ["yes", "no"], **kw))
+    assert selfcheck.answer_choice("YES", "yes", ["yes", "no"], **kw)
+    assert not selfcheck.answer_choice("no", "yes", ["yes", "no"], **kw)
+    with pytest.raises(ValueError, match="one of"):
+        selfcheck.answer_choice("maybe", "yes", ["yes", "no"], **kw)
+
+
+def test_afl_partition_variance():
+    _pending(selfcheck.afl_partition_variance(None, [1.8, 2.2]))
+    assert selfcheck.afl_partition_variance("grows", [1.8, 2.2, 0.9])
+    assert not selfcheck.afl_partition_variance("grows", [0.7, 0.9])
+    assert selfcheck.afl_partition_variance("grows", [np.nan]).as_predicted is None   # one seed: no std
+
+
+def test_fedtsne_nystrom_exact():
+    rng = np.random.default_rng(0)
+    x = np.c_[rng.normal(size=(100, 5)), np.zeros((100, 3))]      # m = 8, affine rank 5
+    assert selfcheck.fedtsne_nystrom_exact([1e-10, 3e-9], 7, x)     # n_y >= r + 2 = 7: exact
+    assert not selfcheck.fedtsne_nystrom_exact([1e-10, 0.2], 7, x)
+    assert selfcheck.fedtsne_nystrom_exact([0.1, 0.3], 5, x)        # below r + 2: not exact
+    assert not selfcheck.fedtsne_nystrom_exact([1e-12], 5, x)
+
+
+def test_fedtsne_early_rounds():
+    idx = pd.MultiIndex.from_tuples([("a", "IID"), ("a", "non-IID")])
+    conv = pd.DataFrame({0: [0.2, 0.2], 10: [0.3, 0.25], 50: [0.8, 0.7], 100: [0.9, np.nan]}, index=idx)
+    assert selfcheck.fedtsne_early_rounds(conv)
+    fast = conv.copy()
+    fast[10] = [0.85, 0.25]                                                          # 0.65 of the gain at round 10
+    assert not selfcheck.fedtsne_early_rounds(fast)
+    assert selfcheck.fedtsne_early_rounds(conv[[0, 10]]).as_predicted is None     # no run past round 10
+    assert selfcheck.fedtsne_early_rounds(conv[[0, 50]]).as_predicted is None     # no checkpoint at round 10
+    with pytest.raises(ValueError, match="round 0"):
+        selfcheck.fedtsne_early_rounds(conv[[10, 50]])
+
+
+def test_fedtsne_weights():
+    ident = pd.DataFrame({"split": ["IID", "IID", "skew", "skew"], "weights": ["n_p/n", "1/P", "n_p/n", "1/P"],
+                          "client sizes": ["120-120", "120-120", "107-134", "107-134"],
+                          "rel. error vs pooled gradient": [3e-14, 3e-14, 3e-14, 0.11]})
+    assert selfcheck.fedtsne_weights(ident)
+    assert not selfcheck.fedtsne_weights(ident.assign(**{"rel. error vs pooled gradient": [3e-14, 0.1, 3e-14, 0.11]}))
+
+
+def test_fedtsne_budget():
+    from fedlib.papers.fedtsne import dp_noise_sd
+    target = dp_noise_sd(2.0, 1e-5, 0.01, "dp_gradient", compositions=10)
+    kw = dict(delta=1e-5, sensitivity=0.01, rounds=10)
+    _pending(selfcheck.fedtsne_budget(None, target, **kw))
+    assert selfcheck.fedtsne_budget(2.0, target, **kw)
+    assert not selfcheck.fedtsne_budget(8.0, target, **kw)
+
+
+def test_fedspeclust_checks():
+    rng = np.random.default_rng(0)
+    x = np.r_[rng.normal(size=(20, 4)), rng.normal(size=(20, 4)) + 3.0]
+    iid = [x[0::2], x[1::2]]
+    noniid = [x[:20], x[20:]]
+    _pending(selfcheck.fedsc_splits_differ(None, iid, noniid))
+    assert selfcheck.fedsc_splits_differ({"weights": "uniform"}, iid, [x[:10], x[10:]])   # unequal sizes
+    assert not selfcheck.fedsc_splits_differ({}, iid, noniid)                                # the chapter's options
+    low_rank = np.c_[x[:, :3], np.zeros(40)]                                                 # rank 3 in R^4
+    _pending(selfcheck.fedsc_linear_kernel_landmarks(None, low_rank))
+    assert selfcheck.fedsc_linear_kernel_landmarks(4, low_rank) and selfcheck.fedsc_linear_kernel_landmarks(3, low_rank)
+    assert not selfcheck.fedsc_linear_kernel_landmarks(6, low_rank)
+    runs = pd.DataFrame({"dataset": ["a", "a", "a"], "gamma": [0.01, 0.01, 0.01]})
+    assert selfcheck.fedsc_kernel_width(runs, "moments")
+    assert not selfcheck.fedsc_kernel_width(runs.assign(gamma=[0.01, 0.02, 0.01]), "moments")
+    assert selfcheck.fedsc_kernel_width(runs.assign(gamma=[0.01, 0.02, 0.01]), "median")
+    idx = pd.MultiIndex.from_tuples([(d, v, s) for d in ("a", "b") for v in ("Fed", "Fed+") for s in ("IID", "non-IID")],
+                                    names=["dataset", "variant", "split"])
+    diag = pd.DataFrame({"kernel rel. error": [0.03, 0.03, 0.031, 0.037, 0.04, 0.04, 0.041, 0.05]}, index=idx)
+    _pending(selfcheck.fedsc_noise_column(None, diag), "Fed+ non-IID:")
+    assert selfcheck.fedsc_noise_column("Fed+ non-IID", diag)
+    assert not selfcheck.fedsc_noise_column("Fed IID", diag)
+    err = pd.DataFrame({"FedDL": [0.1, 0.03], "uniform sample (oracle, not federated)": [0.2, 0.02]},
+                       index=pd.Index([10, 400], name="n_y"))
+    _pending(selfcheck.fedsc_rounds_oracle(None, err))
+    assert selfcheck.fedsc_rounds_oracle("no", err)
+    assert not selfcheck.fedsc_rounds_oracle("yes", err)
+
+
+def test_refed_new_checks():
+    assert selfcheck.refed_pim_distance({0.2: 0.01, 0.8: 0.05})
+    assert not selfcheck.refed_pim_distance({0.2: 0.05, 0.8: 0.01})
+    assert selfcheck.refed_pim_distance({0.8: 0.05}).as_predicted is None
+    pool = np.array([[10, 10], [5, 5]])
+
+    def log(cache):
+        return [{"new": np.zeros(2)}, {"pool_classes": pool, "old_classes": np.array(cache)}]
+
+    balanced, skewed = log([[5, 5], [2, 2]]), log([[9, 1], [4, 0]])
+    _pending(selfcheck.refed_class_balance(None, skewed, balanced))
+    assert selfcheck.refed_class_balance("random", skewed, balanced)
+    assert not selfcheck.refed_class_balance("refed", skewed, balanced)
+    rate = pd.DataFrame({"g(t)": ["g0 (t+1)^-0.25", "g0 (t+1)^-0.5"], "largest admissible A": [6.285, 3.414]})
+    _pending(selfcheck.refed_rate_constant(None, rate, 1.0), "3.41")
+    assert selfcheck.refed_rate_constant(3.41, rate, 1.0)
+    assert not selfcheck.refed_rate_constant(2.0, rate, 1.0)
+    _pending(selfcheck.refed_score_limits(None))
+    assert selfcheck.refed_score_limits((0, 2))
+    assert not selfcheck.refed_score_limits((0, 1))
+    assert selfcheck.refed_memory_holds_all([True, True, True], [True, False, False])
+    assert not selfcheck.refed_memory_holds_all([True, True, True], [True, True, False])
+    assert not selfcheck.refed_memory_holds_all([True, False, True], [True, False, False])
+
+
+def test_stsa_new_checks():
+    rows = [("M (pretrained)", m, "STSA", a) for m, a in [(1280, 83.0), (1000, 82.0), (2000, 84.0)]]
+    rows += [("M (scratch)", m, "STSA", a) for m, a in [(32, 40.0), (250, 55.0), (1000, 60.0)]]
+    abl = pd.DataFrame(rows, columns=["ablation", "value", "method", "A_T"])
+    dims = {"M (scratch)": 32, "M (pretrained)": 1280}
+    assert selfcheck.stsa_random_features(abl, dims)
+    assert not selfcheck.stsa_random_features(abl.assign(A_T=[83.0, 82.0, 99.0, 40.0, 45.0, 41.0]), dims)
+    assert selfcheck.stsa_random_features(abl, {"M (scratch)": 64, "M (pretrained)": 1280}).as_predicted is None
+    # STSA: 191.12 MiB at M = 1000, c_t = 2; FedLwF 6.11 MiB: (M + 2) M * 191.12 / (1002 * 1000) > 6.11 from M = 178
+    _pending(selfcheck.stsa_upload_crossing(None, 6.11, 191.12, 1000, 2), "178")
+    assert selfcheck.stsa_upload_crossing(178, 6.11, 191.12, 1000, 2)
+    assert not selfcheck.stsa_upload_crossing(1000, 6.11, 191.12, 1000, 2)
+    bias = pd.DataFrame({"K_D": [25, 25], "k_mode": ["global", "per_class"], "covariance ratio": [0.25, 1.0]})
+    _pending(selfcheck.stsa_dummy_ratio(None, bias, 25), "0.25")
+    assert selfcheck.stsa_dummy_ratio(31 / 124, bias, 25)
+    assert not selfcheck.stsa_dummy_ratio(0.8, bias, 25)
+    with pytest.raises(ValueError, match="bias_dummy"):
+        selfcheck.stsa_dummy_ratio(0.3, bias, 5)
+
+
+def _cells(path: Path) -> list[tuple[str, str]]:
+    """(kind, text) of the cells of a jupytext percent notebook, kind "markdown" or "code"."""
+    cells, kind, lines = [], None, []
+    for line in path.read_text().splitlines():
+        if line.startswith("# %%"):
+            if kind is not None:
+                cells.append((kind, "\n".join(lines)))
+            kind, lines = ("markdown" if "[markdown]" in line else "code"), []
+        elif kind is not None:
+            lines.append(line)
+    if kind is not None:
+        cells.append((kind, "\n".join(lines)))
+    return cells
+
+
+@pytest.mark.parametrize("chapter", [c for c in CHAPTERS if not c.endswith("_beyond")])
+def test_every_exercise_has_a_selfcheck_cell(chapter):
+    """Every {exercise} is followed, before the next exercise or heading, by a code cell calling selfcheck."""
+    path = NOTEBOOKS / f"{chapter}.py"
+    assert "No self-check" not in path.read_text(), f"{chapter}: an exercise says it has no self-check"
+    cells = _cells(path)
+    missing = []
+    for i, (kind, text) in enumerate(cells):
+        if kind != "markdown":
+            continue
+        parts = text.split("```{exercise}")
+        for j, after in enumerate(parts[1:], start=1):
+            label = re.search(r":label:\s*(\S+)", after)
+            label = label.group(1) if label else f"{chapter} exercise"
+            if j < len(parts) - 1:                       # another exercise in the same markdown cell
+                missing.append(label)
+                continue
+            ok = False
+            for kind2, text2 in cells[i + 1:]:
+                if kind2 == "code":
+                    ok = bool(re.search(r"^[^#\n]*\bselfcheck\.\w+\(", text2, re.M))
+                    break
+                if "```{exercise}" in text2 or re.search(r"^# #", text2, re.M):
+                    break
+            if not ok:
+                missing.append(label)
+    assert not missing, f"{chapter}: exercises without a self-check cell right after them: {missing}"
