@@ -689,8 +689,8 @@ print(f"{len(summary_checks)} checks passed; profile={profile}; {time.perf_count
 #
 # Eq. 3 sums the per-sample gradients over the pool; `fedlib` uses the mean (`prox_scaling="mean"`),
 # so the paper's $q$ corresponds to $q/n$ in ours. Which $\lambda$ under `"mean"` gives the same PIM
-# as $\lambda=0.8$ under `"sum"` for a pool of $n=500$? Use {eq}`refed-eq-pim`, then check your
-# answer: `selfcheck.refed_mean_lambda(your_lambda, lam_sum=0.8, n=500)` (`from fedlib.evaluation import selfcheck`).
+# as $\lambda=0.8$ under `"sum"` for a pool of $n=500$? Use {eq}`refed-eq-pim`, then fill in your
+# answer in the cell below.
 # ```
 #
 # ````{solution} refed-theory-ex-sum-mean
@@ -700,13 +700,20 @@ print(f"{len(summary_checks)} checks passed; profile={profile}; {time.perf_count
 # $\lambda'=1/(1+2q')=1/1.0005\approx0.9995$. Under the literal eq. 3 the proximal pull is
 # negligible for any reasonable $\lambda$ on a large pool.
 # ````
-#
+
+# %%
+from fedlib.evaluation import selfcheck
+
+my_lambda = None  # your answer: lambda under "mean" equivalent to lambda = 0.8 under "sum" for n = 500
+print(selfcheck.refed_mean_lambda(my_lambda, lam_sum=0.8, n=500))
+
+# %% [markdown]
 # ```{exercise} Rates
 # :label: refed-theory-ex-rates
 #
 # Show that for $g(t)=g_0(t+1)^{-p}$ the two conditions on $A$ of section 3.2 (item 3) can hold
 # together only if $p<1$. What is the largest admissible $A$ for $p=\frac12$ (compare with the
-# table)? The conditions are {eq}`refed-eq-rate`. (No self-check: a derivation.)
+# table)? The conditions are {eq}`refed-eq-rate`. Fill in your $A$ below.
 # ```
 #
 # ````{solution} refed-theory-ex-rates
@@ -717,7 +724,12 @@ print(f"{len(summary_checks)} checks passed; profile={profile}; {time.perf_count
 # For $p<1$ it grows with $t$, so only $t=0$ binds: $A\le g_0/(1-2^{-1/2})\approx3.41\,g_0$ for
 # $p=\frac12$, which is the table's value, and $\ge2g_0$.
 # ````
-#
+
+# %%
+my_A = None  # your answer: the largest admissible A for p = 1/2, in units of g0
+print(selfcheck.refed_rate_constant(my_A, rate_tab, g0))
+
+# %% [markdown]
 # ```{exercise} One step
 # :label: refed-theory-ex-one-step
 #
@@ -745,7 +757,8 @@ selfcheck.refed_one_step_flat(fin)
 # :label: refed-theory-ex-scores
 #
 # Using section 6, what is the last-layer score of a sample that is confidently correct, and of one
-# that is confidently wrong? Relate this to EL2N. (No self-check: a derivation.)
+# that is confidently wrong? Relate this to EL2N. Fill in the two values of $\lVert\pi-e_y\rVert^2$
+# below.
 # ```
 #
 # ````{solution} refed-theory-ex-scores
@@ -755,13 +768,18 @@ selfcheck.refed_one_step_flat(fin)
 # one ($\pi=e_j$, $j\ne y$). The last-layer score is this EL2N-type error times $\lVert h\rVert^2+1$:
 # it favours misclassified or ambiguous samples with large features.
 # ````
-#
+
+# %%
+my_scores = None  # your answer: (confidently correct, confidently wrong), the value of ||pi - e_y||^2 for each
+print(selfcheck.refed_score_limits(my_scores, num_classes=num_classes))
+
+# %% [markdown]
 # ```{exercise} Memory that holds everything
 # :label: refed-theory-ex-memory
 #
 # In section 4, Re-Fed with a memory larger than the pool is bit-identical to random replay but not
 # to FedAvg. Why, and what does it say about the comparisons at large $M$ in the paper's Table 4?
-# (No self-check: compare the printed comparisons of section 4.)
+# The self-check reads the answer off the runs of section 4.
 # ```
 #
 # ````{solution} refed-theory-ex-memory
@@ -771,3 +789,8 @@ selfcheck.refed_one_step_flat(fin)
 # the same; FedAvg keeps no memory at all. At large $M$ any selection rule converges to "keep
 # everything", so the methods must tie, as Table 4 shows for CIFAR at $M=3000$.
 # ````
+
+# %%
+same_as_fedavg = [states_equal(kept["refed (memory holds all)"].weights[t], kept["fedavg"].weights[t])
+                  for t in range(num_tasks)]
+print(selfcheck.refed_memory_holds_all(ident["memory holds all: refed == fedavg_replay"], same_as_fedavg))

@@ -474,3 +474,145 @@ def test_scenario_runs_cache_tracking_and_proxy(data):
     assert late["learner"].replay.weighting == "late" and late["result"].method.endswith("(late)")
     assert runs.memory_checks["runs"] == 4 and len(runs.runs) == 3   # the tracked FedAvg run replaced the untracked
     assert runs.memory_checks["client-stages"] == proxy["client_stages"] + late["client_stages"] > 0
+
+
+def _same_run(a, b):
+    """Two runs of run_scenario give the same results, bit for bit (seconds aside)."""
+    ra, rb = a["result"], b["result"]
+    assert np.array_equal(ra.acc, rb.acc, equal_nan=True) and np.array_equal(ra.top1, rb.top1)
+    assert np.array_equal(ra.bytes_up, rb.bytes_up) and a["cor"] == b["cor"]
+    la, lb = a["learner"], b["learner"]
+    assert states_equal(la.model.state_dict(), lb.model.state_dict())
+    for ha, hb in zip(la.histories, lb.histories):
+        assert (ha is None) == (hb is None)
+        if ha is not None:
+            assert ha.round == hb.round and ha.participants == hb.participants and ha.bytes_up == hb.bytes_up
+            assert np.array_equal(ha.test_acc, hb.test_acc, equal_nan=True)
+    for ma, mb in zip(la.memory_log, lb.memory_log):
+        assert ma.keys() == mb.keys() and all(np.array_equal(ma[k], mb[k]) for k in ma)
+    for pa, pb in zip(la.pim_log, lb.pim_log):
+        assert (pa is None) == (pb is None)
+        if pa is not None:
+            assert all(torch.equal(x["scores"], y["scores"]) for x, y in zip(pa, pb))
+    assert sorted(la.states) == sorted(lb.states) or la.replay is None or lb.replay is None
+    for k in set(la.states) & set(lb.states):   # the clients' mini-batch streams continue alike
+        assert torch.equal(torch.randperm(50, generator=la.states[k]["batches"]),
+                           torch.randperm(50, generator=lb.states[k]["batches"]))
+
+
+@pytest.mark.parametrize("track", [True, False])
+def test_shared_first_stage_is_bit_identical(data, track):
+    """ScenarioRuns trains task 1 once for the methods with the plain loss (FirstStageShare) and the
+    other runs restore it: every result equals that of runs that each train task 1 themselves."""
+    from fedlib.papers.refed import ScenarioRuns
+
+    scen = {"class": _scenario(data), "domain": {**_scenario(data), "first_rounds": 3}}
+    methods = ["refed", "refed_balanced", "refed_proxy", "fedavg_replay", "fedprox_replay", "fedavg", "fixed"]
+    shared = ScenarioRuns(scen, **SETTINGS)
+    alone = ScenarioRuns(scen, share_first_stage=False, **SETTINGS)
+    assert alone.first_stage is None
+    for kind in scen:
+        for method in methods:
+            a, b = shared(kind, method, SEED, track=track), alone(kind, method, SEED, track=track)
+            _same_run(a, b)
+            assert a["result"].wall_s[0] > 0
+            # the first run trains task 1, the others restore it and count its measured seconds
+            assert set(a["learner"].reused_seconds) == (set() if method in ("refed", "fedprox_replay") else {0})
+            assert a["result"].wall_s[0] >= a["learner"].reused_seconds.get(0, 0.0) >= 0
+    # one task-1 training per scenario for the six plain-loss methods (FedProx's loss differs at task 1)
+    assert shared.first_stage.misses == 2 and shared.first_stage.hits == 2 * 5 and len(shared.first_stage) == 2
+    # the first boundary's PIMs (same global model and pools) are trained once for Re-Fed and class-balanced
+    # Re-Fed, and for other weightings and memory sizes; the last-layer proxy's norms differ
+    hits = shared.pims.hits
+    assert hits >= 2 * K   # refed_balanced at boundary 1, in both scenarios
+    for kw in [dict(weighting="late"), dict(memory=8), dict(lam=0.5)]:
+        _same_run(shared("class", "refed", SEED, track=track, **kw), alone("class", "refed", SEED, track=track, **kw))
+    assert shared.pims.hits >= hits + 2 * K   # lam=0.5 is another PIM
+    # another seed or alpha is another training
+    shared("class", "fedavg", SEED + 1, track=track)
+    shared("class", "fedavg", SEED, alpha=0.5, track=track)
+    assert shared.first_stage.misses == 4
+
+
+# ----------------------------------------------------------------------------------------------
+# speed-ups that must not change a bit: fused PIM norms, SmallCNN's pooling, chunked evaluation
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ["cnn", "mlp"])
+@pytest.mark.parametrize("n, batch_size", [(70, 16), (37, 8), (64, 32)])
+def test_fused_pim_equals_the_two_pass_route(monkeypatch, arch, n, batch_size):
+    """train_pim's fused step (norms from the step's own backward, full mini-batches of 2^k samples)
+    gives the same G^p, PIM weights, distance and loss as a separate ghost-norm pass per mini-batch."""
+    import fedlib.papers.refed as refed
+    from fedlib.federated.models import SmallCNN
+
+    torch.manual_seed(1)
+    if arch == "cnn":
+        model, x = SmallCNN(1, 10, 12, width=3, hidden=8), torch.rand(n, 1, 12, 12)
+    else:
+        model, x = mlp(), torch.randn(n, D)
+    y = torch.randint(0, 4, (n,))
+    kw = dict(lam=0.6, epochs=2, lr=0.1, batch_size=batch_size, momentum=0.5, grad_norm="exact")
+    calls = []
+    real = refed._fused_pim_step
+    monkeypatch.setattr(refed, "_fused_pim_step", lambda *a: calls.append(1) or real(*a))
+    fused = train_pim(model, x, y, 4, generator=torch.Generator().manual_seed(3), **kw)
+    assert len(calls) == 2 * (n // batch_size)   # the full mini-batches (b = batch_size, a power of two)
+    monkeypatch.setattr(refed, "FUSED_PIM", False)
+    plain = train_pim(model, x, y, 4, generator=torch.Generator().manual_seed(3), **kw)
+    assert len(calls) == 2 * (n // batch_size)
+    assert torch.equal(fused.grad_sq, plain.grad_sq) and fused.dist_sq == plain.dist_sq and fused.loss == plain.loss
+    assert states_equal(fused.state, plain.state)
+
+
+def test_smallcnn_pooling_equals_max_pool2d():
+    """SmallCNN's max_pool2 (channels-last kernel) equals F.max_pool2d(x, 2) in values and gradients,
+    ties included, and a training step of the SmallCNN is bit-identical with either."""
+    import torch.nn.functional as F
+
+    import fedlib.federated.models as models
+
+    torch.manual_seed(0)
+    for shape in [(5, 3, 8, 8), (4, 2, 7, 9), (1, 1, 2, 2)]:
+        x = torch.relu(torch.randn(*shape)).round(decimals=1)   # many ties (zeros and repeats)
+        a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+        g = torch.randn(shape[0], shape[1], shape[2] // 2, shape[3] // 2)
+        out_a, out_b = models.max_pool2(a), F.max_pool2d(b, 2)
+        assert torch.equal(out_a, out_b) and out_a.is_contiguous()
+        out_a.backward(g)
+        out_b.backward(g)
+        assert torch.equal(a.grad, b.grad) and a.grad.is_contiguous()
+        with torch.no_grad():
+            assert torch.equal(models.max_pool2(x), F.max_pool2d(x, 2))
+    net = models.SmallCNN(1, 10, 12, width=4, hidden=8)
+    x, y = torch.rand(16, 1, 12, 12).round(decimals=1), torch.randint(0, 10, (16,))
+
+    def grads():
+        net.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        return [p.grad.clone() for p in net.parameters()]
+
+    fast = grads()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(models, "max_pool2", lambda h: F.max_pool2d(h, 2))
+        slow = grads()
+    assert all(torch.equal(u, v) for u, v in zip(fast, slow))
+
+
+def test_eval_chunks_and_chunked_predictions():
+    from fedlib.federated.learner import eval_chunks
+    from fedlib.federated.models import SmallCNN
+
+    assert eval_chunks(0) == [] and eval_chunks(5) == [(0, 5)] and eval_chunks(256) == [(0, 256)]
+    for n in [257, 513, 1000, 1025]:
+        chunks = eval_chunks(n)
+        assert chunks[0][0] == 0 and chunks[-1][1] == n and all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))
+        assert all(128 <= b - a <= 256 for a, b in chunks)
+    with pytest.raises(ValueError, match="n"):
+        eval_chunks(-1)
+    torch.manual_seed(0)
+    net = SmallCNN(1, 10, 28, width=8, hidden=64).eval()
+    x = torch.rand(600, 1, 28, 28)
+    with torch.no_grad():   # the logits of chunks of >= 2 samples equal those of one forward
+        whole = net(x)
+        assert torch.equal(torch.cat([net(x[a:b]) for a, b in eval_chunks(600)]), whole)
+        assert torch.equal(torch.cat([net(x[a:b]) for a, b in eval_chunks(600, 7)]), whole)

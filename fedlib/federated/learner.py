@@ -24,6 +24,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
+import random
+import time
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -36,12 +39,14 @@ from fedlib.core.protocol import ClientStates, RoundCallback, simulate
 from fedlib.core.seeds import derive_seed, torch_generator
 from fedlib.core.validate import check_choice, check_int
 from fedlib.evaluation.metrics import accuracy
-from fedlib.federated.fcil import IncrementalAlgorithm, make_method
+from fedlib.federated.fcil import Finetune, IncrementalAlgorithm, make_method
 from fedlib.federated.gradient import FedConfig, GradientClient, History, frozen_copy, initial_state, run_federated
 
-__all__ = ["stage_config", "BALANCING", "MEMORY_MODES", "SCENARIOS", "select_top", "budget_groups", "Replay", "RandomReplay",
+__all__ = ["EVAL_CHUNK", "eval_chunks", "stage_config",
+           "BALANCING", "MEMORY_MODES", "SCENARIOS", "select_top", "budget_groups", "Replay", "RandomReplay",
            "SCORE_RULES", "el2n_scores", "grand_scores", "ScoreReplay", "herding_order", "penultimate_features", "HerdingReplay",
-           "reservoir_select", "ReservoirReplay", "GradientLearner", "FixedLearner", "StageCallback", "KeepWeights"]
+           "reservoir_select", "ReservoirReplay", "GradientLearner", "FixedLearner", "StageCallback", "KeepWeights",
+           "FirstStageShare"]
 
 BALANCING = ("none", "proportional", "equal", "task", "task_class")
 MEMORY_MODES = ("total", "replay")
@@ -60,6 +65,23 @@ class KeepWeights:
 
     def __call__(self, t: int, learner) -> None:
         self.weights.append({k: v.detach().cpu().clone() for k, v in learner.model.state_dict().items()})
+
+
+EVAL_CHUNK = 256
+
+
+def eval_chunks(n: int, size: int = EVAL_CHUNK) -> list[tuple[int, int]]:
+    """[(start, stop)] of the evaluation forwards of n samples: one chunk when n <= ``size``, else
+    ceil(n / size) chunks of nearly equal sizes (each >= size / 2). A whole test set in one forward
+    was measured about 2x slower on the CPU (the first convolution's output leaves the cache), and
+    chunks of >= 2 samples give the same logits as one forward (a single-sample forward can differ
+    in round-off: never made here unless n = 1)."""
+    n, size = check_int("n", n, 0), check_int("size", size, 1)
+    if n <= size:
+        return [(0, n)] if n else []
+    k = -(-n // size)
+    bounds = [i * n // k for i in range(k + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
 
 
 def stage_config(config: FedConfig, t: int) -> FedConfig:
@@ -485,6 +507,37 @@ class Broadcaster:
         return self.uploads
 
 
+class FirstStageShare(dict):
+    """Stage 0's federated training, done once and reused by every learner that would repeat it.
+
+    At stage 0 no cache exists, so the replay methods, FedAvg without memory and Fixed (and any other
+    learner with the same loss) train the same model on the same data: Re-Fed's Tables 5-9 show one
+    task-1 accuracy for all of them. A learner given a share (``GradientLearner(share_first_stage=)``)
+    looks up a key made of everything its stage-0 training depends on: the loss (``repr`` of the
+    algorithm; only methods whose stage 0 is plain masked-CE FedAvg, :class:`~fedlib.federated.fcil.Finetune`),
+    aggregation, scenario, number of classes, first_rounds, the whole ``FedConfig``, the ``model_fn``
+    object, a SHA-1 of every client's stage-0 data and of the stage-0 evaluation data, and ``num_seen``.
+    The first learner with a key trains and stores a deep copy of what the training produced (the
+    History, the clients' states other than their local sets and logs, i.e. their mini-batch
+    generators, the server memory, the global RNG states of python, numpy and torch after the run,
+    and its measured seconds); every later one restores it instead of training: bit-identical to
+    training itself (tested: ``tests/test_refed.py``). ``hits`` / ``misses`` count the lookups."""
+
+    def __init__(self):
+        super().__init__()
+        self.hits = 0
+        self.misses = 0
+
+
+def _fingerprint(tensors) -> str:
+    h = hashlib.sha1()
+    for t in tensors:
+        t = t.detach().cpu().contiguous()
+        h.update(f"{tuple(t.shape)}{t.dtype};".encode())
+        h.update(t.numpy().tobytes() if t.dtype != torch.bfloat16 else t.float().numpy().tobytes())
+    return h.hexdigest()
+
+
 # ----------------------------------------------------------------------------------------------
 # the learner
 # ----------------------------------------------------------------------------------------------
@@ -501,6 +554,8 @@ class GradientLearner:
     ``histories[t].test_acc`` gives per-round curves. ``callbacks``: round callbacks passed to
     every stage's ``run_federated`` (``callback(r, server, cost)``); ``on_stage_end``: called as
     ``callback(t, learner)`` after each stage (e.g. to keep ``learner.model``'s weights).
+    ``share_first_stage``: a :class:`FirstStageShare`; the stage-0 training is then restored from it
+    when another learner already did the same one (``reused_seconds[0]``: its measured seconds).
 
     After stage t: ``histories[t]``, ``stage_bytes[t]`` (model uploads + stage-end uploads; the
     cache round uploads nothing), ``costs[t]`` (the stage's measured :class:`Cost`, cache and
@@ -516,7 +571,7 @@ class GradientLearner:
                  aggregation: str = "size", eval_data: Callable[[int], tuple[Tensor, Tensor] | None] | None = None,
                  first_rounds: int | None = None, progress: bool = True, name: str | None = None,
                  callbacks: Sequence[RoundCallback] = (), on_stage_end: Sequence[StageCallback] = (),
-                 **hparams: Any):
+                 share_first_stage: FirstStageShare | None = None, **hparams: Any):
         if not callable(model_fn):
             raise TypeError(f"model_fn must be callable, got {type(model_fn).__name__}")
         if not isinstance(config, FedConfig):
@@ -528,6 +583,9 @@ class GradientLearner:
             raise TypeError(f"replay must be a Replay policy or None, got {type(replay).__name__}")
         if eval_data is not None and not callable(eval_data):
             raise TypeError(f"eval_data must be a callable t -> (x, y) or None, got {type(eval_data).__name__}")
+        if share_first_stage is not None and not isinstance(share_first_stage, FirstStageShare):
+            raise TypeError("share_first_stage must be a FirstStageShare or None, "
+                            f"got {type(share_first_stage).__name__}")
         self.first_rounds = None if first_rounds is None else check_int("first_rounds", first_rounds, 1)
         self.algorithm = make_method(method, **hparams)
         self.algorithm.aggregation = aggregation
@@ -546,6 +604,8 @@ class GradientLearner:
         self.server_memory: dict[str, Any] = {}
         self._trainable: dict[str, bool] | None = None
         self._num_seen = 0
+        self.share_first_stage = share_first_stage
+        self.reused_seconds: dict[int, float] = {}  # stage -> measured seconds of a training restored from the share
 
     # -- checks --------------------------------------------------------------------------------
     def _validate(self, t: int, clients, num_seen: int) -> int:
@@ -588,13 +648,14 @@ class GradientLearner:
         return [n for n, flag in self._trainable.items() if flag]
 
     def _evaluate(self, limit: int):
-        if self.scenario != "class":
-            return None
+        """The per-round test accuracy: argmax over the first ``limit`` logits (all of them in the
+        domain-incremental scenario, where it equals ``model_accuracy``), in :func:`eval_chunks`."""
+
+        cut = limit if self.scenario == "class" else None
 
         @torch.no_grad()
         def masked(model, x, y):
-            return accuracy(torch.cat([model(x[s:s + 8192])[:, :limit].argmax(1)
-                                       for s in range(0, int(x.shape[0]), 8192)]), y)
+            return accuracy(torch.cat([model(x[a:b])[:, :cut].argmax(1) for a, b in eval_chunks(int(x.shape[0]))]), y)
         return masked
 
     # -- protocol ------------------------------------------------------------------------------
@@ -618,10 +679,19 @@ class GradientLearner:
             config = dataclasses.replace(config, rounds=self.first_rounds)
         previous = None if self.model is None else self.model.state_dict()
         alg.begin_stage(self.server_memory, t, num_old, limit, previous)
-        hist = run_federated(self._first_model if self.model is None else self._next_model, data, test, alg,
-                             config, progress=self.progress, num_classes=self.num_classes,
-                             callbacks=self.callbacks, states=self.states, memory=self.server_memory,
-                             evaluate=self._evaluate(limit) if test is not None else None)
+        key = self._share_key(t, data, test, config, num_seen)
+        if key is not None and key in self.share_first_stage:
+            self.share_first_stage.hits += 1
+            hist = self._restore_stage(self.share_first_stage[key], device)
+        else:
+            start = time.perf_counter()
+            hist = run_federated(self._first_model if self.model is None else self._next_model, data, test, alg,
+                                 config, progress=self.progress, num_classes=self.num_classes,
+                                 callbacks=self.callbacks, states=self.states, memory=self.server_memory,
+                                 evaluate=self._evaluate(limit) if test is not None else None)
+            if key is not None:
+                self.share_first_stage.misses += 1
+                self.share_first_stage[key] = self._snapshot_stage(hist, time.perf_counter() - start)
         cost += hist.cost
         if self.model is None:
             self.model = self._template
@@ -636,6 +706,36 @@ class GradientLearner:
         for callback in self.on_stage_end:
             callback(t, self)
         return self.costs[-1]
+
+    # -- stage 0 shared between learners (FirstStageShare) --------------------------------------------
+    def _share_key(self, t: int, data, test, config: FedConfig, num_seen: int) -> tuple | None:
+        """The key of this stage-0 training in ``share_first_stage`` (None: not shared)."""
+        if self.share_first_stage is None or t != 0 or self.model is not None or self.callbacks \
+                or type(self.algorithm) is not Finetune:
+            return None
+        return (repr(self.algorithm), self.aggregation, self.scenario, self.num_classes, self.first_rounds,
+                tuple(sorted((k, repr(v)) for k, v in dataclasses.asdict(config).items())), self.model_fn,
+                _fingerprint([v for pair in data for v in pair]),
+                None if test is None else _fingerprint(test), int(num_seen))
+
+    def _snapshot_stage(self, hist: History, seconds: float) -> dict[str, Any]:
+        return {"hist": copy.deepcopy(hist), "memory": copy.deepcopy(self.server_memory), "seconds": seconds,
+                "states": {k: copy.deepcopy({key: v for key, v in state.items() if key not in ("local", "log")})
+                           for k, state in self.states.items()},
+                "rng": (random.getstate(), np.random.get_state(), torch.get_rng_state())}
+
+    def _restore_stage(self, snap: dict[str, Any], device) -> History:
+        """What run_federated would have produced at stage 0 (see :class:`FirstStageShare`)."""
+        self._first_model().to(device)
+        for k, entries in snap["states"].items():
+            self.states[k].update(copy.deepcopy(entries))
+        self.server_memory.clear()
+        self.server_memory.update(copy.deepcopy(snap["memory"]))
+        random.setstate(snap["rng"][0])
+        np.random.set_state(snap["rng"][1])
+        torch.set_rng_state(snap["rng"][2])
+        self.reused_seconds[0] = snap["seconds"]
+        return copy.deepcopy(snap["hist"])
 
     def _cache_round(self, t: int, data, num_old: int) -> Cost:
         """Every client rebuilds its local set (stage 0: its new data; later: cache u new data)."""
@@ -673,17 +773,21 @@ class GradientLearner:
         self.pim_log.append(pims if t > 0 and self.replay.name == "refed" else None)
 
     @torch.no_grad()
-    def predict(self, x: Tensor, num_seen: int, batch_size: int = 8192) -> Tensor:
-        """(N,) int64 labels (CPU): argmax over the first ``num_seen`` logits, eval mode, batched."""
+    def predict(self, x: Tensor, num_seen: int, batch_size: int | None = None) -> Tensor:
+        """(N,) int64 labels (CPU): argmax over the first ``num_seen`` logits, eval mode, in chunks of
+        ``batch_size`` (default: :func:`eval_chunks`)."""
         if self.model is None:
             raise RuntimeError("predict called before any learn_task")
         num_seen = check_int("num_seen", num_seen, 1, self.num_classes)
         device = next(self.model.parameters()).device
         self.model.eval()
+        n = int(x.shape[0])
+        chunks = eval_chunks(n) if batch_size is None else [(s, min(n, s + check_int("batch_size", batch_size, 1)))
+                                                            for s in range(0, n, batch_size)]
         out = []
         with torch_threads(self.config.num_threads):
-            for s in range(0, int(x.shape[0]), batch_size):
-                out.append(self.model(x[s:s + batch_size].to(device))[:, :num_seen].argmax(1).cpu())
+            for a, b in chunks:
+                out.append(self.model(x[a:b].to(device))[:, :num_seen].argmax(1).cpu())
         return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
 
     # -- replay diagnostics (read from the clients' logs) -----------------------------------------
@@ -761,7 +865,7 @@ class FixedLearner(GradientLearner):
             callback(t, self)
         return self.costs[-1]
 
-    def predict(self, x, num_seen, batch_size=8192):
+    def predict(self, x, num_seen, batch_size=None):
         if self.scenario == "class" and self.model is not None and isinstance(num_seen, (int, np.integer)) \
                 and not isinstance(num_seen, bool):
             num_seen = min(num_seen, self._first_seen)

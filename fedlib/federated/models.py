@@ -150,6 +150,37 @@ def resnet18_cifar(in_channels: int = 3, num_classes: int = 100, norm: str = "ba
 # ----------------------------------------------------------------------------------------------
 # LeNet-style CNN
 # ----------------------------------------------------------------------------------------------
+class _MaxPool2(torch.autograd.Function):
+    """``F.max_pool2d(x, 2)`` through the channels-last CPU kernel, about 4x faster than the
+    contiguous one on the SmallCNN's small maps (measured, one thread): the maxima are the same
+    numbers and the indices the same (the first maximum of each window in row-major order, the
+    convention of both kernels), and the backward is the built-in one on the contiguous input, so
+    values and gradients equal ``F.max_pool2d``'s bit for bit (``tests/test_refed.py``)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        out, idx = F.max_pool2d(x.contiguous(memory_format=torch.channels_last), 2, return_indices=True)
+        ctx.save_for_backward(x, idx)
+        return out.contiguous()
+
+    @staticmethod
+    def backward(ctx, g):
+        x, idx = ctx.saved_tensors
+        return torch.ops.aten.max_pool2d_with_indices_backward(g.contiguous(), x, [2, 2], [2, 2], [0, 0], [1, 1],
+                                                               False, idx.contiguous())
+
+
+def max_pool2(x: Tensor) -> Tensor:
+    """``F.max_pool2d(x, 2)`` for x (N, C, H, W), bit for bit, faster on the CPU (:class:`_MaxPool2`); the
+    plain call on other devices, inside ``torch.func`` transforms and for double backward."""
+    if x.device.type != "cpu" or x.ndim != 4 or not x.is_floating_point() or not x.is_contiguous() \
+            or torch._C._functorch.is_functorch_wrapped_tensor(x):
+        return F.max_pool2d(x, 2)
+    if not (torch.is_grad_enabled() and x.requires_grad):
+        return F.max_pool2d(x.contiguous(memory_format=torch.channels_last), 2).contiguous()
+    return _MaxPool2.apply(x)
+
+
 class SmallCNN(nn.Module):
     """LeNet-style CNN (the FedAvg paper's CNN shape, McMahan et al. 2017, narrower):
     conv5x5(width, pad 2) -> ReLU -> max-pool 2 -> conv5x5(2*width, pad 2) -> ReLU -> max-pool 2
@@ -177,8 +208,8 @@ class SmallCNN(nn.Module):
         if x.shape[2] != self.image_size or x.shape[3] != self.image_size:
             raise ValueError(f"x must be {self.image_size}x{self.image_size} images (image_size), "
                              f"got {x.shape[2]}x{x.shape[3]}")
-        h = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        h = F.max_pool2d(F.relu(self.conv2(h)), 2)
+        h = max_pool2(F.relu(self.conv1(x)))   # = F.max_pool2d(..., 2), bit for bit, faster
+        h = max_pool2(F.relu(self.conv2(h)))
         return F.relu(self.fc(h.flatten(1)))
 
     def head(self, z: Tensor) -> Tensor:

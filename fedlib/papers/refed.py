@@ -71,23 +71,28 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedlib.core.persample import default_names, grad_sq_norms, last_layer_grad_sq_norms
+from fedlib.core.persample import (_ghost_layers, _layer_sq_norms, default_names, grad_sq_norms,
+                                   last_layer_grad_sq_norms)
 from fedlib.core.validate import check_choice, check_int, check_real
 from fedlib.evaluation.compare import refed_label
 from fedlib.federated.fcil import METHODS
 from fedlib.federated.gradient import FedConfig, History
 from fedlib.federated.incremental import run_class_incremental
-from fedlib.federated.learner import (MEMORY_MODES, FixedLearner, GradientLearner, HerdingReplay, KeepWeights,
-                                      RandomReplay, Replay, ReservoirReplay, ScoreReplay, balancing, select_top)
+from fedlib.federated.learner import (MEMORY_MODES, FirstStageShare, FixedLearner, GradientLearner, HerdingReplay,
+                                      KeepWeights, RandomReplay, Replay, ReservoirReplay, ScoreReplay, balancing,
+                                      select_top)
 
 __all__ = ["WEIGHTINGS", "GRAD_NORMS", "PROX_SCALINGS", "MEMORY_MODES", "LEARNERS", "q_lambda", "importance_scores",
-           "PIMResult", "train_pim", "RefedReplay", "make_learner", "rounds_to_best", "PIM_METHODS",
+           "PIMResult", "train_pim", "RefedReplay", "PIMShare", "make_learner", "rounds_to_best", "PIM_METHODS",
            "REPLAY_METHODS", "run_scenario", "ScenarioRuns", "run_methods", "make_scenario", "first_task_accuracies",
            "paired_differences", "replay_verdict", "cache_diagnostics", "final_task_accuracy", "last_task_hypothesis",
            "first_task_table", "stage_curves", "round_curves", "last_task_share", "largest_pools", "compare_grad_norms",
            "cost_lines", "summary_lines"]
 
 WEIGHTINGS = ("early", "average", "late")
+#: train_pim computes the exact norms of a full mini-batch (2^k samples) from its training step's own
+#: forward and backward (:func:`_fused_pim_step`, bit-identical); False: a separate ghost-norm pass
+FUSED_PIM = True
 GRAD_NORMS = ("exact", "last_layer")
 PROX_SCALINGS = ("mean", "sum")
 
@@ -182,11 +187,18 @@ def train_pim(global_model: nn.Module, x: Tensor, y: Tensor, num_seen: int, *, l
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
     grad_sq = torch.zeros(epochs, n, dtype=torch.float32)
     y = y.long()
+    layers = _ghost_layers(v, names) if FUSED_PIM and grad_norm == "exact" and _mode_free(v) else None
     for p in range(epochs):
         perm = torch.randperm(n, generator=gen)
         for s in range(0, n, batch_size):
             idx = perm[s:s + batch_size]
             xb, yb = x[idx.to(x.device)], y[idx.to(y.device)]
+            b = int(idx.shape[0])
+            if layers is not None and b & (b - 1) == 0:   # one pass for the norms and the step (exact: b = 2^k)
+                g2 = _fused_pim_step(v, layers, xb, yb, num_seen, trained, anchor, q, opt)
+                if g2 is not None:
+                    grad_sq[p, idx] = g2.detach().float().cpu()
+                    continue
             if grad_norm == "exact":
                 g2 = grad_sq_norms(v, xb, yb, num_seen, names, batch_size)
             else:
@@ -204,6 +216,66 @@ def train_pim(global_model: nn.Module, x: Tensor, y: Tensor, num_seen: int, *, l
         final = float(F.cross_entropy(v(x)[:, :num_seen], y))
     state = {k: t.detach().cpu().clone() for k, t in v.state_dict().items()}
     return PIMResult(grad_sq, state, dist, final)
+
+
+def _mode_free(model: nn.Module) -> bool:
+    """True when the model computes the same in train and eval mode: built only from modules known
+    to ignore the mode (no dropout, no batch norm)."""
+    from fedlib.federated.gradient import LinearHead, MLPHead
+    from fedlib.federated.models import SmallCNN
+
+    free = (nn.Linear, nn.Conv2d, nn.ReLU, nn.Flatten, nn.Identity, nn.Sequential, nn.MaxPool2d, SmallCNN,
+            LinearHead, MLPHead)
+    return all(type(m) in free for m in model.modules())
+
+
+def _fused_pim_step(v: nn.Module, layers: dict, xb: Tensor, yb: Tensor, num_seen: int, trained, anchor, q: float,
+                    opt) -> Tensor | None:
+    """One PIM step (Eq. 3) and the exact G^p of its b samples from the same forward and backward:
+    the ghost norms of :func:`fedlib.core.persample.grad_sq_norms` need every layer's input a and the
+    per-sample output gradients dl_i/dz_i, and the step's backward of the batch-mean loss computes
+    dL/dz = (1/b) dl_i/dz_i (the proximal term does not reach z). For b a power of two the scaling by
+    1/b is exact in floating point, so b dL/dz equals the separate sum-loss backward bit for bit, and
+    the norms and the step equal those of the two-pass route (tested). Needs a model that computes the
+    same in train and eval mode (:func:`_mode_free`); returns None (nothing done) when a hooked layer did
+    not run exactly once on a (b, ...) input, as :func:`fedlib.core.persample.grad_sq_norms` checks."""
+    b = int(xb.shape[0])
+    calls: dict[nn.Module, list] = {m: [] for m in layers}
+
+    def record(m, inputs, output):
+        a = inputs[0] if inputs else None
+        calls[m].append((a, output, getattr(a, "_version", None), getattr(output, "_version", None)))
+
+    v.train()
+    handles = [m.register_forward_hook(record) for m in layers]
+    try:
+        logits = v(xb)
+    finally:
+        for h in handles:
+            h.remove()
+    for m, rec in calls.items():
+        if len(rec) != 1 or (isinstance(m, nn.Conv2d) and getattr(rec[0][0], "ndim", 0) != 4):
+            return None
+        a, z, va, vz = rec[0]
+        if not (isinstance(a, Tensor) and isinstance(z, Tensor)) or a._version != va or z._version != vz:
+            return None
+        if a.ndim < 2 or z.ndim < 2 or a.shape[0] != b or z.shape[0] != b or not z.requires_grad:
+            return None
+    mods = list(layers)
+    grads: dict[nn.Module, Tensor] = {}
+    for m in mods:
+        calls[m][0][1].register_hook(lambda g, m=m: grads.__setitem__(m, g))
+    loss = F.cross_entropy(logits[:, :num_seen], yb)
+    prox = sum(((a - w) ** 2).sum() for a, w in zip(trained, anchor))
+    opt.zero_grad(set_to_none=True)
+    (loss + 0.5 * q * prox).backward()
+    total = torch.zeros(b, dtype=logits.dtype, device=logits.device)
+    with torch.no_grad():
+        for m in mods:
+            if m in grads:   # absent: the layer does not reach the loss, its per-sample gradients are 0
+                total += _layer_sq_norms(m, calls[m][0][0].detach(), grads[m] * b, *layers[m]).to(total.dtype)
+    opt.step()
+    return total
 
 
 def _check_momentum(name: str, value) -> float:
@@ -245,15 +317,51 @@ class RefedReplay(Replay):
             raise ValueError(f"pim_lr * q(lam) = {lr * q_lambda(self.lam):.3g} >= 2: the explicit PIM "
                              f"step (Eq. 3) diverges; raise lam (got {self.lam}) or lower pim_lr")
 
+    pim_share: "PIMShare | None" = None   # set by run_scenario: PIMs reused between runs (see PIMShare)
+
     def select(self, x, y, budget, ctx):
         lr = ctx.config.lr if self.pim_lr is None else self.pim_lr
-        res = train_pim(ctx.global_model, x, y, ctx.num_old, lam=self.lam, epochs=self.pim_epochs, lr=lr,
-                        batch_size=ctx.config.batch_size, momentum=self.pim_momentum,
-                        prox_scaling=self.prox_scaling, grad_norm=self.grad_norm, names=ctx.names,
-                        generator=ctx.generator)
+        key = None if self.pim_share is None else self.pim_share.key(self, x, y, ctx, lr)
+        res = None if key is None else self.pim_share.get(key)
+        if res is None:
+            res = train_pim(ctx.global_model, x, y, ctx.num_old, lam=self.lam, epochs=self.pim_epochs, lr=lr,
+                            batch_size=ctx.config.batch_size, momentum=self.pim_momentum,
+                            prox_scaling=self.prox_scaling, grad_norm=self.grad_norm, names=ctx.names,
+                            generator=ctx.generator)
+            if key is not None:
+                self.pim_share.misses += 1
+                self.pim_share[key] = PIMResult(res.grad_sq.clone(), None, res.dist_sq, res.loss)
+        else:
+            self.pim_share.hits += 1
         scores = res.scores(self.weighting)
         keep = select_top(scores, budget, y.cpu(), self.class_balanced, ctx.tasks)
         return keep, {"dist_sq": res.dist_sq, "loss": res.loss, "scores": scores}
+
+
+class PIMShare(dict):
+    """PIM results reused between runs: a PIM depends only on the broadcast global model, the pool, the
+    client's generator for the selection and the PIM's settings, not on the budget, the weighting or
+    the class balancing. At the first boundary the runs of one seed share the global model (task 1
+    is the same for all, :class:`fedlib.federated.learner.FirstStageShare`), so Re-Fed, class-balanced
+    Re-Fed, the Early/Late weightings and the memory sizes of a sweep train the same PIMs there. The
+    key holds SHA-1s of the pool (x, y), of the global model's state and of the generator's state,
+    with ``num_old``, lam, epochs, lr, batch size, momentum, prox scaling, norm and parameter names;
+    a hit returns the stored G^p, distance and loss (the PIM's weights are not kept: the selection
+    does not use them), bit-identical to training it again (tested)."""
+
+    def __init__(self):
+        super().__init__()
+        self.hits = 0
+        self.misses = 0
+
+    @staticmethod
+    def key(policy: "RefedReplay", x: Tensor, y: Tensor, ctx, lr: float) -> tuple:
+        from fedlib.federated.learner import _fingerprint
+
+        model = _fingerprint(list(ctx.global_model.state_dict().values()))
+        return (_fingerprint([x, y]), model, _fingerprint([ctx.generator.get_state()]), int(ctx.num_old),
+                policy.lam, policy.pim_epochs, float(lr), int(ctx.config.batch_size), policy.pim_momentum,
+                policy.prox_scaling, policy.grad_norm, tuple(ctx.names))
 
 
 def rounds_to_best(history: History) -> int:
@@ -347,7 +455,8 @@ def run_scenario(scenario: dict, kind: str, method: str, seed: int, *, model_fn:
                  num_threads: int, memory_mode: str, pim_epochs: int, grad_norm: str,
                  method_hparams: dict | None = None, num_classes: int = 10, alpha: float | None = None,
                  memory: int | None = None, lam: float | None = None, weighting: str = "early",
-                 track: bool = False) -> dict:
+                 track: bool = False, share_first_stage: FirstStageShare | None = None,
+                 pim_share: PIMShare | None = None) -> dict:
     """One run of the benchmark chapter: ``method`` (a :data:`LEARNERS` name or ``"refed_proxy"``) through
     ``scenario``'s stream with ``seed`` (model initialisation, class order, partitions, client draws).
 
@@ -357,6 +466,10 @@ def run_scenario(scenario: dict, kind: str, method: str, seed: int, *, model_fn:
     (:func:`make_learner`'s ``scenario``). ``alpha``, ``memory``, ``lam`` override the scenario's;
     ``method_hparams`` {method: keyword arguments of its loss}; ``num_classes`` of the model's head.
     Plain SGD (Eqs. 3 and 6, [D7]); ``track`` evaluates after every round (Table 3's rounds to best).
+    ``share_first_stage``: a :class:`fedlib.federated.learner.FirstStageShare`; the task-1 training, the same
+    for every method with the plain loss (no cache exists yet), is then done once and restored by
+    the other runs (bit-identical); its measured seconds still count in every run's ``wall_s``.
+    ``pim_share``: a :class:`PIMShare` through which the Re-Fed runs reuse identical PIMs.
     After the run the storage rule of ``memory_mode`` is checked on what the clients hold
     (RuntimeError on a violation) and the weights must be finite (FloatingPointError).
 
@@ -387,7 +500,10 @@ def run_scenario(scenario: dict, kind: str, method: str, seed: int, *, model_fn:
     if scenario["first_rounds"] is not None:
         kw["first_rounds"] = scenario["first_rounds"]
     learner = make_learner("refed" if method == "refed_proxy" else method, model_fn, config, num_classes=num_classes,
-                           memory=memory, scenario=kind, progress=False, eval_data=eval_data if track else None, **kw)
+                           memory=memory, scenario=kind, progress=False, eval_data=eval_data if track else None,
+                           share_first_stage=share_first_stage, **kw)
+    if isinstance(learner.replay, RefedReplay):
+        learner.replay.pim_share = pim_share
     label = refed_label(method, grad_norm=grad_norm) + ("" if weighting == "early" or not pim else f" ({weighting})")
     res = run_class_incremental(learner, stream, scenario["x_train"], scenario["y_train"], scenario["x_test"],
                                 scenario["y_test"], num_clients, alpha, seed,
@@ -396,6 +512,8 @@ def run_scenario(scenario: dict, kind: str, method: str, seed: int, *, model_fn:
                                         "lambda": lam if pim else np.nan, "weighting": weighting},
                                 progress=False)
     res.method = label
+    for t, seconds in learner.reused_seconds.items():   # a restored task-1 training costs what it cost when run
+        res.wall_s[t] += seconds
     cor = [rounds_to_best(h) for h in learner.histories] if track else []
     for h in learner.histories:
         if h is not None:
@@ -421,14 +539,19 @@ class ScenarioRuns:
     :func:`run_scenario` shared by every run (``model_fn``, ``num_clients``, ``batch_size``, ...).
     ``runs(kind, method, seed, alpha=, memory=, lam=, weighting=, track=)`` returns the run's dict; a
     tracked run also serves an untracked request. ``runs.runs`` {key: run}, ``runs.memory_checks``
-    counts the runs and (client, task) caches whose storage rule was checked.
+    counts the runs and (client, task) caches whose storage rule was checked. ``share_first_stage``
+    (default True): the runs share one :class:`fedlib.federated.learner.FirstStageShare` (``runs.first_stage``),
+    so the task-1 training common to the methods with the plain loss is done once per setting, and
+    one :class:`PIMShare` (``runs.pims``) for the PIMs that are the same in several runs.
     """
 
-    def __init__(self, scenarios: dict[str, dict], **settings: Any):
+    def __init__(self, scenarios: dict[str, dict], share_first_stage: bool = True, **settings: Any):
         self.scenarios = scenarios
         self.settings = settings
         self.runs: dict[tuple, dict] = {}
         self.memory_checks = {"runs": 0, "client-stages": 0}
+        self.first_stage = FirstStageShare() if share_first_stage else None
+        self.pims = PIMShare() if share_first_stage else None
 
     def __call__(self, kind: str, method: str, seed: int, *, alpha: float | None = None, memory: int | None = None,
                  lam: float | None = None, weighting: str = "early", track: bool = False) -> dict:
@@ -442,7 +565,7 @@ class ScenarioRuns:
         if key in self.runs and (self.runs[key]["tracked"] or not track):
             return self.runs[key]
         out = run_scenario(s, kind, method, seed, alpha=alpha, memory=memory, lam=lam, weighting=weighting,
-                           track=track, **self.settings)
+                           track=track, share_first_stage=self.first_stage, pim_share=self.pims, **self.settings)
         self.memory_checks["runs"] += 1
         self.memory_checks["client-stages"] += out["client_stages"]
         self.runs[key] = out
