@@ -572,8 +572,8 @@ selfcheck.stsa_partition_invariance(spatial, tol_w)
 # :label: stsa-deriv-ex-dummy
 #
 # With `k_mode="global"`, predict the covariance ratio of section 4 for a class that only 2 of 5
-# clients hold, with $K_D=25$ random chunks each. Check it by changing `bias_dummy`. (No self-check:
-# compare the printed ratio with your prediction.)
+# clients hold, with $K_D=25$ random chunks each. Fill in your prediction below, and check it by
+# changing `bias_dummy`.
 # ```
 #
 # ````{solution} stsa-deriv-ex-dummy
@@ -584,13 +584,17 @@ selfcheck.stsa_partition_invariance(spatial, tol_w)
 # $(K_i-1)/(K-1)\approx 49/124\approx0.4$. Fewer samples per client means fewer non-empty chunks and
 # a smaller ratio.
 # ````
-#
+
+# %%
+my_ratio = None  # your answer: the covariance ratio with the global K at the largest K_D of bias_dummy
+print(selfcheck.stsa_dummy_ratio(my_ratio, bias, max(bias_dummy)))
+
+# %% [markdown]
 # ```{exercise} Break-even
 # :label: stsa-deriv-ex-break-even
 #
 # For $c_t=10$ and $M=1250$, at which $K_D$ does STSA-E stop saving communication? Use
-# `stsa.communication_mib`. Count with {eq}`stsa-eq-upload`, then check your answer:
-# `selfcheck.stsa_break_even(your_K_D, M=1250, c_t=10)`.
+# `stsa.communication_mib`. Count with {eq}`stsa-eq-upload`, then fill in your answer below.
 # ```
 #
 # ````{solution} stsa-deriv-ex-break-even
@@ -599,7 +603,12 @@ selfcheck.stsa_partition_invariance(spatial, tol_w)
 # $(M+1)c_tK_D<(M+c_t)M$ gives $K_D<(1260\cdot1250)/(1251\cdot10)\approx125.9$: STSA-E is cheaper up
 # to $K_D=125$.
 # ````
-#
+
+# %%
+my_K_D = None  # your answer: the largest K_D at which STSA-E uploads less than STSA (M = 1250, c_t = 10)
+print(selfcheck.stsa_break_even(my_K_D, M=1250, c_t=10))
+
+# %% [markdown]
 # ```{exercise} Rank
 # :label: stsa-deriv-ex-rank
 #

@@ -186,3 +186,37 @@ def test_step_runs_at_the_configured_thread_count(data):
     client.step(clients[0], client.init_state(0), Message("server", {"state": model.state_dict()}))
     assert seen and set(seen) == {1}
     assert torch.get_num_threads() == 2
+
+
+@pytest.mark.parametrize("method", ["finetune", "fedewc", "fedlwf", "fedprox"])
+def test_batched_incremental_methods_equal_per_client(method):
+    """The FCIL methods (masked CE; FedEWC's penalty; FedLwF's distillation from the previous stage's
+    model) have batched twins: three stages through GradientLearner give the per-client weights
+    after every stage up to float32 round-off, and the same bytes."""
+    import numpy as np
+
+    from fedlib.federated.incremental import make_stream, run_class_incremental
+    from fedlib.federated.learner import GradientLearner, KeepWeights
+
+    gen = torch.Generator().manual_seed(3)
+    means = torch.randn(6, D, generator=gen) * 2.0
+    y = torch.arange(6).repeat(30)
+    x = (means[y] + torch.randn(len(y), D, generator=gen)).numpy()
+    yt = torch.arange(6).repeat(5)
+    xt = (means[yt] + torch.randn(len(yt), D, generator=gen)).numpy()
+    stream = make_stream(y.numpy(), yt.numpy(), 3, seed=0)
+    hp = {"fedewc": {"lam": 5.0}, "fedlwf": {"lam": 2.0}}.get(method, {})
+    out = []
+    for batched in (False, True):
+        keep = KeepWeights()
+        learner = GradientLearner(lambda: LinearHead(D, 6), FedConfig(seed=1, rounds=2, local_epochs=2, batch_size=8,
+                                                                      lr=0.05, batched_clients=batched),
+                                  method, num_classes=6, progress=False, on_stage_end=[keep], **hp)
+        res = run_class_incremental(learner, stream, x, y.numpy(), xt, yt.numpy(), 4, 0.5, seed=2, progress=False)
+        out.append((keep.weights, res))
+    (w0, r0), (w1, r1) = out
+    assert len(w0) == len(w1) == 3
+    for a, b in zip(w0, w1):
+        for k in a:
+            assert rel(b[k], a[k]) < 1e-5, k
+    assert np.array_equal(r0.bytes_up, r1.bytes_up)

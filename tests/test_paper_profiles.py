@@ -36,8 +36,7 @@ from fedlib.runner import memory, profiles
 # --------------------------------------------------------------------------------------------
 #: images per class of the generated CIFAR files (train, test); the `paper` profiles that read
 #: CIFAR keep "all images" (n_train / subsets null), so these are the tiny sizes of those runs
-CIFAR_PER_CLASS = {"cifar10": (4, 2), "cifar100": (2, 1)}   # cifar100: 2 train images per class keep every
-#: class's noisy total count above 1 in stsa_benchmark's upload-noise study (STSA-E's (n_i - 1) / (K - 1))
+CIFAR_PER_CLASS = {"cifar10": (4, 2), "cifar100": (2, 1)}
 
 #: chapter -> {"tiny": overrides of the `paper` profile, "keep": `paper` parameters kept as they
 #: are (each chooses a code path or is a value, not a size)}
@@ -91,7 +90,7 @@ TINY: dict[str, dict] = {
                  "seeds": [0, 1, 2], "plateau_tol": 0.05, "plateau_check": 10, "max_rounds": 200, "tsne_max_iter": 250,
                  "umap_epochs": 50, "sweep_seeds": [0], "iid_client_counts": [5], "noniid_client_counts": [5],
                  "landmark_counts": [10, 20], "scatter_points": 100, "num_threads": 1},
-        "keep": ["datasets", "methods", "landmark_methods", "landmark_splits", "landmark_variants"],
+        "keep": ["datasets", "methods", "landmark_methods", "landmark_splits", "landmark_variants", "feddl_dtype"],
     },
     "fedtsne_privacy": {
         "tiny": {"n_points": 200, "public_points": 60, "num_clients": 2, "n_landmarks": 20, "rounds": 5,

@@ -65,6 +65,33 @@ def test_vectorized_gram_estimate_equals_printed_eq9(k_mode):
     assert float(torch.linalg.eigvalsh(fast)[0]) > -1e-9 * float(fast.abs().max())  # PSD
 
 
+@pytest.mark.parametrize("k_mode", stsa.K_MODES)
+@pytest.mark.parametrize("clip", [False, True])
+def test_gram_estimate_with_a_noisy_class_total_below_one_is_finite_and_psd(k_mode, clip):
+    # class 0: one sample on one client, its count perturbed by upload noise to 0.9 (>= MIN_COUNT,
+    # so the server keeps it); the printed (n-1)/(K-1) is negative there: it gave NaN (sqrt) before
+    rng = np.random.default_rng(3)
+    sums = torch.from_numpy(rng.random((3, 5, 2)))
+    counts = torch.tensor([[0.9, 4.0], [0.0, 3.0], [0.0, 2.0]], dtype=torch.float64)
+    sums[1:, :, 0] = 0.0
+    g = stsa.gram_estimate(sums, counts, k_mode, clip)
+    assert bool(torch.isfinite(g).all())
+    assert float(torch.linalg.eigvalsh(g)[0]) > -1e-12 * float(g.abs().max())
+    # at most one sample: no within-class scatter, so class 0 adds only its mean term n m m^T
+    # (nothing with the authors' clipping, as their max(0, .) on both coefficients gives)
+    s0 = sums[0, :, 0]
+    only_class1 = stsa.gram_estimate(sums[:, :, 1:], counts[:, 1:], k_mode, clip)
+    expected = only_class1 + (0.0 if clip else 1.0) * torch.outer(s0, s0) / 0.9
+    assert torch.allclose(g, expected, rtol=1e-12, atol=1e-12)
+    # continuous at n = 1, where the printed eq. 9 is exact (one sample)
+    counts[0, 0] = 1.0
+    if not clip:
+        assert torch.allclose(stsa.gram_estimate(sums, counts, k_mode), stsa.gram_estimate_eq9(sums, counts, k_mode),
+                              rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="counts must be >= 0"):
+        stsa.gram_estimate(sums, -counts, k_mode)
+
+
 def test_gram_estimate_is_exact_with_one_sample_per_client():
     rng = np.random.default_rng(1)
     x = torch.from_numpy(rng.random((9, 6)))
@@ -382,6 +409,13 @@ def test_upload_noise_is_drawn_per_client_from_its_own_stream():
     assert torch.equal(noisy["C"], expect["C"]) and torch.equal(noisy["G"], clean["G"])
     other = client.step(data, client.init_state(2), server.broadcast())
     assert not torch.equal(other["C"], noisy["C"])   # another client, another stream
+    # the draws are kept per (seed, stage, client) and reused by every noise level: bit for bit the same
+    for q, s in [(0.2, 0.5), (0.1, 5.0)]:
+        level = stsa.STSAClient("stsa", seed=7, noise=(q, s), noise_entries=("G", "C"))
+        got = level.step(data, level.init_state(1), server.broadcast())
+        ref = stsa.add_upload_noise(clean, q, s, torch_generator(7, "upload_noise", 2, 1), entries=("G", "C"))
+        assert torch.equal(got["G"], ref["G"]) and torch.equal(got["C"], ref["C"])
+    assert {key[0] for key in stsa._UNIT_NOISE} == {7}
 
 
 def test_on_stage_end_callbacks_see_every_stage_head():
@@ -431,6 +465,36 @@ def test_run_fcil_and_the_learner_factory():
     skewed = stsa.run_fcil("STSA", feats, 0.5, 0, "toy", 16, skew=0.5, **kw)
     plain = stsa.run_fcil("STSA", feats, 0.5, 0, "toy", 16, **kw)
     assert not np.array_equal(skewed.acc, plain.acc)   # the features arrive shifted per client
+
+
+def test_shared_expansion_and_final_only_equal_the_per_client_path():
+    from fedlib.data.features import Features
+
+    x, y = _toy(240)
+    xt, yt = _toy(90, seed=1)
+    feats = Features("toy", x.astype(np.float32), y, xt.astype(np.float32), yt, tuple(range(6)))
+    kw = dict(num_tasks=3, num_clients=3, gamma=1.0, num_dummy=2)
+    for method in list(stsa.ANALYTIC) + [stsa.JOINT]:
+        (own, lo), (shared, ls) = (stsa.run_fcil(method, feats, 0.5, 1, "toy", 24, return_learner=True,
+                                                 share_expansion=flag, **kw) for flag in (False, True))
+        assert np.array_equal(own.acc, shared.acc, equal_nan=True), method
+        assert torch.allclose(ls.weights, lo.weights, rtol=1e-9, atol=1e-12), method
+        assert np.array_equal(own.bytes_up, shared.bytes_up) and (shared.wall_s > 0).all()
+        if method != stsa.JOINT:   # feature skew: each client's rows moved by its own delta_k, then expanded once
+            own, shared = (stsa.run_fcil(method, feats, 0.5, 1, "toy", 24, skew=0.5, share_expansion=flag, **kw)
+                           for flag in (False, True))
+            assert np.array_equal(own.acc, shared.acc, equal_nan=True), method
+    phi, per_row = stsa.expanded_features(feats, 1, 24)
+    assert stsa.expanded_features(feats, 1, 24)[0] is phi and per_row >= 0   # computed once
+    assert np.allclose(phi.x_train, stsa.RandomFeatures(5, 24, seed=1)(feats.x_train).numpy(), rtol=1e-12)
+    # final_only: one evaluation, after the last stage; STSA solves once, for the same head
+    full = stsa.run_fcil("STSA-E", feats, 0.5, 1, "toy", 24, **kw)
+    last, lrn = stsa.run_fcil("STSA-E", feats, 0.5, 1, "toy", 24, final_only=True, return_learner=True, **kw)
+    assert np.array_equal(last.acc[-1], full.acc[-1]) and np.isnan(last.acc[:-1]).all()
+    assert last.summary()["A_T"] == full.summary()["A_T"] and np.isnan(last.summary()["A_avg"])
+    assert not lrn.solve_every_stage
+    with pytest.raises(ValueError, match="evaluate must be"):
+        run_class_incremental(lrn, make_stream(y, yt, 3), x, y, xt, yt, 3, 0.5, evaluate="sometimes")
 
 
 def test_derivation_helpers():

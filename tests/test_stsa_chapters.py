@@ -247,6 +247,15 @@ def test_scratch_features_grid_and_end_to_end_baselines(tmp_path):
     assert [r.method for r in results] == list(stsa.ANALYTIC) + [stsa.JOINT]
     assert stage1 == [{"beta": 0.5, "seed": 0, **cost}]   # the cached backbone of the same (beta, seed)
     base = stsa.scratch_baseline_runs(["finetune"], ds, "scratch / toy", 2, 2, 1.0, fed, 1, {}, (4, 4, 8), min_size=1,
-                                      progress=False)
+                                      progress=False, cache_dir=tmp_path)
     assert len(base) == 1 and base[0].acc.shape == (2, 2) and base[0].config == {"setting": "scratch / toy",
                                                                                  "beta": 0.5, "seed": 0}
+    # the run is cached like the backbone: the same settings read it back, equal in every field
+    assert len(list(tmp_path.glob("scratch_baseline__*finetune*.npz"))) == 1
+    again = stsa.scratch_baseline_runs(["finetune"], ds, "scratch / toy", 2, 2, 1.0, fed, 1, {}, (4, 4, 8),
+                                       min_size=1, progress=False, cache_dir=tmp_path)[0]
+    assert np.array_equal(again.acc, base[0].acc, equal_nan=True) and np.array_equal(again.wall_s, base[0].wall_s)
+    assert again.costs == base[0].costs and again.config == base[0].config and again.method == "finetune"
+    fresh = stsa.scratch_baseline_runs(["finetune"], ds, "scratch / toy", 2, 2, 1.0, fed, 2, {}, (4, 4, 8),
+                                       min_size=1, progress=False, cache_dir=tmp_path)[0]   # another setting: a new run
+    assert len(list(tmp_path.glob("scratch_baseline__*finetune*.npz"))) == 2 and fresh.acc.shape == (2, 2)

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from fedlib.core.messages import Message
 from fedlib.core.persample import fisher_diagonal
 from fedlib.core.validate import check_positive, check_real
-from fedlib.federated.gradient import FedAlgorithm, FedProx, build_from_registry
+from fedlib.federated.gradient import FedAlgorithm, FedProx, build_from_registry, weighted_cross_entropy
 
 __all__ = ["IncrementalAlgorithm", "Finetune", "FedEWC", "FedLwF", "IncrementalFedProx", "METHODS",
            "make_method"]
@@ -71,6 +71,19 @@ class IncrementalAlgorithm(FedAlgorithm):
         logits = logits[:, :num_seen]  # mask out future classes
         loss = F.cross_entropy(logits, y)
         extra = self.local_loss(local, x, y, logits)
+        return loss if extra is None else loss + extra
+
+    def batch_loss(self, batch, params, x, y, w):
+        """[training_loss] for the m_t clients of a batched round (``FedConfig(batched_clients=True)``):
+        the sum of their masked cross-entropies (row weights ``w``) plus ``batch_local_loss``."""
+        num_seen = batch.broadcast["num_seen"]
+        logits = batch.call(params, x)
+        if logits.shape[-1] < num_seen:
+            raise ValueError(f"the model outputs {logits.shape[-1]} logits but {num_seen} "
+                             f"classes are seen; model_fn must build a model with all classes")
+        logits = logits[..., :num_seen]  # mask out future classes
+        loss = weighted_cross_entropy(logits, y, w)
+        extra = self.batch_local_loss(batch, params, x, y, w, logits)
         return loss if extra is None else loss + extra
 
 
@@ -132,6 +145,19 @@ class FedEWC(IncrementalAlgorithm):
             return None
         return 0.5 * self.lam * sum((f * (p - a) ** 2).sum() for p, f, a in terms)
 
+    def begin_batch(self, batch):
+        fisher = batch.broadcast.payload.get("fisher")
+        batch.scratch["terms"] = None if fisher is None or self.lam == 0 else \
+            [(n, f, batch.broadcast["anchor"][n]) for n, f in fisher.items()]
+
+    def batch_local_loss(self, batch, params, x, y, w, logits):
+        """The clients' EWC penalties summed: params[n] (m_t, ...) against the shared F_n and theta*_n
+        (a parameter the batch does not train, ``batch.frozen``, adds no gradient and is skipped)."""
+        terms = batch.scratch["terms"]
+        if terms is None:
+            return None
+        return 0.5 * self.lam * sum((f * (params[n] - a) ** 2).sum() for n, f, a in terms if n in params)
+
     def stage_upload(self, global_model, x, y, num_seen, names, batch_size):
         return {"fisher": fisher_diagonal(global_model, x, y, num_seen, names, batch_size), "n": int(x.shape[0])}
 
@@ -189,6 +215,24 @@ class FedLwF(IncrementalAlgorithm):
             q = F.softmax(local.spare(x)[:, :o] / self.T, dim=1)
         log_p = F.log_softmax(logits[:, :o] / self.T, dim=1)
         return self.lam * self.T ** 2 * F.kl_div(log_p, q, reduction="batchmean")
+
+    def begin_batch(self, batch):
+        teacher = batch.broadcast.payload.get("teacher")
+        batch.scratch["teacher"] = teacher if teacher is not None and self.lam != 0 else None
+
+    def batch_local_loss(self, batch, params, x, y, w, logits):
+        """The clients' distillation terms summed; the teacher (one model, shared) runs on all their
+        rows at once, each client's KL is its row mean (weights ``w``: 1/b_k on real rows, 0 on padding)."""
+        teacher = batch.scratch["teacher"]
+        if teacher is None:
+            return None
+        o = batch.broadcast["num_old"]
+        with torch.no_grad():
+            z_old = torch.func.functional_call(batch.model, teacher, (x.flatten(0, 1),))
+            q = F.softmax(z_old[:, :o] / self.T, dim=1)
+        log_p = F.log_softmax(logits.flatten(0, 1)[:, :o] / self.T, dim=1)
+        kl = F.kl_div(log_p, q, reduction="none").sum(1)
+        return self.lam * self.T ** 2 * (kl * w.flatten()).sum()
 
 
 METHODS: dict[str, type[IncrementalAlgorithm]] = {

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -50,7 +51,7 @@ from fedlib.papers.afl import OneSolveServer as AFLOneSolveServer
 from fedlib.papers.afl import client_update as afl_client_update
 
 __all__ = ["RandomFeatures", "stsa_client", "stsae_client", "dummy_split", "gram_estimate", "gram_estimate_eq9",
-           "add_upload_noise", "STSAClient", "STSAServer", "predict", "STSALearner", "AFLStagewiseLearner",
+           "add_upload_noise", "unit_noise", "STSAClient", "STSAServer", "predict", "STSALearner", "AFLStagewiseLearner",
            "JointRidgeLearner", "FeatureSkewLearner", "client_shifts", "upload_floats", "communication_mib",
            "make_fcil_learner", "run_fcil", "design_monte_carlo", "plugin_errors", "pairwise_masked",
            "VARIANTS", "K_MODES", "HEADS", "SPLITS", "MIN_COUNT", "ANALYTIC", "JOINT"]
@@ -148,14 +149,15 @@ def stsae_client(x, labels, num_classes: int, features: RandomFeatures, num_dumm
     return Message(sender, {"C": sums.to(upload_dtype), "n": torch.from_numpy(counts).to(upload_dtype)})
 
 
-def add_upload_noise(msg: Message, q: float, s: float, generator: torch.Generator,
-                     entries: Sequence[str] = ("G", "C", "n")) -> Message:
+def add_upload_noise(msg: Message, q: float, s: float, generator: torch.Generator | None,
+                     entries: Sequence[str] = ("G", "C", "n"), draws: dict[str, Tensor] | None = None) -> Message:
     """The privacy experiment of version 000 (App. E.2, Table 7): add q * N(0, s^2) to the named
     upload entries. G's noise is symmetrized ((E + E^T)/sqrt(2), same variance) so G stays
     symmetric. Noisy counts stay real numbers: :class:`STSAServer` uses them as they are (no
     rounding, which would undo noise of sd < 0.5 exactly), except that a count below
     :data:`MIN_COUNT` is read as an empty (dummy) client, since a term C C^T / n with n ~ 0 would
-    dominate eq. 9 (our choice; the paper is silent)."""
+    dominate eq. 9 (our choice; the paper is silent). ``draws``: the N(0, 1) tensors of the entries,
+    as :func:`unit_noise` draws them from ``generator`` (then unused); the result is the same, bit for bit."""
     check_positive("q", q, strict=False)
     check_positive("s", s, strict=False)
     out = dict(msg.payload)
@@ -163,25 +165,53 @@ def add_upload_noise(msg: Message, q: float, s: float, generator: torch.Generato
         if key not in out:
             continue
         value = out[key]
-        noise = torch.randn(value.shape, generator=generator, dtype=torch.float64).to(value) * (q * s)
+        unit = draws[key] if draws is not None else torch.randn(value.shape, generator=generator, dtype=torch.float64)
+        noise = unit.to(value) * (q * s)
         if key == "G":
             noise = (noise + noise.T) / math.sqrt(2.0)
         out[key] = value + noise
     return Message(msg.sender, out)
 
 
+_UNIT_NOISE: dict[tuple, dict[str, Tensor]] = {}   # (seed, t, k, entries, shapes) -> draws; one seed at a time
+
+
+def unit_noise(msg: Message, seed: int, t: int, k: int, entries: Sequence[str]) -> dict[str, Tensor]:
+    """The N(0, 1) draws :func:`add_upload_noise` makes for client k's upload ``msg`` at stage t from its
+    stream ``torch_generator(seed, "upload_noise", t, k)``: one tensor per entry of ``entries`` present in
+    ``msg``, in that order. They depend on (seed, t, k) and the shapes only, not on q, s or the data, so
+    they are kept (for one seed at a time) and every noise level of a study reuses them."""
+    keys = tuple(e for e in entries if e in msg.payload)
+    key = (int(seed), int(t), int(k), keys, tuple(tuple(msg[e].shape) for e in keys))
+    hit = _UNIT_NOISE.get(key)
+    if hit is None:
+        if any(old[0] != key[0] for old in _UNIT_NOISE):
+            _UNIT_NOISE.clear()
+        gen = torch_generator(seed, "upload_noise", t, k)
+        hit = _UNIT_NOISE[key] = {e: torch.randn(msg[e].shape, generator=gen, dtype=torch.float64) for e in keys}
+    return hit
+
+
 # ----------------------------------------------------------------------------------------------
 # server: Gram estimate (Prop. 3.1, eq. 9)
 # ----------------------------------------------------------------------------------------------
 def _class_coefficients(counts: Tensor, k_mode: str, clip: bool):
-    """Per class i: n_i, the scatter coefficient a_i = (n_i-1)/(K-1) and the mean coefficient e_i
-    (= n_i; with ``clip`` the authors' code's max(0, .) on (n_i-K) gives a_i n_i when n_i < K)."""
+    """Per class i: n_i, the scatter coefficient a_i = max(n_i-1, 0)/(K-1) and the mean coefficient e_i
+    (= n_i; with ``clip`` the authors' code's max(0, .) on (n_i-K) gives a_i n_i when n_i < K).
+
+    a_i multiplies the between-client scatter B_i, the stand-in for the within-class scatter S_i,
+    whose n_i - 1 degrees of freedom it carries (notes Sec. 2.7). With n_i <= 1 the class holds at
+    most one sample, so S_i = 0 and its estimate is 0: a_i = 0. That case only arises with real-valued
+    (noisy, Table 7) counts, n_i in [MIN_COUNT, 1); the printed (n_i-1)/(K-1) is negative there, which
+    makes G_hat indefinite (and sqrt(a_i) in :func:`gram_estimate` NaN)."""
     check_choice("k_mode", k_mode, K_MODES)
+    if bool((counts < 0).any()):
+        raise ValueError("counts must be >= 0 (a noisy count below MIN_COUNT means an empty client: set it to 0)")
     n = counts.sum(0)
     k = torch.full_like(n, counts.shape[0]) if k_mode == "global" else (counts > 0).sum(0).to(n)
     if k_mode == "global" and counts.shape[0] < 2:
         raise ValueError("the Gram estimate needs K * K_D >= 2 (dummy) clients; raise num_dummy (K_D)")
-    a = torch.where(k > 1, (n - 1) / (k - 1).clamp_min(1), torch.zeros_like(n))
+    a = torch.where(k > 1, (n - 1).clamp_min(0) / (k - 1).clamp_min(1), torch.zeros_like(n))
     e = n.clone()
     if clip:
         b = (n - k) / (n.clamp_min(1e-300) * (k - 1).clamp_min(1))
@@ -195,7 +225,9 @@ def gram_estimate(class_sums: Tensor, counts: Tensor, k_mode: str = "global", cl
     class_sums (J, M, c): the C of all J (dummy) clients; counts (J, c): their n. With D the (M, P)
     matrix of columns sqrt(a_i n_ki) (m_ki - m_i) over the P non-empty (k, i) and E the (M, c) matrix of
     columns sqrt(e_i) m_i, G_hat = D D^T + E E^T: positive semidefinite, and equal to the printed
-    eq. 9 with empty terms skipped (see :func:`gram_estimate_eq9`). Returns (M, M) float64.
+    eq. 9 with empty terms skipped (see :func:`gram_estimate_eq9`) whenever every class total n_i is
+    0 or >= 1 (always, for integer counts); a class with a noisy total n_i < 1 gets a_i = 0
+    (:func:`_class_coefficients`). counts must be >= 0. Returns (M, M) float64.
     """
     class_sums = class_sums.to(torch.float64)
     counts = counts.to(class_sums)
@@ -377,8 +409,8 @@ class STSAClient:
             msg = afl_client_update(features(x), labels, c_t, broadcast["gamma"], name, device=self.device,
                                     packed=False)
         if self.noise is not None:
-            msg = add_upload_noise(msg, *self.noise, generator=torch_generator(self.seed, "upload_noise", t, k),
-                                   entries=self.noise_entries)
+            msg = add_upload_noise(msg, *self.noise, generator=None, entries=self.noise_entries,
+                                   draws=unit_noise(msg, self.seed, t, k, self.noise_entries))
         return msg
 
 
@@ -417,6 +449,8 @@ class STSALearner(_StagewiseLearner):
     the backbone's own cost is reported separately) and labels in the stage's class block; they run
     :class:`STSAClient`, the server is :class:`STSAServer`. ``noise=(q, s)`` adds the Table-7 upload
     noise to ``noise_entries``. ``cost``: measured bytes up / down and seconds over all stages.
+    ``solve_every_stage=False`` defers the ridge solve to the first ``predict`` after a stage (for
+    runs evaluated after the last stage only: one solve instead of T; the same head).
     """
 
     def __init__(self, in_dim: int, num_classes: int, M: int, gamma: float, variant: str = "stsa",
@@ -424,10 +458,12 @@ class STSALearner(_StagewiseLearner):
                  clip: bool = False, rf_seed: int = 0, seed: int = 0, noise: tuple[float, float] | None = None,
                  noise_entries: Sequence[str] = ("G", "C", "n"), round_counts: bool = False,
                  device: str | torch.device = "cpu", name: str | None = None,
-                 on_stage_end: Sequence[StageCallback] = ()):
+                 on_stage_end: Sequence[StageCallback] = (), solve_every_stage: bool = True):
         check_choice("head", head, HEADS)
         check_choice("split", split, SPLITS)
         check_int("num_dummy (K_D)", num_dummy, 1)
+        self.solve_every_stage = bool(solve_every_stage)
+        self._stale = False
         self.features = RandomFeatures(in_dim, M, rf_seed, device)
         self.server = STSAServer(M, num_classes, gamma, variant, k_mode, clip, round_counts, device)
         self.variant, self.num_dummy, self.split, self.head = variant, int(num_dummy), split, head
@@ -440,11 +476,19 @@ class STSALearner(_StagewiseLearner):
 
     def learn_task(self, t: int, clients, num_seen: int) -> Cost:
         cost = self._run_stage(self.server, t, clients, num_seen)
-        self.weights = self.server.result()
+        self._stale = True
+        if self.solve_every_stage or self.on_stage_end:
+            self._solve()
         self._stage_end(t)
         return cost
 
+    def _solve(self) -> None:
+        self.weights = self.server.result()
+        self._stale = False
+
     def predict(self, x, num_seen: int) -> Tensor:
+        if self._stale:
+            self._solve()
         return predict(self.weights[:, :num_seen], self.features(x), self.head)
 
 
@@ -487,10 +531,12 @@ class JointRidgeLearner:
     and fits ridge on it after every stage, W_t = argmin ||Phi W - Y||^2 + gamma ||W||^2 over the
     data of stages 1..t (same random features and gamma as STSA). No federation, no upload.
 
-    ``solver="ridge"``: the pooled statistics and Cholesky solve of :mod:`fedlib.core.linalg`
-    (``ridge_fit``, recomputed from all data seen at every stage); ``solver="lstsq"``: numpy
-    ``lstsq`` on the augmented system [Phi; sqrt(gamma) I] W = [Y; 0], which never forms a Gram
-    matrix (independent of the statistics STSA aggregates; slower)."""
+    ``solver="ridge"``: the pooled statistics and Cholesky solve of :mod:`fedlib.core.linalg`: the
+    centralized Gram and cross-correlation of all data seen (each stage's pooled rows added once to the
+    running sums, which equals recomputing them from all data seen; no client split) and
+    ``ridge_solve``; ``solver="lstsq"``: numpy ``lstsq`` on the augmented system
+    [Phi; sqrt(gamma) I] W = [Y; 0] over all data seen, which never forms a Gram matrix (independent
+    of the statistics STSA aggregates; slower)."""
 
     SOLVERS = ("ridge", "lstsq")
 
@@ -502,20 +548,22 @@ class JointRidgeLearner:
         self.gamma, self.name, self.num_classes, self.solver = float(gamma), name, num_classes, solver
         self._x: list[np.ndarray] = []
         self._y: list[np.ndarray] = []
+        self._stats = SufficientStats.zeros(M, num_classes)
         self.weights: Tensor | None = None
         self.cost = Cost()   # no upload (centralized); seconds of the fits
 
     def learn_task(self, t: int, clients, num_seen: int) -> Cost:
         start = time.perf_counter()
-        for x, y in clients:
-            self._x.append(self.features(x).cpu().numpy())
-            self._y.append(np.asarray(y))
-        phi, labels = np.concatenate(self._x), np.concatenate(self._y)
+        phi = torch.cat([self.features(x).cpu() for x, _ in clients])      # the stage's pooled rows
+        labels = np.concatenate([np.asarray(y) for _, y in clients])
         m = phi.shape[1]
+        self._x.append(phi.numpy())   # all data seen (the lstsq solver's input; kept for inspection)
+        self._y.append(labels)
         if self.solver == "ridge":
-            w = ridge_fit(phi, labels, num_seen, lam=self.gamma).cpu()
+            self._stats += SufficientStats.from_data(phi, labels, self.num_classes)
+            w = ridge_solve(self._stats.gram, self._stats.xty[:, :num_seen], self.gamma).cpu()
         else:
-            w = lstsq_reference(phi, labels, num_seen, lam=self.gamma)
+            w = lstsq_reference(np.concatenate(self._x), np.concatenate(self._y), num_seen, lam=self.gamma)
         self.weights = torch.zeros(m, self.num_classes, dtype=torch.float64)
         self.weights[:, :num_seen] = w
         stage = Cost(seconds=time.perf_counter() - start)
@@ -621,17 +669,86 @@ def make_fcil_learner(method: str, dim: int | None, num_classes: int, M: int | N
                            progress=False, **(baseline_hparams or {}).get(method, {}))
 
 
+_EXPANDED: "OrderedDict[tuple, tuple]" = OrderedDict()   # (id(features), seed, M) -> (features, expanded, s/row)
+EXPANDED_CACHE_SIZE = 4   # (features, seed, M) entries kept: 64 MB each at N = 8000, M = 1000 (float64)
+
+
+def expanded_features(features, seed: int, M: int, shift=None):
+    """``(Phi, seconds_per_row)``: ``features`` (a :class:`fedlib.data.features.Features`, d-dim) with every
+    train and test row through the random layer R of ``seed`` (Phi = ReLU(x W_rand), (N, M) float64, eq. 1),
+    computed once and kept for the next runs of the same (features, seed, M) (an LRU of
+    :data:`EXPANDED_CACHE_SIZE` entries), and the measured seconds per training row of that expansion.
+
+    R is a fixed function of the seed, so every client of every run with this seed computes exactly
+    these rows (to float round-off: one product over all rows instead of one per client); every
+    analytic method and Joint of a seed then shares one expansion, as every method shares one pass
+    through the backbone.
+
+    ``shift`` = ``(key, train_shift (N, d), test_shift (N_test, d))``: expand ``x + shift`` instead (feature
+    skew: each row moved by its client's delta_k, as :class:`FeatureSkewLearner` moves it), cached
+    under ``key`` (which must name everything that decides the shifts)."""
+    key = (id(features), int(seed), int(M), None if shift is None else shift[0])
+    hit = _EXPANDED.get(key)
+    if hit is not None and hit[0] is features:
+        _EXPANDED.move_to_end(key)
+        return hit[1], hit[2]
+    from fedlib.data.features import Features
+
+    rf = RandomFeatures(features.x_train.shape[1], M, seed)
+    x_train, x_test = features.x_train, features.x_test
+    if shift is not None:
+        x_train, x_test = x_train.astype(np.float64) + shift[1], x_test.astype(np.float64) + shift[2]
+    start = time.perf_counter()
+    phi_train = rf(x_train)
+    per_row = (time.perf_counter() - start) / max(len(phi_train), 1)
+    phi = Features(f"{features.name}/R(seed={seed}, M={M})", phi_train.numpy(), features.y_train,
+                   rf(x_test).numpy(), features.y_test, tuple(features.classes))
+    _EXPANDED[key] = (features, phi, per_row)
+    while len(_EXPANDED) > EXPANDED_CACHE_SIZE:
+        _EXPANDED.popitem(last=False)
+    return phi, per_row
+
+
 def run_fcil(method: str, features, beta: float | None, seed: int, setting: str, M: int | None, *, num_tasks: int,
              num_clients: int, gamma: float, num_dummy: int = 1, stream=None, skew: float = 0.0,
-             return_learner: bool = False, **kw):
+             return_learner: bool = False, share_expansion: bool = True, final_only: bool = False, **kw):
     """One class-incremental run of ``method`` on cached ``features`` (a :class:`fedlib.data.features.Features`):
     class order and partitions from ``seed`` (``stream`` overrides the order), every client holding
     >= ``num_dummy`` samples per task. ``skew`` > 0 shifts client k's features by its own delta_k
     (feature skew, :func:`client_shifts`) and the test features by a random client's shift.
     Other keywords go to :func:`make_fcil_learner`. Returns the
-    :class:`fedlib.federated.incremental.IncrementalResult` (and the learner if ``return_learner``)."""
+    :class:`fedlib.federated.incremental.IncrementalResult` (and the learner if ``return_learner``).
+
+    ``share_expansion`` (analytic methods and Joint, no skew, M != d): the random-feature rows come from
+    :func:`expanded_features` (computed once per features, seed and M) and the learner runs on them
+    with R the identity; each stage's ``wall_s`` then adds the measured expansion seconds per row
+    times the stage's training rows, the clients' share of that work. Equal to the per-client
+    expansion (``share_expansion=False``) up to float round-off. ``final_only``: evaluate after the last
+    stage only (A_T; A_avg and F_T are NaN), and STSA / STSA-E solve for the head once, at the end."""
+    default_stream = stream is None
     stream = stream or make_stream(features.y_train, features.y_test, num_tasks, seed=seed)
     dim = features.x_train.shape[1]
+    per_row = None
+    shared = share_expansion and M is not None and M != dim and method in ANALYTIC + (JOINT,)
+    if shared and skew == 0:
+        features, per_row = expanded_features(features, seed, M)
+        dim = M
+    elif shared and default_stream and beta is not None:
+        # feature skew: every training row moved by its client's delta_k (the partition of this seed and
+        # beta), the test rows by a random client's, exactly as FeatureSkewLearner and shift_test move them
+        shifts = client_shifts(num_clients, dim, skew, features.x_train.std(0), seed=seed)
+        owner = np.full(len(features.y_train), -1, dtype=np.int64)
+        for t in range(stream.num_tasks):
+            for k, part in enumerate(stream.client_partitions(t, features.y_train, num_clients, beta, seed,
+                                                              num_dummy)):
+                owner[part] = k
+        assert (owner >= 0).all(), "every training row belongs to one client of one task"
+        who = np.random.default_rng(seed).integers(0, num_clients, len(features.x_test))
+        key = ("skew", float(skew), float(beta), int(num_clients), int(num_dummy), int(num_tasks))
+        features, per_row = expanded_features(features, seed, M, (key, shifts[owner], shifts[who]))
+        dim, skew = M, 0.0
+    if final_only and method in ("STSA", "STSA-E", "STSA-E (per-class K)"):
+        kw = {"solve_every_stage": False, **kw}
     learner = make_fcil_learner(method, dim, len(features.classes), M, gamma, seed, num_dummy=num_dummy, **kw)
     x_test = features.x_test
     if skew > 0:
@@ -639,7 +756,10 @@ def run_fcil(method: str, features, beta: float | None, seed: int, setting: str,
         x_test = learner.shift_test(features.x_test, seed=seed)
     res = run_class_incremental(learner, stream, features.x_train, features.y_train, x_test, features.y_test,
                                 num_clients, beta, seed, config={"setting": setting, "beta": beta, "seed": seed},
-                                progress=False, min_size=num_dummy)
+                                progress=False, min_size=num_dummy,
+                                evaluate="last_stage" if final_only else "every_stage")
+    if per_row is not None:
+        res.wall_s = res.wall_s + per_row * np.array([len(task.train_idx) for task in stream.tasks])
     return (res, learner) if return_learner else res
 
 
@@ -1082,16 +1202,20 @@ def pretrained_grid(run, features, setting: str, betas, seeds, baselines, baseli
     fixed keywords. Returns the IncrementalResults."""
     import dataclasses
 
+    done = {}
+    for seed in seeds:   # seed by seed, so that the runs of a seed share one random-feature expansion
+        done[JOINT, seed] = run(JOINT, features, None, seed, setting, M)
+        for beta in betas:
+            for method in list(ANALYTIC) + (list(baselines) if seed in baseline_seeds else []):
+                done[method, beta, seed] = run(method, features, beta, seed, setting, M)
     results = []
     for seed in seeds:
-        joint = run(JOINT, features, None, seed, setting, M)
+        joint = done[JOINT, seed]
         results += [dataclasses.replace(joint, config={**joint.config, "beta": beta}) for beta in betas]
     for beta in betas:
         for seed in seeds:
-            for method in ANALYTIC:
-                results.append(run(method, features, beta, seed, setting, M))
-            for method in baselines if seed in baseline_seeds else []:
-                results.append(run(method, features, beta, seed, setting, M))
+            results += [done[method, beta, seed] for method in ANALYTIC]
+            results += [done[method, beta, seed] for method in (baselines if seed in baseline_seeds else [])]
     return results
 
 
@@ -1125,28 +1249,110 @@ def scratch_grid(run, dataset, setting: str, betas, seeds, num_tasks: int, num_c
     return results, stage1
 
 
+# the modules whose code decides an end-to-end baseline run (part of its cache key: any edit recomputes)
+_TRAINING_MODULES = ("fedlib/federated/fcil.py", "fedlib/federated/gradient.py", "fedlib/federated/learner.py",
+                     "fedlib/federated/models.py", "fedlib/federated/incremental.py", "fedlib/data/partition.py",
+                     "fedlib/core/protocol.py", "fedlib/core/seeds.py", "fedlib/core/persample.py",
+                     "fedlib/core/messages.py")
+
+
+def _training_code_digest() -> str:
+    import hashlib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    h = hashlib.sha1()
+    for rel in _TRAINING_MODULES:
+        h.update(rel.encode())
+        h.update((root / rel).read_bytes())
+    return h.hexdigest()
+
+
+def _result_cache_path(directory, dataset, settings: dict):
+    import hashlib
+    import json
+
+    from fedlib.data.features import _fingerprint
+
+    text = json.dumps(settings, sort_keys=True, default=str) + _fingerprint(dataset, "end-to-end", 0) \
+        + _training_code_digest()
+    key = hashlib.sha1(text.encode()).hexdigest()[:12]
+    return directory / f"scratch_baseline__{dataset.name.replace('/', '_')}__{settings['method']}__{key}.npz"
+
+
+def _load_result(path, method: str, config: dict):
+    from fedlib.federated.incremental import IncrementalResult
+
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            costs = [Cost(int(u), int(d), float(sec)) for u, d, sec in zip(z["cost_up"], z["cost_down"], z["cost_s"])]
+            return IncrementalResult(method, z["acc"], z["top1"], z["bytes_up"], z["wall_s"], dict(config), costs)
+    except Exception:   # unreadable / partial file: recompute
+        return None
+
+
+def _save_result(path, res) -> None:
+    import os
+    import tempfile
+    from pathlib import Path
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.stem + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, acc=res.acc, top1=res.top1, bytes_up=res.bytes_up, wall_s=res.wall_s,
+                     cost_up=np.array([c.bytes_up for c in res.costs], dtype=np.int64),
+                     cost_down=np.array([c.bytes_down for c in res.costs], dtype=np.int64),
+                     cost_s=np.array([c.seconds for c in res.costs], dtype=np.float64))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def scratch_baseline_runs(methods, dataset, setting: str, num_tasks: int, num_clients: int, gamma: float,
                           fed_kwargs: dict, rounds: int, baseline_hparams: dict, widths, min_size: int,
-                          beta: float = 0.5, seed: int = 0, progress: bool = True) -> list:
+                          beta: float = 0.5, seed: int = 0, progress: bool = True, cache_dir=None) -> list:
     """Gradient baselines trained end to end (a SmallResNet of ``widths`` on the images) through all
-    stages, one run each at ``beta`` and ``seed``, ``rounds`` FedAvg rounds per stage."""
-    from functools import partial
+    stages, one run each at ``beta`` and ``seed``, ``rounds`` FedAvg rounds per stage.
 
+    Like the scratch backbone (:func:`~fedlib.federated.incremental.scratch_backbone_features`), each
+    run's result (accuracy matrix, bytes, seconds as measured when it ran) is cached on disk
+    (``cache_dir``: default the feature cache; ``False``: no cache), keyed by the data, every setting
+    and the source of the modules that train it (:data:`_TRAINING_MODULES`), so any change recomputes."""
+    from functools import partial
+    from pathlib import Path
+
+    from fedlib.data.features import default_cache_dir
     from fedlib.federated.models import SmallResNet, images_to_tensor
 
-    img_train, img_test = images_to_tensor(dataset.x_train), images_to_tensor(dataset.x_test)
-    channels = int(img_train.shape[1])   # 1 (grayscale) or 3 (RGB, CIFAR); one block per stage as the scratch backbone
+    directory = None if cache_dir is False else (default_cache_dir() if cache_dir is None else Path(cache_dir))
+    img_train, img_test = None, None
     out = []
     for method in methods:
+        config = {"setting": setting, "beta": beta, "seed": seed}
+        settings = {"method": method, "num_tasks": num_tasks, "num_clients": num_clients, "beta": beta, "seed": seed,
+                    "rounds": rounds, "fed_kwargs": {k: v for k, v in fed_kwargs.items() if k != "device"},
+                    "hparams": (baseline_hparams or {}).get(method, {}), "widths": list(widths), "min_size": min_size}
+        path = None if directory is None else _result_cache_path(directory, dataset, settings)
+        if path is not None and path.is_file():
+            cached = _load_result(path, method, config)
+            if cached is not None:
+                out.append(cached)
+                continue
+        if img_train is None:
+            img_train, img_test = images_to_tensor(dataset.x_train), images_to_tensor(dataset.x_test)
+        channels = int(img_train.shape[1])   # 1 (grayscale) or 3 (RGB, CIFAR); one block per stage as the backbone
         stream = make_stream(dataset.y_train, dataset.y_test, num_tasks, seed=seed)
         learner = make_fcil_learner(method, None, len(dataset.classes), None, gamma, seed,
                                     fed_kwargs={**fed_kwargs, "rounds": rounds}, baseline_hparams=baseline_hparams,
                                     model_fn=partial(SmallResNet, channels, len(dataset.classes), widths=tuple(widths),
                                                      blocks=(1,) * len(widths)))
-        out.append(run_class_incremental(learner, stream, img_train, dataset.y_train, img_test, dataset.y_test,
-                                         num_clients, beta, seed,
-                                         config={"setting": setting, "beta": beta, "seed": seed},
-                                         progress=progress, min_size=min_size))
+        res = run_class_incremental(learner, stream, img_train, dataset.y_train, img_test, dataset.y_test,
+                                    num_clients, beta, seed, config=config, progress=progress, min_size=min_size)
+        if path is not None:
+            _save_result(path, res)
+        out.append(res)
     return out
 
 
@@ -1200,12 +1406,12 @@ def ablation_runs(run, features, beta: float, seed: int, M: int, M_values, K_val
                   dummy_values, gammas, scratch=None):
     """One-seed ablations: M (pretrained ``features``; and on ``scratch`` = (stream, features, M values)
     when given), K with K K_D = ``clients_total``, K_D, gamma. One row per run: ablation, value, method
-    and the run's summary."""
+    and the run's summary (A_T only: each run is evaluated after its last stage, ``final_only``)."""
     rows = []
 
     def add(ablation, value, method, feats, m_, **kw):
         rows.append({"ablation": ablation, "value": value, "method": method,
-                     **run(method, feats, beta, seed, "abl", m_, **kw).summary()})
+                     **run(method, feats, beta, seed, "abl", m_, final_only=True, **kw).summary()})
 
     for m_ in M_values:
         for method in ["STSA", "STSA-E"]:
@@ -1240,20 +1446,27 @@ def noise_study(run, features, beta: float, seeds, M: int, grid):
     Returns ``(runs: setting, variant, seed, A_T; grams: {(setting, variant, seed): server Gram})``."""
     import pandas as pd
 
-    rows, grams, done = [], {}, {}
-    for q, s in [[0.0, 0.0]] + list(grid):
-        setting = "Original" if q == 0 else f"q={q}, s={s}"
-        for label, (method, entries, rounded) in NOISE_VARIANTS.items():
-            if q == 0 and label not in ("STSA", "STSA-E1"):
-                continue  # without noise E1, E2, E3 and the rounded variant are the same STSA-E run
-            for seed in seeds:
+    points = [(q, s, "Original" if q == 0 else f"q={q}, s={s}") for q, s in [[0.0, 0.0]] + list(grid)]
+    # without noise E1, E2, E3 and the rounded variant are the same STSA-E run
+    variants = lambda q: [lb for lb in NOISE_VARIANTS if q > 0 or lb in ("STSA", "STSA-E1")]  # noqa: E731
+    done = {}
+    for seed in seeds:   # seed by seed: its runs share one random-feature expansion
+        for q, s, _ in points:
+            for label in variants(q):
+                method, entries, rounded = NOISE_VARIANTS[label]
                 key = (label, seed, round(q * s, 12))
                 if key not in done:
                     kw = {"round_counts": True} if rounded else {}
                     if q > 0:
                         kw.update(noise=(q, s), noise_entries=entries)
-                    res, lrn = run(method, features, beta, seed, "noise", M, return_learner=True, **kw)
+                    res, lrn = run(method, features, beta, seed, "noise", M, return_learner=True, final_only=True,
+                                   **kw)
                     done[key] = (res.summary()["A_T"], lrn.server.gram.clone())
+    rows, grams = [], {}
+    for q, s, setting in points:
+        for label in variants(q):
+            for seed in seeds:
+                key = (label, seed, round(q * s, 12))
                 rows.append({"setting": setting, "variant": label, "seed": seed, "A_T": done[key][0]})
                 grams[(setting, label, seed)] = done[key][1]
     runs = pd.DataFrame(rows)
@@ -1294,7 +1507,7 @@ def skew_grid(run, features, beta: float, seeds, M: int, scale: float, methods=(
     """A_T of ``methods`` with label skew only and with feature skew of ``scale`` (``run(..., skew=)``),
     per seed: a table with one row per seed and columns (skew, method)."""
     rows = [{"seed": seed, "skew": sk, "method": method,
-             "A_T": run(method, features, beta, seed, "skew", M, skew=sk).summary()["A_T"]}
+             "A_T": run(method, features, beta, seed, "skew", M, skew=sk, final_only=True).summary()["A_T"]}
             for seed in seeds for sk in [0.0, scale] for method in methods]
     return _frame(rows).pivot_table(index="seed", columns=["skew", "method"], values="A_T")
 
