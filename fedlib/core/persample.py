@@ -191,10 +191,11 @@ def _trainable(model: nn.Module, names: Sequence[str]):
             p.requires_grad_(flags[n])
 
 
-def _ghost_chunk(model: nn.Module, layers: dict[nn.Module, tuple[bool, bool]], x: Tensor, y: Tensor,
-                 num_seen: int) -> Tensor | None:
-    """Ghost norms of one chunk x (b, ...), y (b,): (b,), or None when a hooked layer did not run
-    exactly once on a (b, ...) input or its input/output was modified in place (then vmap)."""
+def hooked_forward(model: nn.Module, layers, x: Tensor) -> tuple[Tensor, dict[nn.Module, tuple[Tensor, Tensor]]] | None:
+    """``model(x)`` with the input a (b, ...) and output z (b, ...) of every module of ``layers``
+    recorded: ``(logits, {layer: (a, z)})``, or None when a layer did not run exactly once on a
+    (b, ...) input, its input or output was modified in place, or z does not require grad (then the
+    ghost norms do not apply)."""
     calls: dict[nn.Module, list] = {m: [] for m in layers}
 
     def record(m, inputs, output):
@@ -216,15 +217,36 @@ def _ghost_chunk(model: nn.Module, layers: dict[nn.Module, tuple[bool, bool]], x
             return None
         if a.ndim < 2 or z.ndim < 2 or a.shape[0] != b or z.shape[0] != b or not z.requires_grad:
             return None
+    return logits, {m: rec[0][:2] for m, rec in calls.items()}
+
+
+def ghost_total(layers: dict[nn.Module, tuple[bool, bool]], acts: dict[nn.Module, tuple[Tensor, Tensor]],
+                grads: dict[nn.Module, Tensor | None], like: Tensor) -> Tensor:
+    """(b,) sum over ``layers`` of the per-sample squared gradient norms from each layer's recorded
+    input (``acts``, :func:`hooked_forward`) and per-sample output gradient ``grads[layer]`` (b, ...);
+    a layer whose gradient is missing or None does not reach the loss (its norms are 0). ``like``:
+    a tensor with the dtype and device of the result."""
+    total = torch.zeros(int(like.shape[0]), dtype=like.dtype, device=like.device)
+    with torch.no_grad():
+        for m, flags in layers.items():
+            g = grads.get(m)
+            if g is not None:
+                total += _layer_sq_norms(m, acts[m][0].detach(), g, *flags).to(total.dtype)
+    return total
+
+
+def _ghost_chunk(model: nn.Module, layers: dict[nn.Module, tuple[bool, bool]], x: Tensor, y: Tensor,
+                 num_seen: int) -> Tensor | None:
+    """Ghost norms of one chunk x (b, ...), y (b,): (b,), or None when :func:`hooked_forward` refuses
+    (then vmap)."""
+    hooked = hooked_forward(model, layers, x)
+    if hooked is None:
+        return None
+    logits, acts = hooked
     loss = F.cross_entropy(logits[:, :num_seen], y, reduction="sum")  # rows of dL/dz: per-sample g_i
     mods = list(layers)
-    grads = torch.autograd.grad(loss, [calls[m][0][1] for m in mods], allow_unused=True)
-    total = torch.zeros(b, dtype=logits.dtype, device=logits.device)
-    with torch.no_grad():
-        for m, g in zip(mods, grads):
-            if g is not None:  # None: the layer does not reach the loss, its per-sample gradients are 0
-                total += _layer_sq_norms(m, calls[m][0][0].detach(), g, *layers[m]).to(total.dtype)
-    return total
+    grads = torch.autograd.grad(loss, [acts[m][1] for m in mods], allow_unused=True)
+    return ghost_total(layers, acts, dict(zip(mods, grads)), logits[:, 0])
 
 
 def _layer_sq_norms(m: nn.Module, a: Tensor, g: Tensor, weight: bool, bias: bool) -> Tensor:

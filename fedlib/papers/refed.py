@@ -71,7 +71,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedlib.core.persample import (_ghost_layers, _layer_sq_norms, default_names, grad_sq_norms,
+from fedlib.core.persample import (_ghost_layers, default_names, ghost_total, grad_sq_norms, hooked_forward,
                                    last_layer_grad_sq_norms)
 from fedlib.core.validate import check_choice, check_int, check_real
 from fedlib.evaluation.compare import refed_label
@@ -240,40 +240,19 @@ def _fused_pim_step(v: nn.Module, layers: dict, xb: Tensor, yb: Tensor, num_seen
     same in train and eval mode (:func:`_mode_free`); returns None (nothing done) when a hooked layer did
     not run exactly once on a (b, ...) input, as :func:`fedlib.core.persample.grad_sq_norms` checks."""
     b = int(xb.shape[0])
-    calls: dict[nn.Module, list] = {m: [] for m in layers}
-
-    def record(m, inputs, output):
-        a = inputs[0] if inputs else None
-        calls[m].append((a, output, getattr(a, "_version", None), getattr(output, "_version", None)))
-
     v.train()
-    handles = [m.register_forward_hook(record) for m in layers]
-    try:
-        logits = v(xb)
-    finally:
-        for h in handles:
-            h.remove()
-    for m, rec in calls.items():
-        if len(rec) != 1 or (isinstance(m, nn.Conv2d) and getattr(rec[0][0], "ndim", 0) != 4):
-            return None
-        a, z, va, vz = rec[0]
-        if not (isinstance(a, Tensor) and isinstance(z, Tensor)) or a._version != va or z._version != vz:
-            return None
-        if a.ndim < 2 or z.ndim < 2 or a.shape[0] != b or z.shape[0] != b or not z.requires_grad:
-            return None
-    mods = list(layers)
+    hooked = hooked_forward(v, layers, xb)
+    if hooked is None:
+        return None
+    logits, acts = hooked
     grads: dict[nn.Module, Tensor] = {}
-    for m in mods:
-        calls[m][0][1].register_hook(lambda g, m=m: grads.__setitem__(m, g))
+    for m in layers:
+        acts[m][1].register_hook(lambda g, m=m: grads.__setitem__(m, g * b))
     loss = F.cross_entropy(logits[:, :num_seen], yb)
     prox = sum(((a - w) ** 2).sum() for a, w in zip(trained, anchor))
     opt.zero_grad(set_to_none=True)
     (loss + 0.5 * q * prox).backward()
-    total = torch.zeros(b, dtype=logits.dtype, device=logits.device)
-    with torch.no_grad():
-        for m in mods:
-            if m in grads:   # absent: the layer does not reach the loss, its per-sample gradients are 0
-                total += _layer_sq_norms(m, calls[m][0][0].detach(), grads[m] * b, *layers[m]).to(total.dtype)
+    total = ghost_total(layers, acts, grads, logits[:, 0])
     opt.step()
     return total
 
