@@ -102,7 +102,8 @@ print(f"profile={profile}, device={dev}, torch threads={torch.get_num_threads()}
 # method or backbone, $\alpha\le 0$, $\gamma<0$, ...) and every partition is drawn from the labels
 # here (more clients than samples, shards that do not divide the data...), so bad input fails in
 # seconds, before the feature extraction and training. Partitions are drawn once per (setting, $K$,
-# seed) and shared by all methods (`afl.SettingPartitions`).
+# seed) and shared by all methods (`afl.SettingPartitions`); a run that several sections need (the same
+# partition, method and training seed) is computed once and handed on (`afl.RunCache`).
 
 # %% tags=["hide-input"]
 data = load_dataset(dataset)
@@ -113,6 +114,7 @@ sweep = [("alpha", a) for a in table3_alphas] + [("iid", None)]
 partition.draw_all(settings, [num_clients], [partition_seed, *seeds])
 partition.draw_all([("alpha", invariance_alpha)], sorted(set(client_counts) | set(ri_clients)), [partition_seed])
 partition.draw_all(sweep, [num_clients], [partition_seed])
+runs_cache = afl.RunCache()   # a run that several cells need (same partition, method, seed) is computed once
 print(f"{data.name}: {len(data.y_train)} train / {len(data.y_test)} test images; all partitions valid")
 
 # %% [markdown]
@@ -171,7 +173,8 @@ plt.show()
 # same for all of them and equals the centralized least-squares head {eq}`afl-eq-joint` of the derivation chapter.
 
 # %%
-afl_runs = afl.afl_setting_runs(feats, partition, settings, num_clients, [partition_seed, *seeds], gamma, dev, w_qr)
+afl_runs = afl.afl_setting_runs(feats, partition, settings, num_clients, [partition_seed, *seeds], gamma, dev, w_qr,
+                                cache=runs_cache)
 afl_summary = summarize(afl_runs, "setting", "accuracy")
 display(afl_summary.style.format({"mean": "{:.6f}", "std": "{:.2e}"}))
 print(f"largest relative |W_AFL - W_QR| over all runs: {afl_runs['max rel. |W - W_QR|'].max():.1e} "
@@ -213,7 +216,7 @@ print(f"MOON head: l1 {feats.dim} -> {moon_hidden or feats.dim}"
 
 
 grid = dict(partitions=partition, num_clients=num_clients, train=(x_tr, y_tr), test=(x_te, y_te), num_classes=C,
-            config=config, moon_hidden=moon_hidden)
+            config=config, moon_hidden=moon_hidden, cache=runs_cache)
 runs, curves = afl.run_baselines("fixed partition", [(s, m, sd, partition_seed) for s in settings for m in methods
                                                      for sd in seeds], **grid)
 
@@ -372,7 +375,7 @@ if cross_linear is not None:
 
 # %%
 knum = afl.afl_vs_fedavg(feats, [(k, partition(("alpha", invariance_alpha), k, partition_seed)) for k in client_counts],
-                         config, seeds[0], gamma, dev, index="K", desc="client counts")
+                         config, seeds[0], gamma, dev, index="K", desc="client counts", cache=runs_cache)
 fig, ax = plt.subplots(figsize=(5, 3.5))
 sns.lineplot(data=knum.reset_index().melt("K", value_name="accuracy"), x="K", y="accuracy", hue="method", marker="o",
              ax=ax)
@@ -395,7 +398,7 @@ claims.register(
 
 # %%
 ri = afl.ri_ablation(feats, [(k, partition(("alpha", invariance_alpha), k, partition_seed)) for k in ri_clients],
-                     gammas, dev)
+                     gammas, dev, base_gamma=gamma, cache=runs_cache)
 print(f"Ours ({dataset}): accuracy (%) without / with the RI restoration (one-solve server)")
 display(ri.style.format("{:.2f}"))
 with_ri = ri.xs("w/ RI", axis=1, level="RI")
@@ -424,10 +427,11 @@ claims.register(
 # $C_k$; `fedlib`'s recursive server refuses that case with an error that names the fix, and the
 # derivation chapter reproduces the breakdown with a pseudo-inverse (Table 1).
 #
-# The table runs the full protocol once per $K$ (at the first $\gamma$ of `gammas`). Another
+# The table takes the full protocol's run once per $K$, at the chapter's $\gamma_0$ = `gamma`: the
+# client-count cell above ran it on the same partitions, and `afl.RunCache` hands it over. Another
 # $\gamma$ only adds $(\gamma-\gamma_0)I$ to each client's $C_k^r$ and leaves $C_k^r W_k^r = X_k^\top Y_k$
 # unchanged, so the server's state at $\gamma$ is $C^r + K(\gamma-\gamma_0)I$ with the same right-hand
-# side: each further cell is the server's solve and restoration at that $\gamma$, without the $K$
+# side: each cell is the server's solve and restoration at that $\gamma$, without the $K$
 # clients' $d\times d$ work again (`afl.ri_ablation(..., rerun=True)` runs the protocol at every
 # $\gamma$; a test checks that both agree).
 
@@ -451,7 +455,8 @@ display(table)
 
 # %%
 table3 = afl.afl_vs_fedavg(feats, [(label(s), partition(s, num_clients, partition_seed)) for s in sweep], config,
-                           seeds[0], gamma, dev, index="setting", desc="heterogeneity sweep")
+                           seeds[0], gamma, dev, index="setting", desc="heterogeneity sweep", cache=runs_cache)
+print(f"runs reused from earlier cells instead of computed again: {runs_cache.hits}")
 table3 = (100 * table3[["FedAvg (1 seed)", "AFL"]]).rename_axis(columns=None).T
 print("Paper, Table 3 (CIFAR-100, K=100, accuracy %):")
 display(paper_results.afl_table3())
@@ -517,8 +522,9 @@ selfcheck.afl_accuracy_invariance(knum["AFL"], joint_acc, exercise="AFL benchmar
 # :label: afl-bench-ex-variance
 #
 # Set `resample_methods` to all methods. Do the paired differences of section 4 still resolve the
-# same comparisons when the partition varies too? (No self-check: the outcome depends on the data;
-# compare the paired intervals of sections 4 and 5 yourself.)
+# same comparisons when the partition varies too? Predict first whether a method's ± grows when the
+# partition is redrawn with every seed (fill in `my_prediction` below), then compare the paired
+# intervals of sections 4 and 5.
 # ```
 #
 # ````{solution} afl-bench-ex-variance
@@ -529,3 +535,10 @@ selfcheck.afl_accuracy_invariance(knum["AFL"], joint_acc, exercise="AFL benchmar
 # Whether it does cancel depends on how differently the methods react to a partition: that is what
 # the re-run measures.
 # ````
+
+# %%
+my_prediction = None  # your answer: "grows" or "does not grow" (a method's ± with a new partition per seed)
+if resample_methods:
+    print(selfcheck.afl_partition_variance(my_prediction, std_ratio))
+else:
+    print("self-check: set resample_methods (section 5 measures the two spreads)")

@@ -292,7 +292,8 @@ display(Markdown(
     f"Measured: without RI the deviation is at round-off while $N_k\\ge d$ and jumps to "
     f"{table1.loc[rank_deficient, 'ΔW w/o RI (ours)'].min():.2g} or more once $N_k<d$ (first at $K={first_broken}$ "
     f"here). Its size depends on how the pseudo-inverse treats the near-zero eigenvalues of the singular "
-    f"$C_k$: ours (`torch.linalg.pinv`, relative cut-off) differs from the authors' (their values are in the "
+    f"$C_k$: ours (`torch.linalg.pinv`'s relative cut-off, eigenvalues $|\\lambda|\\le d\\,\\varepsilon\\max|\\lambda|$ "
+    f"dropped) differs from the authors' (their values are in the "
     f"table beside ours), so we assert only that it is large. With RI the largest ΔW is "
     f"{table1['ΔW w/ RI (ours)'].max():.1e}, against $\\sum|W|$ = {float(w_joint2.abs().sum()):.1f}."))
 claims.register(

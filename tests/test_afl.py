@@ -59,9 +59,10 @@ def test_packed_upload_is_the_upper_triangle_and_halves_the_bytes_of_c(data):
     packed = afl.client_update(x[:40], y[:40], C, gamma=2.0)   # the default
     assert "C" not in packed.payload and packed["C_packed"].shape == (D * (D + 1) // 2,)
     rows, cols = torch.triu_indices(D, D)
-    assert torch.equal(packed["C_packed"], full["C"][rows, cols]) and torch.equal(packed["W"], full["W"])
+    # the packed triangle is formed block by block (afl.packed_gram): the full C's upper triangle to round-off
+    assert relative_error(packed["C_packed"], full["C"][rows, cols]) < 1e-14 and torch.equal(packed["W"], full["W"])
     restored = afl.upload_gram(packed)
-    assert torch.equal(restored, restored.T) and torch.equal(restored.triu(), full["C"].triu())
+    assert torch.equal(restored, restored.T) and relative_error(restored.triu(), full["C"].triu()) < 1e-14
     # measured bytes: C goes from d^2 to d(d+1)/2 float64 numbers, W and gamma are unchanged
     assert packed.nbytes == (D * (D + 1) // 2 + D * C) * 8 + 8
     assert full.nbytes - packed.nbytes == (D * D - D * (D + 1) // 2) * 8 == D * (D - 1) // 2 * 8
@@ -529,3 +530,39 @@ def test_ri_ablation_heads_from_one_aggregate_equal_full_runs():
         w_r = ridge_solve(gram, rhs)
         assert relative_error(w_r, full.weights_regularized) < 1e-10
         assert relative_error(afl.ri_restore(w_r, gram, 7 * gamma), full.weights) < 1e-10
+
+
+@pytest.mark.parametrize("method", ["fedavg", "feddisco"])
+def test_per_round_upload_with_one_round_and_sparse_evaluation(data, method):
+    """rounds=1 (one record: the increment is counted from the start, less FedDisco's setup uploads)
+    and eval_every > 1 (records several rounds apart) give the per-round upload of every round."""
+    x, y, _ = data
+    xt, yt = torch.from_numpy(x[:200]).float(), torch.from_numpy(y[:200])
+    parts = afl.SettingPartitions(y)
+    train = (torch.from_numpy(x).float(), torch.from_numpy(y))
+    per_round = {}
+    for rounds, every in [(1, 1), (3, 1), (3, 2), (4, 3)]:
+        config = dict(rounds=rounds, local_epochs=1, batch_size=32, lr=0.05, device="cpu", eval_every=every)
+        runs, _ = afl.run_baselines("t", [(("iid", None), method, 0, 0)], parts, 4, train, (xt, yt), C, config,
+                                    progress=False)
+        per_round[(rounds, every)] = runs.loc[0, "upload bytes/client/round"]
+    head = (D * C + C) * 4
+    assert head <= per_round[(1, 1)] <= head + 64
+    assert len(set(per_round.values())) == 1, per_round
+
+
+def test_packed_gram_equals_the_packed_product(data, monkeypatch):
+    """A client's packed upload formed block by block of the triangle (afl.packed_gram) is the packed
+    BLAS product to round-off, for sizes around the block width, and the same upload as the full C."""
+    x, y, _ = data
+    for n in (1, 5, 23, 150):
+        xt = torch.from_numpy(x[:n])
+        for dim in (D, 3, afl._GRAM_BLOCK + 5):
+            xd = torch.randn(n, dim, dtype=torch.float64)
+            expected = afl.pack_symmetric(xd.T @ xd, shift=0.5)
+            got = afl.packed_gram(xd, shift=0.5)
+            assert float((got - expected).abs().max()) <= 1e-13 * float(expected.abs().max()), (n, dim)
+        packed, full = (afl.client_update(x[:n], y[:n], C, gamma=0.5, packed=pk) for pk in (True, False))
+        assert relative_error(afl.upload_gram(packed), full["C"]) < 1e-14 and torch.equal(packed["W"], full["W"])
+    monkeypatch.setattr(afl, "_KERNELS", {"packed": None, "full": None})   # without numba: the product, packed
+    assert torch.equal(afl.packed_gram(xt, 0.5), afl.pack_symmetric(xt.T @ xt, 0.5))

@@ -194,6 +194,19 @@ def test_afl_vs_fedavg_and_the_ri_ablation(data):
     assert list(ri.columns) == [(1.0, "w/o RI"), (1.0, "w/ RI"), (3.0, "w/o RI"), (3.0, "w/ RI")]
     with_ri = ri.xs("w/ RI", axis=1, level="RI").to_numpy()
     assert np.unique(with_ri).size == 1 and with_ri[0, 0] == pytest.approx(100 * out["AFL"].iloc[0])
+    # a RunCache hands the sweep's runs (gamma = 1) to the ablation, which shifts them down and up
+    cache = afl.RunCache()
+    cached = afl.afl_vs_fedavg(feats, [(k, parts(("alpha", 0.5), k, 0)) for k in [3, 9]], config, 0, 1.0, "cpu",
+                               index="K", progress=False, cache=cache)
+    assert cached.equals(out) and cache.hits == 0
+    again = afl.afl_vs_fedavg(feats, [(k, parts(("alpha", 0.5), k, 0)) for k in [3, 9]], config, 0, 1.0, "cpu",
+                              index="K", progress=False, cache=cache)
+    assert again.equals(out) and cache.hits == 4   # 2 AFL + 2 FedAvg runs reused
+    shifted = afl.ri_ablation(feats, [(k, parts(("alpha", 0.5), k, 0)) for k in [3, 9]], [0.5, 3.0], "cpu",
+                              base_gamma=1.0, cache=cache)
+    assert cache.hits == 6
+    rerun2 = afl.ri_ablation(feats, [(k, parts(("alpha", 0.5), k, 0)) for k in [3, 9]], [0.5, 3.0], "cpu", rerun=True)
+    assert np.abs(shifted.to_numpy() - rerun2.to_numpy()).max() <= 100 / len(feats.y_test) + 1e-9
     no_ri, same = afl.equal_kgamma_cells(ri)
     assert sorted(no_ri["K·γ"]) == [3.0, 9.0, 9.0, 27.0]
     assert list(same.index) == [9.0] and same.loc[9.0, "count"] == 2

@@ -77,3 +77,23 @@ def test_every_chapter_but_the_theory_one_has_an_estimator_that_grows_with_its_s
     two = memory.estimate("refed_beyond", params("refed_beyond", "quick", model="resnet18", workers=2))
     images = one.host["images as float32 tensors"]
     assert two.host_bytes - images == pytest.approx(2 * (one.host_bytes - images))   # each forked run trains its own model
+
+
+def test_afl_benchmark_on_cuda_estimates_the_device_memory():
+    """device="cuda" (the paper profile) needs GPU memory: the backbone and an extraction batch, or the
+    features and the clients' heads in training, whichever is larger; device="cpu" needs none."""
+    cpu = memory.estimate("afl_benchmark", params("afl_benchmark", "quick", device="cpu"))
+    assert cpu.device_bytes == 0
+    cuda = memory.estimate("afl_benchmark", params("afl_benchmark", "quick", device="cuda"))
+    assert cuda.device_bytes > 0 and cuda.host == cpu.host
+    assert cuda.device["features on the device and their stacked copy (2 x float32)"] == 2 * 12000 * 1280 * 4
+    paper = memory.estimate("afl_benchmark", params("afl_benchmark", "paper"))   # resnet18 @ 224 px on cuda
+    extraction = memory.RESNET18_PARAMS * 4 + 2 * 256 * 32 * 224**2 * 4   # weights, activations of a 224-px batch
+    assert paper.device_bytes >= extraction and paper.device_bytes > cuda.device_bytes
+    small = memory.estimate("afl_benchmark", params("afl_benchmark", "paper", n_train=1000, n_test=100,
+                                                    client_counts=[10], num_clients=10))
+    assert small.device["resnet18 weights (float32)"] == memory.RESNET18_PARAMS * 4   # extraction dominates
+    more = memory.estimate("afl_benchmark", params("afl_benchmark", "quick", device="cuda", client_counts=[100, 5000]))
+    assert more.device_bytes > cuda.device_bytes
+    with pytest.raises(MemoryError, match="GPU memory"):
+        memory.check_fits("afl_benchmark", params("afl_benchmark", "paper"), device_limit=2**28)

@@ -20,6 +20,13 @@ def payload_nbytes(value: Any) -> int:
     """
     if value is None:
         return 0
+    kind = type(value)   # exact-type fast paths first: the ABC checks below are slow on large payloads
+    if kind is dict:
+        return sum(payload_nbytes(v) for v in value.values())
+    if kind is list or kind is tuple:
+        return sum(payload_nbytes(v) for v in value)
+    if kind is float or kind is int:
+        return 8
     if isinstance(value, torch.Tensor):
         return value.numel() * value.element_size()
     if isinstance(value, np.ndarray):

@@ -1041,6 +1041,7 @@ class History:
     participants: list[list[int]] = field(default_factory=list)
     final_state: dict[str, Tensor] | None = field(default=None, repr=False)  # global weights (CPU)
     cost: Cost = field(default_factory=Cost)
+    setup_bytes_up: int = 0  # the setup round's share of ``bytes_up`` (FedDisco's label counts; else 0)
 
     @property
     def final_acc(self) -> float:
@@ -1164,6 +1165,7 @@ def _run(model_fn, clients, test, algorithm, config, progress, num_classes, call
                     callbacks=[record, *callbacks, lambda r, s, c: bar.update(1)], device=device)
     bar.close()
     hist.cost = setup + cost
+    hist.setup_bytes_up = setup.bytes_up
     hist.final_state = {k: v.detach().cpu().clone() for k, v in global_model.state_dict().items()}
     return hist
 

@@ -34,8 +34,8 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from fedlib.core.linalg import (Array, SufficientStats, as_tensor, numerical_rank, one_hot, predict, relative_error,
-                                ridge_solve)
+from fedlib.core.linalg import (Array, SufficientStats, _smallest_eig_estimate, as_tensor, numerical_rank, one_hot,
+                                predict, relative_error, ridge_solve)
 from fedlib.core.messages import Cost, Message
 from fedlib.core.protocol import EMPTY, simulate
 from fedlib.core.validate import check_choice, check_positive
@@ -58,23 +58,30 @@ def client_update(x: Array, labels: Array, num_classes: int, gamma: float = 1.0,
     client (N_k = 0) uploads ``C = gamma I`` and ``W = 0``.
     """
     check_positive("gamma", gamma, strict=False)
-    dim = int(x.shape[1])
-    stats = SufficientStats.from_data(x, labels, num_classes, dtype, device) if len(labels) else \
-        SufficientStats.zeros(dim, num_classes, dtype, device)
-    eye = torch.eye(dim, dtype=dtype, device=device)
-    n_k = len(labels)
-    if gamma > 0 and 0 < n_k < dim:  # dual form X^T (X X^T + gamma I)^{-1} Y: O(N_k^2 d) not O(d^3)
+    dim, n_k = int(x.shape[1]), len(labels)
+    if n_k:
         xk = as_tensor(x, dtype, device)
-        weights = xk.T @ ridge_solve(xk @ xk.T, one_hot(labels, num_classes, dtype, device), gamma)
-    elif gamma > 0:
-        weights = ridge_solve(stats.gram, stats.xty, gamma)
+        targets = one_hot(labels, num_classes, dtype, device)
+        # a packed upload whose head needs no d x d matrix (dual form, pinv) is formed block by block of the
+        # triangle (packed_gram); otherwise X_k^T X_k in one product (chunked beyond 8192 rows)
+        direct = packed and (n_k < dim or gamma == 0)
+        gram = None if direct else xk.T @ xk if n_k <= 8192 else \
+            SufficientStats.from_data(x, labels, num_classes, dtype, device).gram
+    else:
+        direct, gram = False, torch.zeros(dim, dim, dtype=dtype, device=device)
+    if gamma > 0 and 0 < n_k < dim:  # dual form X^T (X X^T + gamma I)^{-1} Y: O(N_k^2 d) not O(d^3)
+        weights = xk.T @ ridge_solve(xk @ xk.T, targets, gamma)
+    elif gamma > 0 and n_k:
+        weights = ridge_solve(xk.T @ xk if gram is None else gram, xk.T @ targets, gamma)
     elif n_k:
-        weights = torch.linalg.pinv(as_tensor(x, dtype, device)) @ one_hot(labels, num_classes, dtype, device)
+        weights = torch.linalg.pinv(xk) @ targets
     else:
         weights = torch.zeros(dim, num_classes, dtype=dtype, device=device)
-    gram = stats.gram + gamma * eye
-    if packed:
-        return Message(client, {"W": weights, "C_packed": pack_symmetric(gram), "gamma": float(gamma)})
+    if direct:   # the upper triangle of X_k^T X_k + gamma I from the rows of X_k (packed_gram)
+        return Message(client, {"W": weights, "C_packed": packed_gram(xk, shift=gamma), "gamma": float(gamma)})
+    if packed:   # the upper triangle of X_k^T X_k + gamma I, read once (no d x d identity, no shifted copy)
+        return Message(client, {"W": weights, "C_packed": pack_symmetric(gram, shift=gamma), "gamma": float(gamma)})
+    gram.diagonal().add_(gamma)   # C_k^r = X_k^T X_k + gamma I (eq. 14), in place: the same numbers
     return Message(client, {"W": weights, "C": gram, "gamma": float(gamma)})
 
 
@@ -98,12 +105,81 @@ def packed_length(dim: int) -> int:
     return dim * (dim + 1) // 2
 
 
-def pack_symmetric(c: torch.Tensor) -> torch.Tensor:
+def pack_symmetric(c: torch.Tensor, shift: float = 0.0) -> torch.Tensor:
     """The upper triangle (diagonal included) of a symmetric (d, d) ``c`` as a 1-D tensor of
     ``d(d+1)/2`` entries, row by row (the order of ``torch.triu_indices(d, d)``): ``c[0, 0:], c[1, 1:], ...``.
-    Only the upper triangle is read (an asymmetric round-off below the diagonal is dropped)."""
-    rows, cols = _triu(c.shape[0], c.device)
-    return c[rows, cols]
+    Only the upper triangle is read (an asymmetric round-off below the diagonal is dropped).
+    ``shift``: packs ``c + shift I`` instead (the diagonal entries plus ``shift``, the same numbers as
+    packing the shifted matrix), without forming it. On the CPU a compiled row-by-row copy
+    (:func:`_pack_rows_loop`), elsewhere (or without numba) torch's indexing."""
+    dim = c.shape[0]
+    kernels = _kernels() if c.device.type == "cpu" and c.ndim == 2 and c.shape[1] == dim and dim else None
+    if kernels is not None:
+        out = torch.empty(packed_length(dim), dtype=c.dtype)
+        kernels["pack"](c.detach().contiguous().numpy(), float(shift), out.numpy())
+        return out
+    rows, cols = _triu(dim, c.device)
+    out = c[rows, cols]
+    if shift != 0:
+        out[_diagonal_positions(dim, c.device)] += shift
+    return out
+
+
+#: rows of the triangle per block in :func:`packed_gram`
+_GRAM_BLOCK = 64
+
+
+def packed_gram(x: torch.Tensor, shift: float = 0.0) -> torch.Tensor:
+    """The packed upper triangle (:func:`pack_symmetric`'s layout) of ``X^T X + shift I`` for X (n, d),
+    without the d x d matrix: rows ``i0:i1`` of the triangle are one BLAS product
+    ``X[:, i0:i1]^T X[:, i0:]`` (about half the multiply-adds of the full product), copied into place
+    while in cache by a compiled loop (:func:`_pack_block_loop`). Without numba or off the CPU: the
+    full product, then :func:`pack_symmetric`. Equal to packing the full product up to round-off."""
+    kernels = _kernels() if x.device.type == "cpu" else None
+    if kernels is None:
+        return pack_symmetric(x.T @ x, shift=shift)
+    dim = int(x.shape[1])
+    out = torch.empty(packed_length(dim), dtype=x.dtype)
+    target = out.numpy()
+    for i0 in range(0, dim, _GRAM_BLOCK):
+        block = x[:, i0:i0 + _GRAM_BLOCK].T @ x[:, i0:]
+        kernels["block"](block.numpy(), i0, dim, float(shift), target)
+    return out
+
+
+def _pack_block_loop(block, i0, dim, shift, out):
+    """Copy rows ``i0, i0 + 1, ...`` of the triangle from ``block`` (b, d - i0) = rows i0:i0+b of the
+    symmetric matrix from column i0 on, into their packed segments of ``out``; ``shift`` added to the
+    diagonal entries. NumPy arrays; compiled by numba (:func:`_kernels`)."""
+    for r in range(block.shape[0]):
+        i = i0 + r
+        off = i * dim - (i * (i - 1)) // 2
+        row = block[r]
+        for j in range(dim - i):
+            out[off + j] = row[r + j]
+        if shift != 0.0:
+            out[off] += shift
+
+
+def _diagonal_positions(dim: int, device) -> torch.Tensor:
+    """Indices of the diagonal entries in the packed upper triangle: ``i d - i (i - 1) / 2``."""
+    i = torch.arange(dim, device=device)
+    return i * dim - i * (i - 1) // 2
+
+
+def _pack_rows_loop(c, shift, out):
+    """``out`` = the upper triangle of ``c`` (d, d) row by row, ``shift`` added to the diagonal entries
+    (only when it is not 0, so that a 0 shift copies every bit). NumPy arrays; compiled by numba
+    (:func:`_kernels`)."""
+    dim = c.shape[0]
+    off = 0
+    for i in range(dim):
+        row = c[i]
+        for j in range(i, dim):
+            out[off + j - i] = row[j]
+        if shift != 0.0:
+            out[off] += shift
+        off += dim - i
 
 
 def unpack_symmetric(packed: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -176,13 +252,39 @@ def aa_weights(c_agg: torch.Tensor, c_k: torch.Tensor, sign: int = +1, inverse: 
     return w_agg, w_k
 
 
+def aa_combine(c_agg: torch.Tensor, c_k: torch.Tensor, w_agg: torch.Tensor, w_k: torch.Tensor, sign: int = +1,
+               inverse: str = "solve", inv_agg=None):
+    """One step of the recursive AA law (eqs. 9-10): ``W_agg w_agg + W_k w_k`` with the matrix weights of
+    :func:`aa_weights` (same ``sign`` and ``inverse``), applied to the heads w_agg, w_k (d, C) by
+    associativity, so the d x d weights are never formed:
+    ``W_agg w_agg = w_agg - R_a (u - sign C_k S^{-1} u)`` with ``u = C_k w_agg``, and
+    ``W_k w_k = w_k - R_k (v - sign C_a S^{-1} v)`` with ``v = C_a w_k``. Besides the three
+    factorizations (of C_agg, C_k and S = C_agg + C_k) every product is O(d^2 C), not O(d^3).
+
+    ``inv_agg``: an applier of ``C_agg^{-1}`` already computed (the recursion's previous S is this
+    step's C_agg). Returns ``(head (d, C), S, applier of S^{-1})``, the last to pass as the next
+    step's ``inv_agg``.
+    """
+    if sign not in (1, -1):
+        raise ValueError(f"sign must be +1 (corrected) or -1 (as printed), got {sign!r}")
+    check_choice("inverse", inverse, ("solve", "pinv"))
+    inv_agg = _inverse_applier(c_agg, inverse, "the aggregated C") if inv_agg is None else inv_agg
+    inv_k = _inverse_applier(c_k, inverse, "the client's C_k")
+    s = c_agg + c_k
+    inv_s = _inverse_applier(s, inverse, "C_agg + C_k")
+    u, v = c_k @ w_agg, c_agg @ w_k
+    s_uv = inv_s(torch.cat([u, v], dim=1))
+    n = u.shape[1]
+    head = (w_agg - inv_agg(u - sign * (c_k @ s_uv[:, :n]))) + (w_k - inv_k(v - sign * (c_agg @ s_uv[:, n:])))
+    return head, s, inv_s
+
+
 def _inverse_applier(a: torch.Tensor, inverse: str, what: str = "matrix"):
     """``b -> a^{-1} b``: one Cholesky (LU if ``a`` is not positive definite) reused for every
-    right-hand side, or a pseudo-inverse when ``inverse == "pinv"``. An exactly singular ``a``
-    raises a ValueError that says what to do instead (not torch's raw LU error)."""
+    right-hand side, or a pseudo-inverse when ``inverse == "pinv"`` (:func:`_pinv_applier`). An
+    exactly singular ``a`` raises a ValueError that says what to do instead (not torch's raw LU error)."""
     if inverse == "pinv":
-        a_pinv = torch.linalg.pinv(a, hermitian=True)
-        return lambda b: a_pinv @ b
+        return _pinv_applier(a)
     factor, info = torch.linalg.cholesky_ex(a)
     if int(info) == 0:
         return lambda b: torch.cholesky_solve(b, factor)
@@ -190,6 +292,24 @@ def _inverse_applier(a: torch.Tensor, inverse: str, what: str = "matrix"):
     if int(info) != 0:
         raise ValueError(_singular_message(what))
     return lambda b: torch.linalg.lu_solve(lu, pivots, b)
+
+
+def _pinv_applier(a: torch.Tensor):
+    """``b -> pinv(a) b`` for a symmetric (d, d) ``a``, as ``torch.linalg.pinv(a, hermitian=True) @ b``
+    (eigenvalues with ``|lambda| <= d eps max|lambda|`` dropped) without forming the pseudo-inverse:
+    one eigendecomposition, applied in O(d^2 C). Where ``a`` is clearly positive definite - its
+    Cholesky factorization succeeds and the inverse-iteration estimate of its smallest eigenvalue
+    exceeds that cutoff (relative to the Gershgorin bound on the largest) 1000-fold, the screen of
+    :func:`~fedlib.core.linalg.ridge_solve` - no eigenvalue is dropped, ``pinv(a) = a^{-1}``, and
+    the Cholesky factor applies it (to round-off, the same numbers)."""
+    rtol = a.shape[0] * torch.finfo(a.dtype).eps
+    factor, info = torch.linalg.cholesky_ex(a)
+    if int(info) == 0 and _smallest_eig_estimate(factor) > 1e3 * rtol * float(a.abs().sum(1).max()):
+        return lambda b: torch.cholesky_solve(b, factor)
+    lam, vec = torch.linalg.eigh(a)
+    keep = lam.abs() > rtol * float(lam.abs().max()) if lam.numel() else lam.bool()
+    lam, vec = lam[keep], vec[:, keep]
+    return lambda b: vec @ ((vec.T @ b) / lam[:, None])
 
 
 def _singular_message(what: str, rank: int | None = None, dim: int | None = None) -> str:
@@ -234,7 +354,10 @@ class PairwiseAAServer(_AAServerBase):
     """Recursive AA law, eq. (9): ``W_agg,k = W_agg W_agg,k-1 + W_k W_k`` and ``C_agg,k = C_agg,k-1 + C_k``.
 
     Starts from the first upload (Alg. 1's ``C_agg,0 = 0`` cannot be inverted). Streaming:
-    each upload is consumed and dropped, so K = 1000 clients at d = 1280 fit in memory.
+    each upload is consumed and dropped, so K = 1000 clients at d = 1280 fit in memory. Each step
+    applies the law's matrix weights to the heads (:func:`aa_combine`, O(d^2 C) products) and
+    reuses the factorization of ``S = C_agg + C_k`` as the next step's ``C_agg^{-1}`` (the same
+    matrix), so a step costs two factorizations (of C_k and of S), O(d^3) as in the paper.
     """
 
     def __init__(self, sign: int = +1, inverse: str = "solve"):
@@ -242,6 +365,7 @@ class PairwiseAAServer(_AAServerBase):
         self.sign, self.inverse = sign, inverse
         self.weights: torch.Tensor | None = None
         self.gram: torch.Tensor | None = None
+        self._inv_gram = None   # applier of C_agg^{-1}, from the previous step (aa_combine)
 
     def _absorb(self, msg: Message) -> None:
         w_k, c_k = msg["W"], upload_gram(msg)
@@ -252,11 +376,10 @@ class PairwiseAAServer(_AAServerBase):
             if rank < c_k.shape[0]:
                 raise ValueError(_singular_message(f"{msg.sender}'s C_k", rank, c_k.shape[0]))
         if self.weights is None:
-            self.weights, self.gram = w_k.clone(), c_k.clone()
-        else:
-            w_agg, w_kk = aa_weights(self.gram, c_k, self.sign, self.inverse)
-            self.weights = w_agg @ self.weights + w_kk @ w_k
-            self.gram = self.gram + c_k
+            self.weights, self.gram, self._inv_gram = w_k.clone(), c_k.clone(), None
+        else:   # the law applied to the heads (aa_combine); this step's S is the next step's C_agg
+            self.weights, self.gram, self._inv_gram = aa_combine(self.gram, c_k, self.weights, w_k, self.sign,
+                                                                 self.inverse, self._inv_gram)
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Aggregated ``(W^r_agg,K (d, C), C^r_agg,K (d, d))``."""
@@ -388,9 +511,17 @@ def _kernels() -> dict | None:
 
             # reassociation lets the row sums vectorize; no finite-math assumption (NaN stays NaN)
             jit = numba.njit(cache=True, nogil=True, boundscheck=False, fastmath={"reassoc", "contract"})
-            _KERNELS.update(packed=jit(_absorb_packed_loop), full=jit(_absorb_full_loop))
+            _KERNELS.update(packed=jit(_absorb_packed_loop), full=jit(_absorb_full_loop),
+                            pack=numba.njit(cache=True, nogil=True, boundscheck=False)(_pack_rows_loop),
+                            block=numba.njit(cache=True, nogil=True, boundscheck=False)(_pack_block_loop))
         except ImportError:  # pragma: no cover - numba comes with umap-learn
-            _KERNELS.update(packed=None, full=None)
+            _KERNELS.update(packed=None, full=None, pack=None, block=None)
+        else:   # load (or compile) the float64 versions now, on 1 x 1 inputs, not inside a measured run
+            one, row, vec = np.ones((1, 1)), np.ones((1, 1)), np.ones(1)
+            _KERNELS["packed"](vec.copy(), row.copy(), vec, row, 0, 1, 0, 1)
+            _KERNELS["full"](one.copy(), row.copy(), one, row, 0, 1)
+            _KERNELS["pack"](one, 0.0, vec.copy())
+            _KERNELS["block"](one, 0, 1, 0.0, vec.copy())
     return _KERNELS if _KERNELS["packed"] is not None else None
 
 
@@ -577,6 +708,7 @@ def run_afl(x: Array, labels: Array, parts: Sequence[np.ndarray], num_classes: i
             raise ValueError(_singular_message(f"C_k of {len(small)} client(s) with N_k < d = {int(x.shape[1])} "
                                                f"(e.g. client {small[0]}, N_k = {len(parts[small[0]])})"))
     srv = make_server(server, sign, inverse)
+    _kernels()   # the one-off import and load of the compiled loops stays out of the measured seconds
     data = _ClientData(as_tensor(x, dtype, device), np.asarray(labels), parts)
     client = AFLClient(num_classes, gamma, dtype, device, packed)
     if one_round:
@@ -636,6 +768,54 @@ class SettingPartitions:
                     self(setting, k, seed)
 
 
+class RunCache:
+    """Runs shared between a chapter's cells: a run asked for again - the same partition, method,
+    training seed, settings and data - is computed once and returned again (``hits`` counts the
+    reuses). AFL results are keyed by (partition, gamma, device, features), gradient-baseline
+    histories by (partition, method, seed, ``FedConfig`` settings, MOON width, data). A partition is
+    the list object :class:`SettingPartitions` returns for a (setting, K, seed), and the data are
+    tensors by storage; both are held here, so their identities stay valid while the cache lives.
+    """
+
+    def __init__(self):
+        self._afl: dict = {}
+        self._federated: dict = {}
+        self._x64: dict = {}
+        self.hits = 0
+
+    def afl(self, feats, parts, gamma: float, device) -> "AFLResult":
+        """:func:`run_afl` on ``feats`` (x_train, y_train, num_classes) split by ``parts``, at ``gamma``
+        (the float64 copy of the features that :func:`run_afl` slices is made once per features)."""
+        key = (id(parts), float(gamma), str(device), id(feats))
+        if key in self._afl:
+            self.hits += 1
+        else:
+            xkey = (id(feats), str(device))
+            if xkey not in self._x64:
+                self._x64[xkey] = (feats, as_tensor(feats.x_train, torch.float64, device))
+            self._afl[key] = (parts, feats, run_afl(self._x64[xkey][1], feats.y_train, parts, feats.num_classes,
+                                                    gamma=gamma, device=device))
+        return self._afl[key][2]
+
+    def federated(self, method: str, parts, seed: int, config: dict, moon_hidden, train, test, num_classes: int):
+        """:func:`~fedlib.federated.gradient.run_federated` of ``method`` with ``FedConfig(seed=seed,
+        **config)`` on ``train`` = (x (N, d), y (N,)) tensors split by ``parts``, evaluated on ``test``."""
+        from fedlib.federated.gradient import FedConfig, make_algorithm, run_federated
+
+        x_tr, y_tr = train
+        data = tuple((t.data_ptr(), tuple(t.shape), str(t.dtype)) for t in (*train, *test))
+        key = (id(parts), method, int(seed), tuple(sorted(config.items())),
+               moon_hidden if method == "moon" else None, data)
+        if key in self._federated:
+            self.hits += 1
+        else:
+            hist = run_federated(baseline_model_fn(method, int(x_tr.shape[1]), num_classes, moon_hidden),
+                                 [(x_tr[p], y_tr[p]) for p in parts], test, make_algorithm(method),
+                                 FedConfig(seed=seed, **config), progress=False)
+            self._federated[key] = (parts, train, test, hist)
+        return self._federated[key][3]
+
+
 def baseline_model_fn(method: str, dim: int, num_classes: int, moon_hidden: int | None = None):
     """Model factory of a gradient baseline on frozen d-dim features: MOON's projection head
     (``MOONHead``, l1 width ``moon_hidden`` or d), every other method a linear head d -> C."""
@@ -647,17 +827,25 @@ def baseline_model_fn(method: str, dim: int, num_classes: int, moon_hidden: int 
 
 
 def per_round_upload(hist, parts: Sequence[np.ndarray]) -> float:
-    """Measured bytes one (non-empty) client uploads in one round: the last round's increment of
-    ``hist.bytes_up`` over its participants that hold data."""
-    active = [k for k in hist.participants[-1] if len(parts[k]) > 0]
-    return (hist.bytes_up[-1] - hist.bytes_up[-2]) / len(active)
+    """Measured bytes one (non-empty) client uploads in one round: the increment of ``hist.bytes_up``
+    between its last two records (from the start, less the setup round's uploads, when the run has
+    one record: ``rounds=1``), over the participants that hold data in the rounds between them (more
+    than one round when ``eval_every > 1``)."""
+    if not hist.round:
+        raise ValueError("the history has no record: nothing was uploaded")
+    last = hist.round[-1]
+    first, start = (hist.round[-2], hist.bytes_up[-2]) if len(hist.round) > 1 else (0, hist.setup_bytes_up)
+    uploads = sum(len(parts[k]) > 0 for r in range(first, last) for k in hist.participants[r])
+    return (hist.bytes_up[-1] - start) / uploads
 
 
 def run_baselines(protocol: str, jobs, partitions: SettingPartitions, num_clients: int, train, test,
-                  num_classes: int, config: dict, moon_hidden: int | None = None, progress: bool = True):
+                  num_classes: int, config: dict, moon_hidden: int | None = None, progress: bool = True,
+                  cache: RunCache | None = None):
     """Run the gradient baselines of ``jobs`` = [(setting, method, seed, partition seed)] on the
     frozen features ``train`` = (x (N, d), y (N,)) / ``test`` tensors, each with
     ``FedConfig(seed=seed, **config)`` on ``partitions(setting, num_clients, partition seed)``.
+    ``cache``: a :class:`RunCache` that holds the runs (a job it already ran is not run again).
 
     Returns ``(runs, curves)``: one row per job (final / best accuracy, seconds, measured upload per
     client and round) and the concatenated per-round histories.
@@ -665,16 +853,11 @@ def run_baselines(protocol: str, jobs, partitions: SettingPartitions, num_client
     import pandas as pd
     from tqdm.auto import tqdm
 
-    from fedlib.federated.gradient import FedConfig, make_algorithm, run_federated
-
-    x_tr, y_tr = train
-    dim = int(x_tr.shape[1])
+    cache = RunCache() if cache is None else cache
     out, frames = [], []
     for setting, method, seed, pseed in tqdm(jobs, desc=f"{protocol} runs", disable=not progress):
         parts = partitions(setting, num_clients, pseed)
-        hist = run_federated(baseline_model_fn(method, dim, num_classes, moon_hidden),
-                             [(x_tr[p], y_tr[p]) for p in parts], test, make_algorithm(method),
-                             FedConfig(seed=seed, **config), progress=False)
+        hist = cache.federated(method, parts, seed, config, moon_hidden, train, test, num_classes)
         out.append({"protocol": protocol, "setting": setting_label(setting), "method": method, "seed": seed,
                     "partition seed": pseed, "accuracy": hist.final_acc, "best accuracy": hist.best_acc,
                     "seconds": hist.wall_s[-1], "seconds per round": hist.wall_s[-1] / config["rounds"],
@@ -923,8 +1106,11 @@ def centralized_reference(feats, device: str | torch.device = "cpu") -> dict:
     stats = SufficientStats.from_data(feats.x_train, feats.y_train, feats.num_classes, device=device)
     w_joint = ridge_solve(stats.gram, stats.xty)
     report = gram_report(stats.gram)
+    from threadpoolctl import threadpool_limits
+
     t0 = time.perf_counter()
-    w_qr = qr_reference(feats.x_train, feats.y_train, feats.num_classes)
+    with threadpool_limits(limits=1):   # NumPy's BLAS threads busy-wait on a shared, loaded machine
+        w_qr = qr_reference(feats.x_train, feats.y_train, feats.num_classes)
     qr_seconds = time.perf_counter() - t0
     return {"w_joint": w_joint, "joint_acc": head_accuracy(w_joint, feats.x_test, feats.y_test), "report": report,
             "w_qr": w_qr, "qr_acc": head_accuracy(w_qr, feats.x_test, feats.y_test),
@@ -933,17 +1119,19 @@ def centralized_reference(feats, device: str | torch.device = "cpu") -> dict:
 
 
 def afl_setting_runs(feats, partitions: SettingPartitions, settings: Sequence[tuple], num_clients: int,
-                     partition_seeds: Sequence[int], gamma: float, device, reference: torch.Tensor):
+                     partition_seeds: Sequence[int], gamma: float, device, reference: torch.Tensor,
+                     cache: RunCache | None = None):
     """AFL on the partition of every setting and partition seed (duplicates run once). One row per
     run: setting label, partition seed, test accuracy, measured seconds, upload bytes per client,
-    uploads per client and the max relative difference to ``reference`` (d, C)."""
+    uploads per client and the max relative difference to ``reference`` (d, C). ``cache``: a
+    :class:`RunCache` that keeps the runs for later cells."""
     from fedlib.core.linalg import head_accuracy
 
+    cache = RunCache() if cache is None else cache
     rows = []
     for setting in settings:
         for pseed in dict.fromkeys(partition_seeds):
-            res = run_afl(feats.x_train, feats.y_train, partitions(setting, num_clients, pseed), feats.num_classes,
-                          gamma=gamma, device=device)
+            res = cache.afl(feats, partitions(setting, num_clients, pseed), gamma, device)
             rows.append({"setting": setting_label(setting), "partition seed": pseed,
                          "accuracy": head_accuracy(res.weights, feats.x_test, feats.y_test),
                          "seconds": res.cost.seconds, "upload bytes/client": res.cost.bytes_up / num_clients,
@@ -1043,44 +1231,48 @@ def advantage_summary(runs, afl_acc, paired) -> dict:
 
 
 def afl_vs_fedavg(feats, parts_by_key, config: dict, seed: int, gamma: float, device, index: str,
-                  progress: bool = True, desc: str = "runs"):
+                  progress: bool = True, desc: str = "runs", cache: RunCache | None = None):
     """AFL and one FedAvg run (training seed ``seed``, ``FedConfig(**config)``) on each partition of
     ``parts_by_key`` = [(key, client index arrays)]. Returns test accuracies (fractions), one row per
-    key (index named ``index``), columns "AFL" and "FedAvg (1 seed)" (columns named "method")."""
+    key (index named ``index``), columns "AFL" and "FedAvg (1 seed)" (columns named "method").
+    ``cache``: a :class:`RunCache`; a run it holds (e.g. from :func:`afl_setting_runs` or
+    :func:`run_baselines` on the same partition object) is reused, and the new runs are kept."""
     import pandas as pd
     from tqdm.auto import tqdm
 
     from fedlib.core.linalg import head_accuracy
-    from fedlib.federated.gradient import FedConfig, make_algorithm, run_federated
 
-    x_tr, y_tr = torch.from_numpy(feats.x_train), torch.from_numpy(feats.y_train)
+    cache = RunCache() if cache is None else cache
+    train = torch.from_numpy(feats.x_train), torch.from_numpy(feats.y_train)
     test = torch.from_numpy(feats.x_test), torch.from_numpy(feats.y_test)
     rows = {}
     for key, parts in tqdm(parts_by_key, desc=desc, disable=not progress):
-        res = run_afl(feats.x_train, feats.y_train, parts, feats.num_classes, gamma=gamma, device=device)
-        hist = run_federated(baseline_model_fn("fedavg", feats.dim, feats.num_classes),
-                             [(x_tr[p], y_tr[p]) for p in parts], test, make_algorithm("fedavg"),
-                             FedConfig(seed=seed, **config), progress=False)
+        res = cache.afl(feats, parts, gamma, device)
+        hist = cache.federated("fedavg", parts, seed, config, None, train, test, feats.num_classes)
         rows[key] = {"AFL": head_accuracy(res.weights, feats.x_test, feats.y_test), "FedAvg (1 seed)": hist.final_acc}
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis(index=index, columns="method")
 
 
-def ri_ablation(feats, parts_by_k, gammas: Sequence[float], device, rerun: bool = False):
+def ri_ablation(feats, parts_by_k, gammas: Sequence[float], device, rerun: bool = False,
+                base_gamma: float | None = None, cache: RunCache | None = None):
     """Table 4's ablation: for each (K, parts) of ``parts_by_k`` and gamma, the test accuracy (%) of the
     head before (``"w/o RI"``, a joint ridge with lambda = K gamma) and after the restoration (eq. 15).
     Returns a table indexed by K with columns (γ, RI).
 
-    One protocol run per K (at ``gammas[0]``) gives the server's aggregate ``C^r = X^T X + K gamma_0 I``
-    and ``B = C^r W^r = sum_k X_k^T Y_k``. Another gamma changes each client's ``C_k^r`` by
-    ``(gamma - gamma_0) I`` and leaves ``B`` unchanged (``C_k^r W_k^r = X_k^T Y_k`` for every gamma), so
-    the server's state at gamma is ``C^r + K (gamma - gamma_0) I`` with the same ``B``: the server's
-    solve and restoration at gamma, without the clients' d x d work again. ``rerun=True`` runs the
-    whole protocol at every gamma instead (a test checks both agree).
+    One protocol run per K (at ``base_gamma``, default ``gammas[0]``) gives the server's aggregate
+    ``C^r = X^T X + K gamma_0 I`` and ``B = C^r W^r = sum_k X_k^T Y_k``. Another gamma changes each
+    client's ``C_k^r`` by ``(gamma - gamma_0) I`` and leaves ``B`` unchanged (``C_k^r W_k^r = X_k^T Y_k``
+    for every gamma), so the server's state at gamma is ``C^r + K (gamma - gamma_0) I`` with the same
+    ``B``: the server's solve and restoration at gamma, without the clients' d x d work again.
+    ``cache``: a :class:`RunCache` whose run at ``base_gamma`` on the same partition object (e.g. the
+    client-count sweep's, :func:`afl_vs_fedavg`) is reused. ``rerun=True`` runs the whole protocol at
+    every gamma instead (a test checks both agree).
     """
     import pandas as pd
 
     from fedlib.core.linalg import head_accuracy
 
+    cache = RunCache() if cache is None else cache
     rows = []
     for k, parts in parts_by_k:
         heads = {}
@@ -1089,8 +1281,9 @@ def ri_ablation(feats, parts_by_k, gammas: Sequence[float], device, rerun: bool 
                 res = run_afl(feats.x_train, feats.y_train, parts, feats.num_classes, gamma=g, device=device)
                 heads[g] = res.weights_regularized, res.weights
         else:
-            g0 = float(gammas[0])
-            res = run_afl(feats.x_train, feats.y_train, parts, feats.num_classes, gamma=g0, device=device)
+            g0 = float(gammas[0] if base_gamma is None else base_gamma)
+            check_positive("base_gamma", g0, strict=False)
+            res = cache.afl(feats, parts, g0, device)
             rhs = res.gram_regularized @ res.weights_regularized
             eye = torch.eye(rhs.shape[0], dtype=rhs.dtype, device=rhs.device)
             for g in gammas:

@@ -29,6 +29,13 @@ RESNET18_ACTIVATIONS_32PX = 2_500_000
 RESNET18_PARAMS = 11_200_000
 #: classes of the datasets that do not have 10
 NUM_CLASSES = {"cifar100": 100}
+#: parameters of the frozen backbones (counted from the modules)
+BACKBONE_PARAMS = {"efficientnet_lite0": 4_652_008, "resnet18": RESNET18_PARAMS}
+#: float32 values of the largest layer's input + output per input pixel, in inference (forward hooks
+#: on every leaf module; the same at 64 and 224 px)
+INFERENCE_ACTIVATIONS_PER_PIXEL = {"efficientnet_lite0": 50, "resnet18": 32}
+#: images per batch of fedlib.data.features.extract_features
+EXTRACTION_BATCH = 256
 
 
 @dataclass
@@ -63,10 +70,35 @@ def _features(v: Mapping[str, Any], dataset: str, n: int | None) -> tuple[int, i
 
 
 def _afl_benchmark(v) -> Estimate:
+    """Host: images, features and AFL's d x d statistics. Device (``device`` other than ``cpu``): the
+    larger of the two phases that run there, feature extraction (the backbone's weights, one batch
+    of images and its live activations) and training on the cached features (the features and their
+    stacked copy, every client's head with gradient, momentum and previous copy, the gathered
+    mini-batch, AFL's float64 features and d x d statistics)."""
     n, d = _features(v, v["dataset"], None if v["n_train"] is None and v["n_test"] is None
                      else (v["n_train"] or 0) + (v["n_test"] or 0))
-    return Estimate({"images (uint8)": n * DATASET_SIZES.get(v["dataset"], (0, 0))[1],
-                     "features (float32)": n * d * F32, "AFL statistics C, C_agg, inverse (4 d x d float64)": 4 * d * d * F64})
+    host = {"images (uint8)": n * DATASET_SIZES.get(v["dataset"], (0, 0))[1],
+            "features (float32)": n * d * F32, "AFL statistics C, C_agg, inverse (4 d x d float64)": 4 * d * d * F64}
+    if v["device"] == "cpu":
+        return Estimate(host)
+    backbone, px = v["backbone"], int(v["input_size"]) ** 2
+    batch = EXTRACTION_BATCH
+    extraction = {f"{backbone} weights (float32)": BACKBONE_PARAMS.get(backbone, 0) * F32,
+                  f"one extraction batch of {batch} images (float32)": batch * 3 * px * F32,
+                  f"its live activations (2 x the largest layer's input + output, {batch} images, float32)":
+                      2 * batch * INFERENCE_ACTIVATIONS_PER_PIXEL.get(backbone, 0) * px * F32}
+    # FedAvg's linear head runs at every K of the client-count sweep, the other methods at num_clients
+    k = max([int(v["num_clients"]), *map(int, v["client_counts"])])
+    c = NUM_CLASSES.get(v["dataset"], 10)
+    hidden = d if v["moon_hidden"] is None else int(v["moon_hidden"])
+    moon = (d * hidden + hidden + hidden * 256 + 256 + 256 * c + c) if "moon" in v["methods"] else 0
+    heads = max(k * (d * c + c), int(v["num_clients"]) * moon)
+    training = {"features on the device and their stacked copy (2 x float32)": 2 * n * d * F32,
+                "stacked heads of a round's clients: weights, gradients, momentum, previous (4 x float32)": 4 * heads * F32,
+                f"gathered mini-batch ({k} clients x {v['batch_size']} rows x d, float32)": k * int(v["batch_size"]) * d * F32,
+                "AFL: features and d x d statistics (float64)": (n * d + 4 * d * d) * F64}
+    device = extraction if sum(extraction.values()) > sum(training.values()) else training
+    return Estimate(host, device)
 
 
 def _afl_derivation(v) -> Estimate:
