@@ -51,16 +51,16 @@
 # %% tags=["parameters"]
 profile = "quick"
 datasets = ["optdigits", "mnist5k", "animal_mnist"]
-max_points = 1500           # stratified subset per dataset (fedtsne.load_points); null keeps all
+max_points = 1000           # stratified subset per dataset (fedtsne.load_points); null keeps all
 num_clients = 10            # non-IID: fedtsne.label_skew_parts (a multiple or a divisor of the classes)
-n_landmarks = 200
+n_landmarks = 50            # FedDL landmarks of the main runs (the landmark study below goes to 2 x this)
 rounds = "plateau"          # FedDL rounds: "plateau" (until the objective plateaus, as in the benchmark chapter) or an integer
 max_rounds = 1000           # the most rounds "plateau" may take
 gamma_rule = "moments"      # kernel width rule of fedlib.papers.fedtsne.feddl: moments or median
 beta = 1.0                  # heuristic noise level of the plus variants
 seeds = [0, 1, 2, 3, 4]     # paired differences need 2 or more, a conclusion 5 or more
 sweep_dataset = "mnist5k"   # dataset of the landmark study
-landmark_grid = [10, 25, 50, 100, 200, 400]
+landmark_grid = [10, 25, 50, 100]
 derivation_dim = 5          # feature dimension of the synthetic exactness check
 derivation_points = 300
 threads = 1                 # BLAS and OpenMP threads; null keeps the library defaults
@@ -226,17 +226,24 @@ display(info)
 #
 # FedDL runs in gradient mode (one gradient per client and round, Eq. 16) with size weights
 # $w_p=n_p/n$: the averaged gradient is then *exactly* the gradient on the pooled data whatever the
-# split (notes Sec. 2.2). Without noise, IID and non-IID must therefore give the same landmarks;
-# this is asserted below. Only the "+" noise, whose sd follows each client's own gradient, can tell
-# the splits apart.
+# split (notes Sec. 2.2). Without noise, IID and non-IID must therefore give the same landmarks.
+# The first seed runs FedDL on both splits and this is asserted below (landmarks to $10^{-8}$, the
+# objectives a constant apart); on the other seeds the noise-free non-IID row takes the IID run's
+# landmarks rather than computing the same numbers again (`split_check_seeds`; its clients still
+# upload their own kernel blocks, which the server assembles and clusters). Only the "+" noise,
+# whose sd follows each client's own gradient, can tell the splits apart; every "+" run is its own.
 
 # %%
 # FedDL's number of rounds per dataset: a fixed count, or the first round at which the noise-free
 # objective plateaus (fedtsne.plateau_round: the last 10 % of the rounds make at most 1 % of the
-# decrease), found once per dataset on the first seed's IID split and then used by every run of it.
-rounds_for = {name: (ft.plateau_rounds([data[name][0][p] for p in splits[name][seeds[0]]["IID"]], n_landmarks,
-                                       gamma=gamma_rule, max_rounds=max_rounds, seed=seeds[0])
-                     if rounds == "plateau" else rounds) for name in datasets}
+# decrease; checked every 5 rounds), found once per dataset on the first seed's IID split and then
+# used by every run of it. That search is itself the first seed's noise-free IID run (one FedDL run,
+# fedtsne.plateau_run), so it is reused there (and in section 5) rather than run again.
+first_runs = {name: (ft.plateau_run(clients, n_landmarks, gamma=gamma_rule, max_rounds=max_rounds, check_every=5,
+                                    seed=seeds[0]) if rounds == "plateau" else
+                     ft.feddl(clients, n_landmarks, rounds=rounds, gamma=gamma_rule, seed=seeds[0]))
+              for name in datasets for clients in [[data[name][0][p] for p in splits[name][seeds[0]]["IID"]]]}
+rounds_for = {name: first_runs[name].rounds for name in datasets}
 print("FedDL rounds per dataset" + (" (run until the objective plateaus)" if rounds == "plateau" else "") + ":",
       rounds_for)
 
@@ -244,12 +251,14 @@ VARIANTS = [("Fed", "IID", "none"), ("Fed+", "IID", "heuristic"), ("Fed", "non-I
             ("Fed+", "non-IID", "heuristic")]
 runs, landmarks_kept, objectives = ft.speclust_runs({name: data[name] for name in datasets}, splits, seeds, VARIANTS,
                                                     n_landmarks=n_landmarks, gamma_rule=gamma_rule, rounds=rounds_for,
-                                                    beta=beta)
+                                                    beta=beta, feddl_results={(name, seeds[0], "Fed", "IID"): res
+                                                                              for name, res in first_runs.items()},
+                                                    split_check_seeds=seeds[:1])
 # one kernel width per dataset, whatever the split or the noise; noise-free FedDL in gradient mode with size
 # weights: identical landmarks for IID and non-IID
 spread, landmark_gap, nmi_gap = ft.split_invariance(runs, landmarks_kept)
 print(f"gamma identical across settings (max relative spread {spread.max():.1e}); noise-free landmarks IID vs "
-      f"non-IID differ by at most {landmark_gap:.1e}; NMI IID - non-IID: max {nmi_gap:.1e}")
+      f"non-IID (seed {seeds[0]}, both run) differ by at most {landmark_gap:.1e}; NMI IID - non-IID: max {nmi_gap:.1e}")
 assert (spread < 1e-10).all() and landmark_gap < 1e-8 and nmi_gap < 1e-2
 
 # %% [markdown]
@@ -339,7 +348,7 @@ print(f"worst NMI change vs centralized, noise-free Fed-SpeClust: ours {nmi_d['o
 # (Eq. 11), the weighted mean of the *per-client* discrepancies, not the discrepancy to the pooled
 # data. Under label skew it therefore sits higher by a constant: each client's own-data term
 # $\frac{1}{n_p(n_p-1)}\sum_{i\ne j}k(x_i,x_j)$ does not depend on $Y$, and the gradients (hence the
-# landmarks) are the same. The check below asserts that the noise-free IID and non-IID curves differ
+# landmarks) are the same. The check below asserts that the noise-free IID and non-IID curves (first seed) differ
 # by a constant, and prints whether $F$ is still falling at the last round (if so, more rounds
 # would give better landmarks; exercise 6).
 
@@ -357,7 +366,7 @@ plt.show()
 
 # %%
 for name in datasets:
-    for seed in seeds:
+    for seed in seeds[:1]:                  # the seed on which both splits ran their own FedDL
         offset = objectives[name, seed, "Fed", "non-IID"] - objectives[name, seed, "Fed", "IID"]
         assert offset.max() - offset.min() < 1e-10, (name, seed, offset)
 still = {name: bool(objectives[name, seeds[0], "Fed", "IID"][-1] < objectives[name, seeds[0], "Fed", "IID"][-2])
@@ -400,11 +409,16 @@ X, y, n_classes = data[sweep_dataset]
 seed0 = seeds[0]
 parts0 = splits[sweep_dataset][seed0]["IID"]
 sweep_rounds = rounds_for[sweep_dataset] if sweep_dataset in rounds_for else (
-    ft.plateau_rounds([X[p] for p in parts0], n_landmarks, gamma=gamma_rule, max_rounds=max_rounds, seed=seed0)
-    if rounds == "plateau" else rounds)
+    ft.plateau_rounds([X[p] for p in parts0], n_landmarks, gamma=gamma_rule, max_rounds=max_rounds, check_every=5,
+                      seed=seed0) if rounds == "plateau" else rounds)
 t0 = time.perf_counter()
-sweep, study = ft.kernel_landmark_sweep(X, y, parts0, landmark_grid, n_classes, gamma_rule=gamma_rule,
-                                        rounds=sweep_rounds, seed=seed0)
+# the main runs' first-seed IID FedDL run and centralized clustering are reused at n_y = n_landmarks
+reuse = sweep_dataset in first_runs and n_landmarks in landmark_grid
+sweep, study = ft.kernel_landmark_sweep(
+    X, y, parts0, landmark_grid, n_classes, gamma_rule=gamma_rule, rounds=sweep_rounds, seed=seed0,
+    feddl_results={n_landmarks: first_runs[sweep_dataset]} if reuse else None,
+    central_nmi=runs.query("dataset == @sweep_dataset and seed == @seed0 and variant == 'central'")["NMI"].item()
+    if sweep_dataset in first_runs else None)
 gamma_s, K, cen_nmi, res = study["gamma"], study["K"], study["central NMI"], study["last"]
 assert study["assembly gap"] <= 1e-8, "server assembly != C W^+ C^T"
 print(f"{sweep_dataset}: {len(landmark_grid)} landmark counts in {time.perf_counter() - t0:.0f} s")
@@ -487,7 +501,7 @@ assert gap < 1e-6
 # | the Gaussian kernel is never exactly low rank | error, ranks and spectrum | error $>0$ at every $n_y$, no spectral cliff |
 # | Nyström error is PSD, $\hat K\preceq K$ | eigenvalues of $K-\hat K$ | synthetic and real data |
 # | same $\gamma$ everywhere | moments rule, every split | identical to round-off |
-# | noise-free FedDL is split-invariant | landmarks IID vs non-IID | identical to round-off |
+# | noise-free FedDL is split-invariant | landmarks IID vs non-IID (first seed) | identical to round-off |
 # | server assembly = formula | `fed_spectral_clustering` vs $CW^{+}C^\top$ | equal |
 # | FedDL improves on its initialisation | kernel error, every $n_y$ | yes |
 # | Fed+ noise is larger under label skew | mean noise sd, non-IID vs IID | yes, every dataset |
@@ -510,8 +524,8 @@ print(f"total run time {time.perf_counter() - t_start:.0f} s (profile={profile})
 # :label: fedsc-ex-splits
 #
 # Non-IID Fed-SpeClust equals IID Fed-SpeClust here. Which FedDL option of
-# `fedlib.papers.fedtsne.feddl` would make them differ, and why? (No self-check: a question about
-# the code.)
+# `fedlib.papers.fedtsne.feddl` would make them differ, and why? Fill in `my_options` below: the
+# self-check runs a short FedDL with your options on both splits.
 # ```
 #
 # ````{solution} fedsc-ex-splits
@@ -522,13 +536,21 @@ print(f"total run time {time.perf_counter() - t_start:.0f} s (profile={profile})
 # gradient is no longer the pooled one). With `mode="gradient"` and size weights the update is the
 # pooled gradient for every split.
 # ````
-#
+
+# %%
+from fedlib.evaluation import selfcheck
+
+my_options = None  # your answer: a dict of keyword arguments of ft.feddl, e.g. {"option": value}
+print(selfcheck.fedsc_splits_differ(my_options, [X[p] for p in splits[sweep_dataset][seed0]["IID"]],
+                                    [X[p] for p in splits[sweep_dataset][seed0]["non-IID"]]))
+
+# %% [markdown]
 # ```{exercise} Rank and exactness
 # :label: fedsc-ex-rank
 #
 # For the linear kernel $k(x,y)=x^\top y$ on data in $\mathbb R^m$, from which $n_y$ is the Nyström
 # estimate exact? And for $e^{-\gamma\|x-y\|^2}$ with $\gamma\to0$? Use
-# {prf:ref}`fedsc-lemma-exact`. (No self-check: a derivation.)
+# {prf:ref}`fedsc-lemma-exact`. Fill in your answer for the linear kernel below.
 # ```
 #
 # ````{solution} fedsc-ex-rank
@@ -539,13 +561,18 @@ print(f"total run time {time.perf_counter() - t_start:.0f} s (profile={profile})
 # $\gamma\to0$ the kernel tends to a constant plus a rank-$(m+2)$ term, so the error with $n_y\ge m+3$
 # landmarks vanishes like $\gamma^2$; for any fixed $\gamma>0$ it is never exactly 0.
 # ````
-#
+
+# %%
+my_n_y = None  # your answer: from how many landmarks is the linear kernel's Nyström estimate exact (data in R^m)?
+print(selfcheck.fedsc_linear_kernel_landmarks(my_n_y, X))
+
+# %% [markdown]
 # ```{exercise} Kernel width
 # :label: fedsc-ex-width
 #
 # Re-run with `gamma_rule="median"` (per-client medians). Which runs change, and does the
-# centralized baseline still use the same $\gamma$ as the federated runs? (No self-check: compare
-# the printed kernel widths.)
+# centralized baseline still use the same $\gamma$ as the federated runs? The self-check tests the
+# default rule's law on this run's kernel widths.
 # ```
 #
 # ````{solution} fedsc-ex-width
@@ -556,12 +583,16 @@ print(f"total run time {time.perf_counter() - t_start:.0f} s (profile={profile})
 # `parts=None` uses the pooled median, so the section 3 assertion that all runs share one $\gamma$
 # fails: that is why this chapter uses the split-invariant moments rule.
 # ````
-#
+
+# %%
+print(selfcheck.fedsc_kernel_width(runs, gamma_rule))
+
+# %% [markdown]
 # ```{exercise} Noise
 # :label: fedsc-ex-noise
 #
-# Set `beta=4`. Predict which column of the table moves most, then check. (No self-check: compare
-# the table with the default run's.)
+# Set `beta=4`. Predict which column of the table moves most (fill in `my_column` below), then
+# check, and compare the table with the default run's.
 # ```
 #
 # ````{solution} fedsc-ex-noise
@@ -571,7 +602,12 @@ print(f"total run time {time.perf_counter() - t_start:.0f} s (profile={profile})
 # "Fed+ non-IID" moves most: its kernel error grows and its NMI/ARI fall (at $\beta=1$ the averaging
 # over 10 clients and the contraction of gradient descent keep the effect small).
 # ````
-#
+
+# %%
+my_column = None  # your answer: "Fed IID", "Fed+ IID", "Fed non-IID" or "Fed+ non-IID"
+print(selfcheck.fedsc_noise_column(my_column, diag))
+
+# %% [markdown]
 # ```{exercise} Reconstruction
 # :label: fedsc-ex-reconstruction
 #
@@ -597,8 +633,8 @@ selfcheck.fedtsne_reconstruction(X_rec, X_proj, Xp, span_dim)
 # :label: fedsc-ex-rounds
 #
 # Re-run the MNIST-5k runs with `rounds=200` and `rounds=500`. Does the gap to the centralized NMI
-# close, and does FedDL catch up with the uniform-sample oracle? (No self-check: compare the printed
-# errors and NMI.)
+# close, and does FedDL catch up with the uniform-sample oracle? Predict the second (fill in
+# `my_prediction` below), then compare the printed errors and NMI with the default run's.
 # ```
 #
 # ````{solution} fedsc-ex-rounds
@@ -611,3 +647,7 @@ selfcheck.fedtsne_reconstruction(X_rec, X_proj, Xp, span_dim)
 # with the uniform-sample oracle at the same $n_y$: MMD-fitted landmarks match the data's
 # distribution, which is not the same as spanning the kernel's top eigenvectors.
 # ````
+
+# %%
+my_prediction = None  # your answer: "yes" or "no": does FedDL match the uniform-sample oracle at the largest n_y?
+print(selfcheck.fedsc_rounds_oracle(my_prediction, err))

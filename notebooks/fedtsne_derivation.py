@@ -479,7 +479,7 @@ plt.show()
 # :label: fedtsne-deriv-ex-weights
 #
 # Re-run section 2 with `num_clients = 3`. Is the $1/P$ error larger or smaller than with 10
-# clients? Why? Use {eq}`fedtsne-eq-pooled`. (No self-check: compare the printed errors.)
+# clients? Why? Use {eq}`fedtsne-eq-pooled`. The self-check tests the law on this run's error table.
 # ```
 #
 # ````{solution} fedtsne-deriv-ex-weights
@@ -489,7 +489,13 @@ plt.show()
 # the same weight regardless of its size. The error depends on how unequal the sizes are, not
 # directly on $P$; with IID splits of equal size both weightings coincide.
 # ````
-#
+
+# %%
+from fedlib.evaluation import selfcheck
+
+print(selfcheck.fedtsne_weights(identity))
+
+# %% [markdown]
 # ```{exercise} Landmarks for exactness
 # :label: fedtsne-deriv-ex-landmarks
 #
@@ -517,8 +523,7 @@ selfcheck.fedtsne_exact_landmarks(sweep, X)
 #
 # With $\delta=10^{-5}$ and the kernel sensitivity, which $\varepsilon$ makes the gradient noise
 # equal to the gradient's own standard deviation? Solve with `fedtsne.dp_noise_sd` (PLD accountant)
-# by bisection. The sensitivity is {eq}`fedtsne-eq-sensitivity`. (No self-check: the bisection is
-# the exercise.)
+# by bisection. The sensitivity is {eq}`fedtsne-eq-sensitivity`. Fill in your $\varepsilon$ below.
 # ```
 #
 # ````{solution} fedtsne-deriv-ex-budget
@@ -527,3 +532,8 @@ selfcheck.fedtsne_exact_landmarks(sweep, X)
 # The calibrated $\sigma(\varepsilon)=z(\varepsilon,\delta,S)\,\Delta_K$ decreases in $\varepsilon$;
 # bisect $\sigma(\varepsilon)=\mathrm{sd}(\nabla f_p)$ on a log scale (`g_ref.std()` in section 4).
 # ````
+
+# %%
+my_epsilon = None  # your answer: the epsilon at which the gradient noise sd equals the gradient's own sd
+print(selfcheck.fedtsne_budget(my_epsilon, float(g_ref.std()), delta=delta, sensitivity=delta_kern,
+                               rounds=feddl_rounds))

@@ -53,13 +53,20 @@ methods = ["tsne", "umap"]
 seeds = [0, 1, 2, 3, 4]
 tsne_max_iter = 400
 seed = 0                   # data subset and partition (fixed; the seeds above vary noise and embedding)
+num_threads = 2
 
 # %% tags=["hide-input"]
+import os
+
+# OpenMP threads that wait passively: sklearn's t-SNE and k-means and numba's UMAP otherwise spin
+# against each other on a shared 2-core machine; must be set before numpy / sklearn load
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
 from IPython.display import Markdown, display
+from threadpoolctl import threadpool_limits
 
 from fedlib.evaluation import claims
 from fedlib.papers import fedtsne as ft
@@ -69,6 +76,8 @@ from fedlib.runner import specs
 specs.check("fedtsne_privacy", globals())
 
 sns.set_theme(style="whitegrid")
+threadpool_limits(num_threads)
+threadpool_limits(1, user_api="blas")       # many small products: a second BLAS thread only spins (benchmark chapter)
 rng = np.random.default_rng(seed)
 # the Fed-tSNE chapters' one rule for "n points of a dataset"; the public sample is a random part of it
 X_both, y_both, _ = ft.load_points("optdigits", n_points + public_points, seed=seed)
@@ -243,7 +252,8 @@ display(Markdown("\n".join(lines)))
 # :label: fedtsne-priv-ex-landmarks
 #
 # Set `n_landmarks = 70` and re-run: what happens to the gradient-perturbation curve, and why? See
-# {prf:ref}`fedtsne-prop-nystrom`. (No self-check: compare the curve with the default run's.)
+# {prf:ref}`fedtsne-prop-nystrom`. Compare the curve with the default run's; the self-check tests
+# the law behind it on one gradient-perturbed run with your `n_landmarks`.
 # ```
 #
 # ````{solution} fedtsne-priv-ex-landmarks
@@ -253,13 +263,24 @@ display(Markdown("\n".join(lines)))
 # curve becomes flat at the no-noise level: the noise no longer matters for utility, and section 4
 # shows it no longer matters for privacy either.
 # ````
-#
+
+# %%
+from fedlib.evaluation import selfcheck
+
+# one FedDL run with gradient noise at the smallest epsilon and this chapter's n_landmarks: is the server's
+# distance matrix exact, whatever the noise?
+res_ex = ft.public_feddl(X, parts, X_pub, n_landmarks, rounds, gamma, seeds[0], noise="dp_gradient",
+                         epsilon=lowest, delta=delta, dp_accountant=accountant)
+print(selfcheck.fedtsne_nystrom_exact([ft.upload_leak(X, parts, res_ex.landmarks)[0]], n_landmarks, X,
+                                      exercise="Fed-tSNE privacy, ex. landmarks"))
+
+# %% [markdown]
 # ```{exercise}
 # :label: fedtsne-priv-ex-accountant
 #
 # Replace `accountant = "pld"` by `"rdp"`: how much more noise does the RDP bound ask for at
-# $\varepsilon=1$ and 30 rounds (`privacy.calibrate_noise_multiplier`)? Check your two numbers with
-# `selfcheck.fedtsne_accountants(sigma_rdp, sigma_pld)` (`from fedlib.evaluation import selfcheck`).
+# $\varepsilon=1$ and 30 rounds (`privacy.calibrate_noise_multiplier`)? Fill in your two numbers
+# in the cell below.
 # ```
 #
 # ````{solution} fedtsne-priv-ex-accountant
@@ -269,3 +290,10 @@ display(Markdown("\n".join(lines)))
 # target: compare `privacy.calibrate_noise_multiplier(1.0, delta, rounds, "rdp")` with the `"pld"`
 # value.
 # ````
+
+# %%
+from fedlib.core import privacy
+
+sigma_rdp = None  # your answer: the RDP noise multiplier (privacy.calibrate_noise_multiplier)
+sigma_pld = None  # your answer: the PLD noise multiplier
+print(selfcheck.fedtsne_accountants(sigma_rdp, sigma_pld))

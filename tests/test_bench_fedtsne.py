@@ -9,7 +9,8 @@ from fedlib.papers import fedtsne as ft
 from fedlib.bench import fedtsne_speed
 
 TINY = ["--dataset", "optdigits", "--points", "300", "--clients", "3", "--landmarks", "12", "--rounds", "2",
-        "--tsne-max-iter", "250", "--loop-points", "60", "--loop-clients", "2", "--repeats", "1"]
+        "--tsne-max-iter", "250", "--loop-points", "60", "--loop-clients", "2", "--repeats", "1",
+        "--dtype-points", "120", "--dtype-clients", "3", "--dtype-landmarks", "10", "--dtype-rounds", "5"]
 
 
 def test_bench_tiny_report(tmp_path):
@@ -28,6 +29,11 @@ def test_bench_tiny_report(tmp_path):
     assert re.search(r"time ratio \(b\) / \(a\)\s+\d+x", text)
     diff = float(re.search(r"max rel\. difference \(b\) vs \(a\)\s+(\S+)", text).group(1))
     assert diff < 1e-10 and "check < 1e-10: passed" in text
+    # part 3: FedDL float32 vs float64
+    assert "3. FedDL float32 vs float64: 120 points x 64 features, 3 IID clients, n_y=10, 5 rounds" in text
+    assert len(re.findall(r"float64 / float32\s+[\d.]+ / [\d.]+ ms per round", text)) == 2
+    rel = float(re.search(r"noise-free landmarks, rel\. difference\s+(\S+)", text).group(1))
+    assert rel < 1e-4 and "check < 0.0001: passed" in text
 
 
 @pytest.mark.parametrize("n, ny", [(1, 2), (7, 5), (30, 9)])

@@ -614,6 +614,11 @@ def test_benchmark_runs_feddl_until_its_objective_plateaus():
     assert ft.feddl_until_plateau(data, 6, max_rounds=2000).plateau is not None
     s = ft.plateau_rounds(data, 6, max_rounds=2000)
     assert ft.plateau_share(ft.feddl(data, 6, rounds=s).objective) <= 0.01
+    # the plateau search is one FedDL run: its result is the run of its S rounds (reused by Fed-SpeClust)
+    run = ft.plateau_run(data, 6, max_rounds=2000, check_every=5)
+    again = ft.feddl(data, 6, rounds=run.rounds)
+    assert np.array_equal(run.landmarks, again.landmarks) and np.array_equal(run.objective, again.objective)
+    assert run.rounds <= s and run.rounds % 5 == 0 and ft.plateau_share(run.objective) <= 0.01
     with pytest.raises(RuntimeError, match="max_rounds=20"):
         ft.plateau_rounds(data, 6, max_rounds=20)
 
@@ -761,3 +766,59 @@ def test_privacy_table_pairs_each_variant_with_the_noise_free_run():
     assert list(t.variant) == ["Fed", "dp"]
     assert t["FedDL epsilon spent"].tolist() == ["inf (no guarantee)", "1"] and t["end-to-end epsilon"].tolist() == ["inf", "1"]
     assert t["paired diff vs Fed"].iloc[0] == "-" and t["paired diff vs Fed"].iloc[1].startswith("-0.100")
+
+
+def _dtype_problem():
+    X = np.random.default_rng(3).random((120, 30))
+    return [X[i::4] for i in range(4)]
+
+
+def test_feddl_float64_default_gives_exactly_the_old_landmarks():
+    """dtype="float64" (the default) is the arithmetic of FedDL before the dtype option: the landmarks of
+    this small problem equal the values that code gave (stored: sum and sum of squares to 16 digits, up
+    to the rounding of another BLAS), and dtype="float64" given explicitly is bit-identical to the default."""
+    parts = _dtype_problem()
+    old = {"none": (177.64435122514368, 118.66517500004768), "heuristic": (176.9378402280475, 117.73237570194667)}
+    for noise, rounds in [("none", 15), ("heuristic", 10)]:
+        kw = dict(rounds=rounds, noise=noise, seed=7, beta=0.5 if noise == "heuristic" else 1.0)
+        r = ft.feddl(parts, 12, **kw)
+        r64 = ft.feddl(parts, 12, dtype="float64", **kw)
+        assert r.landmarks.dtype == np.float64
+        np.testing.assert_array_equal(r.landmarks, r64.landmarks)
+        np.testing.assert_array_equal(r.objective, r64.objective)
+        assert r.upload_bytes == r64.upload_bytes
+        np.testing.assert_allclose([r.landmarks.sum(), (r.landmarks ** 2).sum()], old[noise], rtol=1e-12)
+
+
+def test_feddl_float32_is_float64_up_to_rounding():
+    parts = _dtype_problem()
+    r64 = ft.feddl(parts, 12, rounds=30, seed=7)
+    r32 = ft.feddl(parts, 12, rounds=30, seed=7, dtype="float32")
+    assert r32.landmarks.dtype == np.float64 and r32.init_landmarks.dtype == np.float64
+    # Y^0: the same float64 draw, rounded to float32
+    np.testing.assert_array_equal(r32.init_landmarks, r64.init_landmarks.astype(np.float32).astype(np.float64))
+    rel = np.linalg.norm(r32.landmarks - r64.landmarks) / np.linalg.norm(r64.landmarks)
+    assert rel < 1e-5, rel
+    moved = np.linalg.norm(r64.landmarks - r64.init_landmarks)
+    assert np.linalg.norm(r32.landmarks - r64.landmarks) < 1e-3 * moved
+    np.testing.assert_allclose(r32.objective, r64.objective, rtol=1e-4, atol=1e-7)
+    assert r32.gamma == r64.gamma
+    # half the gradient bytes (the set-up scalars are float64 in both)
+    grad_bytes = lambda r: r.upload_bytes - r.setup_upload_bytes
+    assert grad_bytes(r32) * 2 == grad_bytes(r64)
+    # float32 noise: from the client's own stream, reproducible, same sd scale as float64's
+    h1 = ft.feddl(parts, 12, rounds=10, seed=7, noise="heuristic", dtype="float32")
+    h2 = ft.feddl(parts, 12, rounds=10, seed=7, noise="heuristic", dtype="float32")
+    h64 = ft.feddl(parts, 12, rounds=10, seed=7, noise="heuristic")
+    np.testing.assert_array_equal(h1.landmarks, h2.landmarks)
+    np.testing.assert_allclose(h1.noise_sd.mean(), h64.noise_sd.mean(), rtol=0.2)
+    # the MMD terms in float32 against float64
+    from fedlib.papers.fedtsne.mmd import _cross_terms, _yy_terms
+    X, Y = parts[0], r64.landmarks
+    for f32, f64 in [(_cross_terms(X.astype(np.float32), Y.astype(np.float32), 0.3), _cross_terms(X, Y, 0.3)),
+                     (_yy_terms(Y.astype(np.float32), 0.3), _yy_terms(Y, 0.3))]:
+        assert f32[1].dtype == np.float32
+        assert abs(f32[0] - f64[0]) < 1e-6 * abs(f64[0]) + 1e-9
+        assert np.linalg.norm(f32[1] - f64[1]) < 1e-5 * np.linalg.norm(f64[1])
+    with pytest.raises(ValueError, match="dtype"):
+        ft.feddl(parts, 12, rounds=2, dtype="float16")

@@ -314,6 +314,57 @@ def test_setting_cells_tables_and_paired_differences(speclust_small):
     assert change.loc[("ours", "blobs", "NMI"), "Fed"] == pytest.approx(d.mean)
 
 
+def test_speclust_runs_reuse_a_known_feddl_run(speclust_small):
+    """The chapter hands its first seed's noise-free IID run (the plateau search, fedtsne.plateau_run) to
+    speclust_runs: the rows, landmarks and objectives equal those of a fresh run."""
+    (runs, landmarks, objectives), variants = speclust_small
+    X, y = _blobs(n=60)
+    data = {"blobs": (X, y, 3)}
+    splits = {"blobs": {s: {"IID": ft.client_split(y, 3, "iid", s), "non-IID": ft.client_split(y, 3, "non_iid", s)}
+                        for s in (0, 1)}}
+    known = ft.feddl([X[p] for p in splits["blobs"][0]["IID"]], 8, rounds=5, gamma="moments", seed=0)
+    kw = dict(n_landmarks=8, gamma_rule="moments", rounds={"blobs": 5}, beta=1.0)
+    with threadpool_limits(1):
+        again, lm, obj = ft.speclust_runs(data, splits, [0, 1], variants, feddl_results={("blobs", 0, "Fed", "IID"): known},
+                                          **kw)
+    pd.testing.assert_frame_equal(again.drop(columns="seconds"), runs.drop(columns="seconds"))
+    assert all(np.array_equal(lm[k], landmarks[k]) and np.array_equal(obj[k], objectives[k]) for k in landmarks)
+    assert lm["blobs", 0, "Fed", "IID"] is known.landmarks
+    with pytest.raises(ValueError, match="feddl_results"):
+        ft.speclust_runs(data, splits, [0, 1], variants, feddl_results={("blobs", 0, "Fed+", "IID"): known}, **kw)
+    with pytest.raises(ValueError, match="feddl_results"):
+        ft.speclust_runs(data, splits, [0, 1], variants, feddl_results={("blobs", 0, "Fed", "IID"): known},
+                         **{**kw, "rounds": {"blobs": 6}})
+    with pytest.raises(ValueError, match="feddl_results"):
+        ft.speclust_runs(data, splits, [0, 1], variants, feddl_results={("blobs", 2, "Fed", "IID"): known}, **kw)
+
+
+def test_speclust_runs_split_check_seeds_reuse_noise_free_landmarks(speclust_small):
+    """On seeds outside split_check_seeds the noise-free non-IID row takes the IID run's landmarks (the same
+    up to round-off: split invariance); every number of the row equals the one of its own FedDL run."""
+    (runs, landmarks, objectives), variants = speclust_small
+    X, y = _blobs(n=60)
+    data = {"blobs": (X, y, 3)}
+    splits = {"blobs": {s: {"IID": ft.client_split(y, 3, "iid", s), "non-IID": ft.client_split(y, 3, "non_iid", s)}
+                        for s in (0, 1)}}
+    with threadpool_limits(1):
+        short, lm, obj = ft.speclust_runs(data, splits, [0, 1], variants, n_landmarks=8, gamma_rule="moments",
+                                          rounds={"blobs": 5}, beta=1.0, split_check_seeds=[0])
+    derived = (short.seed == 1) & (short.variant == "Fed") & (short.split == "non-IID")
+    assert short.loc[derived, "FedDL"].tolist() == ["landmarks of Fed IID"] and short.loc[derived, "seconds"].isna().all()
+    assert (short.loc[~derived & (short.variant != "central"), "FedDL"] == "own run").all()
+    assert set(lm) == set(landmarks) - {("blobs", 1, "Fed", "non-IID")} and set(obj) == set(lm)
+    cols = ["NMI", "ARI", "kernel rel. error", "final F(Y)", "gamma", "FedDL upload (MB)", "kernel upload (MB)"]
+    np.testing.assert_allclose(short[cols].to_numpy(float), runs[cols].to_numpy(float), rtol=1e-9, atol=1e-12)
+    spread, gap, nmi_gap = ft.split_invariance(short, lm)
+    assert gap < 1e-8 and nmi_gap < 1e-2
+    with pytest.raises(ValueError, match="split_check_seeds"):
+        ft.speclust_runs(data, splits, [0, 1], variants, n_landmarks=8, gamma_rule="moments", rounds={"blobs": 5},
+                         split_check_seeds=[3])
+    with pytest.raises(ValueError, match="no seed"):
+        ft.split_invariance(short, {k: v for k, v in lm.items() if k[1] != 0})
+
+
 def test_kernel_landmark_sweep_assembly_and_oracle():
     X, y = _blobs(n=60)
     sweep, info = ft.kernel_landmark_sweep(X, y, ft.client_split(y, 3, "iid"), [5, 20], 3, gamma_rule="moments",
@@ -322,6 +373,15 @@ def test_kernel_landmark_sweep_assembly_and_oracle():
     err = sweep.pivot(index="n_y", columns="landmarks", values="kernel rel. error")
     assert err["uniform sample (oracle, not federated)"][20] <= err["uniform sample (oracle, not federated)"][5]
     assert sweep["top share of C"].between(0, 1).all() and 0 <= info["central NMI"] <= 1
+    # a known noise-free run at one n_y and the known central NMI give the same table
+    parts = ft.client_split(y, 3, "iid")
+    known = ft.feddl([X[p] for p in parts], 20, rounds=5, gamma="moments", seed=0)
+    again, info2 = ft.kernel_landmark_sweep(X, y, parts, [5, 20], 3, gamma_rule="moments", rounds=5,
+                                            feddl_results={20: known}, central_nmi=info["central NMI"])
+    pd.testing.assert_frame_equal(again, sweep)
+    assert info2["gamma"] == info["gamma"] and info2["assembly gap"] < 1e-8 and info2["last"].feddl is known
+    with pytest.raises(ValueError, match="feddl_results"):
+        ft.kernel_landmark_sweep(X, y, parts, [5, 20], 3, gamma_rule="moments", rounds=6, feddl_results={20: known})
 
 
 # ------------------------------------------------------------------------------------------------
@@ -403,9 +463,44 @@ def test_client_and_landmark_sweeps():
         lm, q = ft.landmark_sweep(X, y, ["iid"], [4, 8], ["Fed"], ["tsne"], [0], sc, num_clients=3, rounds=3,
                                   beta=1.0, embed_kwargs={"tsne_max_iter": 250})
     assert list(clients.method) == ["Fed-tSNE", "Fed-tSNE+"] * 2 and set(clients.split) == {"IID", "non-IID"}
+    assert (clients["rounds"] == 3).all() and not clients["reused"].any() and (q["rounds"] == 3).all()
     assert list(lm.n_y) == [4, 8] and list(lm.method) == ["Fed-tSNE"] * 2
     exact = q[(q.n_y == 8) & (q.estimate != "FedDL landmarks, plain")]["D-hat rel. error"]
     assert exact.max() < 1e-6 and q[q.estimate == "FedDL landmarks, plain"]["D-hat rel. error"].min() > 1e-3
+
+
+def test_sweeps_follow_the_plateau_rule_and_reuse_known_runs():
+    """rounds="plateau": the noise-free sweep run stops by the main runs' rule, Fed+ runs as many rounds;
+    a run handed over as known (the benchmark's main run) gives the row a fresh run gives."""
+    X, y = _blobs(n=90)
+    parts = ft.client_split(y, 3, "iid", 0)
+    rule = dict(tol=0.01, window=0.1, min_window=10, check_every=20, max_rounds=2000)
+    fds = ft.sweep_feddl(X, parts, 8, ["Fed", "Fed+"], 0, rounds="plateau", beta=1.0, plateau=rule)
+    tr = ft.feddl_until_plateau([X[p] for p in parts], 8, seed=0, **rule)
+    assert tr.plateau is not None and fds["Fed"].rounds == fds["Fed+"].rounds == tr.rounds
+    assert np.array_equal(fds["Fed"].landmarks, tr.result.landmarks)
+    plus = ft.learn_landmarks(X, parts, "Fed+", 8, tr.rounds, beta=1.0, seed=0)
+    assert np.array_equal(fds["Fed+"].landmarks, plus.landmarks)
+    assert list(ft.sweep_feddl(X, parts, 8, ["Fed+"], 0, rounds="plateau", beta=1.0, plateau=rule)) == ["Fed+"]
+    fixed = ft.sweep_feddl(X, parts, 8, ["Fed"], 0, rounds=7, beta=1.0)
+    assert fixed["Fed"].rounds == 7
+    with pytest.raises(RuntimeError, match="max_rounds=5"):
+        ft.sweep_feddl(X, parts, 8, ["Fed"], 0, rounds="plateau", beta=1.0, plateau={**rule, "max_rounds": 5,
+                                                                                       "check_every": 5})
+    with pytest.raises(ValueError, match="rounds"):
+        ft.sweep_feddl(X, parts, 8, ["Fed"], 0, rounds="forever", beta=1.0)
+
+    sc = ft.EmbeddingScorer(X, y)
+    kw = dict(n_landmarks=8, rounds="plateau", beta=1.0, embed_kwargs={"tsne_max_iter": 250}, plateau=rule)
+    fresh = ft.client_sweep(X, y, [("iid", 3)], [0], sc, **kw)
+    Z = {v: ft.embed("tsne", X, parts, 8, seed=0, feddl_result=fds[v], tsne_max_iter=250).embedding for v in fds}
+    reused = ft.client_sweep(X, y, [("iid", 3)], [0], sc, known={("iid", 3, 0, v): (fds[v], Z[v]) for v in fds}, **kw)
+    assert not fresh["reused"].any() and reused["reused"].all()
+    assert (fresh["rounds"] == tr.rounds).all()
+    pd.testing.assert_frame_equal(fresh.drop(columns="reused"), reused.drop(columns="reused"))
+    other = ft.sweep_feddl(X, ft.client_split(y, 2, "iid", 0), 8, ["Fed"], 0, rounds=3, beta=1.0)["Fed"]
+    with pytest.raises(ValueError, match="other clients"):
+        ft.client_sweep(X, y, [("iid", 3)], [0], sc, known={("iid", 3, 0, "Fed"): (other, Z["Fed"])}, **kw)
 
 
 def test_paper_drop_check_splits_gamma_control():

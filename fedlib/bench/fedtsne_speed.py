@@ -18,6 +18,12 @@ Prints, in one run on this machine:
    setting), the 500 landmarks and gamma of the FedDL run above. Both times (summed over the
    clients), their ratio, and the max relative difference of the two gradients over all clients
    (check < 1e-10).
+3. FedDL in float32 against float64 (``feddl(dtype=...)``) at the fedtsne_benchmark chapter's quick
+   sizes: 1,000 points (a third stratified subset), 10 IID clients, n_y = 200, 50 rounds, noise-free
+   and with the paper's heuristic noise (Fed+): seconds per round of each (process CPU time, one
+   process, BLAS threads as set by the caller), the relative difference of the noise-free landmarks
+   after the 50 rounds (check < 1e-4) and CA 10-NN of Fed-tSNE on each run's landmarks
+   (:func:`feddl_dtype_rows`, also callable alone).
 
     python -m fedlib.bench.fedtsne_speed [--points 10000] [--rounds 25] [--loop-points 40000] [--out FILE]
 
@@ -41,7 +47,7 @@ import numpy as np  # noqa: E402
 from fedlib import bench  # noqa: E402
 from fedlib.bench import relative_difference, timed  # noqa: E402
 
-__all__ = ["mmd2_u_grad_loop", "load_points", "relative_difference", "main"]
+__all__ = ["mmd2_u_grad_loop", "load_points", "relative_difference", "feddl_dtype_rows", "main"]
 
 
 def mmd2_u_grad_loop(X, Y, gamma: float) -> np.ndarray:
@@ -91,6 +97,47 @@ def load_points(name: str, n: int | None, seed: int = 0) -> tuple[np.ndarray, np
     return x.reshape(len(x), -1).astype(np.float64) / 255.0, np.concatenate([ds.y_train, ds.y_test])
 
 
+def feddl_dtype_rows(X, y, clients: int = 10, landmarks: int = 200, rounds: int = 50, seed: int = 0,
+                     width: int = 46) -> tuple[list[str], bool]:
+    """Part 3: FedDL float32 against float64 on X (n, m), ``clients`` IID clients of labels y, noise-free and
+    Fed+ (heuristic noise, beta 1), each ``rounds`` rounds; CPU seconds per round (``time.process_time``,
+    best of two runs each), relative Frobenius difference of the noise-free landmarks (check < 1e-4), and
+    CA 10-NN of Fed-tSNE (sklearn t-SNE, perplexity 30, 500 iterations) on each run's landmarks. Returns
+    (report lines, check passed)."""
+    import time
+
+    from fedlib.data.partition import make_partition
+    from fedlib.evaluation.embedding import knn_accuracy
+    from fedlib.papers import fedtsne as ft
+
+    parts = make_partition(y, clients, "iid", seed=seed)
+    data = [X[p] for p in parts]
+    runs, cpu = {}, {}
+    for noise in ("none", "heuristic"):
+        for dtype in ("float64", "float32", "float64", "float32"):
+            t0 = time.process_time()
+            runs[noise, dtype] = ft.feddl(data, landmarks, rounds=rounds, noise=noise, seed=seed, dtype=dtype)
+            t = (time.process_time() - t0) / rounds
+            cpu[noise, dtype] = min(t, cpu.get((noise, dtype), math.inf))
+    a, b = runs["none", "float64"].landmarks, runs["none", "float32"].landmarks
+    rel = float(np.linalg.norm(b - a) / np.linalg.norm(a))
+    ca = {key: knn_accuracy(ft.fed_tsne(X, parts, landmarks, feddl_result=fd, perplexity=30.0,
+                                        tsne_kwargs={"max_iter": 500}, seed=seed).embedding, y, 10, seed=seed)
+          for key, fd in runs.items()}
+    tol = 1e-4
+    lines = [f"3. FedDL float32 vs float64: {len(X)} points x {X.shape[1]} features, {clients} IID clients, "
+             f"n_y={landmarks}, {rounds} rounds, seed {seed}; CPU seconds per round (best of 2)"]
+    for noise, label in (("none", "Fed (noise-free)"), ("heuristic", "Fed+ (heuristic noise)")):
+        t64, t32 = cpu[noise, "float64"], cpu[noise, "float32"]
+        lines.append(bench.row(f"{label}: float64 / float32",
+                               f"{t64 * 1e3:.1f} / {t32 * 1e3:.1f} ms per round ({t64 / t32:.2f}x)", width))
+        lines.append(bench.row(f"{label.split()[0]}: CA 10-NN float64 / float32",
+                               f"{ca[noise, 'float64']:.4f} / {ca[noise, 'float32']:.4f}", width))
+    lines.append(bench.check_row("noise-free landmarks, rel. difference", rel, tol,
+                                 "||Y32 - Y64||_F / ||Y64||_F after the rounds", width))
+    return lines, rel < tol
+
+
 def _threads() -> str:
     try:
         from threadpoolctl import threadpool_info
@@ -114,9 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tsne-max-iter", type=int, default=1000, help="t-SNE iterations (sklearn default 1000)")
     parser.add_argument("--loop-points", type=int, default=40000, help="part 2: points of the round (stratified)")
     parser.add_argument("--loop-clients", type=int, default=10, help="part 2: IID clients of the round")
+    parser.add_argument("--dtype-points", type=int, default=1000, help="part 3: points (stratified)")
+    parser.add_argument("--dtype-clients", type=int, default=10, help="part 3: IID clients")
+    parser.add_argument("--dtype-landmarks", type=int, default=200, help="part 3: n_y")
+    parser.add_argument("--dtype-rounds", type=int, default=50, help="part 3: FedDL rounds")
     args = parser.parse_args(argv)
     bench.require_positive(parser, args, "points", "clients", "landmarks", "rounds", "loop_points", "loop_clients",
-                           "repeats")
+                           "repeats", "dtype_points", "dtype_clients", "dtype_landmarks", "dtype_rounds")
     if args.tsne_max_iter < 250:
         parser.error("--tsne-max-iter must be >= 250 (sklearn's minimum)")
     if args.loop_points < 2 * args.loop_clients:
@@ -162,6 +213,10 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [len(c) for c in clients]
     pairs = sum(sizes) * len(Y) + len(clients) * len(Y) * (len(Y) - 1)
     ok = diff < tol
+    X3, y3 = load_points(args.dataset, args.dtype_points, derive_seed(args.seed, "dtype points"))
+    dtype_lines, dtype_ok = feddl_dtype_rows(X3, y3, args.dtype_clients, args.dtype_landmarks, args.dtype_rounds,
+                                             seed=args.seed)
+    ok = ok and dtype_ok
 
     def row(label: str, value: str) -> str:
         return bench.row(label, value, 46)
@@ -192,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         *bench.ratio_rows({"(a)": t_vec, "(b)": t_loop}, "(a)", 46, fmt=".0f"),
         bench.check_row("max rel. difference (b) vs (a)", diff, tol,
                         "max over clients of max |G_b - G_a| / max |G_a|", 46),
+        *dtype_lines,
     ]
     return bench.finish(lines, args.out, ok, 46)
 

@@ -90,7 +90,7 @@ from fedlib.papers.fedtsne.dp import (
     project_spectral, DP_SENSITIVITIES, end_to_end_epsilon, DP_MECHANISMS)
 from fedlib.papers.fedtsne.feddl import (
     FedDLResult, feddl, MODES, INITS, NOISES, client_rng, median_seed, FedDLClient, FedDLServer, plateau_share,
-    plateau_round, FedDLTrace, feddl_until_plateau, plateau_rounds, public_landmarks)
+    plateau_round, FedDLTrace, feddl_until_plateau, plateau_rounds, plateau_run, public_landmarks)
 from fedlib.papers.fedtsne.nystrom import (
     client_sq_distances, client_kernel, landmark_pinv, nystrom, distances_from_squared, nystrom_distances,
     nystrom_kernel, reconstruct_from_sq_distances, INVERSES, NystromClient, NystromServer, NYSTROM_KINDS,
@@ -111,7 +111,7 @@ from fedlib.papers.fedtsne.studies import (
     beta_table, beta_trend, SPLIT_LABELS, speclust_data, speclust_runs, split_invariance, setting_cells, cells_table,
     paired_cells, change_table, kernel_landmark_sweep, convergence_study, plateau_study, plateau_summary, gain_after,
     benchmark_runs, paired_differences, paired_metric_table, client_sweep, landmark_sweep, paper_drop, check_splits,
-    distance_verdicts, gamma_control, late_gain_evidence, metric_tables, data_sizes, select_differences)
+    distance_verdicts, gamma_control, late_gain_evidence, metric_tables, data_sizes, select_differences, sweep_feddl)
 
 __all__ = ["sq_distances", "gaussian_kernel", "mmd2_u", "mmd2_u_grad", "lipschitz_bound", "client_median_sqdist",
            "dp_noise_sd", "paper_noise_sd", "data_sensitivity", "gradient_sensitivity",
@@ -124,7 +124,7 @@ __all__ = ["sq_distances", "gaussian_kernel", "mmd2_u", "mmd2_u_grad", "lipschit
            "DP_MECHANISMS", "kernel_width", "median_kernel_width", "client_rng", "median_seed", "FedDLClient",
            "FedDLServer", "NystromClient", "NystromServer", "NYSTROM_KINDS", "SPLITS", "load_points",
            "label_skew_parts", "client_split", "plateau_share", "plateau_round", "FedDLTrace",
-           "feddl_until_plateau", "plateau_rounds", "EmbeddingScorer", "METHOD_NAMES", "FED_NAMES", "VARIANTS",
+           "feddl_until_plateau", "plateau_rounds", "plateau_run", "EmbeddingScorer", "METHOD_NAMES", "FED_NAMES", "VARIANTS",
            "expected_gaussian_kernel", "nystrom_estimate", "embed", "learn_landmarks", "public_landmarks",
            "check_fits", "privacy_table", "rel_error", "mmd_unbiasedness", "gradient_fd_error",
            "gradient_identity_table", "split_runs", "objective_curves", "theorem1_denominator",
@@ -139,4 +139,4 @@ __all__ = ["sq_distances", "gaussian_kernel", "mmd2_u", "mmd2_u_grad", "lipschit
            "paired_differences", "paired_metric_table", "client_sweep", "landmark_sweep", "paper_drop", "check_splits",
            "distance_verdicts", "gamma_control", "late_gain_evidence", "metric_tables", "data_sizes",
            "select_differences", "landmark_pinv_factors", "nystrom_knn", "BLOCK_BYTES", "blockwise_knn",
-           "exact_sq_knn", "knn_graph", "block_rows", "DENSE_MAX_POINTS", "SPECTRAL_NEIGHBORS"]
+           "exact_sq_knn", "knn_graph", "block_rows", "DENSE_MAX_POINTS", "SPECTRAL_NEIGHBORS", "sweep_feddl"]

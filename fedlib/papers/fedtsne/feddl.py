@@ -27,6 +27,7 @@ from fedlib.papers.fedtsne.mmd import (
 MODES = ("gradient", "average")
 INITS = ("moments", "gaussian", "uniform")
 NOISES = ("none", "dp_data", "dp_gradient", "heuristic")
+DTYPES = ("float64", "float32")
 
 
 @dataclass
@@ -86,6 +87,18 @@ def _post(Y: np.ndarray, landmark_bounds, tau_y) -> np.ndarray:
     return Y
 
 
+def _float32_normals(state: dict, seed: int, shape) -> np.ndarray:
+    """float32 N(0, 1) draws of client ``state["k"]`` for ``dtype="float32"``: from its own CPU torch
+    generator, stream ("feddl", p) of ``seed`` (as :func:`client_rng`; torch draws float32 normals
+    ~2.5x faster than numpy), made on the first draw and kept in ``state``."""
+    import torch
+
+    gen = state.get("torch_rng")
+    if gen is None:
+        gen = state["torch_rng"] = seeds.torch_generator(seed, "feddl", state["k"])
+    return torch.randn(tuple(shape), generator=gen, dtype=torch.float32).numpy()
+
+
 def client_rng(seed: int, p: int) -> np.random.Generator:
     """Client p's private generator in a FedDL run of ``seed`` (its noise draws): stream ("feddl", p)."""
     return seeds.rng(seed, "feddl", p)
@@ -126,7 +139,9 @@ class FedDLClient:
     landmark_bounds: tuple | None = None
     setup: tuple = ()
     median_points: int = 1000
+    dtype: str = "float64"
     _yy: list = field(default_factory=lambda: [None], repr=False, compare=False)
+    _ysq: list = field(default_factory=lambda: [None], repr=False, compare=False)
 
     def init_state(self, k: int) -> dict:
         return {"k": k, "rng": client_rng(self.seed, k), "data": None, "objective": [], "noise_sd": []}
@@ -139,9 +154,14 @@ class FedDLClient:
         Y, gamma, lr = broadcast["landmarks"], broadcast["gamma"], broadcast["lr"]
         if "xx" not in state:
             state["xx"] = _xx_term(x, gamma)        # constant part of f_p (diagnostic only)
+            state["x_sq"] = np.einsum("ij,ij->i", x, x)   # the client's squared row norms, kept
             state["sensitivity"] = self._sensitivity(len(x), len(Y), gamma)
+            if self.dtype == "float32":       # the client's copy it computes its gradients from
+                state["x32"] = x.astype(np.float32)
+                state["x_sq"] = state["x_sq"].astype(np.float32)
+        x = state.get("x32", x)
         yy_val, yy_grad = self._yy_terms(Y, gamma)
-        cross_val, cross_grad = _cross_terms(x, Y, gamma)
+        cross_val, cross_grad = _cross_terms(x, Y, gamma, state["x_sq"], self._y_sq(Y))
         state["objective"].append(state["xx"] + cross_val + yy_val)
         g, sd_sum = self._noisy(state, cross_grad + yy_grad)
         if self.mode == "gradient":
@@ -150,7 +170,7 @@ class FedDLClient:
         tau_y = self.tau_y if self._theorem6 else None
         Yp = _post(Y - lr * g, self.landmark_bounds, tau_y)
         for _ in range(self.local_steps - 1):
-            g, sd = self._noisy(state, _cross_terms(x, Yp, gamma)[1] + _yy_terms(Yp, gamma)[1])
+            g, sd = self._noisy(state, _cross_terms(x, Yp, gamma, state["x_sq"])[1] + _yy_terms(Yp, gamma)[1])
             sd_sum += sd
             Yp = _post(Yp - lr * g, self.landmark_bounds, tau_y)
         state["noise_sd"].append(sd_sum / self.local_steps)
@@ -201,7 +221,20 @@ class FedDLClient:
             sd = self.noise_multiplier * state["sensitivity"]
         else:
             return g, 0.0
-        return g + sd * state["rng"].standard_normal(g.shape), sd
+        if g.dtype == np.float32:         # dtype="float32": float32 normals from the client's own torch stream
+            noisy = _float32_normals(state, self.seed, g.shape)
+        else:
+            noisy = state["rng"].standard_normal(g.shape)     # g + sd z, in place (the same numbers)
+        noisy *= sd
+        noisy += g
+        return noisy, sd
+
+    def _y_sq(self, Y: np.ndarray) -> np.ndarray:
+        """Squared row norms of the broadcast landmarks, computed once per broadcast (as :meth:`_yy_terms`)."""
+        cached = self._ysq[0]
+        if cached is None or cached[0] is not Y:
+            self._ysq[0] = cached = (Y, np.einsum("ij,ij->i", Y, Y))    # in Y's dtype
+        return cached[1]
 
     def _yy_terms(self, Y: np.ndarray, gamma: float):
         """Y-Y terms of Eqs. 10 and 13: a pure function of the broadcast, computed once per broadcast
@@ -224,8 +257,10 @@ class FedDLServer:
 
     def __init__(self, n_landmarks: int, dim: int, *, mode: str = "gradient", weights: str = "size",
                  init="moments", gamma="median", lr="auto", server_lr=None, landmark_bounds=None,
-                 tau_y: float | None = None, seed: int = 0):
+                 tau_y: float | None = None, seed: int = 0, dtype: str = "float64"):
         self.ny, self.dim, self.mode, self.weights_rule = n_landmarks, dim, mode, weights
+        check_choice("dtype", dtype, DTYPES)
+        self.dtype = dtype
         self.init, self.gamma, self.lr, self.server_lr = init, gamma, lr, server_lr
         self.landmark_bounds, self.tau_y = landmark_bounds, tau_y
         self.rng = np.random.default_rng(seed)
@@ -242,17 +277,22 @@ class FedDLServer:
         if self.Y is None:
             self._setup(messages)
             return
-        w = self.w
+        w = self.w if self.dtype == "float64" else [float(wp) for wp in self.w]   # float32: stays float32
         if self.mode == "gradient":
             Y_new = self.Y - self.server_lr * sum(wp * msg["gradient"] for wp, msg in zip(w, messages))
         else:
             Y_new = sum(wp * msg["landmarks"] for wp, msg in zip(w, messages))
         Y_new = _post(Y_new, self.landmark_bounds, self.tau_y)
-        self.steps.append(float(((Y_new - self.Y) ** 2).sum()))
+        if self.dtype == "float64":
+            self.steps.append(float(((Y_new - self.Y) ** 2).sum()))
+        else:
+            Y_new = Y_new.astype(np.float32, copy=False)
+            self.steps.append(float(np.square(Y_new - self.Y).sum(dtype=np.float64)))
         self.Y = Y_new
 
     def result(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return self.Y, self.Y0, np.array(self.steps)
+        """(Y^S, Y^0, step norms); landmarks as float64 whatever ``dtype`` (the Nystrom step computes in float64)."""
+        return np.asarray(self.Y, dtype=np.float64), np.asarray(self.Y0, dtype=np.float64), np.array(self.steps)
 
     def _setup(self, messages: list[Message]) -> None:
         self.setup_bytes = sum(msg.nbytes for msg in messages)
@@ -270,6 +310,8 @@ class FedDLServer:
         else:
             Y = self.rng.uniform(0.0, 1.0, (ny, m))
         self.Y = _post(Y, self.landmark_bounds, self.tau_y)
+        if self.dtype == "float32":       # Y^0 drawn in float64 (the same draw as float64), then rounded
+            self.Y = self.Y.astype(np.float32)
         self.Y0 = self.Y.copy()
         self.lr = 1.0 / lipschitz_bound(self.gamma, ny) if self.lr == "auto" else self.lr
         self.server_lr = self.lr if self.server_lr is None else self.server_lr
@@ -309,8 +351,9 @@ def _check_dp_options(noise, init, gamma, tau_x, tau_y, dp_sensitivity, dp_accou
 
 def _check_feddl_args(client_data, n_landmarks, rounds, local_steps, mode, lr, server_lr, weights, init, gamma,
                       noise, beta, epsilon, delta, tau_x, tau_y, dp_sensitivity, dp_accountant, landmark_bounds,
-                      median_points) -> dict:
+                      median_points, dtype="float64") -> dict:
     """Every check of :func:`feddl`, before any work; returns the checked values."""
+    check_choice("dtype", dtype, DTYPES)
     data = _check_clients(client_data)
     m = data[0].shape[1]
     ny = check_int("n_landmarks", n_landmarks, 2)
@@ -352,7 +395,7 @@ def feddl(client_data: Sequence, n_landmarks: int = 500, *, rounds: int = 100, l
           noise: str = "none", beta: float = 1.0, epsilon: float | None = None, delta: float | None = None,
           tau_x: float | None = None, tau_y: float | None = None, dp_sensitivity: str = "kernel",
           dp_accountant: str = "pld", landmark_bounds: tuple | None = None, median_points: int = 1000,
-          seed: int = 0, progress: bool = False) -> FedDLResult:
+          seed: int = 0, progress: bool = False, dtype: str = "float64") -> FedDLResult:
     """Federated distribution learning (Algorithm 1): fit n_y landmarks to the union of the clients'
     data by minimizing F(Y) = sum_p w_p MMD_u^2(X_p, Y) (Eqs. 8-16), run as :class:`FedDLClient` and
     :class:`FedDLServer` by :func:`fedlib.core.protocol.simulate` (one set-up round, then ``rounds``).
@@ -390,8 +433,15 @@ def feddl(client_data: Sequence, n_landmarks: int = 500, *, rounds: int = 100, l
     * ``landmark_bounds``: (low, high) or None; the server clips every landmark coordinate into this
       public box after each update (post-processing: no privacy cost).
 
+    * ``dtype``: "float64" (default) or "float32": the arithmetic of the rounds. float32: the clients'
+      gradients (Eq. 13), the broadcast landmarks, the uploads (half the bytes) and the gradient noise
+      (float32 normals from the client's own torch stream ("feddl", p)); Y^0 is the float64 draw rounded,
+      F(Y) is summed in float64 and the result's landmarks are float64 (the later steps compute in
+      float64). About 1.8x faster per round at n_y = 200, m = 784; the landmarks differ from float64's by
+      ~1e-6 relative after 50 noise-free rounds (tests/test_fedtsne.py).
+
     Randomness: Y^0 from ``default_rng(seed)`` (the server), client p's noise from
-    :func:`client_rng` and its median subsample from :func:`median_seed`. ``progress`` shows a tqdm bar
+    :func:`client_rng` (float32: its torch stream) and its median subsample from :func:`median_seed`. ``progress`` shows a tqdm bar
     over the rounds. Returns a :class:`FedDLResult` (landmarks (n_y, m), per-round objective, measured
     :class:`~fedlib.core.messages.Cost`, epsilon spent).
     """
@@ -399,7 +449,7 @@ def feddl(client_data: Sequence, n_landmarks: int = 500, *, rounds: int = 100, l
                           server_lr=server_lr, weights=weights, init=init, gamma=gamma, noise=noise, beta=beta,
                           epsilon=epsilon, delta=delta, tau_x=tau_x, tau_y=tau_y, dp_sensitivity=dp_sensitivity,
                           dp_accountant=dp_accountant, landmark_bounds=landmark_bounds, median_points=median_points,
-                          seed=seed)
+                          seed=seed, dtype=dtype)
     run.advance(run.planned, progress)
     return run.result()
 
@@ -421,10 +471,10 @@ class _FedDLRun:
     @classmethod
     def start(cls, client_data, n_landmarks, *, rounds, local_steps, mode, lr, server_lr, weights, init, gamma,
               noise, beta, epsilon, delta, tau_x, tau_y, dp_sensitivity, dp_accountant, landmark_bounds,
-              median_points, seed) -> "_FedDLRun":
+              median_points, seed, dtype="float64") -> "_FedDLRun":
         a = _check_feddl_args(client_data, n_landmarks, rounds, local_steps, mode, lr, server_lr, weights, init,
                               gamma, noise, beta, epsilon, delta, tau_x, tau_y, dp_sensitivity, dp_accountant,
-                              landmark_bounds, median_points)
+                              landmark_bounds, median_points, dtype)
         data, S, Q, delta = a["data"], a["S"], a["Q"], a["delta"]
         theorem6 = noise == "dp_gradient" and dp_sensitivity == "theorem6"
         # public, data-free calibration: the data-noise sd (Thm 4) or the multiplier z of T = S Q releases (Thm 6)
@@ -439,10 +489,10 @@ class _FedDLRun:
         client = FedDLClient(seed=seed, mode=mode, local_steps=Q, noise=noise, beta=a["beta"], data_sd=data_sd,
                              noise_multiplier=z_mult, tau_x=a["tau_x"], tau_y=a["tau_y"],
                              dp_sensitivity=dp_sensitivity, landmark_bounds=a["landmark_bounds"], setup=need,
-                             median_points=a["median_points"])
+                             median_points=a["median_points"], dtype=dtype)
         server = FedDLServer(a["ny"], data[0].shape[1], mode=mode, weights=weights, init=a["init"], gamma=a["gamma"],
                              lr=a["lr"], server_lr=a["server_lr"], landmark_bounds=a["landmark_bounds"],
-                             tau_y=a["tau_y"] if theorem6 else None, seed=seed)
+                             tau_y=a["tau_y"] if theorem6 else None, seed=seed, dtype=dtype)
         options = dict(noise=noise, mode=mode, Q=Q, data_sd=data_sd, z_mult=z_mult, delta=delta, tau_x=a["tau_x"],
                        dp_sensitivity=dp_sensitivity, dp_accountant=dp_accountant)
         return cls(data, client, server, ClientStates(client), S, options)
@@ -456,7 +506,7 @@ class _FedDLRun:
     def objective(self) -> np.ndarray:
         """F(Y^s) = sum_p w_p f_p(Y^s), s = 0..S so far (Eq. 11): the clients' diagnostics, not uploads."""
         clients = [self.states[p] for p in range(len(self.data))]
-        Y, gamma, w = self.server.Y, float(self.server.gamma), self.server.w
+        Y, gamma, w = np.asarray(self.server.Y, dtype=np.float64), float(self.server.gamma), self.server.w
         return np.array([float(np.dot(w, f)) for f in zip(*(st["objective"] for st in clients))]
                         + [float(np.dot(w, [self.client.objective(st, Y, gamma) for st in clients]))])
 
@@ -586,9 +636,9 @@ def feddl_until_plateau(client_data: Sequence, n_landmarks: int = 500, *, tol: f
     done, kept, plateau = 0, {}, None
     for stop in stops:
         run.advance(stop - done, progress)
-        kept.setdefault(0, run.server.Y0)
+        kept.setdefault(0, np.asarray(run.server.Y0, dtype=np.float64))    # float64 whatever dtype (as result())
         done = stop
-        kept[done] = run.server.Y
+        kept[done] = np.asarray(run.server.Y, dtype=np.float64)
         if done % check_every == 0 or done == max_rounds:
             plateau = plateau_round(run.objective(), tol, window, min_window)
             if plateau is not None and stop_at_plateau:
@@ -597,14 +647,23 @@ def feddl_until_plateau(client_data: Sequence, n_landmarks: int = 500, *, tol: f
     return FedDLTrace(result=result, landmarks=kept, plateau=plateau, rounds=done)
 
 
-def plateau_rounds(client_data: Sequence, n_landmarks: int, *, max_rounds: int = 1000, seed: int = 0,
-                   **feddl_kwargs) -> int:
-    """Rounds S after which noise-free FedDL's objective has plateaued (:func:`feddl_until_plateau`);
-    raises RuntimeError naming ``max_rounds`` when it has not within them."""
+def plateau_run(client_data: Sequence, n_landmarks: int, *, max_rounds: int = 1000, seed: int = 0,
+                **feddl_kwargs) -> FedDLResult:
+    """Noise-free FedDL run until its objective plateaus (:func:`feddl_until_plateau`, keywords passed on):
+    the :class:`FedDLResult` of its S = ``result.rounds`` rounds, the same run as :func:`feddl` with
+    ``rounds=S`` (so callers can reuse it); raises RuntimeError naming ``max_rounds`` when it has not
+    plateaued within them."""
     trace = feddl_until_plateau(client_data, n_landmarks, max_rounds=max_rounds, seed=seed, **feddl_kwargs)
     if trace.plateau is None:
         raise RuntimeError(f"FedDL did not plateau within max_rounds={max_rounds}: raise max_rounds")
-    return trace.rounds
+    return trace.result
+
+
+def plateau_rounds(client_data: Sequence, n_landmarks: int, *, max_rounds: int = 1000, seed: int = 0,
+                   **feddl_kwargs) -> int:
+    """Rounds S after which noise-free FedDL's objective has plateaued (:func:`plateau_run`);
+    raises RuntimeError naming ``max_rounds`` when it has not within them."""
+    return plateau_run(client_data, n_landmarks, max_rounds=max_rounds, seed=seed, **feddl_kwargs).rounds
 
 
 def public_landmarks(X_public, n_landmarks: int, seed: int, low: float = 0.0, high: float = 1.0) -> np.ndarray:

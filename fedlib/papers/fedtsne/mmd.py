@@ -111,16 +111,54 @@ def _xx_term(X: np.ndarray, gamma: float, chunk: int = 2048) -> float:
 def _yy_terms(Y: np.ndarray, gamma: float) -> tuple[float, np.ndarray]:
     """Y-Y term of Eq. 10 and of Eq. 13 (the repulsion part of the gradient, (n_y, m))."""
     ny = len(Y)
+    if Y.dtype == np.float32:       # FedDL's dtype="float32": the kernel in float32, its sums in float64
+        gamma = float(gamma)
+        d2 = _sq_distances_f32(Y, Y)
+        np.fill_diagonal(d2, 0.0)
+        kyy = np.exp(-gamma * d2)
+        value = (kyy.sum(dtype=np.float64) - ny) / (ny * (ny - 1))
+        grad = (4.0 * gamma / (ny * (ny - 1))) * (kyy @ Y - kyy.sum(0)[:, None] * Y)
+        return float(value), grad
     kyy = np.exp(-gamma * sq_distances(Y))
     value = (kyy.sum() - ny) / (ny * (ny - 1))
     grad = (4.0 * gamma / (ny * (ny - 1))) * (kyy @ Y - kyy.sum(0)[:, None] * Y)
     return float(value), grad
 
 
-def _cross_terms(X: np.ndarray, Y: np.ndarray, gamma: float) -> tuple[float, np.ndarray]:
-    """Cross term of Eq. 10 (-2 1^T K_XY 1/(n_p n_y)) and of Eq. 13 (the attraction part, (n_y, m))."""
+def _sq_distances_f32(A: np.ndarray, B: np.ndarray, a_sq: np.ndarray | None = None,
+                      b_sq: np.ndarray | None = None) -> np.ndarray:
+    """:func:`sq_distances` kept in float32 for float32 A (a, m), B (b, m) (FedDL's ``dtype="float32"``;
+    :func:`sq_distances` itself always computes in float64). Row norms ``a_sq`` / ``b_sq`` when known."""
+    a_sq = np.einsum("ij,ij->i", A, A) if a_sq is None else a_sq.astype(np.float32, copy=False)
+    b_sq = np.einsum("ij,ij->i", B, B) if b_sq is None else b_sq.astype(np.float32, copy=False)
+    d2 = A @ B.T
+    d2 *= np.float32(-2.0)
+    d2 += a_sq[:, None]
+    d2 += b_sq[None, :]
+    np.maximum(d2, np.float32(0.0), out=d2)
+    return d2
+
+
+def _cross_terms(X: np.ndarray, Y: np.ndarray, gamma: float, x_sq: np.ndarray | None = None,
+                 y_sq: np.ndarray | None = None) -> tuple[float, np.ndarray]:
+    """Cross term of Eq. 10 (-2 1^T K_XY 1/(n_p n_y)) and of Eq. 13 (the attraction part, (n_y, m)).
+    ``x_sq`` / ``y_sq``: the squared row norms of X / Y when already known (FedDL's clients keep theirs;
+    the same numbers as :func:`sq_distances` computes)."""
     n, ny = len(X), len(Y)
-    kxy = np.exp(-gamma * sq_distances(X, Y))
+    if X.dtype == np.float32 and Y.dtype == np.float32:    # FedDL's dtype="float32" (sums in float64)
+        gamma = float(gamma)
+        kxy = np.exp(-gamma * _sq_distances_f32(X, Y, x_sq, y_sq))
+        value = -2.0 * kxy.sum(dtype=np.float64) / (n * ny)
+        grad = (-4.0 * gamma / (n * ny)) * (kxy.T @ X - kxy.sum(0)[:, None] * Y)
+        return float(value), grad
+    if x_sq is None and y_sq is None:
+        d2 = sq_distances(X, Y)
+    else:
+        x_sq = np.einsum("ij,ij->i", X, X) if x_sq is None else x_sq
+        y_sq = np.einsum("ij,ij->i", Y, Y) if y_sq is None else y_sq
+        d2 = x_sq[:, None] - 2.0 * (X @ Y.T) + y_sq[None, :]
+        np.maximum(d2, 0.0, out=d2)
+    kxy = np.exp(-gamma * d2)
     value = -2.0 * kxy.sum() / (n * ny)
     grad = (-4.0 * gamma / (n * ny)) * (kxy.T @ X - kxy.sum(0)[:, None] * Y)
     return float(value), grad

@@ -343,9 +343,9 @@ def embed(method: str, X, parts, n_landmarks: int = 500, *, seed: int = 0, feddl
 
 
 def learn_landmarks(X, parts, variant: str, n_landmarks: int, rounds: int, *, beta: float = 1.0,
-                    seed: int = 0) -> FedDLResult:
+                    seed: int = 0, dtype: str = "float64") -> FedDLResult:
     """FedDL on the clients ``[X[p] for p in parts]``: variant "Fed" (noise-free) or "Fed+" (the paper's
-    heuristic noise of level ``beta``)."""
+    heuristic noise of level ``beta``); ``dtype`` FedDL's arithmetic (:func:`feddl`)."""
     check_choice("variant", variant, VARIANTS)
     return feddl([X[p] for p in parts], n_landmarks, rounds=rounds, noise="heuristic" if variant == "Fed+" else "none",
-                 beta=beta, seed=seed)
+                 beta=beta, seed=seed, dtype=dtype)

@@ -155,49 +155,106 @@ def speclust_data(names: Sequence[str], max_points, num_clients: int, seeds: Seq
 
 
 def speclust_runs(data: dict, splits: dict, seeds: Sequence[int], variants: Sequence[tuple], *, n_landmarks: int,
-                  gamma_rule: str, rounds: dict, beta: float = 1.0):
+                  gamma_rule: str, rounds: dict, beta: float = 1.0, feddl_results: dict | None = None,
+                  split_check_seeds: Sequence[int] | None = None, progress: bool = True):
     """Centralized spectral clustering and Fed-SpeClust (:func:`fed_spectral_clustering`) for every dataset,
-    seed and (variant, split, noise) of ``variants``. Returns (runs frame: dataset, seed, variant, split,
-    gamma, NMI, ARI, kernel rel. error, final F(Y), mean noise sd, uploads (MB), seconds; landmarks and
-    objectives keyed (dataset, seed, variant, split))."""
+    seed and (variant, split, noise) of ``variants``. ``feddl_results``: FedDL runs already made, keyed
+    (dataset, seed, variant, split), reused instead of running FedDL again (they must be the runs this
+    function would make: same clients, rounds, gamma rule, noise and seed; e.g. the noise-free trace of
+    :func:`~fedlib.papers.fedtsne.feddl.feddl_until_plateau`; their FedDL seconds are added to the run's).
+
+    ``split_check_seeds`` (None: every seed): the seeds on which every noise-free variant runs its own
+    FedDL. On the other seeds a noise-free variant after the first one takes the first one's landmarks:
+    noise-free FedDL in gradient mode with size weights descends the pooled gradient whatever the split,
+    so its landmarks are the same up to round-off (:func:`split_invariance` measures it on the check
+    seeds). Its clients still upload their kernel blocks and the server assembles and clusters them;
+    its "final F(Y)" is F at those landmarks on its own clients, its FedDL seconds are NaN (not run) and
+    it has no objective curve. Column "FedDL": "own run" or "landmarks of <variant> <split>".
+
+    Returns (runs frame: dataset, seed, variant, split, FedDL, gamma, NMI, ARI, kernel rel. error, final
+    F(Y), mean noise sd, uploads (MB), seconds; landmarks and objectives keyed (dataset, seed, variant,
+    split), of the runs made)."""
+    from dataclasses import replace
+
+    from tqdm import tqdm
+
     from fedlib.evaluation.embedding import clustering_ari, clustering_nmi
-    from fedlib.papers.fedtsne.mmd import gaussian_kernel
+    from fedlib.papers.fedtsne.mmd import _client_weights, gaussian_kernel, mmd2_u
     from fedlib.papers.fedtsne.pipelines import fed_spectral_clustering
 
+    check = set(seeds if split_check_seeds is None else split_check_seeds)
+    if not check <= set(seeds):
+        raise ValueError(f"split_check_seeds must be a subset of seeds {list(seeds)}, got {split_check_seeds!r}")
+    noise_free = [(v, s) for v, s, nz in variants if nz == "none"]
+
+    feddl_results = feddl_results or {}
+    for key, res in feddl_results.items():
+        name, seed, variant, split = key
+        noise = {(v, s): nz for v, s, nz in variants}.get((variant, split))
+        if name not in data or seed not in seeds or noise is None:
+            raise ValueError(f"feddl_results key {key!r} is not a (dataset, seed, variant, split) of this study")
+        if res.noise != noise or res.rounds != rounds[name] or len(res.landmarks) != n_landmarks:
+            raise ValueError(f"feddl_results[{key!r}] is not this study's run (noise {res.noise!r}, {res.rounds} "
+                             f"rounds, {len(res.landmarks)} landmarks; expected {noise!r}, {rounds[name]}, "
+                             f"{n_landmarks})")
     records, landmarks, objectives = [], {}, {}
+    bar = tqdm(total=len(data) * len(seeds) * (1 + len(variants)), desc="Fed-SpeClust runs", leave=False,
+               disable=not progress)
     for name, (X, y, n_classes) in data.items():
         K = None
         for seed in seeds:
             cen = fed_spectral_clustering(X, None, n_classes, centralized=True, gamma=gamma_rule, seed=seed)
+            bar.update()
             if K is None:
                 K = gaussian_kernel(X, None, cen.gamma)
                 K_norm = np.linalg.norm(K)
-            records.append({"dataset": name, "seed": seed, "variant": "central", "split": "pooled", "gamma": cen.gamma,
+            records.append({"dataset": name, "seed": seed, "variant": "central", "split": "pooled", "FedDL": "-",
+                            "gamma": cen.gamma,
                             "NMI": clustering_nmi(y, cen.labels), "ARI": clustering_ari(y, cen.labels),
                             "kernel rel. error": 0.0, "final F(Y)": np.nan, "mean noise sd": 0.0,
                             "FedDL upload (MB)": 0.0, "kernel upload (MB)": 0.0, "seconds": cen.seconds})
+            made = {}
             for variant, split, noise in variants:
-                res = fed_spectral_clustering(X, splits[name][seed][split], n_classes, n_landmarks, gamma=gamma_rule,
+                given, source = feddl_results.get((name, seed, variant, split)), "own run"
+                parts = splits[name][seed][split]
+                if noise == "none" and seed not in check and (variant, split) != noise_free[0] and given is None:
+                    ref = made[noise_free[0]]
+                    clients = [X[p] for p in parts]
+                    w = _client_weights(np.array([len(c) for c in clients], dtype=np.float64), "size")
+                    F = float(np.dot(w, [mmd2_u(c, ref.landmarks, ref.gamma) for c in clients]))
+                    given = replace(ref, client_data=clients, weights=w, objective=np.array([F]), seconds=np.nan)
+                    source = "landmarks of " + " ".join(noise_free[0])
+                res = fed_spectral_clustering(X, parts, n_classes, n_landmarks, gamma=gamma_rule,
                                               rounds=rounds[name], noise=noise, beta=beta, seed=seed,
-                                              keep_affinity=True)
-                records.append({"dataset": name, "seed": seed, "variant": variant, "split": split, "gamma": res.gamma,
+                                              keep_affinity=True, feddl_result=given)
+                made[variant, split] = res.feddl
+                bar.update()
+                records.append({"dataset": name, "seed": seed, "variant": variant, "split": split, "FedDL": source,
+                                "gamma": res.gamma,
                                 "NMI": clustering_nmi(y, res.labels), "ARI": clustering_ari(y, res.labels),
                                 "kernel rel. error": np.linalg.norm(res.affinity - K) / K_norm,
                                 "final F(Y)": res.feddl.objective[-1],
                                 "mean noise sd": float(np.mean(res.feddl.noise_sd)) if res.feddl.noise_sd.size else 0.0,
                                 "FedDL upload (MB)": res.feddl.upload_bytes / 2**20,
-                                "kernel upload (MB)": res.kernel_upload_bytes / 2**20, "seconds": res.seconds})
-                landmarks[name, seed, variant, split] = res.feddl.landmarks
-                objectives[name, seed, variant, split] = res.feddl.objective
+                                "kernel upload (MB)": res.kernel_upload_bytes / 2**20,
+                                "seconds": res.seconds + (0.0 if given is None else given.seconds)})
+                if source == "own run":
+                    landmarks[name, seed, variant, split] = res.feddl.landmarks
+                    objectives[name, seed, variant, split] = res.feddl.objective
+    bar.close()
     return pd.DataFrame(records), landmarks, objectives
 
 
 def split_invariance(runs: pd.DataFrame, landmarks: dict) -> tuple[pd.Series, float, float]:
     """From :func:`speclust_runs`: (relative spread max/min - 1 of gamma per dataset, largest |landmark
-    difference| of noise-free IID vs non-IID FedDL, largest |NMI IID - NMI non-IID| of noise-free runs)."""
+    difference| of noise-free IID vs non-IID FedDL over the seeds where both ran their own FedDL, largest
+    |NMI IID - NMI non-IID| of noise-free runs)."""
     spread = runs.groupby("dataset")["gamma"].agg(lambda g: g.max() / g.min() - 1)
     gaps = [np.abs(landmarks[name, seed, "Fed", "IID"] - landmarks[name, seed, "Fed", "non-IID"]).max()
-            for (name, seed, variant, split) in landmarks if variant == "Fed" and split == "IID"]
+            for (name, seed, variant, split) in landmarks
+            if variant == "Fed" and split == "IID" and (name, seed, "Fed", "non-IID") in landmarks]
+    if not gaps:
+        raise ValueError("no seed with its own noise-free IID and non-IID FedDL runs to compare")
     same = runs[runs["variant"] == "Fed"].pivot_table(index=["dataset", "seed"], columns="split", values="NMI")
     return spread, float(max(gaps)), float((same["IID"] - same["non-IID"]).abs().max())
 
@@ -259,38 +316,54 @@ def change_table(cells: dict, paper: pd.DataFrame, datasets: Sequence[str], sett
 
 
 def kernel_landmark_sweep(X, y, parts, grid: Sequence[int], n_classes: int, *, gamma_rule: str, rounds: int,
-                          seed: int = 0):
+                          seed: int = 0, feddl_results: dict | None = None, central_nmi: float | None = None,
+                          progress: bool = True):
     """Fed-SpeClust's kernel error and NMI against n_y (the chapter's Sec. 5): for each n_y of ``grid``,
     FedDL landmarks (:func:`fed_spectral_clustering` on ``parts``), a nested uniform sample of X (oracle)
     and the untrained Y^0; relative error of clip_0(C W^+ C^T), NMI of spectral clustering on it, share of
-    ||C||_F^2 in C's top singular direction. Returns (frame, dict gamma, K, central NMI, last run,
-    assembly gap = max |server's matrix - C W^+ C^T| of the FedDL rows)."""
+    ||C||_F^2 in C's top singular direction. ``feddl_results``: {n_y: FedDLResult} of noise-free runs
+    already made on ``parts`` with ``rounds``, ``gamma_rule`` and ``seed`` (reused, not re-run);
+    ``central_nmi``: the NMI of the centralized spectral clustering of X with this gamma and ``seed`` when
+    already computed (:func:`speclust_runs`' central run of ``seed``; else computed here). Returns (frame,
+    dict gamma, K, central NMI, last run, assembly gap = max |server's matrix - C W^+ C^T| of the FedDL
+    rows)."""
     from sklearn.cluster import SpectralClustering
+    from tqdm import tqdm
 
     from fedlib.evaluation.embedding import clustering_nmi
+    from fedlib.papers.fedtsne.feddl import _resolve_gamma_only
     from fedlib.papers.fedtsne.mmd import gaussian_kernel
     from fedlib.papers.fedtsne.nystrom import nystrom_kernel
     from fedlib.papers.fedtsne.pipelines import fed_spectral_clustering
 
-    gamma = fed_spectral_clustering(X, None, n_classes, centralized=True, gamma=gamma_rule, seed=seed).gamma
+    feddl_results = feddl_results or {}
+    for ny, given in feddl_results.items():
+        if ny not in grid or len(given.landmarks) != ny or given.rounds != rounds or given.noise != "none":
+            raise ValueError(f"feddl_results[{ny!r}] is not a noise-free run of {rounds} rounds with n_y in grid")
+    # the centralized baseline's gamma: the rule on the pooled data as one client (fed_spectral_clustering)
+    gamma = _resolve_gamma_only([np.asarray(X, dtype=np.float64)], gamma_rule, "size", 1000, seed)
     K = gaussian_kernel(X, None, gamma)
     K_norm = np.linalg.norm(K)
-    cen_nmi = clustering_nmi(y, SpectralClustering(n_classes, affinity="precomputed", random_state=seed).fit_predict(K))
+    cen_nmi = central_nmi
+    if cen_nmi is None:
+        cen_nmi = clustering_nmi(y, SpectralClustering(n_classes, affinity="precomputed",
+                                                       random_state=seed).fit_predict(K))
     order = np.random.default_rng(seed).permutation(len(X))
     rows, gap, res = [], 0.0, None
-    for ny in grid:
+    for ny in tqdm(grid, desc="landmark counts", leave=False, disable=not progress):
         res = fed_spectral_clustering(X, parts, n_classes, ny, gamma=gamma_rule, rounds=rounds, seed=seed,
-                                      keep_affinity=True)
+                                      keep_affinity=True, feddl_result=feddl_results.get(ny))
         sets = {"FedDL": res.feddl.landmarks, "uniform sample (oracle, not federated)": X[order[:ny]],
                 "untrained (FedDL init)": res.feddl.init_landmarks}
         for lname, L in sets.items():
-            Kh = nystrom_kernel(gaussian_kernel(X, L, gamma), gaussian_kernel(L, None, gamma))
+            C = gaussian_kernel(X, L, gamma)
+            Kh = nystrom_kernel(C, gaussian_kernel(L, None, gamma))
             if lname == "FedDL":
                 gap = max(gap, float(np.abs(Kh - res.affinity).max()))
                 labels = res.labels
             else:
                 labels = SpectralClustering(n_classes, affinity="precomputed", random_state=seed).fit_predict(Kh)
-            sv = np.linalg.svd(gaussian_kernel(X, L, gamma), compute_uv=False)
+            sv = np.linalg.svd(C, compute_uv=False)
             rows.append({"n_y": ny, "landmarks": lname, "kernel rel. error": np.linalg.norm(Kh - K) / K_norm,
                          "NMI": clustering_nmi(y, labels), "top share of C": sv[0] ** 2 / (sv ** 2).sum()})
     return pd.DataFrame(rows), {"gamma": gamma, "K": K, "central NMI": cen_nmi, "last": res, "assembly gap": gap}
@@ -301,8 +374,8 @@ def kernel_landmark_sweep(X, y, parts, grid: Sequence[int], n_classes: int, *, g
 # ------------------------------------------------------------------------------------------------
 def convergence_study(data: dict, scorers: dict, seeds: Sequence[int], num_clients: int, n_landmarks: int, *,
                       tol: float, window: float, min_window: int, check_every: int, max_rounds: int,
-                      stop_at_plateau: bool, checkpoints: Sequence[int]):
-    """Noise-free FedDL until its plateau (:func:`feddl_until_plateau`) for every dataset (name -> (X, y, _)),
+                      stop_at_plateau: bool, checkpoints: Sequence[int], dtype: str = "float64"):
+    """Noise-free FedDL until its plateau (:func:`feddl_until_plateau`, arithmetic ``dtype``) for every dataset (name -> (X, y, _)),
     seed and split; for the first seed, the D-hat 10-NN overlap (``scorers[name].landmark_quality``) and
     the share of the landmarks' path ||Y^s - Y^0|| / ||Y^S - Y^0|| at every kept round. Returns (traces
     keyed (dataset, split, seed), frame dataset, split, round, D-hat 10-NN, moved)."""
@@ -317,7 +390,8 @@ def convergence_study(data: dict, scorers: dict, seeds: Sequence[int], num_clien
                 tr = feddl_until_plateau([X[p] for p in parts], n_landmarks, tol=tol, window=window,
                                          min_window=min_window, check_every=min(check_every, max_rounds),
                                          max_rounds=max_rounds, stop_at_plateau=stop_at_plateau,
-                                         checkpoints=checkpoints if seed == seeds[0] else (), seed=seed)
+                                         checkpoints=checkpoints if seed == seeds[0] else (), seed=seed,
+                                         dtype=dtype)
                 traces[name, split, seed] = tr
                 if seed != seeds[0]:
                     continue
@@ -370,14 +444,16 @@ def gain_after(traces: dict, overlap: pd.DataFrame, seed: int, at: int = 50) -> 
 
 def benchmark_runs(data: dict, scorers: dict, traces: dict, seeds: Sequence[int], methods: Sequence[str], *,
                    num_clients: int, n_landmarks: int, beta: float, window: float = 0.1, min_window: int = 10,
-                   embed_kwargs: dict | None = None):
+                   embed_kwargs: dict | None = None, keep_runs: dict | None = None, dtype: str = "float64"):
     """The benchmark's runs (Algorithm 2): per dataset and seed, centralized t-SNE / UMAP; FedDL noise-free
     (the trace of :func:`convergence_study`) and with the paper's heuristic noise (as many rounds) on each
     split, and the untrained Y^0; each embedded by every method (:func:`embed`, ``embed_kwargs``) and
     scored (``scorers``). Returns (results: one row per embedding, dist_q: D-hat quality per FedDL run,
     costs: rounds, plateau share, seconds, gamma, uploads per FedDL run, embeddings keyed (dataset, method,
     variant, split, seed), checks: max |scorer - embedding_report| on the first embedding and max
-    |Y^0 IID - Y^0 non-IID|)."""
+    |Y^0 IID - Y^0 non-IID|). ``keep_runs``, a dict, receives every FedDL run keyed (dataset, split as in
+    :func:`client_split`, variant, seed), for the sweeps to reuse (:func:`client_sweep`). ``dtype``: the
+    Fed+ runs' FedDL arithmetic (:func:`feddl`; the traces carry their own)."""
     import dataclasses
 
     from fedlib.evaluation.embedding import embedding_report
@@ -406,8 +482,10 @@ def benchmark_runs(data: dict, scorers: dict, traces: dict, seeds: Sequence[int]
                 tr = traces[name, split, seed]
                 for variant in ("Fed", "Fed+"):   # Fed: the noise-free trace; Fed+: as many rounds, with noise
                     fd = tr.result if variant == "Fed" else learn_landmarks(X, parts, variant, n_landmarks, tr.rounds,
-                                                                            beta=beta, seed=seed)
+                                                                            beta=beta, seed=seed, dtype=dtype)
                     runs.append((variant, label, fd, parts))
+                    if keep_runs is not None:
+                        keep_runs[name, split, variant, seed] = fd
                     cost_rows.append({"dataset": name, "seed": seed, "variant": variant, "split": label,
                                       "rounds": fd.rounds,
                                       "plateau share": plateau_share(fd.objective, window=window, min_window=min_window),
@@ -465,50 +543,102 @@ def paired_metric_table(results: pd.DataFrame, comparisons: Sequence[tuple], dat
     return pdiff, pd.DataFrame(rows).set_index(["dataset", "embedding", "metric", "comparison"])
 
 
-def client_sweep(X, y, client_runs: Sequence[tuple], seeds: Sequence[int], scorer, *, n_landmarks: int,
-                 rounds: int, beta: float, embed_kwargs: dict | None = None) -> pd.DataFrame:
-    """Fed-tSNE and Fed-tSNE+ for every (split, number of clients) of ``client_runs`` and seed (paper
-    Tables 3-4): rows seed, split, clients, method, gamma and the scorer's metrics."""
-    from fedlib.papers.fedtsne.chapters import client_split
-    from fedlib.papers.fedtsne.pipelines import embed, learn_landmarks
+def sweep_feddl(X, parts, n_landmarks: int, variants: Sequence[str], seed: int, *, rounds, beta: float,
+                plateau: dict | None = None, dtype: str = "float64") -> dict:
+    """{variant: FedDLResult} of one sweep cell (clients ``parts``, ``n_landmarks``, ``seed``; variants "Fed",
+    "Fed+"). ``rounds`` an integer: every variant runs that many rounds. ``rounds="plateau"``: the rule of the
+    benchmark's main runs: noise-free FedDL until its objective plateaus (:func:`feddl_until_plateau` with
+    the keywords ``plateau``: tol, window, min_window, check_every, max_rounds; RuntimeError naming
+    max_rounds when it does not) and Fed+ for as many rounds (the noise-free run is made for that even
+    when ``variants`` has only "Fed+"). ``dtype``: FedDL's arithmetic (:func:`feddl`)."""
+    from fedlib.papers.fedtsne.feddl import feddl_until_plateau
+    from fedlib.papers.fedtsne.pipelines import learn_landmarks
 
+    out = {}
+    if isinstance(rounds, str):
+        if rounds != "plateau":
+            raise ValueError(f"rounds must be a positive integer or 'plateau', got {rounds!r}")
+        opts = dict(plateau or {})
+        trace = feddl_until_plateau([X[p] for p in parts], n_landmarks, seed=seed, stop_at_plateau=True, dtype=dtype,
+                                    **opts)
+        if trace.plateau is None:
+            raise RuntimeError(f"FedDL did not plateau within max_rounds={opts.get('max_rounds', 1000)}: "
+                               "raise max_rounds")
+        rounds = trace.rounds
+        if "Fed" in variants:
+            out["Fed"] = trace.result
+    for variant in variants:
+        if variant not in out:
+            out[variant] = learn_landmarks(X, parts, variant, n_landmarks, rounds, beta=beta, seed=seed, dtype=dtype)
+    return out
+
+
+def client_sweep(X, y, client_runs: Sequence[tuple], seeds: Sequence[int], scorer, *, n_landmarks: int,
+                 rounds, beta: float, embed_kwargs: dict | None = None, plateau: dict | None = None,
+                 known: dict | None = None, dtype: str = "float64") -> pd.DataFrame:
+    """Fed-tSNE and Fed-tSNE+ for every (split, number of clients) of ``client_runs`` and seed (paper
+    Tables 3-4), FedDL by :func:`sweep_feddl` (``rounds``: an integer or "plateau" with the rule's
+    keywords ``plateau``): rows seed, split, clients, method, rounds, gamma and the scorer's metrics.
+    ``known`` {(split, clients, seed, variant): (FedDLResult, embedding)}: runs already made with the same
+    data, clients (:func:`client_split`), n_landmarks, rounds rule, beta and ``embed_kwargs`` (the main
+    runs of :func:`benchmark_runs`; the same ``dtype``), scored instead of run again. ``dtype``: FedDL's
+    arithmetic (:func:`feddl`)."""
+    from fedlib.papers.fedtsne.chapters import client_split
+    from fedlib.papers.fedtsne.pipelines import embed
+
+    known = known or {}
     rows = []
     for seed in seeds:
         for split, k in client_runs:
             parts = client_split(y, k, split, seed)
+            have = {v: known[split, k, seed, v] for v in ("Fed", "Fed+") if (split, k, seed, v) in known}
+            for fd, _ in have.values():
+                if [len(x) for x in fd.client_data] != [len(p) for p in parts]:
+                    raise ValueError(f"known run for ({split}, {k} clients, seed {seed}) was made on other clients")
+            missing = [v for v in ("Fed", "Fed+") if v not in have]
+            fds = sweep_feddl(X, parts, n_landmarks, missing, seed, rounds=rounds, beta=beta, plateau=plateau,
+                              dtype=dtype) \
+                if missing else {}
             for variant in ("Fed", "Fed+"):
-                fd = learn_landmarks(X, parts, variant, n_landmarks, rounds, beta=beta, seed=seed)
-                res = embed("tsne", X, parts, n_landmarks, seed=seed, feddl_result=fd, **(embed_kwargs or {}))
+                if variant in have:
+                    fd, Z = have[variant]
+                else:
+                    fd = fds[variant]
+                    Z = embed("tsne", X, parts, n_landmarks, seed=seed, feddl_result=fd, **(embed_kwargs or {})).embedding
                 rows.append({"seed": seed, "split": SPLIT_LABELS[split], "clients": k,
-                             "method": "Fed-tSNE" + ("+" if variant == "Fed+" else ""),
-                             "gamma": fd.gamma, **scorer(res.embedding, seed)})
+                             "method": "Fed-tSNE" + ("+" if variant == "Fed+" else ""), "rounds": fd.rounds,
+                             "gamma": fd.gamma, "reused": variant in have, **scorer(Z, seed)})
     return pd.DataFrame(rows)
 
 
 def landmark_sweep(X, y, splits: Sequence[str], counts: Sequence[int], variants: Sequence[str],
-                   methods: Sequence[str], seeds: Sequence[int], scorer, *, num_clients: int, rounds: int,
+                   methods: Sequence[str], seeds: Sequence[int], scorer, *, num_clients: int, rounds,
                    beta: float, window: float = 0.1, min_window: int = 10,
-                   embed_kwargs: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+                   embed_kwargs: dict | None = None, plateau: dict | None = None,
+                   dtype: str = "float64") -> tuple[pd.DataFrame, pd.DataFrame]:
     """Paper Fig. 6: for every seed, split, n_y of ``counts`` and variant, the embeddings' metrics (one row per
     method) and the D-hat quality of three Nystrom estimates (FedDL landmarks on squared distances,
-    untrained Y^0, FedDL landmarks on plain distances). Returns (embedding rows, quality rows)."""
+    untrained Y^0, FedDL landmarks on plain distances); FedDL by :func:`sweep_feddl` (``rounds``: an
+    integer or "plateau" with the rule's keywords ``plateau``; arithmetic ``dtype``). Returns (embedding rows,
+    quality rows)."""
     from fedlib.papers.fedtsne.chapters import client_split
     from fedlib.papers.fedtsne.feddl import plateau_share
-    from fedlib.papers.fedtsne.pipelines import FED_NAMES, embed, learn_landmarks
+    from fedlib.papers.fedtsne.pipelines import FED_NAMES, embed
 
     lrow, qrow = [], []
     for seed in seeds:
         for split in splits:
             parts = client_split(y, num_clients, split, seed)
             for ny in counts:
+                fds = sweep_feddl(X, parts, ny, variants, seed, rounds=rounds, beta=beta, plateau=plateau, dtype=dtype)
                 for variant in variants:
-                    fd = learn_landmarks(X, parts, variant, ny, rounds, beta=beta, seed=seed)
+                    fd = fds[variant]
                     share = plateau_share(fd.objective, window=window, min_window=min_window)
                     for estimate, Y, squared in [("FedDL landmarks, squared", fd.landmarks, True),
                                                  ("untrained landmarks, squared", fd.init_landmarks, True),
                                                  ("FedDL landmarks, plain", fd.landmarks, False)]:
                         qrow.append({"seed": seed, "split": SPLIT_LABELS[split], "n_y": ny, "variant": variant,
-                                     "estimate": estimate, "plateau share": share,
+                                     "estimate": estimate, "rounds": fd.rounds, "plateau share": share,
                                      **scorer.landmark_quality(Y, squared)})
                     for method in methods:
                         res = embed(method, X, parts, ny, seed=seed, feddl_result=fd, **(embed_kwargs or {}))

@@ -103,13 +103,13 @@ SPECS = {
         "iid_client_counts": List(Int(2), least=0), "noniid_client_counts": List(Int(2), least=0),
         "landmark_counts": List(Int(2), least=0), "landmark_splits": List(Choice(SPLITS), least=0),
         "landmark_methods": List(Choice(METHODS), least=0), "landmark_variants": List(Choice(VARIANTS), least=0),
-        "scatter_points": Int(10), "num_threads": Int(1),
+        "scatter_points": Int(10), "num_threads": Int(1), "feddl_dtype": Choice(("float32", "float64")),
     }, rules=[_every_dataset_has_n_points, _sweep_dataset_in_datasets, _max_rounds_covers_the_rule]),
     "fedtsne_privacy": Spec({
         "n_points": Int(10), "public_points": Int(2), "num_clients": Int(1), "n_landmarks": Int(2),
         "rounds": Int(1), "epsilons": List(Real(0.0)), "delta": Real(0.0, 1.0), "accountant": Choice(ACCOUNTANTS),
         "betas": List(Real(0.0, strict=False)), "methods": List(Choice(METHODS), distinct=True),
-        "seeds": Seeds(1), "tsne_max_iter": Int(250), "seed": Int(0),
+        "seeds": Seeds(1), "tsne_max_iter": Int(250), "seed": Int(0), "num_threads": Int(1),
     }, rules=[_landmarks_below_points("n_points"), _clients_fit("n_points")]),
     "fedspeclust": Spec({
         "datasets": List(Choice(DATASETS), distinct=True), "max_points": Int(1) | NULL, "num_clients": Int(2),
