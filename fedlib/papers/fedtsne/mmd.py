@@ -77,18 +77,29 @@ def split_clients(X, parts, seed: int = 0) -> tuple[list[np.ndarray], list[np.nd
 
 
 def sq_distances(A, B=None) -> np.ndarray:
-    """Squared Euclidean distances A (a, m), B (b, m) -> (a, b), clipped at 0.
+    """Squared Euclidean distances A (a, m), B (b, m) -> (a, b) in float64, clipped at 0.
 
     With B omitted: the (a, a) self-distances with an exact zero diagonal."""
     A = np.asarray(A, dtype=np.float64)
     same = B is None
-    B = A if same else np.asarray(B, dtype=np.float64)
-    a2 = np.einsum("ij,ij->i", A, A)
-    b2 = a2 if same else np.einsum("ij,ij->i", B, B)
-    d2 = a2[:, None] - 2.0 * (A @ B.T) + b2[None, :]
-    np.maximum(d2, 0.0, out=d2)
+    d2 = _sq_distances(A, A if same else np.asarray(B, dtype=np.float64))
     if same:
         np.fill_diagonal(d2, 0.0)
+    return d2
+
+
+def _sq_distances(A: np.ndarray, B: np.ndarray, a_sq: np.ndarray | None = None,
+                  b_sq: np.ndarray | None = None) -> np.ndarray:
+    """||a_i||^2 - 2 a_i.b_j + ||b_j||^2, clipped at 0, in the dtype of A and B (one dtype: FedDL's
+    float32 rounds stay float32); ``a_sq`` / ``b_sq``: their squared row norms when already known."""
+    dtype = A.dtype
+    a_sq = np.einsum("ij,ij->i", A, A) if a_sq is None else a_sq.astype(dtype, copy=False)
+    b_sq = (a_sq if B is A else np.einsum("ij,ij->i", B, B)) if b_sq is None else b_sq.astype(dtype, copy=False)
+    d2 = A @ B.T
+    d2 *= dtype.type(-2.0)
+    d2 += a_sq[:, None]
+    d2 += b_sq[None, :]
+    np.maximum(d2, dtype.type(0.0), out=d2)
     return d2
 
 
@@ -109,57 +120,28 @@ def _xx_term(X: np.ndarray, gamma: float, chunk: int = 2048) -> float:
 
 
 def _yy_terms(Y: np.ndarray, gamma: float) -> tuple[float, np.ndarray]:
-    """Y-Y term of Eq. 10 and of Eq. 13 (the repulsion part of the gradient, (n_y, m))."""
-    ny = len(Y)
-    if Y.dtype == np.float32:       # FedDL's dtype="float32": the kernel in float32, its sums in float64
-        gamma = float(gamma)
-        d2 = _sq_distances_f32(Y, Y)
-        np.fill_diagonal(d2, 0.0)
-        kyy = np.exp(-gamma * d2)
-        value = (kyy.sum(dtype=np.float64) - ny) / (ny * (ny - 1))
-        grad = (4.0 * gamma / (ny * (ny - 1))) * (kyy @ Y - kyy.sum(0)[:, None] * Y)
-        return float(value), grad
-    kyy = np.exp(-gamma * sq_distances(Y))
-    value = (kyy.sum() - ny) / (ny * (ny - 1))
+    """Y-Y term of Eq. 10 and of Eq. 13 (the repulsion part of the gradient, (n_y, m)), in Y's dtype
+    (float32 under FedDL's ``dtype="float32"``; the value summed in float64)."""
+    ny, gamma = len(Y), float(gamma)   # a Python float keeps float32 arrays float32
+    d2 = _sq_distances(Y, Y)
+    np.fill_diagonal(d2, 0.0)
+    kyy = np.exp(-gamma * d2)
+    value = (kyy.sum(dtype=np.float64) - ny) / (ny * (ny - 1))
     grad = (4.0 * gamma / (ny * (ny - 1))) * (kyy @ Y - kyy.sum(0)[:, None] * Y)
     return float(value), grad
 
 
-def _sq_distances_f32(A: np.ndarray, B: np.ndarray, a_sq: np.ndarray | None = None,
-                      b_sq: np.ndarray | None = None) -> np.ndarray:
-    """:func:`sq_distances` kept in float32 for float32 A (a, m), B (b, m) (FedDL's ``dtype="float32"``;
-    :func:`sq_distances` itself always computes in float64). Row norms ``a_sq`` / ``b_sq`` when known."""
-    a_sq = np.einsum("ij,ij->i", A, A) if a_sq is None else a_sq.astype(np.float32, copy=False)
-    b_sq = np.einsum("ij,ij->i", B, B) if b_sq is None else b_sq.astype(np.float32, copy=False)
-    d2 = A @ B.T
-    d2 *= np.float32(-2.0)
-    d2 += a_sq[:, None]
-    d2 += b_sq[None, :]
-    np.maximum(d2, np.float32(0.0), out=d2)
-    return d2
-
-
 def _cross_terms(X: np.ndarray, Y: np.ndarray, gamma: float, x_sq: np.ndarray | None = None,
                  y_sq: np.ndarray | None = None) -> tuple[float, np.ndarray]:
-    """Cross term of Eq. 10 (-2 1^T K_XY 1/(n_p n_y)) and of Eq. 13 (the attraction part, (n_y, m)).
-    ``x_sq`` / ``y_sq``: the squared row norms of X / Y when already known (FedDL's clients keep theirs;
-    the same numbers as :func:`sq_distances` computes)."""
-    n, ny = len(X), len(Y)
-    if X.dtype == np.float32 and Y.dtype == np.float32:    # FedDL's dtype="float32" (sums in float64)
-        gamma = float(gamma)
-        kxy = np.exp(-gamma * _sq_distances_f32(X, Y, x_sq, y_sq))
-        value = -2.0 * kxy.sum(dtype=np.float64) / (n * ny)
-        grad = (-4.0 * gamma / (n * ny)) * (kxy.T @ X - kxy.sum(0)[:, None] * Y)
-        return float(value), grad
-    if x_sq is None and y_sq is None:
-        d2 = sq_distances(X, Y)
-    else:
-        x_sq = np.einsum("ij,ij->i", X, X) if x_sq is None else x_sq
-        y_sq = np.einsum("ij,ij->i", Y, Y) if y_sq is None else y_sq
-        d2 = x_sq[:, None] - 2.0 * (X @ Y.T) + y_sq[None, :]
-        np.maximum(d2, 0.0, out=d2)
-    kxy = np.exp(-gamma * d2)
-    value = -2.0 * kxy.sum() / (n * ny)
+    """Cross term of Eq. 10 (-2 1^T K_XY 1/(n_p n_y)) and of Eq. 13 (the attraction part, (n_y, m)),
+    in the inputs' dtype when X and Y share one (float32 under FedDL's ``dtype="float32"``; the value
+    summed in float64), else in float64. ``x_sq`` / ``y_sq``: the squared row norms of X / Y when
+    already known (FedDL's clients keep theirs)."""
+    n, ny, gamma = len(X), len(Y), float(gamma)   # a Python float keeps float32 arrays float32
+    if X.dtype != Y.dtype:
+        X, Y = np.asarray(X, dtype=np.float64), np.asarray(Y, dtype=np.float64)
+    kxy = np.exp(-gamma * _sq_distances(X, Y, x_sq, y_sq))
+    value = -2.0 * kxy.sum(dtype=np.float64) / (n * ny)
     grad = (-4.0 * gamma / (n * ny)) * (kxy.T @ X - kxy.sum(0)[:, None] * Y)
     return float(value), grad
 
