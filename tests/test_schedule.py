@@ -33,33 +33,42 @@ def test_profiles_after_names_chapters_in_the_order_and_respects_it():
 
 
 def _fake_run(name, profile, overrides):
-    """A chapter that sleeps ``overrides[name]`` seconds and logs its start and end."""
+    """A chapter that logs its start and end; one of ``overrides["meet"]`` waits (up to 60 s) until
+    every other one of them has started, so two chapters only both finish when they ran at once."""
     t0 = time.time()
     if name == "boom":
         raise RuntimeError("cell failed")
-    time.sleep(overrides[name])
-    with open(overrides["log"], "a") as f:
-        f.write(json.dumps([name, t0, time.time(), os.getpid()]) + "\n")
+    log = Path(overrides["log"])
+    (log.parent / f"{name}.started").touch()
+    met = True
+    if name in overrides.get("meet", []):
+        others = [log.parent / f"{o}.started" for o in overrides["meet"] if o != name]
+        while not all(p.exists() for p in others):
+            if time.time() - t0 > 60:
+                met = False
+                break
+            time.sleep(0.01)
+    with open(log, "a") as f:
+        f.write(json.dumps([name, t0, time.time(), met]) + "\n")
     return name, time.time() - t0, 0.0
 
 
 def test_run_chapters_two_at_once_waits_for_dependencies(tmp_path):
     log = tmp_path / "log.jsonl"
-    durations = {"a": 0.6, "b": 0.1, "c": 0.6, "log": str(log)}
     lines = []
-    times = schedule.run_chapters(["a", "b", "c"], "quick", 2, {"b": ["a"]}, {}, durations,
+    times = schedule.run_chapters(["a", "b", "c"], "quick", 2, {"b": ["a"]}, {}, {"meet": ["a", "c"], "log": str(log)},
                                   run_one=_fake_run, log=lines.append)
     assert set(times) == {"a", "b", "c"}
     rows = {r[0]: r[1:] for r in map(json.loads, log.read_text().splitlines())}
-    assert rows["b"][0] >= rows["a"][1] - 0.05                       # b started after a ended
-    assert rows["a"][0] < rows["c"][1] and rows["c"][0] < rows["a"][1]   # a and c overlapped
+    assert rows["b"][0] >= rows["a"][1] - 0.05      # b started after a ended
+    assert rows["a"][2] and rows["c"][2]            # a and c ran at the same time (each saw the other start)
     assert any("done 3/3" in line for line in lines)
 
 
 def test_run_chapters_raises_the_first_failure_and_starts_nothing_after_it(tmp_path):
     log = tmp_path / "log.jsonl"
     with pytest.raises(RuntimeError, match="cell failed"):
-        schedule.run_chapters(["boom", "x"], "quick", 1, {"x": ["boom"]}, {}, {"x": 0.0, "log": str(log)},
+        schedule.run_chapters(["boom", "x"], "quick", 1, {"x": ["boom"]}, {}, {"log": str(log)},
                               run_one=_fake_run, log=lambda s: None)
     assert not Path(log).exists()
     with pytest.raises(ValueError, match="jobs must be an integer >= 1"):
@@ -78,3 +87,11 @@ def test_the_record_of_a_whole_run_lists_every_chapter_slowest_first(tmp_path):
     assert rows[0] == ["b", "30", "29"] and rows[1] == ["a", "10", "18"]
     assert rows[2][-2:] == ["40", "47"] and rows[3][3] == "41"
     assert "2 at a time" in text and (tmp_path / "book_run_quick.txt").read_text() == text
+
+
+def test_time_left_on_several_workers_is_bounded_by_the_longest_chapter():
+    last = {"a": 60.0, "b": 120.0, "c": 180.0, "d": None}
+    assert schedule.time_left(["a", "b"], last, 2) == "about 2.0 min left by the last runs"        # max(120, 90)
+    assert schedule.time_left(["a", "b", "c"], last, 2) == "about 3.0 min left by the last runs"   # max(180, 180)
+    assert schedule.time_left(["a", "d"], last, 1).endswith("plus 1 chapter(s) never run at this profile")
+    assert schedule.time_left([], last, 2) == "nothing left"

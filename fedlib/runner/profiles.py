@@ -260,14 +260,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _estimate(remaining: list[str], profile: str) -> str:
-    """"about T left (from the last runs)" over the chapters still to run, where earlier runs say."""
-    known = {n: last_duration(n, profile) for n in remaining}
-    seconds = sum(t for t in known.values() if t is not None)
-    unknown = [n for n, t in known.items() if t is None]
-    if len(unknown) == len(remaining):
-        return "no earlier run at this profile to estimate the time left from"
-    note = f", plus {len(unknown)} chapter(s) never run at this profile" if unknown else ""
-    return f"about {minutes(seconds)} left by the last runs{note}"
+    """"about T left (from the last runs)" over the chapters still to run, one at a time."""
+    return schedule.time_left(remaining, {n: last_duration(n, profile) for n in remaining})
 
 
 def cli(argv: list[str] | None = None) -> None:

@@ -142,7 +142,7 @@ def run_chapters(names: Sequence[str], profile: str, jobs: int, after: Mapping[s
                 times[name] = (seconds, cpu)
                 left = [n for n in pending + list(running.values())]
                 log(f"[{profile}] {name}: {seconds:.0f} s (done {len(times)}/{len(names)}, elapsed "
-                    f"{minutes(time.perf_counter() - start)}; {_left(left, last, jobs)})")
+                    f"{minutes(time.perf_counter() - start)}; {time_left(left, last, jobs)})")
     if failure is not None:
         raise failure
     return times
@@ -173,13 +173,14 @@ def minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
-def _left(remaining: Sequence[str], last: Mapping[str, float | None], jobs: int) -> str:
-    """About how long the chapters not finished yet take on ``jobs`` workers, from their last runs."""
+def time_left(remaining: Sequence[str], last: Mapping[str, float | None], jobs: int = 1) -> str:
+    """About how long the chapters of ``remaining`` take on ``jobs`` workers, from their last runs at
+    this profile (``last``; None: never run): the larger of the longest one and their sum / jobs."""
     if not remaining:
         return "nothing left"
     known = [last[n] for n in remaining if last.get(n) is not None]
     if not known:
-        return "no earlier run to estimate the time left from"
+        return "no earlier run at this profile to estimate the time left from"
     unknown = len(remaining) - len(known)
     note = f", plus {unknown} chapter(s) never run at this profile" if unknown else ""
     return f"about {minutes(max(max(known), sum(known) / jobs))} left by the last runs{note}"
