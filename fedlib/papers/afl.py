@@ -111,12 +111,13 @@ def pack_symmetric(c: torch.Tensor, shift: float = 0.0) -> torch.Tensor:
     Only the upper triangle is read (an asymmetric round-off below the diagonal is dropped).
     ``shift``: packs ``c + shift I`` instead (the diagonal entries plus ``shift``, the same numbers as
     packing the shifted matrix), without forming it. On the CPU a compiled row-by-row copy
-    (:func:`_pack_rows_loop`), elsewhere (or without numba) torch's indexing."""
+    (:func:`_pack_block_loop` with the whole matrix as one block), elsewhere (or without numba) torch's
+    indexing."""
     dim = c.shape[0]
     kernels = _kernels() if c.device.type == "cpu" and c.ndim == 2 and c.shape[1] == dim and dim else None
     if kernels is not None:
         out = torch.empty(packed_length(dim), dtype=c.dtype)
-        kernels["pack"](c.detach().contiguous().numpy(), float(shift), out.numpy())
+        kernels["block"](c.detach().contiguous().numpy(), 0, dim, float(shift), out.numpy())
         return out
     rows, cols = _triu(dim, c.device)
     out = c[rows, cols]
@@ -165,21 +166,6 @@ def _diagonal_positions(dim: int, device) -> torch.Tensor:
     """Indices of the diagonal entries in the packed upper triangle: ``i d - i (i - 1) / 2``."""
     i = torch.arange(dim, device=device)
     return i * dim - i * (i - 1) // 2
-
-
-def _pack_rows_loop(c, shift, out):
-    """``out`` = the upper triangle of ``c`` (d, d) row by row, ``shift`` added to the diagonal entries
-    (only when it is not 0, so that a 0 shift copies every bit). NumPy arrays; compiled by numba
-    (:func:`_kernels`)."""
-    dim = c.shape[0]
-    off = 0
-    for i in range(dim):
-        row = c[i]
-        for j in range(i, dim):
-            out[off + j - i] = row[j]
-        if shift != 0.0:
-            out[off] += shift
-        off += dim - i
 
 
 def unpack_symmetric(packed: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -512,15 +498,13 @@ def _kernels() -> dict | None:
             # reassociation lets the row sums vectorize; no finite-math assumption (NaN stays NaN)
             jit = numba.njit(cache=True, nogil=True, boundscheck=False, fastmath={"reassoc", "contract"})
             _KERNELS.update(packed=jit(_absorb_packed_loop), full=jit(_absorb_full_loop),
-                            pack=numba.njit(cache=True, nogil=True, boundscheck=False)(_pack_rows_loop),
                             block=numba.njit(cache=True, nogil=True, boundscheck=False)(_pack_block_loop))
         except ImportError:  # pragma: no cover - numba comes with umap-learn
-            _KERNELS.update(packed=None, full=None, pack=None, block=None)
+            _KERNELS.update(packed=None, full=None, block=None)
         else:   # load (or compile) the float64 versions now, on 1 x 1 inputs, not inside a measured run
             one, row, vec = np.ones((1, 1)), np.ones((1, 1)), np.ones(1)
             _KERNELS["packed"](vec.copy(), row.copy(), vec, row, 0, 1, 0, 1)
             _KERNELS["full"](one.copy(), row.copy(), one, row, 0, 1)
-            _KERNELS["pack"](one, 0.0, vec.copy())
             _KERNELS["block"](one, 0, 1, 0.0, vec.copy())
     return _KERNELS if _KERNELS["packed"] is not None else None
 
