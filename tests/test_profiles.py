@@ -126,3 +126,18 @@ def test_executed_notebook_folds_the_default_parameters_cell():
     out = json.loads(profiles._fold_default_parameters(json.dumps(nb)))
     assert [c["metadata"]["tags"] for c in out["cells"]] == [["parameters", "hide-input"], ["injected-parameters"], []]
     assert [c["source"] for c in out["cells"]] == ["a = 1", "a = 2", "b = a"]
+
+
+def test_embedding_chapters_stop_idle_openmp_threads_from_spinning_before_numpy_loads():
+    """Chapters that run t-SNE / UMAP (a ``methods`` parameter) set OMP_WAIT_POLICY=PASSIVE before
+    numpy / sklearn / numba load: otherwise UMAP's idle threads spin and slow the t-SNE runs after it
+    (fedtsne_privacy lacked it)."""
+    chapters = [n for n in profiles.notebook_names() if "methods" in profiles.notebook_parameters(n)
+                and n.startswith("fedtsne")]
+    assert set(chapters) >= {"fedtsne_benchmark", "fedtsne_privacy", "fedtsne_beyond"}
+    for name in chapters:
+        lines = (profiles.NOTEBOOK_DIR / f"{name}.py").read_text().splitlines()
+        policy = next((i for i, l in enumerate(lines) if 'os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")' in l), None)
+        first_numpy = next(i for i, l in enumerate(lines) if l.startswith(("import numpy", "from numpy", "import sklearn",
+                                                                           "from sklearn")))
+        assert policy is not None and policy < first_numpy, name
