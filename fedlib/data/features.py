@@ -191,12 +191,19 @@ def _load_cached(path: Path, dataset, name: str) -> Features | None:
 
 
 def _save_cached(path: Path, feats: Features) -> None:
+    save_npz_atomic(path, x_train=feats.x_train, y_train=feats.y_train, x_test=feats.x_test,
+                    y_test=feats.y_test, classes=np.array(feats.classes, dtype=str))
+
+
+def save_npz_atomic(path: Path, **arrays) -> None:
+    """``np.savez`` of ``arrays`` to ``path`` through a temporary file in the same folder and
+    ``os.replace``: a reader (another chapter running side by side) sees the whole file or none."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.stem + ".", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, x_train=feats.x_train, y_train=feats.y_train, x_test=feats.x_test,
-                     y_test=feats.y_test, classes=np.array(feats.classes, dtype=str))
+            np.savez(f, **arrays)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

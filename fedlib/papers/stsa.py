@@ -1292,22 +1292,12 @@ def _load_result(path, method: str, config: dict):
 
 
 def _save_result(path, res) -> None:
-    import os
-    import tempfile
-    from pathlib import Path
+    from fedlib.data.features import save_npz_atomic
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.stem + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, acc=res.acc, top1=res.top1, bytes_up=res.bytes_up, wall_s=res.wall_s,
-                     cost_up=np.array([c.bytes_up for c in res.costs], dtype=np.int64),
-                     cost_down=np.array([c.bytes_down for c in res.costs], dtype=np.int64),
-                     cost_s=np.array([c.seconds for c in res.costs], dtype=np.float64))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    save_npz_atomic(path, acc=res.acc, top1=res.top1, bytes_up=res.bytes_up, wall_s=res.wall_s,
+                    cost_up=np.array([c.bytes_up for c in res.costs], dtype=np.int64),
+                    cost_down=np.array([c.bytes_down for c in res.costs], dtype=np.int64),
+                    cost_s=np.array([c.seconds for c in res.costs], dtype=np.float64))
 
 
 def scratch_baseline_runs(methods, dataset, setting: str, num_tasks: int, num_clients: int, gamma: float,
