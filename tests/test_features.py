@@ -160,3 +160,20 @@ def test_efficientnet_weights_are_imagenet_pretrained():
         x = ff._to_input(img[None], 224, torch.device("cpu"))
         logits = module.net((x - 0.498) / 0.502)
     assert int(logits.argmax(1)) == 985
+
+
+def test_cpu_batch_default_gives_the_same_features_as_large_batches():
+    """The CPU default (batches of at most 32 images, fast) and one forward of 256 give the same
+    features bit for bit at the chapters' 64 px, on one thread and on two, so a cache written with
+    either serves both. (Batches under 16 images would not: another convolution kernel.)"""
+    ds = make_dataset(70, 0)
+    assert ff.CPU_BATCH == 32
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            small = extract_features(ds, input_size=64, cache_dir=False, progress=False)
+            large = extract_features(ds, input_size=64, batch_size=256, cache_dir=False, progress=False)
+            np.testing.assert_array_equal(small.x_train, large.x_train)
+    finally:
+        torch.set_num_threads(threads)

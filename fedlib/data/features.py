@@ -231,11 +231,13 @@ def _run(module: nn.Module, dim: int, images: np.ndarray, size: int, device, bat
     """Images (N, H, W[, 3]) uint8 -> (N, dim) float32, in batches with a progress bar."""
     from tqdm import tqdm
 
+    from fedlib.federated.learner import eval_chunks
+
     out = []
     with torch.inference_mode():
         bar = tqdm(total=len(images), desc=desc, unit="img", disable=not progress)
-        for start in range(0, len(images), batch_size):
-            batch = images[start:start + batch_size]
+        for start, stop in eval_chunks(len(images), batch_size):   # nearly equal batches, each > batch_size / 2
+            batch = images[start:stop]
             out.append(module(_to_input(batch, size, device)).float().cpu().numpy())
             bar.update(len(batch))
         bar.close()
@@ -244,8 +246,12 @@ def _run(module: nn.Module, dim: int, images: np.ndarray, size: int, device, bat
     return np.concatenate(out).astype(np.float32, copy=False)
 
 
+CPU_BATCH = 32   # images per forward on a CPU: 2.7x faster than 256 at 64 px (fedlib.bench.extraction)
+DEVICE_BATCH = 256
+
+
 def extract_features(dataset, backbone: str = "efficientnet_lite0", input_size: int = 64, device="cpu",
-                     batch_size: int = 256, cache_dir=None, progress: bool = True, root=None) -> Features:
+                     batch_size: int | None = None, cache_dir=None, progress: bool = True, root=None) -> Features:
     """Map a Dataset through a frozen backbone: images -> (N, d) float32 features.
 
     Images are resized to ``input_size`` x ``input_size`` (bilinear; antialiased when shrinking),
@@ -253,9 +259,14 @@ def extract_features(dataset, backbone: str = "efficientnet_lite0", input_size: 
     (N, H*W[*3]). Results are cached as ``.npz`` under ``cache_dir`` (default
     :func:`default_cache_dir`; ``False`` disables); the file name carries a fingerprint of the
     data, so a changed dataset never reuses a stale file. ``root``: data root for ResNet-18 weights.
+    ``batch_size`` (None: :data:`CPU_BATCH` on a CPU, where small batches keep the activations in the
+    cache, else :data:`DEVICE_BATCH`; the images go in nearly equal batches of at most that many)
+    does not change the features on a CPU: batches of 16 to 256 images give them bit for bit
+    (tested), so cache files are shared across batch sizes.
     """
     check_choice("backbone", backbone, BACKBONES)
-    check_int("batch_size", batch_size, 1)
+    if batch_size is not None:
+        check_int("batch_size", batch_size, 1)
     y_train = np.asarray(dataset.y_train).astype(np.int64, copy=False)
     y_test = np.asarray(dataset.y_test).astype(np.int64, copy=False)
     classes = tuple(dataset.classes)
@@ -274,6 +285,8 @@ def extract_features(dataset, backbone: str = "efficientnet_lite0", input_size: 
             return cached
 
     dev = resolve_device(device)
+    if batch_size is None:
+        batch_size = CPU_BATCH if dev.type == "cpu" else DEVICE_BATCH
     module, dim = load_backbone(backbone, dev, root=root)
     x_tr = _run(module, dim, dataset.x_train, input_size, dev, batch_size, f"{name} train", progress)
     x_te = _run(module, dim, dataset.x_test, input_size, dev, batch_size, f"{name} test", progress)

@@ -131,15 +131,11 @@ class CacheNoiseAudit:
         learner._noise_previous = current
 
 
-_JOB: dict[str, Any] = {}   # what a forked worker of run_rules reads (inherited, never pickled)
-
-
-def _run_one(job: tuple[int, str]) -> dict:
-    """One (seed, rule) run of :func:`run_rules` from the module state ``_JOB``; returns its row."""
+def _run_one(job: tuple[int, str], *, scenario: dict, settings: dict, noise: float, lam_local: float) -> dict:
+    """One (seed, rule) run of :func:`run_rules`; returns its row."""
     from fedlib.papers.refed import run_scenario
 
     seed, r = job
-    scenario, settings, noise, lam_local = _JOB["scenario"], _JOB["settings"], _JOB["noise"], _JOB["lam_local"]
     sc, audit = scenario, None
     if noise > 0:
         stream = scenario["stream"](seed) if callable(scenario["stream"]) else scenario["stream"]
@@ -176,34 +172,16 @@ def run_rules(scenario: dict, rules: Sequence[str], seeds: Sequence[int], *, set
     Returns one row per (rule, seed), ordered by seed then rule: rule, seed, noise, A_T, A_avg, F_T
     (%), wall_s and, with noise, pool / cache counts summed over clients and boundaries (pool,
     pool_noisy, cache, cache_noisy) and the rates pool_rate, cache_rate (%)."""
-    import multiprocessing
+    from functools import partial
 
-    from tqdm.auto import tqdm
-
-    from fedlib.core.validate import check_int
+    from fedlib.core.parallel import fork_map
 
     for r in rules:
         check_choice("rule", r, RULES)
     noise = check_real("noise", noise, low=0.0, high=1.0, strict=False)
-    workers = check_int("workers", workers, 1)
     jobs = [(seed, r) for seed in seeds for r in rules]
-    _JOB.update(scenario=scenario, settings=settings, noise=noise, lam_local=lam_local)
-    bar = tqdm(total=len(jobs), desc=f"rules (noise {noise:g})", disable=not progress)
-    try:
-        if workers == 1 or len(jobs) < 2:
-            rows = []
-            for job in jobs:
-                rows.append(_run_one(job))
-                bar.update()
-        else:
-            with multiprocessing.get_context("fork").Pool(min(workers, len(jobs))) as pool:
-                rows = []
-                for row in pool.imap(_run_one, jobs):
-                    rows.append(row)
-                    bar.update()
-    finally:
-        bar.close()
-        _JOB.clear()
+    rows = fork_map(partial(_run_one, scenario=scenario, settings=settings, noise=noise, lam_local=lam_local), jobs,
+                    workers, desc=f"rules (noise {noise:g})", progress=progress)
     return pd.DataFrame(rows)
 
 

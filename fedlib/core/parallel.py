@@ -1,0 +1,75 @@
+"""Independent runs of a chapter in forked worker processes (CPU), with one progress bar.
+
+A chapter's runs that share nothing but read-only inputs (one seed's runs, one (dataset, seed) pair)
+go to ``workers`` processes forked from the kernel: a worker inherits the inputs without copying or
+pickling them (fork is copy-on-write); only each job's result comes back (pickled). Each job must
+seed everything it draws itself, so the results equal those of the sequential loop (the tests
+check this for every caller). Workers run torch, BLAS and OpenMP on one thread each: OpenMP
+runtimes are not fork-safe once they have started a thread team, and two processes on two cores
+need no more.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from fedlib.core.validate import check_int
+
+__all__ = ["default_workers", "fork_map"]
+
+_STATE: dict[str, Any] = {}   # what a forked worker reads (inherited, never pickled)
+
+
+def default_workers(limit: int | None = None) -> int:
+    """Worker processes for a chapter run alone: the CPU cores this process may use
+    (``os.sched_getaffinity``), at most ``limit``."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cores, limit or cores))
+
+
+def _init_worker() -> None:
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    torch.set_num_threads(1)
+    threadpool_limits(1)
+
+
+def _call(index: int):
+    return index, _STATE["fn"](_STATE["jobs"][index])
+
+
+def fork_map(fn: Callable[[Any], Any], jobs: Iterable, workers: int = 1, *, desc: str | None = None,
+             progress: bool = True) -> list:
+    """``[fn(job) for job in jobs]``, in ``workers`` forked processes when ``workers`` > 1 and there
+    are two or more jobs (else in this process). ``fn`` may be a closure (it is inherited, not
+    pickled); its results must pickle. Results come in job order; the bar (``desc``) counts finished
+    jobs. A worker's exception is raised here. On a platform without fork, runs in this process."""
+    import multiprocessing
+
+    from tqdm.auto import tqdm
+
+    jobs: Sequence = list(jobs)
+    workers = check_int("workers", workers, 1)
+    results: list = [None] * len(jobs)
+    bar = tqdm(total=len(jobs), desc=desc, disable=not progress)
+    try:
+        if workers == 1 or len(jobs) < 2 or "fork" not in multiprocessing.get_all_start_methods():
+            for i, job in enumerate(jobs):
+                results[i] = fn(job)
+                bar.update()
+            return results
+        if _STATE:
+            raise RuntimeError("fork_map cannot be nested: a worker must run its jobs in its own process")
+        _STATE.update(fn=fn, jobs=jobs)
+        try:
+            with multiprocessing.get_context("fork").Pool(min(workers, len(jobs)), initializer=_init_worker) as pool:
+                for i, result in pool.imap_unordered(_call, range(len(jobs))):
+                    results[i] = result
+                    bar.update()
+        finally:
+            _STATE.clear()
+        return results
+    finally:
+        bar.close()

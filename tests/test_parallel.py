@@ -1,0 +1,54 @@
+"""Tests for fedlib.core.parallel.fork_map: the same results as the sequential loop, in job order."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from fedlib.core.parallel import default_workers, fork_map
+
+
+def test_fork_map_equals_the_loop_in_job_order_with_a_closure():
+    data = np.random.default_rng(0).standard_normal((50, 8))   # inherited by the workers, never pickled
+
+    def job(seed):
+        g = torch.Generator().manual_seed(seed)
+        w = torch.randn(8, 3, generator=g, dtype=torch.float64)
+        return seed, os.getpid(), (torch.from_numpy(data) @ w).numpy()
+
+    seeds = [3, 0, 2, 1, 4]
+    loop = fork_map(job, seeds, 1, progress=False)
+    forked = fork_map(job, seeds, 2, progress=False)
+    assert [s for s, _, _ in forked] == seeds
+    assert {pid for _, pid, _ in loop} == {os.getpid()}
+    assert os.getpid() not in {pid for _, pid, _ in forked}          # really ran in other processes
+    for (_, _, a), (_, _, b) in zip(loop, forked):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_workers_run_on_one_thread_and_errors_reach_the_caller():
+    assert fork_map(lambda _: torch.get_num_threads(), range(3), 2, progress=False) == [1, 1, 1]
+
+    def fails(i):
+        if i == 2:
+            raise ValueError("job 2 failed")
+        return i
+
+    with pytest.raises(ValueError, match="job 2 failed"):
+        fork_map(fails, range(4), 2, progress=False)
+
+
+def test_nested_forks_are_refused_and_bad_workers_named():
+    def inner(i):
+        return fork_map(lambda j: j, range(2), 2, progress=False)
+
+    with pytest.raises(RuntimeError, match="nested"):
+        fork_map(inner, range(2), 2, progress=False)
+    assert fork_map(lambda j: fork_map(lambda k: k + j, range(2), 1, progress=False), range(2), 2,
+                    progress=False) == [[0, 1], [1, 2]]
+    with pytest.raises(ValueError, match="workers"):
+        fork_map(lambda j: j, range(2), 0)
+    assert fork_map(lambda j: j, [], 2, progress=False) == []
+    assert 1 <= default_workers() and default_workers(1) == 1
