@@ -52,3 +52,12 @@ def test_nested_forks_are_refused_and_bad_workers_named():
         fork_map(lambda j: j, range(2), 0)
     assert fork_map(lambda j: j, [], 2, progress=False) == []
     assert 1 <= default_workers() and default_workers(1) == 1
+
+
+def test_default_workers_follows_fedlib_workers(monkeypatch):
+    monkeypatch.setenv("FEDLIB_WORKERS", "3")
+    assert default_workers() == 3 and default_workers(2) == 2
+    for bad in ("0", "two"):
+        monkeypatch.setenv("FEDLIB_WORKERS", bad)
+        with pytest.raises(ValueError, match="FEDLIB_WORKERS"):
+            default_workers()

@@ -22,10 +22,17 @@ _STATE: dict[str, Any] = {}   # what a forked worker reads (inherited, never pic
 
 
 def default_workers(limit: int | None = None) -> int:
-    """Worker processes for a chapter run alone: the CPU cores this process may use
-    (``os.sched_getaffinity``), at most ``limit``."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(cores, limit or cores))
+    """Worker processes of a chapter: ``$FEDLIB_WORKERS`` when set (the book runner sets each chapter's
+    share of the cores when chapters run side by side), else the CPU cores this process may use
+    (``os.sched_getaffinity``); at most ``limit``."""
+    env = os.environ.get("FEDLIB_WORKERS")
+    if env is not None:
+        if not env.isdigit() or int(env) < 1:
+            raise ValueError(f"FEDLIB_WORKERS must be an integer >= 1, got {env!r}")
+        n = int(env)
+    else:
+        n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(n, limit or n))
 
 
 def _init_worker() -> None:

@@ -494,6 +494,7 @@ def run_scenario(scenario: dict, kind: str, method: str, seed: int, *, model_fn:
     for t, seconds in learner.reused_seconds.items():   # a restored task-1 training costs what it cost when run
         res.wall_s[t] += seconds
     cor = [rounds_to_best(h) for h in learner.histories] if track else []
+    learner.eval_data = None   # a closure over the test data, done with; the run's dict must pickle (forked runs)
     for h in learner.histories:
         if h is not None:
             h.final_state = None   # every stage's weights: not needed after the run

@@ -72,12 +72,16 @@ def plan(names: Sequence[str], after: Mapping[str, Sequence[str]], last: Mapping
     return order
 
 
-def _init_worker(counter) -> None:
+def _init_worker(counter, jobs: int) -> None:
     global _SLOT
     with counter.get_lock():
         _SLOT = counter.value
         counter.value += 1
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # chapters side by side share the cores: each forks at most its share (fedlib.core.parallel)
+    from fedlib.core.parallel import default_workers
+
+    os.environ.setdefault("FEDLIB_WORKERS", str(max(1, default_workers() // jobs)))
 
 
 def children_cpu() -> float:
@@ -119,7 +123,7 @@ def run_chapters(names: Sequence[str], profile: str, jobs: int, after: Mapping[s
     pending = list(names)
     failure: BaseException | None = None
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init_worker,
-                             initargs=(ctx.Value("i", 0),)) as pool:
+                             initargs=(ctx.Value("i", 0), jobs)) as pool:
         while pending or running:
             ready = sorted((n for n in pending if all(b in times for b in deps[n])),
                            key=lambda n: order_key(n, last))
