@@ -67,6 +67,8 @@ table3_alphas = [0.005, 0.01, 0.1, 1.0]  # heterogeneity sweep, FedAvg vs AFL (p
 gammas = [0.0, 0.1, 1.0, 10.0, 100.0]    # RI ablation (paper Table 4)
 ri_clients = [100, 500, 1000]
 paper_rounds = 200               # the baselines' rounds inferred from the paper's timing (Fig. 2)
+workers = None                   # processes for the gradient-baseline runs (forked, each seeded on its own: the same
+                                 # histories); null: fedlib.core.parallel.default_workers(), the cores
 
 # %% tags=["hide-input"]
 import time
@@ -88,12 +90,15 @@ from fedlib.data.features import extract_features
 from fedlib.data.partition import partition_report, plot_partition
 from fedlib.evaluation.stats import summarize
 from fedlib.core.devices import resolve_device
+from fedlib.core.parallel import default_workers
 from fedlib.runner import specs
 
 specs.check("afl_benchmark", globals())
 sns.set_theme(style="whitegrid")
 dev = resolve_device(device)
-print(f"profile={profile}, device={dev}, torch threads={torch.get_num_threads()}")
+# forked workers on a CPU only (a CUDA context does not survive fork)
+workers = (default_workers() if workers is None else workers) if dev.type == "cpu" else 1
+print(f"profile={profile}, device={dev}, torch threads={torch.get_num_threads()}, baseline runs in {workers} process(es)")
 
 # %% [markdown]
 # ## 1. Data, partitions and frozen features
@@ -216,7 +221,7 @@ print(f"MOON head: l1 {feats.dim} -> {moon_hidden or feats.dim}"
 
 
 grid = dict(partitions=partition, num_clients=num_clients, train=(x_tr, y_tr), test=(x_te, y_te), num_classes=C,
-            config=config, moon_hidden=moon_hidden, cache=runs_cache)
+            config=config, moon_hidden=moon_hidden, cache=runs_cache, workers=workers)
 runs, curves = afl.run_baselines("fixed partition", [(s, m, sd, partition_seed) for s in settings for m in methods
                                                      for sd in seeds], **grid)
 
@@ -375,7 +380,8 @@ if cross_linear is not None:
 
 # %%
 knum = afl.afl_vs_fedavg(feats, [(k, partition(("alpha", invariance_alpha), k, partition_seed)) for k in client_counts],
-                         config, seeds[0], gamma, dev, index="K", desc="client counts", cache=runs_cache)
+                         config, seeds[0], gamma, dev, index="K", desc="client counts", cache=runs_cache,
+                         workers=workers)
 fig, ax = plt.subplots(figsize=(5, 3.5))
 sns.lineplot(data=knum.reset_index().melt("K", value_name="accuracy"), x="K", y="accuracy", hue="method", marker="o",
              ax=ax)
@@ -455,7 +461,8 @@ display(table)
 
 # %%
 table3 = afl.afl_vs_fedavg(feats, [(label(s), partition(s, num_clients, partition_seed)) for s in sweep], config,
-                           seeds[0], gamma, dev, index="setting", desc="heterogeneity sweep", cache=runs_cache)
+                           seeds[0], gamma, dev, index="setting", desc="heterogeneity sweep", cache=runs_cache,
+                           workers=workers)
 print(f"runs reused from earlier cells instead of computed again: {runs_cache.hits}")
 table3 = (100 * table3[["FedAvg (1 seed)", "AFL"]]).rename_axis(columns=None).T
 print("Paper, Table 3 (CIFAR-100, K=100, accuracy %):")

@@ -566,3 +566,37 @@ def test_packed_gram_equals_the_packed_product(data, monkeypatch):
         assert relative_error(afl.upload_gram(packed), full["C"]) < 1e-14 and torch.equal(packed["W"], full["W"])
     monkeypatch.setattr(afl, "_KERNELS", {"packed": None, "full": None})   # without numba: the product, packed
     assert torch.equal(afl.packed_gram(xt, 0.5), afl.pack_symmetric(xt.T @ xt, 0.5))
+
+
+def test_baselines_in_forked_workers_equal_the_runs_one_by_one(data):
+    """run_baselines with workers=2 (RunCache.federated_many through fork_map) gives the same
+    histories and final weights as one process, for every method kind (MOON's head included);
+    a repeated job is a cache hit in both."""
+    import pandas as pd
+
+    x, y, _ = data
+    train = torch.from_numpy(x).float(), torch.from_numpy(y)
+    test = torch.from_numpy(x[:200]).float(), torch.from_numpy(y[:200])
+    parts = afl.SettingPartitions(y)
+    config = dict(rounds=2, local_epochs=1, batch_size=32, lr=0.05, device="cpu", eval_every=1, batched_clients=True)
+    jobs = [(("alpha", 0.5), m, s, 0) for m in ("fedavg", "moon", "fedprox") for s in (0, 1)]
+    jobs.append(jobs[0])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # the workers' setting (fedlib.core.parallel): the same kernels in both
+    try:
+        caches = [afl.RunCache(), afl.RunCache()]
+        one, _ = afl.run_baselines("t", jobs, parts, 5, train, test, C, config, moon_hidden=8, progress=False,
+                                   cache=caches[0])
+        two, _ = afl.run_baselines("t", jobs, parts, 5, train, test, C, config, moon_hidden=8, progress=False,
+                                   cache=caches[1], workers=2)
+    finally:
+        torch.set_num_threads(threads)
+    pd.testing.assert_frame_equal(one.drop(columns=[c for c in one if "seconds" in c]),
+                                  two.drop(columns=[c for c in two if "seconds" in c]))
+    assert caches[0].hits == caches[1].hits == 1
+    h1 = [caches[0].federated(m, parts(st, 5, ps), s, config, 8, train, test, C) for st, m, s, ps in jobs]
+    h2 = [caches[1].federated(m, parts(st, 5, ps), s, config, 8, train, test, C) for st, m, s, ps in jobs]
+    for a, b in zip(h1, h2):
+        assert a.test_acc == b.test_acc
+        for k in a.final_state:
+            assert torch.equal(a.final_state[k], b.final_state[k])

@@ -784,20 +784,38 @@ class RunCache:
     def federated(self, method: str, parts, seed: int, config: dict, moon_hidden, train, test, num_classes: int):
         """:func:`~fedlib.federated.gradient.run_federated` of ``method`` with ``FedConfig(seed=seed,
         **config)`` on ``train`` = (x (N, d), y (N,)) tensors split by ``parts``, evaluated on ``test``."""
+        return self.federated_many([(method, parts, seed)], config, moon_hidden, train, test, num_classes)[0]
+
+    def federated_many(self, runs, config: dict, moon_hidden, train, test, num_classes: int, workers: int = 1,
+                       desc: str | None = None, progress: bool = False) -> list:
+        """:meth:`federated` of every ``(method, parts, seed)`` of ``runs``; the histories in that order.
+        The runs not held yet go to ``workers`` forked processes (:func:`fedlib.core.parallel.fork_map`):
+        each is seeded by its own FedConfig, so the histories equal those run one by one (tested)."""
+        from fedlib.core.parallel import fork_map
         from fedlib.federated.gradient import FedConfig, make_algorithm, run_federated
 
         x_tr, y_tr = train
         data = tuple((t.data_ptr(), tuple(t.shape), str(t.dtype)) for t in (*train, *test))
-        key = (id(parts), method, int(seed), tuple(sorted(config.items())),
-               moon_hidden if method == "moon" else None, data)
-        if key in self._federated:
-            self.hits += 1
-        else:
-            hist = run_federated(baseline_model_fn(method, int(x_tr.shape[1]), num_classes, moon_hidden),
+        items = tuple(sorted(config.items()))
+        keys = [(id(parts), method, int(seed), items, moon_hidden if method == "moon" else None, data)
+                for method, parts, seed in runs]
+        missing: dict = {}
+        for key, run in zip(keys, runs):
+            if key in self._federated or key in missing:
+                self.hits += 1
+            else:
+                missing[key] = run
+
+        def one(run):
+            method, parts, seed = run
+            return run_federated(baseline_model_fn(method, int(x_tr.shape[1]), num_classes, moon_hidden),
                                  [(x_tr[p], y_tr[p]) for p in parts], test, make_algorithm(method),
                                  FedConfig(seed=seed, **config), progress=False)
+
+        for (key, (_, parts, _)), hist in zip(missing.items(), fork_map(one, list(missing.values()), workers,
+                                                                        desc=desc, progress=progress)):
             self._federated[key] = (parts, train, test, hist)
-        return self._federated[key][3]
+        return [self._federated[key][3] for key in keys]
 
 
 def baseline_model_fn(method: str, dim: int, num_classes: int, moon_hidden: int | None = None):
@@ -825,11 +843,12 @@ def per_round_upload(hist, parts: Sequence[np.ndarray]) -> float:
 
 def run_baselines(protocol: str, jobs, partitions: SettingPartitions, num_clients: int, train, test,
                   num_classes: int, config: dict, moon_hidden: int | None = None, progress: bool = True,
-                  cache: RunCache | None = None):
+                  cache: RunCache | None = None, workers: int = 1):
     """Run the gradient baselines of ``jobs`` = [(setting, method, seed, partition seed)] on the
     frozen features ``train`` = (x (N, d), y (N,)) / ``test`` tensors, each with
     ``FedConfig(seed=seed, **config)`` on ``partitions(setting, num_clients, partition seed)``.
-    ``cache``: a :class:`RunCache` that holds the runs (a job it already ran is not run again).
+    ``cache``: a :class:`RunCache` that holds the runs (a job it already ran is not run again);
+    ``workers`` forked processes run the new ones (:meth:`RunCache.federated_many`).
 
     Returns ``(runs, curves)``: one row per job (final / best accuracy, seconds, measured upload per
     client and round) and the concatenated per-round histories.
@@ -839,9 +858,11 @@ def run_baselines(protocol: str, jobs, partitions: SettingPartitions, num_client
 
     cache = RunCache() if cache is None else cache
     out, frames = [], []
-    for setting, method, seed, pseed in tqdm(jobs, desc=f"{protocol} runs", disable=not progress):
+    hists = cache.federated_many([(method, partitions(setting, num_clients, pseed), seed)
+                                  for setting, method, seed, pseed in jobs], config, moon_hidden, train, test,
+                                 num_classes, workers=workers, desc=f"{protocol} runs", progress=progress)
+    for (setting, method, seed, pseed), hist in zip(jobs, hists):
         parts = partitions(setting, num_clients, pseed)
-        hist = cache.federated(method, parts, seed, config, moon_hidden, train, test, num_classes)
         out.append({"protocol": protocol, "setting": setting_label(setting), "method": method, "seed": seed,
                     "partition seed": pseed, "accuracy": hist.final_acc, "best accuracy": hist.best_acc,
                     "seconds": hist.wall_s[-1], "seconds per round": hist.wall_s[-1] / config["rounds"],
@@ -1215,12 +1236,13 @@ def advantage_summary(runs, afl_acc, paired) -> dict:
 
 
 def afl_vs_fedavg(feats, parts_by_key, config: dict, seed: int, gamma: float, device, index: str,
-                  progress: bool = True, desc: str = "runs", cache: RunCache | None = None):
+                  progress: bool = True, desc: str = "runs", cache: RunCache | None = None, workers: int = 1):
     """AFL and one FedAvg run (training seed ``seed``, ``FedConfig(**config)``) on each partition of
     ``parts_by_key`` = [(key, client index arrays)]. Returns test accuracies (fractions), one row per
     key (index named ``index``), columns "AFL" and "FedAvg (1 seed)" (columns named "method").
     ``cache``: a :class:`RunCache`; a run it holds (e.g. from :func:`afl_setting_runs` or
-    :func:`run_baselines` on the same partition object) is reused, and the new runs are kept."""
+    :func:`run_baselines` on the same partition object) is reused, and the new runs are kept; ``workers``
+    forked processes run the new FedAvg runs (:meth:`RunCache.federated_many`)."""
     import pandas as pd
     from tqdm.auto import tqdm
 
@@ -1229,10 +1251,11 @@ def afl_vs_fedavg(feats, parts_by_key, config: dict, seed: int, gamma: float, de
     cache = RunCache() if cache is None else cache
     train = torch.from_numpy(feats.x_train), torch.from_numpy(feats.y_train)
     test = torch.from_numpy(feats.x_test), torch.from_numpy(feats.y_test)
+    hists = cache.federated_many([("fedavg", parts, seed) for _, parts in parts_by_key], config, None, train, test,
+                                 feats.num_classes, workers=workers, desc=f"{desc} (FedAvg)", progress=progress)
     rows = {}
-    for key, parts in tqdm(parts_by_key, desc=desc, disable=not progress):
+    for (key, parts), hist in zip(tqdm(parts_by_key, desc=f"{desc} (AFL)", disable=not progress), hists):
         res = cache.afl(feats, parts, gamma, device)
-        hist = cache.federated("fedavg", parts, seed, config, None, train, test, feats.num_classes)
         rows[key] = {"AFL": head_accuracy(res.weights, feats.x_test, feats.y_test), "FedAvg (1 seed)": hist.final_acc}
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis(index=index, columns="method")
 

@@ -70,7 +70,7 @@ SPECS = {
         "gamma": NON_NEGATIVE,
         "client_counts": List(Int(1), distinct=True), "invariance_alpha": POSITIVE,
         "table3_alphas": List(POSITIVE), "gammas": List(NON_NEGATIVE), "ri_clients": List(Int(1), distinct=True),
-        "paper_rounds": Int(1),
+        "paper_rounds": Int(1), "workers": Int(1) | NULL,
     }, rules=[rule_subset("resample_methods", "methods"), _some_setting, _participation_positive]),
     "afl_beyond": Spec({
         "dataset": Choice(DATASETS), "backbone": Choice(BACKBONES), "input_size": Int(1),
