@@ -48,8 +48,8 @@
 # %% tags=["parameters"]
 profile = "quick"          # set by the runner; recorded for the reader
 datasets = ["fashion_mnist", "mnist5k"]
-subsets = {"fashion_mnist": [20000, 5000]}   # images whose features are cached (the AFL chapter's subset)
-n_train = 6000             # stratified subset used by the experiments; null keeps every cached image
+subsets = {"fashion_mnist": [20000, 5000]}   # a stratified subset drawn first (the AFL chapter's paper subset) ...
+n_train = 6000             # ... then the stratified subset the experiments use (null keeps all of the first)
 n_test = 2000
 backbone = "efficientnet_lite0"
 input_size = 64
@@ -129,11 +129,11 @@ for name in names:  # every dataset's classes divide into num_tasks tasks (check
 feats = {}
 for name in datasets:
     t0 = time.perf_counter()
-    cached, feats[name] = stsa.benchmark_features(name, subsets, n_train, n_test, backbone=backbone,
-                                                  input_size=input_size, device=device)  # same draw as data[name]
+    feats[name] = stsa.benchmark_features(name, subsets, n_train, n_test, backbone=backbone,
+                                          input_size=input_size, device=device)  # same draw as data[name]
     assert np.array_equal(feats[name].y_train, data[name].y_train)
-    print(f"{cached.name}: {cached.x_train.shape} ({time.perf_counter() - t0:.1f} s, cached); "
-          f"experiments use {feats[name].x_train.shape[0]} train / {feats[name].x_test.shape[0]} test")
+    print(f"{feats[name].name}: train {feats[name].x_train.shape}, test {feats[name].x_test.shape} "
+          f"({time.perf_counter() - t0:.1f} s, cached after the first run)")
 
 # %% [markdown]
 # ## The methods

@@ -40,7 +40,7 @@
 # %% tags=["parameters"]
 profile = "quick"          # set by the runner; recorded for the reader
 dataset = "fashion_mnist"
-subsets = {"fashion_mnist": [20000, 5000]}   # the cached images (the benchmark chapter's subset)
+subsets = {"fashion_mnist": [20000, 5000]}   # the benchmark chapter's draw: this subset first, then n_train / n_test of it
 n_train = 6000             # the benchmark chapter's quick scale
 n_test = 2000
 backbone = "efficientnet_lite0"
@@ -86,11 +86,11 @@ specs.check("stsa_beyond", globals())   # every parameter is checked before any 
 sns.set_theme(style="whitegrid")
 torch.set_num_threads(num_threads)
 dev = "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
-cached, feats = stsa.benchmark_features(dataset, subsets, n_train, n_test, backbone=backbone, input_size=input_size,
-                                        device=dev)
+feats = stsa.benchmark_features(dataset, subsets, n_train, n_test, backbone=backbone, input_size=input_size,
+                                device=dev)
 make_stream(feats.y_train, feats.y_test, num_tasks)   # num_tasks must divide the classes
 grid = sb.gamma_grid(gamma_min, gamma_max, gamma_points)
-print(f"profile={profile}: {cached.name}, {len(feats.y_train)} train / {len(feats.y_test)} test, d={feats.x_train.shape[1]}, "
+print(f"profile={profile}: {feats.name}, {len(feats.y_train)} train / {len(feats.y_test)} test, d={feats.x_train.shape[1]}, "
       f"M={M}, T={num_tasks}, K={num_clients}, beta={beta}, seeds {seeds}; gamma grid {gamma_min:g}..{gamma_max:g} "
       f"({gamma_points} points)")
 

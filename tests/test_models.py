@@ -184,6 +184,15 @@ def test_embed_matches_features_and_restores_mode():
         embed(model, x, batch_size=0)
 
 
+def test_embed_batch_size_does_not_change_the_features():
+    """The default batch (256) gives the features of the former default (1024) bit for bit, so the
+    cached scratch backbones' features stay valid."""
+    torch.manual_seed(0)
+    model = SmallResNet(in_channels=1, num_classes=2, widths=(8, 16, 32), blocks=(1, 1, 1)).eval()
+    x = _x(1, 28, n=600)
+    np.testing.assert_array_equal(embed(model, x), embed(model, x, batch_size=1024))
+
+
 # ----------------------------------------------------------------------------------------------
 # STSA stage 1
 # ----------------------------------------------------------------------------------------------

@@ -224,9 +224,11 @@ def test_noise_study_reuses_equal_q_s_runs_and_builds_the_tables(feats, run):
 def test_benchmark_data_and_features_share_one_draw():
     data = stsa.benchmark_data(["optdigits"], {}, 300, 100, 5)
     assert len(data["optdigits"].y_train) == 300 and len(data["optdigits"].y_test) == 100
-    cached, used = stsa.benchmark_features("optdigits", {}, 300, 100, backbone="raw", cache_dir=False, progress=False)
-    assert np.array_equal(used.y_train, data["optdigits"].y_train) and used.x_train.shape == (300, cached.dim)
-    assert len(cached.y_train) > 300
+    used = stsa.benchmark_features("optdigits", {}, 300, 100, backbone="raw", cache_dir=False, progress=False)
+    assert np.array_equal(used.y_train, data["optdigits"].y_train) and used.x_train.shape == (300, 64)
+    np.testing.assert_array_equal(used.x_train, data["optdigits"].x_train.reshape(300, -1) / np.float32(255.0))
+    sub = stsa.benchmark_images("optdigits", {"optdigits": [1000, 300]}, 300, 100)   # a subset of a subset
+    assert len(sub.y_train) == 300 and len(sub.y_test) == 100 and "[train=1000,test=300,seed=0]" in sub.name
     with pytest.raises(ValueError):
         stsa.benchmark_data(["optdigits"], {}, 300, 100, 3)   # 3 tasks do not divide 10 classes
 

@@ -1167,32 +1167,34 @@ def recomputed_margins():
 # ----------------------------------------------------------------------------------------------
 # the benchmark chapter's grids and tables (notebooks/stsa_benchmark.py)
 # ----------------------------------------------------------------------------------------------
-def benchmark_data(names: Sequence[str], subsets: dict, n_train: int | None, n_test: int | None,
-                   num_tasks: int) -> dict:
-    """``{name: Dataset}``: each dataset, its ``subsets[name]`` = [n_train, n_test] stratified subset
-    (the images whose features are cached), then at most ``n_train`` / ``n_test`` of them; checks
-    that ``num_tasks`` divides its classes (:func:`make_stream` raises otherwise)."""
+def benchmark_images(name: str, subsets: dict, n_train: int | None, n_test: int | None):
+    """Dataset ``name``: its ``subsets[name]`` = [n_train, n_test] stratified subset (when given), then
+    at most ``n_train`` / ``n_test`` of those: the one draw of the benchmark's images and features."""
     from fedlib.data.datasets import load_dataset
 
+    ds = load_dataset(name)
+    n_tr, n_te = subsets.get(name, [None, None])
+    return (ds.subset(n_tr, n_te) if (n_tr or n_te) else ds).at_most(n_train, n_test)
+
+
+def benchmark_data(names: Sequence[str], subsets: dict, n_train: int | None, n_test: int | None,
+                   num_tasks: int) -> dict:
+    """``{name: Dataset}`` of :func:`benchmark_images`; checks that ``num_tasks`` divides each one's
+    classes (:func:`make_stream` raises otherwise)."""
     data = {}
     for name in names:
-        ds = load_dataset(name)
-        n_tr, n_te = subsets.get(name, [None, None])
-        data[name] = (ds.subset(n_tr, n_te) if (n_tr or n_te) else ds).at_most(n_train, n_test)
+        data[name] = benchmark_images(name, subsets, n_train, n_test)
         make_stream(data[name].y_train, data[name].y_test, num_tasks)
     return data
 
 
 def benchmark_features(name: str, subsets: dict, n_train: int | None, n_test: int | None, **extract):
-    """Cached frozen-backbone features of dataset ``name`` (its ``subsets`` subset; ``extract`` goes to
-    :func:`fedlib.data.features.extract_features`) and the same draw of at most ``n_train`` / ``n_test``
-    as :func:`benchmark_data`. Returns ``(cached, used)``."""
-    from fedlib.data.datasets import load_dataset
+    """Frozen-backbone features of :func:`benchmark_images` (``extract`` goes to
+    :func:`fedlib.data.features.extract_features`, which caches them): only the images the experiments
+    use pass through the backbone. Returns the Features."""
     from fedlib.data.features import extract_features
 
-    ds = load_dataset(name)
-    cached = extract_features(ds.subset(*subsets[name]) if name in subsets else ds, **extract)
-    return cached, cached.at_most(n_train, n_test)
+    return extract_features(benchmark_images(name, subsets, n_train, n_test), **extract)
 
 
 def pretrained_grid(run, features, setting: str, betas, seeds, baselines, baseline_seeds, M: int) -> list:
