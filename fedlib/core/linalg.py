@@ -260,7 +260,16 @@ def qr_reference(x: Array, labels: Array, num_classes: int) -> torch.Tensor:
     (NumPy, float64; never X^T X), ``W = R^{-1} Q^T Y``; a column that is 0 in every sample gets weight 0
     (the minimum-norm choice). Needs the live columns to have full column rank; with fewer samples than
     live columns (n < d: X cannot have it, R is not square) the minimum-norm solution from NumPy's
-    SVD-based ``lstsq`` on X instead (:func:`lstsq_reference`)."""
+    SVD-based ``lstsq`` on X instead (:func:`lstsq_reference`). NumPy's LAPACK runs on one thread here:
+    its threads busy-wait on a shared, loaded machine (10,000 x 1280 beside another chapter: 2.9 s on
+    one thread; the afl_beyond cell that ran it on the default threads took 25.6 s)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        return _qr_reference(x, labels, num_classes)
+
+
+def _qr_reference(x: Array, labels: Array, num_classes: int) -> torch.Tensor:
     xn = np.asarray(x.cpu() if isinstance(x, torch.Tensor) else x)
     yn = np.asarray(labels.cpu() if isinstance(labels, torch.Tensor) else labels)
     live = np.abs(xn).max(axis=0) > 0
