@@ -602,23 +602,26 @@ def test_baselines_in_forked_workers_equal_the_runs_one_by_one(data):
             assert torch.equal(a.final_state[k], b.final_state[k])
 
 
-def test_qr_reference_runs_numpy_on_one_blas_thread(data, monkeypatch):
-    """The QR reference limits NumPy's BLAS to one thread (its threads busy-wait beside another
-    chapter: the afl_beyond cell took 25.6 s instead of about 3 s)."""
+def test_numpy_references_run_on_one_blas_thread(data, monkeypatch):
+    """The QR and lstsq references limit NumPy's BLAS to one thread (its threads busy-wait beside
+    another chapter: the afl_beyond QR cell took 25.6 s instead of about 3 s)."""
     from threadpoolctl import threadpool_info, threadpool_limits
 
     from fedlib.core import linalg
 
     seen = []
-    qr = np.linalg.qr
 
-    def spy(a, *args, **kwargs):
-        seen.append({i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"})
-        return qr(a, *args, **kwargs)
+    def spy(f):
+        def wrapped(*args, **kwargs):
+            seen.append({i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"})
+            return f(*args, **kwargs)
+        return wrapped
 
-    monkeypatch.setattr(np.linalg, "qr", spy)
+    monkeypatch.setattr(np.linalg, "qr", spy(np.linalg.qr))
+    monkeypatch.setattr(np.linalg, "lstsq", spy(np.linalg.lstsq))
     x, y, _ = data
     with threadpool_limits(limits=2, user_api="blas"):   # what a kernel gets on 2 cores
         linalg.qr_reference(x, y, C)
+        linalg.lstsq_reference(x, y, C)
         assert {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"} == {2}   # restored
-    assert seen == [{1}]
+    assert seen == [{1}, {1}]

@@ -242,10 +242,28 @@ def synthetic_features(n: int, dim: int, num_classes: int, kind: str = "gaussian
     return x + 5.0, labels
 
 
+def _one_blas_thread(fn):
+    """Run ``fn`` with NumPy's BLAS / LAPACK on one thread: its threads busy-wait on a shared, loaded
+    machine (a 10,000 x 1280 QR beside another chapter: 2.9 s on one thread; the afl_beyond cell that
+    ran it on the default threads took 25.6 s)."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=1, user_api="blas"):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+@_one_blas_thread
 def lstsq_reference(x: Array, labels: Array, num_classes: int, lam: float = 0.0) -> torch.Tensor:
     """Independent reference for the least-squares head (d, C): NumPy's SVD-based ``lstsq`` on X
     itself (never on X^T X), float64, minimum-norm when X is rank-deficient. With ``lam`` > 0 the
-    ridge head ``(X^T X + lam I)^{-1} X^T Y`` from the augmented system [X; sqrt(lam) I] W = [Y; 0]."""
+    ridge head ``(X^T X + lam I)^{-1} X^T Y`` from the augmented system [X; sqrt(lam) I] W = [Y; 0].
+    One BLAS thread (:func:`_one_blas_thread`)."""
     check_positive("lam", lam, strict=False)
     xn = np.asarray(x.cpu() if isinstance(x, torch.Tensor) else x, dtype=np.float64)
     yn = np.eye(num_classes)[np.asarray(labels.cpu() if isinstance(labels, torch.Tensor) else labels)]
@@ -255,21 +273,13 @@ def lstsq_reference(x: Array, labels: Array, num_classes: int, lam: float = 0.0)
     return torch.from_numpy(np.linalg.lstsq(xn, yn, rcond=None)[0])
 
 
+@_one_blas_thread
 def qr_reference(x: Array, labels: Array, num_classes: int) -> torch.Tensor:
     """Independent reference for the least-squares head (d, C): a Householder QR of X's live columns
     (NumPy, float64; never X^T X), ``W = R^{-1} Q^T Y``; a column that is 0 in every sample gets weight 0
     (the minimum-norm choice). Needs the live columns to have full column rank; with fewer samples than
     live columns (n < d: X cannot have it, R is not square) the minimum-norm solution from NumPy's
-    SVD-based ``lstsq`` on X instead (:func:`lstsq_reference`). NumPy's LAPACK runs on one thread here:
-    its threads busy-wait on a shared, loaded machine (10,000 x 1280 beside another chapter: 2.9 s on
-    one thread; the afl_beyond cell that ran it on the default threads took 25.6 s)."""
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(limits=1, user_api="blas"):
-        return _qr_reference(x, labels, num_classes)
-
-
-def _qr_reference(x: Array, labels: Array, num_classes: int) -> torch.Tensor:
+    SVD-based ``lstsq`` on X instead (:func:`lstsq_reference`). One BLAS thread (:func:`_one_blas_thread`)."""
     xn = np.asarray(x.cpu() if isinstance(x, torch.Tensor) else x)
     yn = np.asarray(labels.cpu() if isinstance(labels, torch.Tensor) else labels)
     live = np.abs(xn).max(axis=0) > 0
