@@ -78,10 +78,13 @@ def _init_worker(counter, jobs: int) -> None:
         _SLOT = counter.value
         counter.value += 1
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    # chapters side by side share the cores: each forks at most its share (fedlib.core.parallel)
+    # chapters side by side share the cores: each forks at most its share (fedlib.core.parallel), and
+    # NumPy's BLAS, whose threads busy-wait, gets that many threads
     from fedlib.core.parallel import default_workers
 
-    os.environ.setdefault("FEDLIB_WORKERS", str(max(1, default_workers() // jobs)))
+    share = str(max(1, default_workers() // jobs))
+    os.environ.setdefault("FEDLIB_WORKERS", share)
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", share)
 
 
 def children_cpu() -> float:
