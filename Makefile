@@ -49,6 +49,7 @@ bench: setup
 	$(PY) -m fedlib.bench.fedtsne_speed --out book/benchmarks/fedtsne_speed.txt
 	$(PY) -m fedlib.bench.fedtsne_scale --out book/benchmarks/fedtsne_scale.txt
 	$(PY) -m fedlib.bench.refed_scoring --out book/benchmarks/refed_scoring.txt
+	$(PY) -m fedlib.bench.extraction --out book/benchmarks/extraction.txt
 	$(PY) -m fedlib.bench.flower --out book/benchmarks/flower.txt
 	$(PY) -m fedlib.bench.book_time --out book/benchmarks/book_time.txt
 
