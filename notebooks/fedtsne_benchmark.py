@@ -92,6 +92,7 @@ landmark_variants = ["Fed"]
 scatter_points = 1000      # points drawn per scatter panel
 num_threads = 2
 feddl_dtype = "float32"    # FedDL's arithmetic: float32 (faster) or float64 (profile paper)
+workers = None             # processes running the independent runs (forked, one thread each); null: the cores
 
 # %% tags=["hide-input"]
 import os
@@ -114,6 +115,7 @@ from fedlib.evaluation import claims, report
 from fedlib.evaluation import embedding as em
 from fedlib.papers import fedtsne as ft
 from fedlib.evaluation import tables as paper_results
+from fedlib.core.parallel import default_workers, fork_map
 from fedlib.evaluation.stats import mean_std
 from fedlib.runner import specs
 
@@ -125,6 +127,11 @@ threadpool_limits(num_threads)
 # there and, on a shared 2-core machine, spin-waits (measured: 20 rounds 6x slower with 2 BLAS threads)
 threadpool_limits(1, user_api="blas")
 warnings.filterwarnings("ignore", category=FutureWarning)
+warnings.filterwarnings("ignore", message="IProgress not found")   # tqdm.auto without ipywidgets (no bars are shown)
+# the studies' independent runs (a dataset, seed and split each) go to `workers` forked processes; every run is
+# seeded by its own seed, so the results are those of one process (tests/test_fedtsne_studies.py)
+workers = default_workers() if workers is None else workers
+print(f"{workers} worker process(es) for the independent runs")
 T_START = time.perf_counter()
 timings = {}
 
@@ -198,7 +205,7 @@ CHECKPOINTS = [c for c in (10, 25, 50, 100, 200, 400, 800, 1600) if c <= LIMIT]
 traces, conv = ft.convergence_study(data, scorers, seeds, num_clients, n_landmarks, tol=plateau_tol,
                                     window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW, check_every=plateau_check,
                                     max_rounds=LIMIT, stop_at_plateau=rounds == "plateau", checkpoints=CHECKPOINTS,
-                                    dtype=feddl_dtype)
+                                    dtype=feddl_dtype, workers=workers, progress=False)
 timings["FedDL noise-free (convergence)"] = time.perf_counter() - t0
 study = ft.plateau_study(traces, window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW)
 if rounds == "plateau":
@@ -247,10 +254,11 @@ tr = traces[first, "iid", seeds[0]]
 show_rounds = sorted({0, min(10, tr.rounds), min(50, tr.rounds), tr.rounds} & set(tr.landmarks))
 X, y, classes = data[first]
 idx = np.random.default_rng(0).permutation(len(y))[:scatter_points]
+show_Z = fork_map(lambda s: TSNE(n_components=2, perplexity=perplexity, init="random", random_state=seeds[0],
+                                  max_iter=tsne_max_iter, metric="precomputed")
+                  .fit_transform(ft.nystrom_estimate(X, tr.landmarks[s])), show_rounds, workers, progress=False)
 fig, axes = plt.subplots(1, len(show_rounds), figsize=(4.2 * len(show_rounds), 4.0), squeeze=False)
-for ax, s in zip(axes[0], show_rounds):
-    Z = TSNE(n_components=2, perplexity=perplexity, init="random", random_state=seeds[0], max_iter=tsne_max_iter,
-             metric="precomputed").fit_transform(ft.nystrom_estimate(X, tr.landmarks[s]))
+for ax, s, Z in zip(axes[0], show_rounds, show_Z):
     sns.scatterplot(x=Z[idx, 0], y=Z[idx, 1], hue=np.asarray(classes, dtype=object)[y[idx]], hue_order=list(classes),
                     palette=sns.color_palette("tab10", len(classes)), s=5, linewidth=0, ax=ax, legend=False,
                     rasterized=True)
@@ -298,7 +306,8 @@ t0 = time.perf_counter()
 fed_runs = {}      # every FedDL run, keyed (dataset, split, variant, seed): the client sweep reuses its 10-client runs
 results, dist_q, costs, keep_Z, run_checks = ft.benchmark_runs(
     data, scorers, traces, seeds, methods, num_clients=num_clients, n_landmarks=n_landmarks, beta=beta,
-    window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW, embed_kwargs=EMBED, keep_runs=fed_runs, dtype=feddl_dtype)
+    window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW, embed_kwargs=EMBED, keep_runs=fed_runs, dtype=feddl_dtype,
+    workers=workers, progress=False)
 timings["main runs"] = time.perf_counter() - t0
 # the cached scorer equals embedding_report; Y^0 does not depend on the split (equal up to the rounding of
 # the clients' sums, which are summed in another order, and, in float32, up to one float32 rounding step
@@ -495,14 +504,23 @@ known = {(split, k, seed, variant): (fed_runs[sweep_dataset, split, variant, see
                                      keep_Z[sweep_dataset, "tsne", variant, SPLIT_NAMES[split], seed])
          for split, k in CLIENT_RUNS if k == num_clients and "tsne" in methods
          for seed in sweep_seeds if seed in seeds for variant in ("Fed", "Fed+")}
-clients_df = ft.client_sweep(sweep_X, sweep_y, CLIENT_RUNS, sweep_seeds, sweep_scorer, n_landmarks=n_landmarks,
-                             rounds=rounds, beta=beta, embed_kwargs=EMBED, plateau=PLATEAU, known=known,
-                             dtype=feddl_dtype)
+client_plan = ft.client_sweep(sweep_X, sweep_y, CLIENT_RUNS, sweep_seeds, sweep_scorer, n_landmarks=n_landmarks,
+                              rounds=rounds, beta=beta, embed_kwargs=EMBED, plateau=PLATEAU, known=known,
+                              dtype=feddl_dtype, workers=workers, plan=True)
+# the landmark sweep of Sec. 7 runs here too, in the same worker processes (its runs fill the wait for the
+# long client runs); its results are shown in Sec. 7
+m_dim = sweep_X.shape[1]
+landmark_plan = ft.landmark_sweep(
+    sweep_X, sweep_y, landmark_splits, landmark_counts, landmark_variants, landmark_methods, sweep_seeds, sweep_scorer,
+    num_clients=num_clients, rounds=rounds, beta=beta, window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW,
+    embed_kwargs=EMBED, plateau=PLATEAU, dtype=feddl_dtype, workers=workers, plan=True)
+clients_df, (landmarks_df, quality_df) = ft.run_sweeps([client_plan, landmark_plan], workers, progress=False)
+sweep_scorer.release()
 print(f"{int(clients_df['reused'].sum())} of {len(clients_df)} sweep runs are main runs of Sec. 3, reused; "
       "FedDL rounds per run:")
 display(clients_df.pivot_table(index=["split", "method"], columns="clients", values="rounds", aggfunc="max")
         .style.format("{:.0f}", na_rep="-"))
-timings["client sweep"] = time.perf_counter() - t0
+timings["client and landmark sweeps"] = time.perf_counter() - t0
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
@@ -544,16 +562,8 @@ display(report.pm_table(paper_results.fedtsne_table4(), digits=3))
 #
 # With $n_y\ge m+2$ landmarks the squared-distance estimate must be exact (relative error below
 # 1e-6; asserted when the grid reaches that size).
-
-# %%
-t0 = time.perf_counter()
-m_dim = sweep_X.shape[1]
-landmarks_df, quality_df = ft.landmark_sweep(
-    sweep_X, sweep_y, landmark_splits, landmark_counts, landmark_variants, landmark_methods, sweep_seeds, sweep_scorer,
-    num_clients=num_clients, rounds=rounds, beta=beta, window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW,
-    embed_kwargs=EMBED, plateau=PLATEAU, dtype=feddl_dtype)
-sweep_scorer.release()
-timings["landmark sweep"] = time.perf_counter() - t0
+#
+# (These runs were made in Sec. 6's cell, in the same worker processes as the client sweep.)
 
 # %%
 fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))

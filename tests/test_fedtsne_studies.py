@@ -512,3 +512,71 @@ def test_paper_drop_check_splits_gamma_control():
     with pytest.raises(ValueError, match="num_clients"):
         ft.check_splits(y, [("non_iid", 4)])
     assert ft.gamma_control(X, y, 3, 5, 5, 2.0) < 1e-8
+
+
+def test_benchmark_studies_in_forked_workers_equal_one_process():
+    """workers=2 (fork_map) gives exactly the rows, embeddings and FedDL landmarks of workers=1."""
+    X, y = _blobs(n=90)
+    data = {"blobs": (X, y, ("a", "b", "c"))}
+    rule = dict(tol=0.01, window=0.1, min_window=10, check_every=20, max_rounds=40, stop_at_plateau=False,
+                checkpoints=[10, 30])
+    out = {}
+    with threadpool_limits(1):
+        for workers in (1, 2):
+            scorers = {"blobs": ft.EmbeddingScorer(X, y)}
+            traces, conv = ft.convergence_study(data, scorers, [0, 1], 3, 8, workers=workers, progress=False, **rule)
+            runs = {}
+            bench = ft.benchmark_runs(data, scorers, traces, [0, 1], ["tsne"], num_clients=3, n_landmarks=8, beta=1.0,
+                                      embed_kwargs={"tsne_max_iter": 250}, keep_runs=runs, workers=workers,
+                                      progress=False)
+            kw = dict(rounds=3, beta=1.0, embed_kwargs={"tsne_max_iter": 250}, workers=workers, progress=False)
+            known = {("iid", 3, 0, v): (runs["blobs", "iid", v, 0], bench[3]["blobs", "tsne", v, "IID", 0])
+                     for v in ("Fed", "Fed+")}
+            clients = ft.client_sweep(X, y, [("iid", 3), ("non_iid", 3), ("iid", 4)], [0], scorers["blobs"],
+                                      n_landmarks=8, known=known, **kw)
+            lm = ft.landmark_sweep(X, y, ["iid", "non_iid"], [4, 8], ["Fed", "Fed+"], ["tsne"], [0], scorers["blobs"],
+                                   num_clients=3, **kw)
+            out[workers] = traces, conv, runs, bench, clients, lm
+        # both sweeps in one fork_map (the notebook's call): the same frames
+        plans = [ft.client_sweep(X, y, [("iid", 3), ("non_iid", 3), ("iid", 4)], [0], scorers["blobs"], n_landmarks=8,
+                                 known=known, plan=True, **kw),
+                 ft.landmark_sweep(X, y, ["iid", "non_iid"], [4, 8], ["Fed", "Fed+"], ["tsne"], [0], scorers["blobs"],
+                                   num_clients=3, plan=True, **kw)]
+        together = ft.run_sweeps(plans, 2, progress=False)
+    (t1, c1, r1, b1, cl1, lm1), (t2, c2, r2, b2, cl2, lm2) = out[1], out[2]
+    assert list(t1) == list(t2) and list(r1) == list(r2)
+    for key in t1:
+        assert t1[key].rounds == t2[key].rounds and set(t1[key].landmarks) == set(t2[key].landmarks)
+        for s in t1[key].landmarks:
+            np.testing.assert_array_equal(t1[key].landmarks[s], t2[key].landmarks[s])
+    for key in r1:
+        np.testing.assert_array_equal(r1[key].landmarks, r2[key].landmarks)
+        np.testing.assert_array_equal(r1[key].objective, r2[key].objective)
+    pd.testing.assert_frame_equal(c1, c2)
+    for a, b in zip(b1[:3], b2[:3]):      # results, D-hat quality, costs: every column but the seconds
+        pd.testing.assert_frame_equal(a.drop(columns=[c for c in a if "s" == c.split()[-1] or c == "seconds"]),
+                                      b.drop(columns=[c for c in b if "s" == c.split()[-1] or c == "seconds"]))
+    assert list(b1[3]) == list(b2[3]) and b1[4] == b2[4]
+    for key in b1[3]:
+        np.testing.assert_array_equal(b1[3][key], b2[3][key])
+    pd.testing.assert_frame_equal(cl1, cl2)
+    assert cl1["reused"].sum() == 2 and len(cl1) == 6
+    for a, b in zip(lm1, lm2):
+        pd.testing.assert_frame_equal(a, b)
+    pd.testing.assert_frame_equal(together[0], cl1)
+    for a, b in zip(together[1], lm1):
+        pd.testing.assert_frame_equal(a, b)
+    with pytest.raises(ValueError, match="workers"):
+        ft.landmark_sweep(X, y, ["iid"], [4], ["Fed"], ["tsne"], [0], scorers["blobs"], num_clients=3, rounds=3,
+                          beta=1.0, workers=0)
+
+
+def test_benchmark_workers_parameter_is_checked_before_any_work():
+    from conftest import chapter_values
+    from fedlib.runner import specs
+
+    specs.check("fedtsne_benchmark", chapter_values("fedtsne_benchmark", workers=None))
+    specs.check("fedtsne_benchmark", chapter_values("fedtsne_benchmark", workers=2))
+    for bad in (0, 1.5, "two"):
+        with pytest.raises(ValueError, match="workers"):
+            specs.check("fedtsne_benchmark", chapter_values("fedtsne_benchmark", workers=bad))

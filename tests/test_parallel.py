@@ -61,3 +61,13 @@ def test_default_workers_follows_fedlib_workers(monkeypatch):
         monkeypatch.setenv("FEDLIB_WORKERS", bad)
         with pytest.raises(ValueError, match="FEDLIB_WORKERS"):
             default_workers()
+
+
+def test_costly_jobs_start_first_and_results_keep_the_job_order(monkeypatch):
+    started = []
+    assert fork_map(lambda j: started.append(j) or j * 10, [1, 5, 2, 4], 1, cost=lambda j: j,
+                    progress=False) == [10, 50, 20, 40]
+    assert started == [5, 4, 2, 1]
+    assert fork_map(lambda j: j * 10, [1, 5, 2, 4], 2, cost=lambda j: j, progress=False) == [10, 50, 20, 40]
+    monkeypatch.setenv("FEDLIB_WORKERS", "2")
+    assert fork_map(lambda j: os.getpid(), range(4), None, progress=False).count(os.getpid()) == 0

@@ -47,24 +47,29 @@ def _call(index: int):
     return index, _STATE["fn"](_STATE["jobs"][index])
 
 
-def fork_map(fn: Callable[[Any], Any], jobs: Iterable, workers: int = 1, *, desc: str | None = None,
-             progress: bool = True) -> list:
+def fork_map(fn: Callable[[Any], Any], jobs: Iterable, workers: int | None = 1, *,
+             cost: Callable[[Any], Any] | None = None, desc: str | None = None, progress: bool = True) -> list:
     """``[fn(job) for job in jobs]``, in ``workers`` forked processes when ``workers`` > 1 and there
-    are two or more jobs (else in this process). ``fn`` may be a closure (it is inherited, not
-    pickled); its results must pickle. Results come in job order; the bar (``desc``) counts finished
-    jobs. A worker's exception is raised here. On a platform without fork, runs in this process."""
+    are two or more jobs (else in this process); ``workers=None``: :func:`default_workers`. ``fn`` may
+    be a closure (it is inherited, not pickled); its results must pickle. ``cost(job)`` (larger =
+    longer) hands the jobs out longest first, so the last to start is a short one; the results come
+    in job order either way. The bar (``desc``) counts finished jobs. A worker's exception is raised
+    here. On a platform without fork, runs in this process."""
     import multiprocessing
 
     from tqdm.auto import tqdm
 
     jobs: Sequence = list(jobs)
-    workers = check_int("workers", workers, 1)
+    workers = default_workers() if workers is None else check_int("workers", workers, 1)
+    order = list(range(len(jobs)))
+    if cost is not None:
+        order.sort(key=lambda i: cost(jobs[i]), reverse=True)   # stable: equal costs keep their order
     results: list = [None] * len(jobs)
     bar = tqdm(total=len(jobs), desc=desc, disable=not progress)
     try:
         if workers == 1 or len(jobs) < 2 or "fork" not in multiprocessing.get_all_start_methods():
-            for i, job in enumerate(jobs):
-                results[i] = fn(job)
+            for i in order:
+                results[i] = fn(jobs[i])
                 bar.update()
             return results
         if _STATE:
@@ -72,7 +77,7 @@ def fork_map(fn: Callable[[Any], Any], jobs: Iterable, workers: int = 1, *, desc
         _STATE.update(fn=fn, jobs=jobs)
         try:
             with multiprocessing.get_context("fork").Pool(min(workers, len(jobs)), initializer=_init_worker) as pool:
-                for i, result in pool.imap_unordered(_call, range(len(jobs))):
+                for i, result in pool.imap_unordered(_call, order):
                     results[i] = result
                     bar.update()
         finally:

@@ -111,7 +111,8 @@ from fedlib.papers.fedtsne.studies import (
     beta_table, beta_trend, SPLIT_LABELS, speclust_data, speclust_runs, split_invariance, setting_cells, cells_table,
     paired_cells, change_table, kernel_landmark_sweep, convergence_study, plateau_study, plateau_summary, gain_after,
     benchmark_runs, paired_differences, paired_metric_table, client_sweep, landmark_sweep, paper_drop, check_splits,
-    distance_verdicts, gamma_control, late_gain_evidence, metric_tables, data_sizes, select_differences, sweep_feddl)
+    distance_verdicts, gamma_control, late_gain_evidence, metric_tables, data_sizes, select_differences, sweep_feddl,
+    SweepPlan, run_sweeps)
 
 __all__ = ["sq_distances", "gaussian_kernel", "mmd2_u", "mmd2_u_grad", "lipschitz_bound", "client_median_sqdist",
            "dp_noise_sd", "paper_noise_sd", "data_sensitivity", "gradient_sensitivity",
@@ -139,4 +140,5 @@ __all__ = ["sq_distances", "gaussian_kernel", "mmd2_u", "mmd2_u_grad", "lipschit
            "paired_differences", "paired_metric_table", "client_sweep", "landmark_sweep", "paper_drop", "check_splits",
            "distance_verdicts", "gamma_control", "late_gain_evidence", "metric_tables", "data_sizes",
            "select_differences", "landmark_pinv_factors", "nystrom_knn", "BLOCK_BYTES", "blockwise_knn",
-           "exact_sq_knn", "knn_graph", "block_rows", "DENSE_MAX_POINTS", "SPECTRAL_NEIGHBORS", "sweep_feddl"]
+           "exact_sq_knn", "knn_graph", "block_rows", "DENSE_MAX_POINTS", "SPECTRAL_NEIGHBORS", "sweep_feddl",
+           "SweepPlan", "run_sweeps"]

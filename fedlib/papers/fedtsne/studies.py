@@ -3,11 +3,14 @@ function runs one study over its parameter grid and returns a tidy frame (one ro
 one table of the chapter from such frames."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
+from fedlib.core.parallel import fork_map
 from fedlib.evaluation.stats import mean_std, paired_difference
 from fedlib.papers.fedtsne.dp import kernel_gradient_sensitivity
 from fedlib.papers.fedtsne.feddl import FedDLResult, feddl, public_landmarks
@@ -372,34 +375,73 @@ def kernel_landmark_sweep(X, y, parts, grid: Sequence[int], n_classes: int, *, g
 # ------------------------------------------------------------------------------------------------
 # visualization benchmark (Sec. 6.1, Tables 1-4, Figs. 2, 3, 5, 6)
 # ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SweepPlan:
+    """A sweep's runs not yet made (``plan=True`` of :func:`client_sweep` / :func:`landmark_sweep`): ``jobs``,
+    ``run(job)`` (one job, seeded by its own seed), ``priority(job)`` (larger: handed out earlier; comparable
+    across the two sweeps: runs to make by client count, then landmark runs by n_y, then scoring only) and
+    ``assemble(results)`` (the job results in job order -> what the sweep returns)."""
+
+    jobs: list
+    run: Callable
+    priority: Callable
+    assemble: Callable
+    desc: str
+
+
+def run_sweeps(plans: Sequence[SweepPlan], workers: int | None = 1, progress: bool = True) -> list:
+    """The jobs of every plan in ONE :func:`fedlib.core.parallel.fork_map` (``workers`` processes; None:
+    :func:`fedlib.core.parallel.default_workers`), longest first, so a short sweep's runs fill the wait for
+    a long one's; each plan's assembled result, in the order of ``plans``."""
+    jobs = [(i, job) for i, plan in enumerate(plans) for job in plan.jobs]
+    done = fork_map(lambda ij: plans[ij[0]].run(ij[1]), jobs, workers, cost=lambda ij: plans[ij[0]].priority(ij[1]),
+                    desc=" + ".join(p.desc for p in plans), progress=progress)
+    return [plan.assemble([r for (i, _), r in zip(jobs, done) if i == k]) for k, plan in enumerate(plans)]
+
+
 def convergence_study(data: dict, scorers: dict, seeds: Sequence[int], num_clients: int, n_landmarks: int, *,
                       tol: float, window: float, min_window: int, check_every: int, max_rounds: int,
-                      stop_at_plateau: bool, checkpoints: Sequence[int], dtype: str = "float64"):
+                      stop_at_plateau: bool, checkpoints: Sequence[int], dtype: str = "float64",
+                      workers: int | None = 1, progress: bool = True):
     """Noise-free FedDL until its plateau (:func:`feddl_until_plateau`, arithmetic ``dtype``) for every dataset (name -> (X, y, _)),
     seed and split; for the first seed, the D-hat 10-NN overlap (``scorers[name].landmark_quality``) and
     the share of the landmarks' path ||Y^s - Y^0|| / ||Y^S - Y^0|| at every kept round. Returns (traces
-    keyed (dataset, split, seed), frame dataset, split, round, D-hat 10-NN, moved)."""
+    keyed (dataset, split, seed), frame dataset, split, round, D-hat 10-NN, moved).
+
+    Every (dataset, seed, split) is one job, run in ``workers`` forked processes (None:
+    :func:`fedlib.core.parallel.default_workers`; 1: in this process); each run is seeded by its own seed,
+    so the results equal those of one process."""
     from fedlib.papers.fedtsne.chapters import client_split
     from fedlib.papers.fedtsne.feddl import feddl_until_plateau
 
+    jobs = [(name, seed, split) for name in data for seed in seeds for split in SPLIT_LABELS]
+
+    def one(job):
+        name, seed, split = job
+        X, y, _ = data[name]
+        parts = client_split(y, num_clients, split, seed)
+        tr = feddl_until_plateau([X[p] for p in parts], n_landmarks, tol=tol, window=window,
+                                 min_window=min_window, check_every=min(check_every, max_rounds),
+                                 max_rounds=max_rounds, stop_at_plateau=stop_at_plateau,
+                                 checkpoints=checkpoints if seed == seeds[0] else (), seed=seed,
+                                 dtype=dtype)
+        rows = []
+        if seed == seeds[0]:
+            path = np.linalg.norm(tr.landmarks[tr.rounds] - tr.landmarks[0])
+            for s, Y in tr.landmarks.items():
+                rows.append({"dataset": name, "split": SPLIT_LABELS[split], "round": s,
+                             "D-hat 10-NN": scorers[name].landmark_quality(Y)["D-hat 10-NN"],
+                             "moved": np.linalg.norm(Y - tr.landmarks[0]) / path})
+        return tr, rows
+
+    # the first seed's jobs also score their checkpoints: handed out first
+    done = fork_map(one, jobs, workers, cost=lambda job: job[1] == seeds[0], desc="FedDL until plateau",
+                    progress=progress)
     traces, rows = {}, []
-    for name, (X, y, _) in data.items():
-        for seed in seeds:
-            for split, label in SPLIT_LABELS.items():
-                parts = client_split(y, num_clients, split, seed)
-                tr = feddl_until_plateau([X[p] for p in parts], n_landmarks, tol=tol, window=window,
-                                         min_window=min_window, check_every=min(check_every, max_rounds),
-                                         max_rounds=max_rounds, stop_at_plateau=stop_at_plateau,
-                                         checkpoints=checkpoints if seed == seeds[0] else (), seed=seed,
-                                         dtype=dtype)
-                traces[name, split, seed] = tr
-                if seed != seeds[0]:
-                    continue
-                path = np.linalg.norm(tr.landmarks[tr.rounds] - tr.landmarks[0])
-                for s, Y in tr.landmarks.items():
-                    rows.append({"dataset": name, "split": label, "round": s,
-                                 "D-hat 10-NN": scorers[name].landmark_quality(Y)["D-hat 10-NN"],
-                                 "moved": np.linalg.norm(Y - tr.landmarks[0]) / path})
+    for (name, seed, split), (tr, r) in zip(jobs, done):
+        traces[name, split, seed] = tr
+        rows += r
+    for name in data:
         scorers[name].release()
     return traces, pd.DataFrame(rows)
 
@@ -444,16 +486,22 @@ def gain_after(traces: dict, overlap: pd.DataFrame, seed: int, at: int = 50) -> 
 
 def benchmark_runs(data: dict, scorers: dict, traces: dict, seeds: Sequence[int], methods: Sequence[str], *,
                    num_clients: int, n_landmarks: int, beta: float, window: float = 0.1, min_window: int = 10,
-                   embed_kwargs: dict | None = None, keep_runs: dict | None = None, dtype: str = "float64"):
+                   embed_kwargs: dict | None = None, keep_runs: dict | None = None, dtype: str = "float64",
+                   workers: int | None = 1, progress: bool = True):
     """The benchmark's runs (Algorithm 2): per dataset and seed, centralized t-SNE / UMAP; FedDL noise-free
     (the trace of :func:`convergence_study`) and with the paper's heuristic noise (as many rounds) on each
     split, and the untrained Y^0; each embedded by every method (:func:`embed`, ``embed_kwargs``) and
     scored (``scorers``). Returns (results: one row per embedding, dist_q: D-hat quality per FedDL run,
     costs: rounds, plateau share, seconds, gamma, uploads per FedDL run, embeddings keyed (dataset, method,
-    variant, split, seed), checks: max |scorer - embedding_report| on the first embedding and max
-    |Y^0 IID - Y^0 non-IID|). ``keep_runs``, a dict, receives every FedDL run keyed (dataset, split as in
+    variant, split, seed), checks: max |scorer - embedding_report| on the first embedding of each dataset and
+    max |Y^0 IID - Y^0 non-IID|). ``keep_runs``, a dict, receives every FedDL run keyed (dataset, split as in
     :func:`client_split`, variant, seed), for the sweeps to reuse (:func:`client_sweep`). ``dtype``: the
-    Fed+ runs' FedDL arithmetic (:func:`feddl`; the traces carry their own)."""
+    Fed+ runs' FedDL arithmetic (:func:`feddl`; the traces carry their own).
+
+    Jobs, run in ``workers`` forked processes (None: :func:`fedlib.core.parallel.default_workers`; 1: in
+    this process): per (dataset, seed) the centralized and untrained embeddings, and per (dataset, seed,
+    split) the Fed+ FedDL run and the Fed / Fed+ embeddings. Every run is seeded by its seed alone (t-SNE
+    random_state, FedDL seed), so the results equal those of one process."""
     import dataclasses
 
     from fedlib.evaluation.embedding import embedding_report
@@ -462,52 +510,81 @@ def benchmark_runs(data: dict, scorers: dict, traces: dict, seeds: Sequence[int]
     from fedlib.papers.fedtsne.pipelines import METHOD_NAMES, embed, learn_landmarks
 
     kw = embed_kwargs or {}
-    rows, keep_Z, dist_rows, cost_rows = [], {}, [], []
-    checks = {"scorer vs embedding_report": 0.0, "Y^0 split gap": 0.0}
-    for name, (X, y, _) in data.items():
+
+    def embedded(name, seed, variant, label, fd, parts):
+        """Every method's embedding of one FedDL run: (rows, its D-hat quality row, distance upload bytes,
+        {method: embedding})."""
+        X, _, _ = data[name]
         sc = scorers[name]
-        for seed in seeds:
+        rows, Z, dist_row, upload = [], {}, None, None
+        for i, method in enumerate(methods):
+            res = embed(method, X, parts, n_landmarks, seed=seed, feddl_result=fd, **kw)
+            if i == 0:   # the server's estimate: these clients hold X's rows unperturbed (no dp_data)
+                dist_row = {"dataset": name, "seed": seed, "variant": variant, "split": label,
+                            **sc.landmark_quality(fd.landmarks)}
+                upload = res.distance_upload_bytes
+            rows.append({"dataset": name, "seed": seed, "embedding": METHOD_NAMES[method], "variant": variant,
+                         "split": label, "seconds": res.seconds, **sc(res.embedding, seed)})
+            Z[method] = res.embedding
+        return rows, dist_row, upload, Z
+
+    def one(job):
+        name, seed, split = job
+        X, y, _ = data[name]
+        if split is None:    # centralized runs and the untrained landmarks Y^0 (of the IID trace)
+            sc, rows, Z, check = scorers[name], [], {}, None
             for method in methods:
                 res = embed(method, X, None, n_landmarks, seed=seed, **kw)
                 scores = sc(res.embedding, seed)
                 if seed == seeds[0] and method == methods[0]:
                     ref = embedding_report(X, res.embedding, y, seed=seed)
-                    checks["scorer vs embedding_report"] = max(abs(scores[k] - ref[k]) for k in scores)
+                    check = max(abs(scores[k] - ref[k]) for k in scores)
                 rows.append({"dataset": name, "seed": seed, "embedding": METHOD_NAMES[method], "variant": "central",
                              "split": "pooled", "seconds": res.seconds, **scores})
-                keep_Z[name, method, "central", "pooled", seed] = res.embedding
-            runs = []
+                Z[method] = res.embedding
+            fd_iid = traces[name, "iid", seed].result
+            untrained = embedded(name, seed, "untrained", "any", dataclasses.replace(fd_iid, landmarks=fd_iid.init_landmarks),
+                                 client_split(y, num_clients, "iid", seed))
+            return rows, Z, check, untrained
+        # Fed: the noise-free trace; Fed+: as many rounds, with noise
+        parts = client_split(y, num_clients, split, seed)
+        tr = traces[name, split, seed]
+        plus = learn_landmarks(X, parts, "Fed+", n_landmarks, tr.rounds, beta=beta, seed=seed, dtype=dtype)
+        return plus, {variant: embedded(name, seed, variant, SPLIT_LABELS[split], fd, parts)
+                      for variant, fd in (("Fed", tr.result), ("Fed+", plus))}
+
+    jobs = [(name, seed, split) for name in data for seed in seeds for split in (None, *SPLIT_LABELS)]
+    # the FedDL jobs are the long ones: handed out first
+    done = dict(zip(jobs, fork_map(one, jobs, workers, cost=lambda job: job[2] is not None, desc="benchmark runs",
+                                   progress=progress)))
+    rows, keep_Z, dist_rows, cost_rows = [], {}, [], []
+    checks = {"scorer vs embedding_report": 0.0, "Y^0 split gap": 0.0}
+    for name in data:
+        for seed in seeds:
+            central, Zc, check, untrained = done[name, seed, None]
+            rows += central
+            keep_Z.update({(name, method, "central", "pooled", seed): Z for method, Z in Zc.items()})
+            if check is not None:
+                checks["scorer vs embedding_report"] = max(checks["scorer vs embedding_report"], check)
+            runs = [("untrained", "any", untrained)]
             for split, label in SPLIT_LABELS.items():
-                parts = client_split(y, num_clients, split, seed)
-                tr = traces[name, split, seed]
-                for variant in ("Fed", "Fed+"):   # Fed: the noise-free trace; Fed+: as many rounds, with noise
-                    fd = tr.result if variant == "Fed" else learn_landmarks(X, parts, variant, n_landmarks, tr.rounds,
-                                                                            beta=beta, seed=seed, dtype=dtype)
-                    runs.append((variant, label, fd, parts))
+                plus, emb = done[name, seed, split]
+                for variant, fd in (("Fed", traces[name, split, seed].result), ("Fed+", plus)):
+                    runs.append((variant, label, emb[variant]))
                     if keep_runs is not None:
                         keep_runs[name, split, variant, seed] = fd
                     cost_rows.append({"dataset": name, "seed": seed, "variant": variant, "split": label,
                                       "rounds": fd.rounds,
                                       "plateau share": plateau_share(fd.objective, window=window, min_window=min_window),
-                                      "FedDL s": fd.seconds, "gamma": fd.gamma, "FedDL upload MiB": fd.upload_bytes / 2**20})
-            y0 = {split: fd.init_landmarks for variant, split, fd, _ in runs if variant == "Fed"}
+                                      "FedDL s": fd.seconds, "gamma": fd.gamma, "FedDL upload MiB": fd.upload_bytes / 2**20,
+                                      "distance upload MiB": emb[variant][2] / 2**20})
+            y0 = {label: traces[name, split, seed].result.init_landmarks for split, label in SPLIT_LABELS.items()}
             checks["Y^0 split gap"] = max(checks["Y^0 split gap"], float(np.abs(y0["IID"] - y0["non-IID"]).max()))
-            fd_iid, parts_iid = runs[0][2], runs[0][3]
-            runs.insert(0, ("untrained", "any", dataclasses.replace(fd_iid, landmarks=fd_iid.init_landmarks), parts_iid))
-            for variant, split, fd, parts in runs:
-                for i, method in enumerate(methods):
-                    res = embed(method, X, parts, n_landmarks, seed=seed, feddl_result=fd, **kw)
-                    if i == 0:   # the server's estimate: these clients hold X's rows unperturbed (no dp_data)
-                        dist_rows.append({"dataset": name, "seed": seed, "variant": variant, "split": split,
-                                          **sc.landmark_quality(fd.landmarks)})
-                        for row in cost_rows:
-                            if (row["dataset"], row["seed"], row["variant"], row["split"]) == (name, seed, variant, split):
-                                row["distance upload MiB"] = res.distance_upload_bytes / 2**20
-                    rows.append({"dataset": name, "seed": seed, "embedding": METHOD_NAMES[method], "variant": variant,
-                                 "split": split, "seconds": res.seconds, **sc(res.embedding, seed)})
-                    keep_Z[name, method, variant, split, seed] = res.embedding
-                    del res
-        sc.release()
+            for variant, label, (emb_rows, dist_row, _, Z) in runs:
+                dist_rows.append(dist_row)
+                rows += emb_rows
+                keep_Z.update({(name, method, variant, label, seed): z for method, z in Z.items()})
+        scorers[name].release()
     return pd.DataFrame(rows), pd.DataFrame(dist_rows), pd.DataFrame(cost_rows), keep_Z, checks
 
 
@@ -575,77 +652,103 @@ def sweep_feddl(X, parts, n_landmarks: int, variants: Sequence[str], seed: int, 
 
 def client_sweep(X, y, client_runs: Sequence[tuple], seeds: Sequence[int], scorer, *, n_landmarks: int,
                  rounds, beta: float, embed_kwargs: dict | None = None, plateau: dict | None = None,
-                 known: dict | None = None, dtype: str = "float64") -> pd.DataFrame:
+                 known: dict | None = None, dtype: str = "float64", workers: int | None = 1,
+                 progress: bool = True, plan: bool = False) -> pd.DataFrame | SweepPlan:
     """Fed-tSNE and Fed-tSNE+ for every (split, number of clients) of ``client_runs`` and seed (paper
     Tables 3-4), FedDL by :func:`sweep_feddl` (``rounds``: an integer or "plateau" with the rule's
     keywords ``plateau``): rows seed, split, clients, method, rounds, gamma and the scorer's metrics.
     ``known`` {(split, clients, seed, variant): (FedDLResult, embedding)}: runs already made with the same
     data, clients (:func:`client_split`), n_landmarks, rounds rule, beta and ``embed_kwargs`` (the main
     runs of :func:`benchmark_runs`; the same ``dtype``), scored instead of run again. ``dtype``: FedDL's
-    arithmetic (:func:`feddl`)."""
+    arithmetic (:func:`feddl`). Every (seed, split, clients) is one job, run in ``workers`` forked processes
+    (None: :func:`fedlib.core.parallel.default_workers`; 1: in this process), seeded by its seed alone: the
+    rows equal those of one process. ``plan=True``: nothing is run; returns the :class:`SweepPlan` for
+    :func:`run_sweeps` (with another sweep's)."""
     from fedlib.papers.fedtsne.chapters import client_split
     from fedlib.papers.fedtsne.pipelines import embed
 
     known = known or {}
-    rows = []
-    for seed in seeds:
-        for split, k in client_runs:
-            parts = client_split(y, k, split, seed)
-            have = {v: known[split, k, seed, v] for v in ("Fed", "Fed+") if (split, k, seed, v) in known}
-            for fd, _ in have.values():
-                if [len(x) for x in fd.client_data] != [len(p) for p in parts]:
+    jobs = [(seed, split, k) for seed in seeds for split, k in client_runs]
+    for seed, split, k in jobs:       # before any run: a known run must have been made on these clients
+        sizes = None
+        for v in ("Fed", "Fed+"):
+            if (split, k, seed, v) in known:
+                sizes = sizes or [len(p) for p in client_split(y, k, split, seed)]
+                if [len(x) for x in known[split, k, seed, v][0].client_data] != sizes:
                     raise ValueError(f"known run for ({split}, {k} clients, seed {seed}) was made on other clients")
-            missing = [v for v in ("Fed", "Fed+") if v not in have]
-            fds = sweep_feddl(X, parts, n_landmarks, missing, seed, rounds=rounds, beta=beta, plateau=plateau,
-                              dtype=dtype) \
-                if missing else {}
-            for variant in ("Fed", "Fed+"):
-                if variant in have:
-                    fd, Z = have[variant]
-                else:
-                    fd = fds[variant]
-                    Z = embed("tsne", X, parts, n_landmarks, seed=seed, feddl_result=fd, **(embed_kwargs or {})).embedding
-                rows.append({"seed": seed, "split": SPLIT_LABELS[split], "clients": k,
-                             "method": "Fed-tSNE" + ("+" if variant == "Fed+" else ""), "rounds": fd.rounds,
-                             "gamma": fd.gamma, "reused": variant in have, **scorer(Z, seed)})
-    return pd.DataFrame(rows)
+
+    def missing(job):
+        seed, split, k = job
+        return [v for v in ("Fed", "Fed+") if (split, k, seed, v) not in known]
+
+    def one(job):
+        seed, split, k = job
+        parts = client_split(y, k, split, seed)
+        todo = missing(job)
+        fds = sweep_feddl(X, parts, n_landmarks, todo, seed, rounds=rounds, beta=beta, plateau=plateau,
+                          dtype=dtype) if todo else {}
+        rows = []
+        for variant in ("Fed", "Fed+"):
+            if variant in fds:
+                fd = fds[variant]
+                Z = embed("tsne", X, parts, n_landmarks, seed=seed, feddl_result=fd, **(embed_kwargs or {})).embedding
+            else:
+                fd, Z = known[split, k, seed, variant]
+            rows.append({"seed": seed, "split": SPLIT_LABELS[split], "clients": k,
+                         "method": "Fed-tSNE" + ("+" if variant == "Fed+" else ""), "rounds": fd.rounds,
+                         "gamma": fd.gamma, "reused": variant not in fds, **scorer(Z, seed)})
+        return rows
+
+    # the runs to make first, the most clients (the most per-client work per round) first; scoring only last
+    out = SweepPlan(jobs, one, lambda job: (2 if missing(job) else 0, job[2]),
+                    lambda done: pd.DataFrame([row for rows in done for row in rows]), "client sweep")
+    return out if plan else run_sweeps([out], workers, progress)[0]
 
 
 def landmark_sweep(X, y, splits: Sequence[str], counts: Sequence[int], variants: Sequence[str],
                    methods: Sequence[str], seeds: Sequence[int], scorer, *, num_clients: int, rounds,
                    beta: float, window: float = 0.1, min_window: int = 10,
                    embed_kwargs: dict | None = None, plateau: dict | None = None,
-                   dtype: str = "float64") -> tuple[pd.DataFrame, pd.DataFrame]:
+                   dtype: str = "float64", workers: int | None = 1,
+                   progress: bool = True, plan: bool = False) -> tuple[pd.DataFrame, pd.DataFrame] | SweepPlan:
     """Paper Fig. 6: for every seed, split, n_y of ``counts`` and variant, the embeddings' metrics (one row per
     method) and the D-hat quality of three Nystrom estimates (FedDL landmarks on squared distances,
     untrained Y^0, FedDL landmarks on plain distances); FedDL by :func:`sweep_feddl` (``rounds``: an
-    integer or "plateau" with the rule's keywords ``plateau``; arithmetic ``dtype``). Returns (embedding rows,
-    quality rows)."""
+    integer or "plateau" with the rule's keywords ``plateau``; arithmetic ``dtype``). Every (seed, split,
+    n_y) is one job, run in ``workers`` forked processes (None: :func:`fedlib.core.parallel.default_workers`;
+    1: in this process), seeded by its seed alone: the rows equal those of one process. Returns (embedding
+    rows, quality rows); with ``plan=True`` nothing is run: the :class:`SweepPlan` for :func:`run_sweeps`."""
     from fedlib.papers.fedtsne.chapters import client_split
     from fedlib.papers.fedtsne.feddl import plateau_share
     from fedlib.papers.fedtsne.pipelines import FED_NAMES, embed
 
-    lrow, qrow = [], []
-    for seed in seeds:
-        for split in splits:
-            parts = client_split(y, num_clients, split, seed)
-            for ny in counts:
-                fds = sweep_feddl(X, parts, ny, variants, seed, rounds=rounds, beta=beta, plateau=plateau, dtype=dtype)
-                for variant in variants:
-                    fd = fds[variant]
-                    share = plateau_share(fd.objective, window=window, min_window=min_window)
-                    for estimate, Y, squared in [("FedDL landmarks, squared", fd.landmarks, True),
-                                                 ("untrained landmarks, squared", fd.init_landmarks, True),
-                                                 ("FedDL landmarks, plain", fd.landmarks, False)]:
-                        qrow.append({"seed": seed, "split": SPLIT_LABELS[split], "n_y": ny, "variant": variant,
-                                     "estimate": estimate, "rounds": fd.rounds, "plateau share": share,
-                                     **scorer.landmark_quality(Y, squared)})
-                    for method in methods:
-                        res = embed(method, X, parts, ny, seed=seed, feddl_result=fd, **(embed_kwargs or {}))
-                        lrow.append({"seed": seed, "split": SPLIT_LABELS[split], "n_y": ny,
-                                     "method": FED_NAMES[method] + ("+" if variant == "Fed+" else ""),
-                                     **scorer(res.embedding, seed)})
-    return pd.DataFrame(lrow), pd.DataFrame(qrow)
+    jobs = [(seed, split, ny) for seed in seeds for split in splits for ny in counts]
+
+    def one(job):
+        seed, split, ny = job
+        parts = client_split(y, num_clients, split, seed)
+        fds = sweep_feddl(X, parts, ny, variants, seed, rounds=rounds, beta=beta, plateau=plateau, dtype=dtype)
+        lrow, qrow = [], []
+        for variant in variants:
+            fd = fds[variant]
+            share = plateau_share(fd.objective, window=window, min_window=min_window)
+            for estimate, Y, squared in [("FedDL landmarks, squared", fd.landmarks, True),
+                                         ("untrained landmarks, squared", fd.init_landmarks, True),
+                                         ("FedDL landmarks, plain", fd.landmarks, False)]:
+                qrow.append({"seed": seed, "split": SPLIT_LABELS[split], "n_y": ny, "variant": variant,
+                             "estimate": estimate, "rounds": fd.rounds, "plateau share": share,
+                             **scorer.landmark_quality(Y, squared)})
+            for method in methods:
+                res = embed(method, X, parts, ny, seed=seed, feddl_result=fd, **(embed_kwargs or {}))
+                lrow.append({"seed": seed, "split": SPLIT_LABELS[split], "n_y": ny,
+                             "method": FED_NAMES[method] + ("+" if variant == "Fed+" else ""),
+                             **scorer(res.embedding, seed)})
+        return lrow, qrow
+
+    out = SweepPlan(jobs, one, lambda job: (1, job[2]),          # most landmarks first
+                    lambda done: (pd.DataFrame([row for lrow, _ in done for row in lrow]),
+                                  pd.DataFrame([row for _, qrow in done for row in qrow])), "landmark sweep")
+    return out if plan else run_sweeps([out], workers, progress)[0]
 
 
 def paper_drop(tables: Sequence[pd.DataFrame], metric: str, pairs: Sequence[tuple],

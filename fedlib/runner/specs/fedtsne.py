@@ -104,6 +104,7 @@ SPECS = {
         "landmark_counts": List(Int(2), least=0), "landmark_splits": List(Choice(SPLITS), least=0),
         "landmark_methods": List(Choice(METHODS), least=0), "landmark_variants": List(Choice(VARIANTS), least=0),
         "scatter_points": Int(10), "num_threads": Int(1), "feddl_dtype": Choice(("float32", "float64")),
+        "workers": Int(1) | NULL,
     }, rules=[_every_dataset_has_n_points, _sweep_dataset_in_datasets, _max_rounds_covers_the_rule]),
     "fedtsne_privacy": Spec({
         "n_points": Int(10), "public_points": Int(2), "num_clients": Int(1), "n_landmarks": Int(2),
