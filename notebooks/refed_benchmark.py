@@ -101,6 +101,7 @@ sweep_methods = ["refed", "fedavg_replay"]
 weightings = ["early", "late"]   # Table 10; early is Re-Fed itself
 exact_check = True         # rank agreement of exact and last-layer gradient norms on one pool
 num_threads = 1
+workers = None             # processes running the runs (forked, CPU only); None: the CPU cores (1 on a GPU)
 
 # %% tags=["hide-input"]
 import time
@@ -115,6 +116,7 @@ import seaborn as sns
 import torch
 from IPython.display import Markdown, display
 
+from fedlib.core.parallel import default_workers
 from fedlib.data.datasets import load_dataset
 from fedlib.data.domains import digit_domains, make_domain_stream
 from fedlib.evaluation import claims
@@ -123,7 +125,7 @@ from fedlib.federated.incremental import make_stream
 from fedlib.federated.models import make_model
 from fedlib.papers.refed import (REPLAY_METHODS, ScenarioRuns, cache_diagnostics, compare_grad_norms, cost_lines,
                                  final_task_accuracy, first_task_accuracies, first_task_table, largest_pools,
-                                 last_task_hypothesis, last_task_share, make_scenario, paired_differences,
+                                 last_task_hypothesis, last_task_share, make_scenario, paired_differences, prefetch_summary,
                                  replay_verdict, round_curves, stage_curves, summary_lines)
 from fedlib.runner import specs
 from fedlib.runner.specs.refed import check_total_memory
@@ -134,6 +136,7 @@ from fedlib.runner.specs.refed import check_total_memory
 specs.check("refed_benchmark", globals())   # the runner ran the same checks before executing
 sns.set_theme(style="whitegrid")
 torch.set_num_threads(num_threads)
+workers = (default_workers() if device == "cpu" else 1) if workers is None else workers
 
 # %% tags=["hide-input"]
 ds = load_dataset(dataset).at_most(n_train, n_test)
@@ -203,19 +206,25 @@ display(paper1)
 # so every method with the plain loss (all but FedProx) trains the same model on it: that training
 # is done once per scenario, seed and setting and restored, bit for bit, by the other runs
 # (`fedlib.federated.learner.FirstStageShare`; the per-method task-1 check below still holds), and its
-# measured seconds count in the cost of every run that uses it.
+# measured seconds count in the cost of every run that uses it. Every run seeds what it draws, so
+# the runs go to `workers` forked processes (`ScenarioRuns.prefetch`) and give the same results,
+# bit for bit, as one after the other (tested: `tests/test_refed_parallel.py`). The main runs of one
+# scenario and seed go to one process together and share their task 1 as above; the one-seed sweeps
+# below are all run at the memory sweep, every run in a group of its own, which trains its task 1
+# again (the same bits) so that the processes work side by side.
 
 # %%
 run = ScenarioRuns(SCEN, model_fn=model_fn, num_clients=num_clients, batch_size=batch_size, momentum=momentum,
                    participation=participation, device=device, num_threads=num_threads, memory_mode=memory_mode,
                    pim_epochs=pim_epochs, grad_norm=grad_norm, method_hparams=method_hparams)
 SCEN_METHODS = {"class": methods, "domain": methods_domain}
+# one group per scenario and seed: its runs share their task-1 training (FirstStageShare) and PIMs
+print(prefetch_summary(run.prefetch([dict(kind=scen, method=m, seed=seed, track=True) for scen in SCEN for seed in seeds
+                                     for m in SCEN_METHODS[scen]], workers, desc="main runs"), "main runs"))
 main_rows = {}
 for scen in SCEN:
-    t0 = time.perf_counter()
     main_rows[scen] = [run(scen, m, seed, track=True)["row"] for seed in seeds for m in SCEN_METHODS[scen]]
-    print(f"{SCEN[scen]['name']}: {len(SCEN_METHODS[scen])} methods x {len(seeds)} seeds in "
-          f"{time.perf_counter() - t0:.0f} s")
+    print(f"{SCEN[scen]['name']}: {len(SCEN_METHODS[scen])} methods x {len(seeds)} seeds")
 print(f"storage constraint of memory_mode {memory_mode!r} checked after every run: {run.memory_checks['runs']} runs, "
       f"{run.memory_checks['client-stages']} (client, task) caches of the replay methods, no violation")
 
@@ -395,6 +404,17 @@ display(paper3)
 
 # %%
 m_grid = sorted(set(memories) | {memory})
+a_grid = sorted(set(alphas) | {alpha})
+l_grid = sorted(set(lams) | {lam})
+# the runs of all the one-seed sweeps below (memory, alpha, lambda, weighting) at once, so that both processes
+# stay busy; a run per group (they share no more than task 1)
+SWEEPS = [dict(kind="class", method=m, seed=seed, memory=M) for M in m_grid for m in sweep_methods for seed in sweep_seeds]
+SWEEPS += [dict(kind="class", method=m, seed=seed, alpha=a) for a in a_grid for m in sweep_methods for seed in sweep_seeds]
+SWEEPS += [dict(kind="class", method="refed", seed=seed, alpha=a, lam=l) for a in lam_alphas for l in l_grid
+           for seed in sweep_seeds]
+SWEEPS += [dict(kind="class", method="refed", seed=seed, weighting=w) for w in weightings for seed in sweep_seeds]
+print(prefetch_summary(run.prefetch(SWEEPS, workers, group=lambda request: tuple(sorted(request.items())), desc="sweeps"),
+                       "sweeps (memory, alpha, lambda, weighting)"))
 rows = [run("class", m, seed, memory=M)["row"] for M in m_grid for m in sweep_methods for seed in sweep_seeds]
 by_m = pd.DataFrame(rows)
 ax = sns.lineplot(data=by_m, x="M", y="A_T", hue="method", marker="o", errorbar=None)
@@ -428,8 +448,7 @@ display(paper4)
 # $\lambda=0.2$ best at $\alpha=0.1$ and $\lambda=0.8$ best for $\alpha\ge 1$.
 
 # %%
-a_grid = sorted(set(alphas) | {alpha})
-l_grid = sorted(set(lams) | {lam})
+# the runs come from the cache: the memory sweep's cell made them (ScenarioRuns.prefetch)
 rows = [run("class", m, seed, alpha=a)["row"] for a in a_grid for m in sweep_methods for seed in sweep_seeds]
 by_alpha = pd.DataFrame(rows)
 rows = [run("class", "refed", seed, alpha=a, lam=l)["row"] for a in lam_alphas for l in l_grid for seed in sweep_seeds]
@@ -460,6 +479,7 @@ display(paper2)
 # differ only through $1/p$ for $p\le$ `pim_epochs`.
 
 # %%
+# the runs come from the cache: the memory sweep's cell made them (ScenarioRuns.prefetch)
 rows = [run("class", "refed", seed, weighting=w)["row"] for w in weightings for seed in sweep_seeds]
 by_w = pd.DataFrame(rows)
 by_w["weighting"] = pd.Categorical(by_w["weighting"], weightings)
@@ -499,9 +519,10 @@ if exact_check:
 # %% [markdown]
 # ## Cost, measured
 #
-# Seconds of learning per run (evaluation excluded; this shared machine's load included) and
-# upload per run. Re-Fed and random replay train on the same amount of data; the difference of
-# their times is the cost of the PIM and the scoring. Re-Fed uploads nothing extra.
+# Seconds of learning per run (evaluation excluded; this shared machine's load included, and that
+# of the other worker process running beside it) and upload per run. Re-Fed and random replay
+# train on the same amount of data; the difference of their times is the cost of the PIM and the
+# scoring. Re-Fed uploads nothing extra.
 
 # %%
 cost = main.groupby(["scenario", "method"], sort=False)[["wall_s", "MiB_up"]].mean()

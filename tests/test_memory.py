@@ -9,8 +9,8 @@ def params(chapter, profile, **overrides):
 
 
 def test_estimates_follow_the_dominant_arrays():
-    small = memory.estimate("fedtsne_benchmark", params("fedtsne_benchmark", "quick"))
-    big = memory.estimate("fedtsne_benchmark", params("fedtsne_benchmark", "quick", n_points={
+    small = memory.estimate("fedtsne_benchmark", params("fedtsne_benchmark", "quick", workers=1))
+    big = memory.estimate("fedtsne_benchmark", params("fedtsne_benchmark", "quick", workers=1, n_points={
         "mnist5k": 2000, "fashion_mnist": 4000, "optdigits": 1000}))
     assert big.host_bytes == pytest.approx(4 * 8 * 4000**2)          # four dense n x n float64 matrices
     assert small.host_bytes < big.host_bytes
@@ -56,9 +56,9 @@ def test_fedtsne_above_the_dense_limit_is_estimated_on_the_knn_path():
     """fashion_mnist at 40,000 points (the paper profile) takes the kNN path: no n x n term, a few GiB."""
     from fedlib.papers.fedtsne.pipelines import DENSE_MAX_POINTS
 
-    est = memory.estimate("fedtsne_benchmark", params("fedtsne_benchmark", "paper"))
+    est = memory.estimate("fedtsne_benchmark", params("fedtsne_benchmark", "paper", workers=1))
     assert not any("n x n" in k for k in est.host) and est.host_bytes < 2 * 2**30
-    at_limit = memory.estimate("fedtsne_benchmark", params("fedtsne_benchmark", "quick", n_points={
+    at_limit = memory.estimate("fedtsne_benchmark", params("fedtsne_benchmark", "quick", workers=1, n_points={
         "mnist5k": 1000, "fashion_mnist": DENSE_MAX_POINTS, "optdigits": 1000}))
     assert at_limit.host_bytes == pytest.approx(4 * 8 * DENSE_MAX_POINTS**2)
 
@@ -97,3 +97,19 @@ def test_afl_benchmark_on_cuda_estimates_the_device_memory():
     assert more.device_bytes > cuda.device_bytes
     with pytest.raises(MemoryError, match="GPU memory"):
         memory.check_fits("afl_benchmark", params("afl_benchmark", "paper"), device_limit=2**28)
+
+
+def test_forked_workers_multiply_the_per_run_memory(monkeypatch):
+    """Each forked worker holds its own run's arrays: workers=None takes the cores (FEDLIB_WORKERS),
+    and runs on an accelerator stay in the kernel (one at a time)."""
+    monkeypatch.setenv("FEDLIB_WORKERS", "2")
+    one = memory.estimate("fedtsne_benchmark", params("fedtsne_benchmark", "quick", workers=1))
+    cores = memory.estimate("fedtsne_benchmark", params("fedtsne_benchmark", "quick", workers=None))
+    assert cores.host_bytes == pytest.approx(2 * one.host_bytes)
+    kw = dict(model="resnet18", n_train=2000, n_test=500)
+    one = memory.estimate("refed_benchmark", params("refed_benchmark", "quick", workers=1, **kw))
+    three = memory.estimate("refed_benchmark", params("refed_benchmark", "quick", workers=3, **kw))
+    images = one.host["images as float32 tensors"]
+    assert three.host_bytes - images == pytest.approx(3 * (one.host_bytes - images))
+    gpu = memory.estimate("refed_benchmark", params("refed_benchmark", "quick", workers=None, device="cuda", **kw))
+    assert gpu.device_bytes == pytest.approx(one.host_bytes - images)

@@ -495,6 +495,9 @@ def run_scenario(scenario: dict, kind: str, method: str, seed: int, *, model_fn:
         res.wall_s[t] += seconds
     cor = [rounds_to_best(h) for h in learner.histories] if track else []
     learner.eval_data = None   # a closure over the test data, done with; the run's dict must pickle (forked runs)
+    learner.share_first_stage = None   # the shares, done with: a run's dict pickles without them
+    if isinstance(learner.replay, RefedReplay):
+        learner.replay.pim_share = None
     for h in learner.histories:
         if h is not None:
             h.final_state = None   # every stage's weights: not needed after the run
@@ -523,15 +526,37 @@ class ScenarioRuns:
     (default True): the runs share one :class:`fedlib.federated.learner.FirstStageShare` (``runs.first_stage``),
     so the task-1 training common to the methods with the plain loss is done once per setting, and
     one :class:`PIMShare` (``runs.pims``) for the PIMs that are the same in several runs.
+    :meth:`prefetch` runs a cell's requests in forked worker processes first, so that its calls are
+    then served from the cache.
     """
 
     def __init__(self, scenarios: dict[str, dict], share_first_stage: bool = True, **settings: Any):
         self.scenarios = scenarios
         self.settings = settings
+        self.share = bool(share_first_stage)
         self.runs: dict[tuple, dict] = {}
         self.memory_checks = {"runs": 0, "client-stages": 0}
         self.first_stage = FirstStageShare() if share_first_stage else None
         self.pims = PIMShare() if share_first_stage else None
+
+    def key(self, kind: str, method: str, seed: int, *, alpha: float | None = None, memory: int | None = None,
+            lam: float | None = None, weighting: str = "early") -> tuple:
+        """The cache key of a run: (kind, method, seed, alpha, memory (replay methods), lam and weighting
+        (PIM methods)), the scenario's values filled in."""
+        if kind not in self.scenarios:
+            raise ValueError(f"kind must be one of {sorted(self.scenarios)}, got {kind!r}")
+        s = self.scenarios[kind]
+        alpha = s["alpha"] if alpha is None else alpha
+        memory = s["memory"] if memory is None else memory
+        lam = s["lam"] if lam is None else lam
+        pim = method in PIM_METHODS
+        return (kind, method, seed, alpha, memory if method in REPLAY_METHODS else None, lam if pim else None,
+                weighting if pim else None)
+
+    def held(self, kind: str, method: str, seed: int, *, track: bool = False, **kw: Any) -> bool:
+        """True when ``self(kind, method, seed, track=track, **kw)`` is served from the cache."""
+        key = self.key(kind, method, seed, **kw)
+        return key in self.runs and (self.runs[key]["tracked"] or not track)
 
     def __call__(self, kind: str, method: str, seed: int, *, alpha: float | None = None, memory: int | None = None,
                  lam: float | None = None, weighting: str = "early", track: bool = False) -> dict:
@@ -539,9 +564,7 @@ class ScenarioRuns:
         alpha = s["alpha"] if alpha is None else alpha
         memory = s["memory"] if memory is None else memory
         lam = s["lam"] if lam is None else lam
-        pim = method in PIM_METHODS
-        key = (kind, method, seed, alpha, memory if method in REPLAY_METHODS else None, lam if pim else None,
-               weighting if pim else None)
+        key = self.key(kind, method, seed, alpha=alpha, memory=memory, lam=lam, weighting=weighting)
         if key in self.runs and (self.runs[key]["tracked"] or not track):
             return self.runs[key]
         out = run_scenario(s, kind, method, seed, alpha=alpha, memory=memory, lam=lam, weighting=weighting,
@@ -550,6 +573,99 @@ class ScenarioRuns:
         self.memory_checks["client-stages"] += out["client_stages"]
         self.runs[key] = out
         return out
+
+    def sharing_group(self, request: dict) -> tuple:
+        """The default group of a request in :meth:`prefetch`: (kind, seed, alpha). Runs that may share
+        work in the sequential order are in one group: the task-1 training
+        (:class:`fedlib.federated.learner.FirstStageShare`: one scenario, seed and alpha; the same for every
+        memory, lambda and weighting) and the PIMs (:class:`PIMShare`: at the first boundary the same global
+        model and pools)."""
+        key = self.key(**{k: v for k, v in request.items() if k != "track"})
+        return key[0], key[2], key[3]
+
+    def prefetch(self, requests: Sequence[dict], workers: int | None = None, *, group: Callable[[dict], Any] | None = None,
+                 progress: bool = True, desc: str = "runs") -> dict:
+        """Run the requests not yet held in forked worker processes (:func:`fedlib.core.parallel.fork_map`),
+        so that the calls ``self(**request)`` that follow are served from the cache with the results of
+        the sequential calls, bit for bit (seconds aside).
+
+        ``requests``: keyword arguments of :meth:`__call__` (``kind``, ``method``, ``seed``, optional
+        ``alpha``, ``memory``, ``lam``, ``weighting``, ``track``), in the order the cell calls them.
+        They are split into groups by ``group(request)`` (default :meth:`sharing_group`: the runs that
+        share a task-1 training or PIMs stay in one group, so they still share them); each group runs
+        in request order in a fresh ScenarioRuns of the same scenarios and settings (in a worker, or
+        in this process when ``workers`` is 1 or there is one group), which starts from this one's
+        task-1 trainings and PIMs. Groups go out largest first (the most runs, then the scenario with
+        the most training samples), so the workers finish close together. The runs come back into
+        ``runs`` in request order; ``memory_checks``, the new PIMs and the PIM hit counts are added.
+        ``workers`` None: :func:`fedlib.core.parallel.default_workers`. Returns {"runs": runs made,
+        "groups": groups, "processes": worker processes used (1: this process), "seconds" (wall),
+        "cpu_seconds" (CPU time of each group, in job order)}.
+        """
+        import time
+
+        from fedlib.core.parallel import default_workers, fork_map
+
+        workers = default_workers() if workers is None else check_int("workers", workers, 1)
+        if isinstance(requests, dict) or not all(isinstance(r, dict) for r in requests):
+            raise ValueError("requests must be a sequence of dicts of ScenarioRuns' call arguments "
+                             "(kind, method, seed, ...)")
+        params = set(inspect.signature(self.__call__).parameters)
+        pending, groups, planned, of_key = [], {}, {}, {}
+        for r in requests:
+            if not {"kind", "method", "seed"} <= set(r) or set(r) - params:
+                raise ValueError(f"a request needs kind, method and seed and takes only {sorted(params)}, got {r}")
+            if self.held(**r):
+                continue
+            key = self.key(**{k: v for k, v in r.items() if k != "track"})
+            if planned.get(key) or (key in planned and not r.get("track", False)):
+                continue   # already planned, tracked or as asked
+            planned[key] = bool(r.get("track", False))
+            pending.append(key)
+            gid = of_key.setdefault(key, (group or self.sharing_group)(r))   # a run stays in one group
+            groups.setdefault(gid, []).append(r)
+        size = {k: len(s["y_train"]) for k, s in self.scenarios.items()}
+        jobs = list(groups.values())
+        start = time.perf_counter()
+        if jobs and workers > 1:
+            import torch._dynamo  # noqa: F401  (torch's optimizers import it on first use, 1 s of CPU: the workers inherit it)
+
+        def run_group(reqs):
+            cpu = time.process_time()
+            sub = ScenarioRuns(self.scenarios, share_first_stage=self.share, **self.settings)
+            if self.share:   # start from what this one holds (entries are restored by copy, never changed)
+                sub.first_stage.update(self.first_stage)
+                sub.pims.update(self.pims)
+            for r in reqs:
+                sub(**r)
+            pims = {} if not self.share else {k: v for k, v in sub.pims.items() if k not in self.pims}
+            return (sub.runs, sub.memory_checks, pims, (0, 0) if not self.share else (sub.pims.hits, sub.pims.misses),
+                    time.process_time() - cpu)
+
+        done = fork_map(run_group, jobs, min(workers, max(1, len(jobs))), cost=lambda g: (len(g), size[g[0]["kind"]]),
+                        desc=desc, progress=progress and bool(jobs))
+        fetched = {}
+        for runs, checks, pims, (hits, misses), _ in done:
+            fetched.update(runs)
+            for k in self.memory_checks:
+                self.memory_checks[k] += checks[k]
+            if self.share:
+                self.pims.update(pims)
+                self.pims.hits += hits
+                self.pims.misses += misses
+        for key in pending:   # request order: the order in which the sequential calls would have added them
+            self.runs[key] = fetched[key]
+        return {"runs": len(pending), "groups": len(jobs),
+                "processes": min(workers, len(jobs)) if len(jobs) > 1 else len(jobs),
+                "seconds": time.perf_counter() - start, "cpu_seconds": [c for *_, c in done]}
+
+
+def prefetch_summary(info: dict, what: str) -> str:
+    """One line on a :meth:`ScenarioRuns.prefetch` (its returned ``info``): runs, groups, processes,
+    wall seconds, CPU seconds in all and per group."""
+    return (f"{what}: {info['runs']} runs in {info['groups']} group(s) on {info['processes']} process(es), "
+            f"{info['seconds']:.0f} s ({sum(info['cpu_seconds']):.0f} s CPU; per group, in the order sent: "
+            f"{', '.join(f'{c:.0f}' for c in info['cpu_seconds'])} s)")
 
 
 def run_methods(runs: dict[str, dict], model_fn: Callable[[], nn.Module], config: FedConfig, stream, x_train, y_train,

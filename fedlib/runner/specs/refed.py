@@ -95,8 +95,9 @@ def _noise_rules_run_clean(v):
 
 
 def _fork_on_cpu(v):
-    """Forked worker processes cannot share a CUDA context: workers > 1 needs device cpu."""
-    if v["workers"] > 1 and v["device"] != "cpu":
+    """Forked worker processes cannot share a CUDA context: workers > 1 needs device cpu (None: the
+    chapter picks, one process on a GPU)."""
+    if v["workers"] is not None and v["workers"] > 1 and v["device"] != "cpu":
         raise ValueError(f"workers must be 1 with device {v['device']!r} (forked processes cannot share CUDA), "
                          f"got workers = {v['workers']}")
 
@@ -134,9 +135,10 @@ SPECS = {
         "memories": List(Int(1), least=0, distinct=True), "alphas": List(POSITIVE, least=0),
         "lams": List(LAMBDA, least=0), "lam_alphas": List(POSITIVE, least=0), "sweep_methods": METHODS,
         "weightings": List(Choice(WEIGHTINGS), distinct=True), "exact_check": Bool(), "num_threads": Int(1),
+        "workers": Int(1) | NULL,
     }, rules=[_contains("methods", "refed", "Re-Fed itself"), _contains("weightings", "early", "Re-Fed itself"),
               _participation_positive, _pim_step_stable, _one_channel_count, _below("first_task_min_acc", 1.0),
-              _below("momentum", 1.0)]),
+              _below("momentum", 1.0), _fork_on_cpu]),
     "refed_beyond": Spec({
         "dataset": Choice(DATASETS), "n_train": Int(1) | NULL, "n_test": Int(1) | NULL, "num_tasks": Int(1),
         "num_clients": Int(1), "participation": FRACTION, "alpha": POSITIVE, "model": Choice(MODEL_NAMES),
