@@ -64,7 +64,8 @@ split_rules = ["refed_task_class"]                                              
 noise = 0.2                # share of each old task's training labels flipped (section 3)
 noise_rules = ["refed", "random", "grand", "el2n"]                                   # section 3
 num_threads = 1
-workers = 2                # processes running the (seed, rule) runs (forked, CPU only; 1 = in the kernel)
+workers = None             # processes running the (seed, rule) runs (forked, CPU only; 1 = in the kernel);
+                           # None: the CPU cores (fedlib.core.parallel.default_workers), 1 on a GPU
 
 # %%
 import time
@@ -79,6 +80,7 @@ import seaborn as sns
 import torch
 from IPython.display import Markdown, display
 
+from fedlib.core.parallel import default_workers
 from fedlib.data.datasets import load_dataset
 from fedlib.evaluation import claims
 from fedlib.federated.incremental import make_stream
@@ -91,6 +93,7 @@ from fedlib.runner import specs
 specs.check("refed_beyond", globals())   # the runner ran the same checks before executing
 sns.set_theme(style="whitegrid")
 torch.set_num_threads(num_threads)
+workers = (default_workers() if device == "cpu" else 1) if workers is None else workers
 
 ds = load_dataset(dataset).at_most(n_train, n_test)
 SCEN = make_scenario(f"class-incremental / {dataset}", ds.x_train, ds.y_train, ds.x_test, ds.y_test,

@@ -147,7 +147,7 @@ SPECS = {
         "memory_mode": Choice(MEMORY_MODES), "lam": LAMBDA, "lam_local": LAMBDA, "pim_epochs": Int(1),
         "grad_norm": Choice(GRAD_NORMS), "seeds": Seeds(least=2), "rules": List(Choice(RULES), distinct=True),
         "split_rules": List(Choice(RULES), least=0, distinct=True), "noise": Real(0.0, 1.0, strict=False),
-        "noise_rules": List(Choice(RULES), least=0, distinct=True), "num_threads": Int(1), "workers": Int(1),
+        "noise_rules": List(Choice(RULES), least=0, distinct=True), "num_threads": Int(1), "workers": Int(1) | NULL,
     }, rules=[_contains("rules", "refed", "the reference of every paired difference"), _participation_positive,
               _below("momentum", 1.0), _below("noise", 1.0), _noise_rules_run_clean, _beyond_pim_stable,
               _fork_on_cpu]),
