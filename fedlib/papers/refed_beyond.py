@@ -162,13 +162,14 @@ def _run_one(job: tuple[int, str], *, scenario: dict, settings: dict, noise: flo
 
 
 def run_rules(scenario: dict, rules: Sequence[str], seeds: Sequence[int], *, settings: dict, lam_local: float,
-              noise: float = 0.0, workers: int = 1, progress: bool = True) -> pd.DataFrame:
+              noise: float = 0.0, workers: int | None = 1, progress: bool = True) -> pd.DataFrame:
     """Run every rule of ``rules`` (:data:`RULES`) for every seed on ``scenario`` (a scenario dict of
     :func:`fedlib.papers.refed.make_scenario`), class-incremental, with :func:`fedlib.papers.refed.run_scenario`'s
     ``settings`` (model_fn, num_clients, ... as the benchmark's ScenarioRuns). ``noise`` > 0 flips that
     fraction of the old tasks' labels of each seed's stream (:func:`flip_labels`, seed = the run's
     seed) and audits the caches (:class:`CacheNoiseAudit`). ``workers`` > 1 runs the (seed, rule)
-    jobs in that many forked processes (each run is seeded on its own, so the rows are the same).
+    jobs in that many forked processes (None: the cores, :func:`fedlib.core.parallel.default_workers`;
+    each run is seeded on its own, so the rows are the same).
     Returns one row per (rule, seed), ordered by seed then rule: rule, seed, noise, A_T, A_avg, F_T
     (%), wall_s and, with noise, pool / cache counts summed over clients and boundaries (pool,
     pool_noisy, cache, cache_noisy) and the rates pool_rate, cache_rate (%)."""
