@@ -87,7 +87,7 @@ noise_seeds = [0, 1, 2, 3, 4]
 skew_scale = 0.2           # feature skew: client shifts in units of the feature std; 0 means label skew only
 first_task_classes = 4     # large-first-task variant: a base task of this many classes
 later_task_classes = 2     # then tasks of this many classes
-num_threads = 2
+num_threads = 1            # torch threads; 1 costs the least CPU (the book runs two chapters side by side)
 
 # %% tags=["hide-input"]
 import time
