@@ -90,14 +90,13 @@ from fedlib.data.features import extract_features
 from fedlib.data.partition import partition_report, plot_partition
 from fedlib.evaluation.stats import summarize
 from fedlib.core.devices import resolve_device
-from fedlib.core.parallel import default_workers
+from fedlib.core.parallel import resolve_workers
 from fedlib.runner import specs
 
 specs.check("afl_benchmark", globals())
 sns.set_theme(style="whitegrid")
 dev = resolve_device(device)
-# forked workers on a CPU only (a CUDA context does not survive fork)
-workers = (default_workers() if workers is None else workers) if dev.type == "cpu" else 1
+workers = resolve_workers(workers, dev)   # None: the cores; 1 on a GPU (a CUDA context does not survive fork)
 print(f"profile={profile}, device={dev}, torch threads={torch.get_num_threads()}, baseline runs in {workers} process(es)")
 
 # %% [markdown]

@@ -115,7 +115,7 @@ from fedlib.evaluation import claims, report
 from fedlib.evaluation import embedding as em
 from fedlib.papers import fedtsne as ft
 from fedlib.evaluation import tables as paper_results
-from fedlib.core.parallel import default_workers, fork_map
+from fedlib.core.parallel import fork_map, resolve_workers
 from fedlib.evaluation.stats import mean_std
 from fedlib.runner import specs
 
@@ -130,7 +130,7 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 warnings.filterwarnings("ignore", message="IProgress not found")   # tqdm.auto without ipywidgets (no bars are shown)
 # the studies' independent runs (a dataset, seed and split each) go to `workers` forked processes; every run is
 # seeded by its own seed, so the results are those of one process (tests/test_fedtsne_studies.py)
-workers = default_workers() if workers is None else workers
+workers = resolve_workers(workers)   # None: the cores
 print(f"{workers} worker process(es) for the independent runs")
 T_START = time.perf_counter()
 timings = {}

@@ -116,7 +116,7 @@ import seaborn as sns
 import torch
 from IPython.display import Markdown, display
 
-from fedlib.core.parallel import default_workers
+from fedlib.core.parallel import resolve_workers
 from fedlib.data.datasets import load_dataset
 from fedlib.data.domains import digit_domains, make_domain_stream
 from fedlib.evaluation import claims
@@ -136,7 +136,7 @@ from fedlib.runner.specs.refed import check_total_memory
 specs.check("refed_benchmark", globals())   # the runner ran the same checks before executing
 sns.set_theme(style="whitegrid")
 torch.set_num_threads(num_threads)
-workers = (default_workers() if device == "cpu" else 1) if workers is None else workers
+workers = resolve_workers(workers, device)   # None: the cores; 1 on a GPU
 
 # %% tags=["hide-input"]
 ds = load_dataset(dataset).at_most(n_train, n_test)

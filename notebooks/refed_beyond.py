@@ -80,7 +80,7 @@ import seaborn as sns
 import torch
 from IPython.display import Markdown, display
 
-from fedlib.core.parallel import default_workers
+from fedlib.core.parallel import resolve_workers
 from fedlib.data.datasets import load_dataset
 from fedlib.evaluation import claims
 from fedlib.federated.incremental import make_stream
@@ -93,7 +93,7 @@ from fedlib.runner import specs
 specs.check("refed_beyond", globals())   # the runner ran the same checks before executing
 sns.set_theme(style="whitegrid")
 torch.set_num_threads(num_threads)
-workers = (default_workers() if device == "cpu" else 1) if workers is None else workers
+workers = resolve_workers(workers, device)   # None: the cores; 1 on a GPU
 
 ds = load_dataset(dataset).at_most(n_train, n_test)
 SCEN = make_scenario(f"class-incremental / {dataset}", ds.x_train, ds.y_train, ds.x_test, ds.y_test,

@@ -71,3 +71,14 @@ def test_costly_jobs_start_first_and_results_keep_the_job_order(monkeypatch):
     assert fork_map(lambda j: j * 10, [1, 5, 2, 4], 2, cost=lambda j: j, progress=False) == [10, 50, 20, 40]
     monkeypatch.setenv("FEDLIB_WORKERS", "2")
     assert fork_map(lambda j: os.getpid(), range(4), None, progress=False).count(os.getpid()) == 0
+
+
+def test_resolve_workers_takes_the_cores_on_a_cpu_and_one_process_on_a_gpu(monkeypatch):
+    from fedlib.core.parallel import resolve_workers
+
+    monkeypatch.setenv("FEDLIB_WORKERS", "2")
+    assert resolve_workers(None) == 2 and resolve_workers(3, "cpu") == 3 and resolve_workers(None, "auto") == 2
+    assert resolve_workers(None, "cuda") == resolve_workers(4, torch.device("cuda", 0)) == 1
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ValueError, match="workers"):
+            resolve_workers(bad)

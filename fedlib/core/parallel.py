@@ -16,7 +16,7 @@ from typing import Any
 
 from fedlib.core.validate import check_int
 
-__all__ = ["default_workers", "fork_map"]
+__all__ = ["default_workers", "resolve_workers", "fork_map"]
 
 _STATE: dict[str, Any] = {}   # what a forked worker reads (inherited, never pickled)
 
@@ -33,6 +33,17 @@ def default_workers(limit: int | None = None) -> int:
     else:
         n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(n, limit or n))
+
+
+def resolve_workers(workers: int | None, device="cpu") -> int:
+    """A chapter's ``workers`` parameter as a process count: None -> :func:`default_workers`; always 1
+    on an accelerator (``device`` not ``"cpu"`` / ``"auto"``), whose context does not survive fork.
+    Anything but None or an integer >= 1 -> ValueError naming ``workers``."""
+    if workers is not None:
+        workers = check_int("workers", workers, 1)
+    if str(device).split(":")[0] not in ("cpu", "auto"):
+        return 1
+    return default_workers() if workers is None else workers
 
 
 def _init_worker() -> None:
@@ -60,7 +71,7 @@ def fork_map(fn: Callable[[Any], Any], jobs: Iterable, workers: int | None = 1, 
     from tqdm.auto import tqdm
 
     jobs: Sequence = list(jobs)
-    workers = default_workers() if workers is None else check_int("workers", workers, 1)
+    workers = resolve_workers(workers)
     order = list(range(len(jobs)))
     if cost is not None:
         order.sort(key=lambda i: cost(jobs[i]), reverse=True)   # stable: equal costs keep their order

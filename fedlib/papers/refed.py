@@ -560,15 +560,13 @@ class ScenarioRuns:
 
     def __call__(self, kind: str, method: str, seed: int, *, alpha: float | None = None, memory: int | None = None,
                  lam: float | None = None, weighting: str = "early", track: bool = False) -> dict:
-        s = self.scenarios[kind]
-        alpha = s["alpha"] if alpha is None else alpha
-        memory = s["memory"] if memory is None else memory
-        lam = s["lam"] if lam is None else lam
         key = self.key(kind, method, seed, alpha=alpha, memory=memory, lam=lam, weighting=weighting)
-        if key in self.runs and (self.runs[key]["tracked"] or not track):
+        if self.held(kind, method, seed, alpha=alpha, memory=memory, lam=lam, weighting=weighting, track=track):
             return self.runs[key]
-        out = run_scenario(s, kind, method, seed, alpha=alpha, memory=memory, lam=lam, weighting=weighting,
-                           track=track, share_first_stage=self.first_stage, pim_share=self.pims, **self.settings)
+        # run_scenario fills a None alpha, memory or lam from the scenario, as key() does
+        out = run_scenario(self.scenarios[kind], kind, method, seed, alpha=alpha, memory=memory, lam=lam,
+                           weighting=weighting, track=track, share_first_stage=self.first_stage, pim_share=self.pims,
+                           **self.settings)
         self.memory_checks["runs"] += 1
         self.memory_checks["client-stages"] += out["client_stages"]
         self.runs[key] = out
@@ -604,9 +602,9 @@ class ScenarioRuns:
         """
         import time
 
-        from fedlib.core.parallel import default_workers, fork_map
+        from fedlib.core.parallel import fork_map, resolve_workers
 
-        workers = default_workers() if workers is None else check_int("workers", workers, 1)
+        workers = resolve_workers(workers)
         if isinstance(requests, dict) or not all(isinstance(r, dict) for r in requests):
             raise ValueError("requests must be a sequence of dicts of ScenarioRuns' call arguments "
                              "(kind, method, seed, ...)")

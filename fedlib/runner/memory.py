@@ -141,13 +141,10 @@ def _stsa_derivation(v) -> Estimate:
 
 
 def _workers(v: Mapping[str, Any]) -> int:
-    """Processes a chapter's ``workers`` parameter runs at once (None: fedlib.core.parallel.default_workers;
-    1 on an accelerator, where runs stay in the kernel)."""
-    from fedlib.core.parallel import default_workers
+    """Processes a chapter's ``workers`` parameter runs at once (fedlib.core.parallel.resolve_workers)."""
+    from fedlib.core.parallel import resolve_workers
 
-    if v.get("device", "cpu") not in ("cpu", "auto") or v.get("workers", 1) == 1:
-        return 1
-    return default_workers() if v.get("workers") is None else int(v["workers"])
+    return resolve_workers(v.get("workers", 1), v.get("device", "cpu"))
 
 
 def _dense(n: int, count: int, what: str) -> dict[str, float]:
