@@ -50,7 +50,7 @@ def _fake_run(name, profile, overrides):
             time.sleep(0.01)
     with open(log, "a") as f:
         f.write(json.dumps([name, t0, time.time(), met, os.environ.get("FEDLIB_WORKERS"),
-                            os.environ.get("OPENBLAS_NUM_THREADS")]) + "\n")
+                            os.environ.get("OPENBLAS_NUM_THREADS"), os.environ.get("OMP_NUM_THREADS")]) + "\n")
     return name, time.time() - t0, 0.0
 
 
@@ -59,6 +59,7 @@ def test_run_chapters_two_at_once_waits_for_dependencies(tmp_path, monkeypatch):
 
     monkeypatch.delenv("FEDLIB_WORKERS", raising=False)
     monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     log = tmp_path / "log.jsonl"
     lines = []
     times = schedule.run_chapters(["a", "b", "c"], "quick", 2, {"b": ["a"]}, {}, {"meet": ["a", "c"], "log": str(log)},
@@ -69,9 +70,9 @@ def test_run_chapters_two_at_once_waits_for_dependencies(tmp_path, monkeypatch):
     assert rows["a"][2] and rows["c"][2]            # a and c ran at the same time (each saw the other start)
     assert any("done 3/3" in line for line in lines)
     # two chapters side by side: each may fork its half of the cores (fedlib.core.parallel.default_workers),
-    # and NumPy's BLAS gets as many threads
+    # and NumPy's BLAS, torch and OpenMP get as many threads
     share = str(max(1, default_workers() // 2))
-    assert {r[3] for r in rows.values()} == {r[4] for r in rows.values()} == {share}
+    assert {r[3] for r in rows.values()} == {r[4] for r in rows.values()} == {r[5] for r in rows.values()} == {share}
 
 
 def test_run_chapters_raises_the_first_failure_and_starts_nothing_after_it(tmp_path):
@@ -96,6 +97,14 @@ def test_the_record_of_a_whole_run_lists_every_chapter_slowest_first(tmp_path):
     assert rows[0] == ["b", "30", "29"] and rows[1] == ["a", "10", "18"]
     assert rows[2][-2:] == ["40", "47"] and rows[3][3] == "41"
     assert "2 at a time" in text and (tmp_path / "book_run_quick.txt").read_text() == text
+    assert "machine speed" not in text
+    timed = schedule.write_record(tmp_path / "r.txt", "quick", 2, {"a": (10.0, 18.0)}, 10.0, 0.5, (0.4123, 0.45))
+    assert timed.splitlines()[1].endswith("0.412 ms before the run, 0.450 ms after")
+
+
+def test_reference_kernel_is_a_positive_time_of_the_product():
+    ms = schedule.reference_kernel_ms(repeats=20)
+    assert 0.0 < ms < 1000.0
 
 
 def test_time_left_on_several_workers_is_bounded_by_the_longest_chapter():

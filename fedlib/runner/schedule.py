@@ -9,9 +9,13 @@ scheduling). :func:`run_chapters` runs the plan on ``jobs`` worker processes, ea
 chapter at a time with :func:`fedlib.runner.profiles.run_notebook`; a failed chapter stops new
 starts, the running ones finish, and the first error is raised.
 
-Each chapter keeps its own thread settings (``num_threads``); the workers set
-``OMP_WAIT_POLICY=PASSIVE`` so that idle OpenMP threads of one chapter do not spin on the cores the
-other needs.
+Chapters side by side share the cores: each worker gives its chapter its share (the cores divided by
+``jobs``) as ``FEDLIB_WORKERS`` (the processes :func:`fedlib.core.parallel.fork_map` forks),
+``OPENBLAS_NUM_THREADS`` (NumPy's BLAS, whose threads busy-wait) and ``OMP_NUM_THREADS`` (torch's
+intra-op threads and the OpenMP threads of sklearn and numba, in every chapter that does not set its
+own), and ``OMP_WAIT_POLICY=PASSIVE`` so that idle OpenMP threads of one chapter do not spin on the
+cores the other needs. (Measured: afl_derivation alone took 97 s of CPU on two torch threads and 60 s
+on one, for 58 s against 62 s of wall time; the two runs differ in round-off only.)
 """
 from __future__ import annotations
 
@@ -79,12 +83,12 @@ def _init_worker(counter, jobs: int) -> None:
         counter.value += 1
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     # chapters side by side share the cores: each forks at most its share (fedlib.core.parallel), and
-    # NumPy's BLAS, whose threads busy-wait, gets that many threads
+    # NumPy's BLAS (whose threads busy-wait), torch and OpenMP get that many threads
     from fedlib.core.parallel import default_workers
 
     share = str(max(1, default_workers() // jobs))
-    os.environ.setdefault("FEDLIB_WORKERS", share)
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", share)
+    for name in ("FEDLIB_WORKERS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        os.environ.setdefault(name, share)
 
 
 def children_cpu() -> float:
@@ -155,13 +159,34 @@ def run_chapters(names: Sequence[str], profile: str, jobs: int, after: Mapping[s
     return times
 
 
+def reference_kernel_ms(repeats: int = 2000) -> float:
+    """Milliseconds of one float32 (100, 784) @ (784, 200) product on one BLAS thread, the median of ``repeats``
+    (FedDL's per-client product): the speed of the machine at that moment. A shared virtual machine runs
+    faster or slower from hour to hour, so a run's record carries it, and two records compare by it."""
+    import numpy as np
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(0)
+    a, b = rng.random((100, 784), dtype=np.float32), rng.random((784, 200), dtype=np.float32)
+    times = []
+    with threadpool_limits(1, user_api="blas"):
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            a @ b
+            times.append(time.perf_counter() - t0)
+    return 1e3 * float(np.median(times))
+
+
 def write_record(path: Path, profile: str, jobs: int, times: Mapping[str, tuple[float, float]], wall: float,
-                 load_before: float) -> str:
+                 load_before: float, kernel_ms: tuple[float, float] | None = None) -> str:
     """The record of a run of the whole book (``book/benchmarks/book_run_PROFILE.txt``): each chapter's
-    wall and CPU seconds, their sums, and the run's wall time on ``jobs`` workers. Returns the text."""
+    wall and CPU seconds, their sums, the run's wall time on ``jobs`` workers and, when given, the
+    machine's speed before and after the run (:func:`reference_kernel_ms`). Returns the text."""
     width = 24
     lines = [f"machine: {platform.machine()}, {os.cpu_count()} CPUs; load average before the run "
              f"{load_before:.2f}, after {os.getloadavg()[0]:.2f}",
+             *([f"machine speed (fedlib.runner.schedule.reference_kernel_ms, lower is faster): {kernel_ms[0]:.3f} ms "
+                f"before the run, {kernel_ms[1]:.3f} ms after"] if kernel_ms else []),
              f"profile {profile}, {len(times)} chapters, {jobs} at a time (python -m fedlib.runner all --jobs {jobs})",
              f"  {'chapter':<{width}}{'wall s':>9}{'CPU s':>9}"]
     for name, (sec, cpu) in sorted(times.items(), key=lambda kv: -kv[1][0]):
