@@ -83,14 +83,15 @@ umap_min_dist = 0.1
 umap_epochs = 200          # null takes the umap default
 sweep_dataset = "mnist5k"  # client and landmark sweeps (one of datasets)
 sweep_seeds = [0]
-iid_client_counts = [10, 50]
+iid_client_counts = [5, 10]     # both splits at paper Table 3's k (profile paper: Table 4's 5 to 100)
 noniid_client_counts = [5, 10]
 landmark_counts = [50, 100, 400]
 landmark_splits = ["iid"]
 landmark_methods = ["tsne"]
 landmark_variants = ["Fed"]
 scatter_points = 1000      # points drawn per scatter panel
-num_threads = 2
+num_threads = None         # OpenMP threads of the work in this process (t-SNE, k-means); null: the default, the cores
+                           # or, in `fedlib.runner all --jobs N`, this chapter's share of them (OMP_NUM_THREADS)
 feddl_dtype = "float32"    # FedDL's arithmetic: float32 (faster) or float64 (profile paper)
 workers = None             # processes running the independent runs (forked, one thread each); null: the cores
 
@@ -297,6 +298,9 @@ if late:
 # $\lVert\hat D-D\rVert_F/\lVert D\rVert_F$ and the 10-NN overlap of $\hat D$ with the exact
 # neighbours ("D-hat 10-NN"). The metrics come from `fedlib.papers.fedtsne.EmbeddingScorer` (high-dimensional
 # neighbours computed once per dataset; checked equal to `embedding_report` on the first embedding).
+# The centralized embeddings depend on no federated parameter: like backbone features they are kept on
+# disk (`fedlib.papers.fedtsne.central_embedding`, keyed by the points, seed, settings and library
+# versions), so a re-run with other federated parameters reads them back instead of running t-SNE again.
 
 # %%
 # the chapter's t-SNE / UMAP settings, for every ft.embed call (centralized when no FedDL run is given)
@@ -466,7 +470,8 @@ assert ctl_gap < 1e-8
 # %% [markdown]
 # ### Cost
 #
-# Seconds are this machine's (2 shared CPU cores: noisy); FedDL runs once per (split, variant,
+# Seconds are this machine's (2 shared CPU cores: noisy; a cached centralized embedding keeps the seconds of
+# the run that made it); FedDL runs once per (split, variant,
 # seed) and its landmarks serve both t-SNE and UMAP. Upload = measured message bytes (FedDL's messages in
 # `feddl_dtype`, half the bytes in float32; the distance upload in float64):
 # FedDL's per-round gradients plus the setup scalars, and the final distance upload

@@ -51,7 +51,8 @@ umap_neighbors = 15
 umap_min_dist = 0.1
 umap_epochs = 200
 knn_k = 10                 # neighbour recall: k nearest neighbours under the estimate vs the exact ones
-num_threads = 2
+num_threads = None         # OpenMP threads of the work in this process (t-SNE, k-means); null: the default, the cores
+                           # or, in `fedlib.runner all --jobs N`, this chapter's share of them (OMP_NUM_THREADS)
 
 # %%
 import os

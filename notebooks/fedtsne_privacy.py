@@ -53,7 +53,8 @@ methods = ["tsne", "umap"]
 seeds = [0, 1, 2, 3, 4]
 tsne_max_iter = 400
 seed = 0                   # data subset and partition (fixed; the seeds above vary noise and embedding)
-num_threads = 2
+num_threads = None         # OpenMP threads of the work in this process (t-SNE, k-means); null: the default, the cores
+                           # or, in `fedlib.runner all --jobs N`, this chapter's share of them (OMP_NUM_THREADS)
 
 # %% tags=["hide-input"]
 import os

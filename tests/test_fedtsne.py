@@ -741,6 +741,31 @@ def test_embed_and_learn_landmarks_are_the_pipelines_calls(blobs50):
         ft.learn_landmarks(X, parts, "Fed++", 6, 3)
 
 
+def test_central_embedding_is_kept_on_disk_keyed_by_its_inputs(blobs50, tmp_path, monkeypatch):
+    """The centralized reference is read back from the cache (no second t-SNE, the same result), and
+    any change of X, seed, settings or method makes a new one; cache=False always computes."""
+    from fedlib.papers.fedtsne import pipelines
+
+    monkeypatch.setenv("FEDLIB_CACHE", str(tmp_path))
+    X, _ = blobs50
+    kw = dict(perplexity=5.0, tsne_max_iter=250)
+    first = ft.central_embedding("tsne", X, seed=0, **kw)
+    assert not first.federated
+    assert np.array_equal(first.embedding, ft.embed("tsne", X, None, seed=0, **kw).embedding)
+    assert list((tmp_path / "central_embeddings").rglob("output.pkl"))
+    calls, real = [], pipelines.embed
+    monkeypatch.setattr(pipelines, "embed", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    again = ft.central_embedding("tsne", X, seed=0, **kw)
+    assert calls == [] and np.array_equal(again.embedding, first.embedding) and again.seconds == first.seconds
+    ft.central_embedding("tsne", X, seed=1, **kw)
+    ft.central_embedding("tsne", X[::-1], seed=0, **kw)
+    ft.central_embedding("tsne", X, seed=0, perplexity=6.0, tsne_max_iter=250)
+    ft.central_embedding("tsne", X, seed=0, cache=False, **kw)
+    assert calls == ["tsne"] * 4
+    with pytest.raises(ValueError, match="method"):
+        ft.central_embedding("pca", X)
+
+
 def test_public_landmarks_and_check_fits():
     rng = np.random.default_rng(0)
     pub = rng.random((40, 5))

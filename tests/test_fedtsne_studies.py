@@ -21,6 +21,14 @@ def _blas_one_thread():
     limits.restore_original_limits()
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _own_cache(tmp_path_factory):
+    """benchmark_runs keeps its centralized embeddings in FEDLIB_CACHE: a fresh one, not the repository's."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FEDLIB_CACHE", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
 def _blobs(n=90, m=6, seed=0, scale=4.0):
     """Three well-separated Gaussian classes in R^m (n // 3 each), min-max scaled into [0, 1]."""
     rng = np.random.default_rng(seed)

@@ -98,7 +98,7 @@ from fedlib.papers.fedtsne.nystrom import (
 from fedlib.papers.fedtsne.knn import BLOCK_BYTES, blockwise_knn, exact_sq_knn, knn_graph, block_rows
 from fedlib.papers.fedtsne.pipelines import (
     PipelineResult, EmbeddingResult, ClusteringResult, fed_tsne, fed_umap, fed_spectral_clustering, METHOD_NAMES,
-    FED_NAMES, VARIANTS, embed, learn_landmarks, DENSE_MAX_POINTS, SPECTRAL_NEIGHBORS)
+    FED_NAMES, VARIANTS, central_embedding, embed, learn_landmarks, DENSE_MAX_POINTS, SPECTRAL_NEIGHBORS)
 from fedlib.papers.fedtsne.chapters import (
     SPLITS, load_points, label_skew_parts, client_split, EmbeddingScorer, check_fits, privacy_table)
 from fedlib.papers.fedtsne.checks import (

@@ -342,6 +342,37 @@ def embed(method: str, X, parts, n_landmarks: int = 500, *, seed: int = 0, feddl
                     keep_distances=keep_distances, sparse=sparse)
 
 
+CENTRAL_CACHE_VERSION = 1   # bump when the centralized t-SNE / UMAP path changes, so old cache entries are never read
+
+
+def _central_embedding(method: str, X: np.ndarray, seed: int, settings: dict, versions: dict) -> EmbeddingResult:
+    """:func:`embed` centralized; ``versions`` (the libraries' and :data:`CENTRAL_CACHE_VERSION`) only key the cache."""
+    return embed(method, X, None, seed=seed, **settings)
+
+
+def central_embedding(method: str, X, *, seed: int = 0, cache: bool = True, **settings) -> EmbeddingResult:
+    """The centralized reference of :func:`embed` (``feddl_result=None``; ``settings``: its keywords). It
+    depends on no federated parameter, so, like the backbone features, it is kept on disk: a
+    ``joblib.Memory`` under :func:`fedlib.runner.paths.cache_dir` keyed by X's bytes, ``method``, ``seed``,
+    ``settings``, the versions of scikit-learn, umap-learn and openTSNE and :data:`CENTRAL_CACHE_VERSION`.
+    A chapter re-run with other federated parameters reads it back: the same result the call returned
+    (its ``seconds`` are those of the run that made it). ``cache=False`` computes it."""
+    from importlib.metadata import version
+
+    from joblib import Memory
+
+    from fedlib.runner.paths import cache_dir
+
+    check_choice("method", method, METHOD_NAMES)
+    X = _as_matrix("X", X)
+    if not cache:
+        return _central_embedding(method, X, seed, settings, {})
+    versions = {lib: version(lib) for lib in ("scikit-learn", "umap-learn", "openTSNE")}
+    versions["fedlib central cache"] = CENTRAL_CACHE_VERSION
+    memory = Memory(cache_dir() / "central_embeddings", verbose=0)
+    return memory.cache(_central_embedding)(method, X, int(seed), dict(sorted(settings.items())), versions)
+
+
 def learn_landmarks(X, parts, variant: str, n_landmarks: int, rounds: int, *, beta: float = 1.0,
                     seed: int = 0, dtype: str = "float64") -> FedDLResult:
     """FedDL on the clients ``[X[p] for p in parts]``: variant "Fed" (noise-free) or "Fed+" (the paper's

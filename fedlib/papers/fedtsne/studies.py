@@ -507,7 +507,7 @@ def benchmark_runs(data: dict, scorers: dict, traces: dict, seeds: Sequence[int]
     from fedlib.evaluation.embedding import embedding_report
     from fedlib.papers.fedtsne.chapters import client_split
     from fedlib.papers.fedtsne.feddl import plateau_share
-    from fedlib.papers.fedtsne.pipelines import METHOD_NAMES, embed, learn_landmarks
+    from fedlib.papers.fedtsne.pipelines import METHOD_NAMES, central_embedding, embed, learn_landmarks
 
     kw = embed_kwargs or {}
 
@@ -534,7 +534,7 @@ def benchmark_runs(data: dict, scorers: dict, traces: dict, seeds: Sequence[int]
         if split is None:    # centralized runs and the untrained landmarks Y^0 (of the IID trace)
             sc, rows, Z, check = scorers[name], [], {}, None
             for method in methods:
-                res = embed(method, X, None, n_landmarks, seed=seed, **kw)
+                res = central_embedding(method, X, seed=seed, **kw)     # cached on disk: no federated parameter
                 scores = sc(res.embedding, seed)
                 if seed == seeds[0] and method == methods[0]:
                     ref = embedding_report(X, res.embedding, y, seed=seed)

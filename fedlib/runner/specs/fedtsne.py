@@ -86,7 +86,7 @@ SPECS = {
         "placement_kinds": List(Choice(LANDMARK_KINDS), least=0, distinct=True),
         "methods": List(Choice(METHODS), distinct=True), "perplexity": Real(0.0), "tsne_max_iter": Int(250),
         "umap_neighbors": Int(2), "umap_min_dist": Real(0.0, strict=False), "umap_epochs": Int(1) | NULL,
-        "knn_k": Int(1), "num_threads": Int(1),
+        "knn_k": Int(1), "num_threads": Int(1) | NULL,
     }, rules=[_grid_within("metric_grid", "landmark_grid"), _placement_in_grid, _grid_below_points]),
     "fedtsne_derivation": Spec({
         "n_points": Int(10), "n_landmarks": Int(2), "feddl_rounds": Int(1), "num_clients": Int(2),
@@ -103,14 +103,14 @@ SPECS = {
         "iid_client_counts": List(Int(2), least=0), "noniid_client_counts": List(Int(2), least=0),
         "landmark_counts": List(Int(2), least=0), "landmark_splits": List(Choice(SPLITS), least=0),
         "landmark_methods": List(Choice(METHODS), least=0), "landmark_variants": List(Choice(VARIANTS), least=0),
-        "scatter_points": Int(10), "num_threads": Int(1), "feddl_dtype": Choice(("float32", "float64")),
+        "scatter_points": Int(10), "num_threads": Int(1) | NULL, "feddl_dtype": Choice(("float32", "float64")),
         "workers": Int(1) | NULL,
     }, rules=[_every_dataset_has_n_points, _sweep_dataset_in_datasets, _max_rounds_covers_the_rule]),
     "fedtsne_privacy": Spec({
         "n_points": Int(10), "public_points": Int(2), "num_clients": Int(1), "n_landmarks": Int(2),
         "rounds": Int(1), "epsilons": List(Real(0.0)), "delta": Real(0.0, 1.0), "accountant": Choice(ACCOUNTANTS),
         "betas": List(Real(0.0, strict=False)), "methods": List(Choice(METHODS), distinct=True),
-        "seeds": Seeds(1), "tsne_max_iter": Int(250), "seed": Int(0), "num_threads": Int(1),
+        "seeds": Seeds(1), "tsne_max_iter": Int(250), "seed": Int(0), "num_threads": Int(1) | NULL,
     }, rules=[_landmarks_below_points("n_points"), _clients_fit("n_points")]),
     "fedspeclust": Spec({
         "datasets": List(Choice(DATASETS), distinct=True), "max_points": Int(1) | NULL, "num_clients": Int(2),
