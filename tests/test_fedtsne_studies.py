@@ -304,6 +304,31 @@ def test_speclust_runs_and_split_invariance(speclust_small):
     assert spread.max() < 1e-10 and gap < 1e-8 and nmi_gap < 1e-2
 
 
+def test_speclust_runs_and_landmark_sweep_in_float32_feddl(speclust_small):
+    """dtype reaches FedDL (the chapter's feddl_dtype): float32 landmarks are float64's up to float32
+    rounding (not equal), the splits still agree within the chapter's float32 tolerance (1e-4), and the
+    gradient uploads halve; the kernel sweep takes the same dtype."""
+    (runs, landmarks, _), variants = speclust_small
+    X, y = _blobs(n=60)
+    data = {"blobs": (X, y, 3)}
+    splits = {"blobs": {s: {"IID": ft.client_split(y, 3, "iid", s), "non-IID": ft.client_split(y, 3, "non_iid", s)}
+                        for s in (0, 1)}}
+    with threadpool_limits(1):
+        r32, lm32, _ = ft.speclust_runs(data, splits, [0, 1], variants, n_landmarks=8, gamma_rule="moments",
+                                        rounds={"blobs": 5}, beta=1.0, dtype="float32")
+        sweep32, study32 = ft.kernel_landmark_sweep(X, y, splits["blobs"][0]["IID"], [4, 8], 3, gamma_rule="moments",
+                                                    rounds=5, dtype="float32")
+    key = ("blobs", 0, "Fed", "IID")
+    gap = np.abs(lm32[key] - landmarks[key]).max()
+    assert 0 < gap < 1e-5
+    _, split_gap, _ = ft.split_invariance(r32, lm32)
+    assert split_gap < 1e-4
+    fed = (runs.variant == "Fed") & (runs.split == "IID")
+    ratio = r32.loc[fed, "FedDL upload (MB)"].to_numpy() / runs.loc[fed, "FedDL upload (MB)"].to_numpy()
+    assert ((ratio > 0.5) & (ratio < 0.6)).all()      # half the gradient bytes; the set-up sums stay float64
+    assert np.allclose(study32["last"].feddl.landmarks, lm32[key], atol=0) and study32["assembly gap"] < 1e-8
+
+
 def test_setting_cells_tables_and_paired_differences(speclust_small):
     (runs, _, _), _ = speclust_small
     cols = [("central", "pooled"), ("Fed", "IID")]

@@ -159,9 +159,9 @@ def speclust_data(names: Sequence[str], max_points, num_clients: int, seeds: Seq
 
 def speclust_runs(data: dict, splits: dict, seeds: Sequence[int], variants: Sequence[tuple], *, n_landmarks: int,
                   gamma_rule: str, rounds: dict, beta: float = 1.0, feddl_results: dict | None = None,
-                  split_check_seeds: Sequence[int] | None = None, progress: bool = True):
+                  split_check_seeds: Sequence[int] | None = None, dtype: str = "float64", progress: bool = True):
     """Centralized spectral clustering and Fed-SpeClust (:func:`fed_spectral_clustering`) for every dataset,
-    seed and (variant, split, noise) of ``variants``. ``feddl_results``: FedDL runs already made, keyed
+    seed and (variant, split, noise) of ``variants``; ``dtype``: FedDL's arithmetic (:func:`feddl`). ``feddl_results``: FedDL runs already made, keyed
     (dataset, seed, variant, split), reused instead of running FedDL again (they must be the runs this
     function would make: same clients, rounds, gamma rule, noise and seed; e.g. the noise-free trace of
     :func:`~fedlib.papers.fedtsne.feddl.feddl_until_plateau`; their FedDL seconds are added to the run's).
@@ -229,7 +229,7 @@ def speclust_runs(data: dict, splits: dict, seeds: Sequence[int], variants: Sequ
                     source = "landmarks of " + " ".join(noise_free[0])
                 res = fed_spectral_clustering(X, parts, n_classes, n_landmarks, gamma=gamma_rule,
                                               rounds=rounds[name], noise=noise, beta=beta, seed=seed,
-                                              keep_affinity=True, feddl_result=given)
+                                              keep_affinity=True, feddl_result=given, dtype=dtype)
                 made[variant, split] = res.feddl
                 bar.update()
                 records.append({"dataset": name, "seed": seed, "variant": variant, "split": split, "FedDL": source,
@@ -320,14 +320,15 @@ def change_table(cells: dict, paper: pd.DataFrame, datasets: Sequence[str], sett
 
 def kernel_landmark_sweep(X, y, parts, grid: Sequence[int], n_classes: int, *, gamma_rule: str, rounds: int,
                           seed: int = 0, feddl_results: dict | None = None, central_nmi: float | None = None,
-                          progress: bool = True):
+                          dtype: str = "float64", progress: bool = True):
     """Fed-SpeClust's kernel error and NMI against n_y (the chapter's Sec. 5): for each n_y of ``grid``,
     FedDL landmarks (:func:`fed_spectral_clustering` on ``parts``), a nested uniform sample of X (oracle)
     and the untrained Y^0; relative error of clip_0(C W^+ C^T), NMI of spectral clustering on it, share of
     ||C||_F^2 in C's top singular direction. ``feddl_results``: {n_y: FedDLResult} of noise-free runs
     already made on ``parts`` with ``rounds``, ``gamma_rule`` and ``seed`` (reused, not re-run);
     ``central_nmi``: the NMI of the centralized spectral clustering of X with this gamma and ``seed`` when
-    already computed (:func:`speclust_runs`' central run of ``seed``; else computed here). Returns (frame,
+    already computed (:func:`speclust_runs`' central run of ``seed``; else computed here). ``dtype``: FedDL's
+    arithmetic (:func:`feddl`; the kernels stay float64). Returns (frame,
     dict gamma, K, central NMI, last run, assembly gap = max |server's matrix - C W^+ C^T| of the FedDL
     rows)."""
     from sklearn.cluster import SpectralClustering
@@ -355,7 +356,7 @@ def kernel_landmark_sweep(X, y, parts, grid: Sequence[int], n_classes: int, *, g
     rows, gap, res = [], 0.0, None
     for ny in tqdm(grid, desc="landmark counts", leave=False, disable=not progress):
         res = fed_spectral_clustering(X, parts, n_classes, ny, gamma=gamma_rule, rounds=rounds, seed=seed,
-                                      keep_affinity=True, feddl_result=feddl_results.get(ny))
+                                      keep_affinity=True, feddl_result=feddl_results.get(ny), dtype=dtype)
         sets = {"FedDL": res.feddl.landmarks, "uniform sample (oracle, not federated)": X[order[:ny]],
                 "untrained (FedDL init)": res.feddl.init_landmarks}
         for lname, L in sets.items():

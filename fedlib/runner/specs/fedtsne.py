@@ -118,5 +118,6 @@ SPECS = {
         "gamma_rule": Choice(GAMMA_RULES), "beta": Real(0.0, strict=False), "seeds": Seeds(2),
         "sweep_dataset": Choice(DATASETS), "landmark_grid": List(Int(2), distinct=True, increasing=True),
         "derivation_dim": Int(1), "derivation_points": Int(3), "threads": Int(1) | NULL,
+        "feddl_dtype": Choice(("float32", "float64")),
     }, rules=[_max_points_fits_clients]),
 }
