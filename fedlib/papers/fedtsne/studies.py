@@ -161,9 +161,10 @@ def speclust_runs(data: dict, splits: dict, seeds: Sequence[int], variants: Sequ
                   gamma_rule: str, rounds: dict, beta: float = 1.0, feddl_results: dict | None = None,
                   split_check_seeds: Sequence[int] | None = None, dtype: str = "float64", progress: bool = True):
     """Centralized spectral clustering and Fed-SpeClust (:func:`fed_spectral_clustering`) for every dataset,
-    seed and (variant, split, noise) of ``variants``; ``dtype``: FedDL's arithmetic (:func:`feddl`). ``feddl_results``: FedDL runs already made, keyed
-    (dataset, seed, variant, split), reused instead of running FedDL again (they must be the runs this
-    function would make: same clients, rounds, gamma rule, noise and seed; e.g. the noise-free trace of
+    seed and (variant, split, noise) of ``variants``; ``dtype``: FedDL's arithmetic (:func:`feddl`).
+    ``feddl_results``: FedDL runs already made, keyed (dataset, seed, variant, split), reused instead of
+    running FedDL again (they must be the runs this function would make: same clients, rounds, gamma rule,
+    noise, seed and dtype; e.g. the noise-free trace of
     :func:`~fedlib.papers.fedtsne.feddl.feddl_until_plateau`; their FedDL seconds are added to the run's).
 
     ``split_check_seeds`` (None: every seed): the seeds on which every noise-free variant runs its own
