@@ -100,7 +100,7 @@ TINY: dict[str, dict] = {
     "fedspeclust": {
         "tiny": {"max_points": 120, "n_landmarks": 20, "rounds": 5, "seeds": [0, 1], "landmark_grid": [10, 20],
                  "derivation_points": 120},
-        "keep": [],
+        "keep": ["feddl_dtype"],
     },
     "fedtsne_beyond": {
         "tiny": {"n_points": 300, "num_clients": 5, "seeds": [0, 1], "rounds": 5, "landmark_grid": [20, 40],
