@@ -282,12 +282,18 @@ def test_speclust_data_optdigits():
         ft.speclust_data(["optdigits"], 200, 10, [0], n_landmarks=300)
 
 
-@pytest.fixture(scope="module")
-def speclust_small():
+def _speclust_blobs():
+    """The Fed-SpeClust tests' data: 60 blobs points, and their IID and non-IID splits into 3 clients for seeds 0, 1."""
     X, y = _blobs(n=60)
     data = {"blobs": (X, y, 3)}
     splits = {"blobs": {s: {"IID": ft.client_split(y, 3, "iid", s), "non-IID": ft.client_split(y, 3, "non_iid", s)}
                         for s in (0, 1)}}
+    return X, y, data, splits
+
+
+@pytest.fixture(scope="module")
+def speclust_small():
+    X, y, data, splits = _speclust_blobs()
     variants = [("Fed", "IID", "none"), ("Fed+", "IID", "heuristic"), ("Fed", "non-IID", "none")]
     with threadpool_limits(1):
         out = ft.speclust_runs(data, splits, [0, 1], variants, n_landmarks=8, gamma_rule="moments",
@@ -309,10 +315,7 @@ def test_speclust_runs_and_landmark_sweep_in_float32_feddl(speclust_small):
     rounding (not equal), the splits still agree within the chapter's float32 tolerance (1e-4), and the
     gradient uploads halve; the kernel sweep takes the same dtype."""
     (runs, landmarks, _), variants = speclust_small
-    X, y = _blobs(n=60)
-    data = {"blobs": (X, y, 3)}
-    splits = {"blobs": {s: {"IID": ft.client_split(y, 3, "iid", s), "non-IID": ft.client_split(y, 3, "non_iid", s)}
-                        for s in (0, 1)}}
+    X, y, data, splits = _speclust_blobs()
     with threadpool_limits(1):
         r32, lm32, _ = ft.speclust_runs(data, splits, [0, 1], variants, n_landmarks=8, gamma_rule="moments",
                                         rounds={"blobs": 5}, beta=1.0, dtype="float32")
@@ -351,10 +354,7 @@ def test_speclust_runs_reuse_a_known_feddl_run(speclust_small):
     """The chapter hands its first seed's noise-free IID run (the plateau search, fedtsne.plateau_run) to
     speclust_runs: the rows, landmarks and objectives equal those of a fresh run."""
     (runs, landmarks, objectives), variants = speclust_small
-    X, y = _blobs(n=60)
-    data = {"blobs": (X, y, 3)}
-    splits = {"blobs": {s: {"IID": ft.client_split(y, 3, "iid", s), "non-IID": ft.client_split(y, 3, "non_iid", s)}
-                        for s in (0, 1)}}
+    X, y, data, splits = _speclust_blobs()
     known = ft.feddl([X[p] for p in splits["blobs"][0]["IID"]], 8, rounds=5, gamma="moments", seed=0)
     kw = dict(n_landmarks=8, gamma_rule="moments", rounds={"blobs": 5}, beta=1.0)
     with threadpool_limits(1):
@@ -376,10 +376,7 @@ def test_speclust_runs_split_check_seeds_reuse_noise_free_landmarks(speclust_sma
     """On seeds outside split_check_seeds the noise-free non-IID row takes the IID run's landmarks (the same
     up to round-off: split invariance); every number of the row equals the one of its own FedDL run."""
     (runs, landmarks, objectives), variants = speclust_small
-    X, y = _blobs(n=60)
-    data = {"blobs": (X, y, 3)}
-    splits = {"blobs": {s: {"IID": ft.client_split(y, 3, "iid", s), "non-IID": ft.client_split(y, 3, "non_iid", s)}
-                        for s in (0, 1)}}
+    X, y, data, splits = _speclust_blobs()
     with threadpool_limits(1):
         short, lm, obj = ft.speclust_runs(data, splits, [0, 1], variants, n_landmarks=8, gamma_rule="moments",
                                           rounds={"blobs": 5}, beta=1.0, split_check_seeds=[0])
