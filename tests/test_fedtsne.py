@@ -743,7 +743,7 @@ def test_embed_and_learn_landmarks_are_the_pipelines_calls(blobs50):
 
 def test_central_embedding_is_kept_on_disk_keyed_by_its_inputs(blobs50, tmp_path, monkeypatch):
     """The centralized reference is read back from the cache (no second t-SNE, the same result), and
-    any change of X, seed, settings or method makes a new one; cache=False always computes."""
+    any change of X, seed, the method's settings or method makes a new one; cache=False always computes."""
     from fedlib.papers.fedtsne import pipelines
 
     monkeypatch.setenv("FEDLIB_CACHE", str(tmp_path))
@@ -761,6 +761,9 @@ def test_central_embedding_is_kept_on_disk_keyed_by_its_inputs(blobs50, tmp_path
     ft.central_embedding("tsne", X[::-1], seed=0, **kw)
     ft.central_embedding("tsne", X, seed=0, perplexity=6.0, tsne_max_iter=250)
     ft.central_embedding("tsne", X, seed=0, cache=False, **kw)
+    assert calls == ["tsne"] * 4
+    # a UMAP setting does not key a t-SNE embedding
+    assert np.array_equal(ft.central_embedding("tsne", X, seed=0, umap_epochs=7, **kw).embedding, first.embedding)
     assert calls == ["tsne"] * 4
     with pytest.raises(ValueError, match="method"):
         ft.central_embedding("pca", X)

@@ -343,6 +343,9 @@ def embed(method: str, X, parts, n_landmarks: int = 500, *, seed: int = 0, feddl
 
 
 CENTRAL_CACHE_VERSION = 1   # bump when the centralized t-SNE / UMAP path changes, so old cache entries are never read
+# the settings of :func:`embed` that one method does not read: left out of the other's cache key
+_OTHER_METHOD_SETTINGS = {"tsne": ("umap_neighbors", "umap_min_dist", "umap_epochs"),
+                          "umap": ("perplexity", "tsne_max_iter")}
 
 
 def _central_embedding(method: str, X: np.ndarray, seed: int, settings: dict, versions: dict) -> EmbeddingResult:
@@ -354,7 +357,8 @@ def central_embedding(method: str, X, *, seed: int = 0, cache: bool = True, **se
     """The centralized reference of :func:`embed` (``feddl_result=None``; ``settings``: its keywords). It
     depends on no federated parameter, so, like the backbone features, it is kept on disk: a
     ``joblib.Memory`` under :func:`fedlib.runner.paths.cache_dir` keyed by X's bytes, ``method``, ``seed``,
-    ``settings``, the versions of scikit-learn, umap-learn and openTSNE and :data:`CENTRAL_CACHE_VERSION`.
+    ``settings`` (those of this method: a UMAP setting does not key a t-SNE embedding), the versions of
+    scikit-learn, umap-learn and openTSNE and :data:`CENTRAL_CACHE_VERSION`.
     A chapter re-run with other federated parameters reads it back: the same result the call returned
     (its ``seconds`` are those of the run that made it). ``cache=False`` computes it."""
     from importlib.metadata import version
@@ -365,6 +369,7 @@ def central_embedding(method: str, X, *, seed: int = 0, cache: bool = True, **se
 
     check_choice("method", method, METHOD_NAMES)
     X = _as_matrix("X", X)
+    settings = {k: v for k, v in settings.items() if k not in _OTHER_METHOD_SETTINGS[method]}
     if not cache:
         return _central_embedding(method, X, seed, settings, {})
     versions = {lib: version(lib) for lib in ("scikit-learn", "umap-learn", "openTSNE")}
