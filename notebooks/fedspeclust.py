@@ -230,8 +230,9 @@ display(info)
 # split (notes Sec. 2.2). Without noise, IID and non-IID must therefore give the same landmarks.
 # The first seed runs FedDL on both splits and this is asserted below (landmarks to $10^{-8}$ in
 # float64, to $10^{-4}$ in float32, where the two splits' different orders of summation round
-# differently in every round; the objectives a constant apart); on the other seeds the noise-free non-IID row takes the IID run's
-# landmarks rather than computing the same numbers again (`split_check_seeds`; its clients still
+# differently in every round; the objectives a constant apart); on the other seeds the noise-free
+# non-IID row takes the IID run's landmarks rather than computing the same numbers again
+# (`split_check_seeds`; its clients still
 # upload their own kernel blocks, which the server assembles and clusters). Only the "+" noise,
 # whose sd follows each client's own gradient, can tell the splits apart; every "+" run is its own.
 # FedDL computes its rounds in `feddl_dtype` (float32 here, as in the benchmark chapter; float64 in
@@ -265,7 +266,7 @@ spread, landmark_gap, nmi_gap = ft.split_invariance(runs, landmarks_kept)
 print(f"gamma identical across settings (max relative spread {spread.max():.1e}); noise-free landmarks IID vs "
       f"non-IID (seed {seeds[0]}, both run) differ by at most {landmark_gap:.1e}; NMI IID - non-IID: max {nmi_gap:.1e}")
 # float32 FedDL: the two splits sum their clients' float32 gradients in another order, and the rounding
-# differences add up over the rounds (a few 1e-6 here); float64: round-off alone
+# differences add up over the rounds (the gap printed above); float64: round-off alone
 LANDMARK_GAP_TOL = 1e-8 if feddl_dtype == "float64" else 1e-4
 assert (spread < 1e-10).all() and landmark_gap < LANDMARK_GAP_TOL and nmi_gap < 1e-2
 

@@ -553,15 +553,15 @@ class ScenarioRuns:
         return (kind, method, seed, alpha, memory if method in REPLAY_METHODS else None, lam if pim else None,
                 weighting if pim else None)
 
-    def held(self, kind: str, method: str, seed: int, *, track: bool = False, **kw: Any) -> bool:
-        """True when ``self(kind, method, seed, track=track, **kw)`` is served from the cache."""
-        key = self.key(kind, method, seed, **kw)
+    def _served(self, key: tuple, track: bool) -> bool:
+        """The run of ``key`` (:meth:`key`) is held, and tracked when ``track`` asks for it: a call is served
+        from the cache."""
         return key in self.runs and (self.runs[key]["tracked"] or not track)
 
     def __call__(self, kind: str, method: str, seed: int, *, alpha: float | None = None, memory: int | None = None,
                  lam: float | None = None, weighting: str = "early", track: bool = False) -> dict:
         key = self.key(kind, method, seed, alpha=alpha, memory=memory, lam=lam, weighting=weighting)
-        if self.held(kind, method, seed, alpha=alpha, memory=memory, lam=lam, weighting=weighting, track=track):
+        if self._served(key, track):
             return self.runs[key]
         # run_scenario fills a None alpha, memory or lam from the scenario, as key() does
         out = run_scenario(self.scenarios[kind], kind, method, seed, alpha=alpha, memory=memory, lam=lam,
@@ -613,9 +613,9 @@ class ScenarioRuns:
         for r in requests:
             if not {"kind", "method", "seed"} <= set(r) or set(r) - params:
                 raise ValueError(f"a request needs kind, method and seed and takes only {sorted(params)}, got {r}")
-            if self.held(**r):
-                continue
             key = self.key(**{k: v for k, v in r.items() if k != "track"})
+            if self._served(key, r.get("track", False)):
+                continue
             if planned.get(key) or (key in planned and not r.get("track", False)):
                 continue   # already planned, tracked or as asked
             planned[key] = bool(r.get("track", False))

@@ -160,9 +160,10 @@ def run_chapters(names: Sequence[str], profile: str, jobs: int, after: Mapping[s
 
 
 def reference_kernel_ms(repeats: int = 2000) -> float:
-    """Milliseconds of one float32 (100, 784) @ (784, 200) product on one BLAS thread, the median of ``repeats``
-    (FedDL's per-client product): the speed of the machine at that moment. A shared virtual machine runs
-    faster or slower from hour to hour, so a run's record carries it, and two records compare by it."""
+    """Milliseconds of one float32 (100, 784) @ (784, 200) product (FedDL's per-client product) on one
+    BLAS thread, the median of ``repeats``: the speed of the machine at that moment. A shared virtual
+    machine runs faster or slower from hour to hour, so a run's record carries it, and two records
+    compare by it."""
     import numpy as np
     from threadpoolctl import threadpool_limits
 
