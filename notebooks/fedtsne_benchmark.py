@@ -72,7 +72,7 @@ num_clients = 10           # clients of the main tables
 n_landmarks = 200          # the paper uses 500 (profile paper)
 rounds = "plateau"         # FedDL rounds: plateau (the rule of Sec. 2) or a fixed integer
 plateau_tol = 0.01         # plateau: the last 10 % of the rounds (at least 10) made at most this share of the decrease of F
-plateau_check = 25         # rounds between two checks of the rule
+plateau_check = 1          # rounds between two checks of the rule (1: after every round)
 max_rounds = 1000          # the convergence study stops here at the latest
 beta = 1.0                 # noise level of the Fed plus runs, the paper uses 1
 methods = ["tsne"]         # the paper also runs umap (profile paper; add it here at twice the cost)
@@ -109,14 +109,13 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 from IPython.display import Markdown
-from sklearn.manifold import TSNE
 from threadpoolctl import threadpool_limits
 
 from fedlib.evaluation import claims, report
 from fedlib.evaluation import embedding as em
 from fedlib.papers import fedtsne as ft
 from fedlib.evaluation import tables as paper_results
-from fedlib.core.parallel import fork_map, resolve_workers
+from fedlib.core.parallel import resolve_workers
 from fedlib.evaluation.stats import mean_std
 from fedlib.runner import specs
 
@@ -147,6 +146,9 @@ PLATEAU_MIN_WINDOW = 10
 FED_PLUS_LABEL = "paper's heuristic noise (no formal DP guarantee; see the privacy chapter)"
 
 CLIENT_RUNS = [("iid", k) for k in iid_client_counts] + [("non_iid", k) for k in noniid_client_counts]
+# the chapter's t-SNE / UMAP settings, for every ft.embed call (centralized when no FedDL run is given)
+EMBED = dict(perplexity=perplexity, tsne_max_iter=tsne_max_iter, umap_neighbors=umap_neighbors,
+             umap_min_dist=umap_min_dist, umap_epochs=umap_epochs)
 if len(seeds) < 5:
     print(f"NOTE: {len(seeds)} seeds (fewer than 5): the confidence intervals below are wide and carry no conclusion.")
 
@@ -190,10 +192,15 @@ scorers = {name: ft.EmbeddingScorer(X, y) for name, (X, y, _) in data.items()}
 #
 # ($F$ is an unbiased estimate and can be negative, so the change is measured against the total
 # decrease, not against $|F|$.) With `rounds="plateau"` every noise-free FedDL run (every dataset,
-# split and seed) runs until the rule holds, checked every `plateau_check` rounds
-# (`fedlib.papers.fedtsne.feddl_until_plateau`; the rule is asserted for every run below), and the Fed+
-# run of the same dataset, split and seed gets the same number of rounds. With a fixed integer
-# `rounds` every run gets that many and the rule is only reported.
+# split and seed) runs until the rule holds (`fedlib.papers.fedtsne.feddl_until_plateau`; the rule is
+# asserted for every run below). It is checked every `plateau_check` rounds on the values of $F$ the
+# clients report with each round, which lag one round behind the landmarks, so a run stops one round
+# after its plateau round. The Fed+ run of the same dataset, split and seed gets the same number of
+# rounds. With a fixed integer `rounds` every run gets that many and the rule is only reported.
+#
+# The client and landmark sweeps of Secs. 6 and 7 run their FedDL by the same rule; they are made in
+# this section's cell too, in the same worker processes (their short runs fill the wait for the long
+# ones), and shown there.
 #
 # Besides $F$ we follow, for the first seed, what the Nyström step gets out of the landmarks: the
 # 10-NN overlap of the server's $\hat D$ with the exact neighbours (round 0 = untrained landmarks),
@@ -202,12 +209,32 @@ scorers = {name: ft.EmbeddingScorer(X, y) for name, (X, y, _) in data.items()}
 # %%
 t0 = time.perf_counter()
 LIMIT = max_rounds if rounds == "plateau" else rounds          # the most rounds a noise-free run may take
-CHECKPOINTS = [c for c in (10, 25, 50, 100, 200, 400, 800, 1600) if c <= LIMIT]
-traces, conv = ft.convergence_study(data, scorers, seeds, num_clients, n_landmarks, tol=plateau_tol,
-                                    window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW, check_every=plateau_check,
-                                    max_rounds=LIMIT, stop_at_plateau=rounds == "plateau", checkpoints=CHECKPOINTS,
-                                    dtype=feddl_dtype, workers=workers, progress=False)
-timings["FedDL noise-free (convergence)"] = time.perf_counter() - t0
+CHECKPOINTS = [c for c in (10, 25, 50, 75, 100, 150, 200, 300, 400, 600, 800, 1600) if c <= LIMIT]
+conv_plan = ft.convergence_study(data, scorers, seeds, num_clients, n_landmarks, tol=plateau_tol,
+                                 window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW, check_every=plateau_check,
+                                 max_rounds=LIMIT, stop_at_plateau=rounds == "plateau", checkpoints=CHECKPOINTS,
+                                 dtype=feddl_dtype, workers=workers, plan=True)
+# the sweeps of Secs. 6 and 7 (one fork_map with the convergence runs), by the rule of the main runs
+SWEEP_NOTE = (f"{len(sweep_seeds)} seed(s): a one-seed sweep, shown for orientation; it carries no conclusion"
+              if len(sweep_seeds) < 5 else f"{len(sweep_seeds)} seeds, mean ± sample std")
+PLATEAU = dict(tol=plateau_tol, window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW,
+               check_every=min(plateau_check, LIMIT), max_rounds=LIMIT)
+ROUNDS_NOTE = "FedDL until its plateau" if rounds == "plateau" else f"{rounds} FedDL rounds"
+sweep_scorer = scorers[sweep_dataset]
+# the sweep's k = num_clients runs of the main seeds ARE main runs of Sec. 3 (same data, clients, seed and rule)
+REUSED = {(split, k, seed) for split, k in CLIENT_RUNS if k == num_clients and "tsne" in methods
+          for seed in sweep_seeds if seed in seeds}
+client_plan = ft.client_sweep(sweep_X, sweep_y, CLIENT_RUNS, sweep_seeds, sweep_scorer, n_landmarks=n_landmarks,
+                              rounds=rounds, beta=beta, embed_kwargs=EMBED, plateau=PLATEAU, skip=REUSED,
+                              dtype=feddl_dtype, plan=True)
+m_dim = sweep_X.shape[1]
+landmark_plan = ft.landmark_sweep(
+    sweep_X, sweep_y, landmark_splits, landmark_counts, landmark_variants, landmark_methods, sweep_seeds, sweep_scorer,
+    num_clients=num_clients, rounds=rounds, beta=beta, window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW,
+    embed_kwargs=EMBED, plateau=PLATEAU, dtype=feddl_dtype, plan=True)
+(traces, conv), clients_made, (landmarks_df, quality_df) = ft.run_sweeps([conv_plan, client_plan, landmark_plan],
+                                                                         workers, progress=False)
+timings["FedDL noise-free (convergence) and the sweeps"] = time.perf_counter() - t0
 study = ft.plateau_study(traces, window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW)
 if rounds == "plateau":
     missing = study[study["plateau round"].isna()]
@@ -249,27 +276,6 @@ fig.suptitle(f"FedDL convergence, seed {seeds[0]}, {num_clients} clients, n_y = 
 fig.tight_layout()
 plt.show()
 
-# %%
-first = datasets[0]
-tr = traces[first, "iid", seeds[0]]
-show_rounds = sorted({0, min(10, tr.rounds), min(50, tr.rounds), tr.rounds} & set(tr.landmarks))
-X, y, classes = data[first]
-idx = np.random.default_rng(0).permutation(len(y))[:scatter_points]
-show_Z = fork_map(lambda s: TSNE(n_components=2, perplexity=perplexity, init="random", random_state=seeds[0],
-                                  max_iter=tsne_max_iter, metric="precomputed")
-                  .fit_transform(ft.nystrom_estimate(X, tr.landmarks[s])), show_rounds, workers, progress=False)
-fig, axes = plt.subplots(1, len(show_rounds), figsize=(4.2 * len(show_rounds), 4.0), squeeze=False)
-for ax, s, Z in zip(axes[0], show_rounds, show_Z):
-    sns.scatterplot(x=Z[idx, 0], y=Z[idx, 1], hue=np.asarray(classes, dtype=object)[y[idx]], hue_order=list(classes),
-                    palette=sns.color_palette("tab10", len(classes)), s=5, linewidth=0, ax=ax, legend=False,
-                    rasterized=True)
-    ov = conv[(conv.dataset == first) & (conv.split == "IID") & (conv["round"] == s)]["D-hat 10-NN"].iloc[0]
-    ax.set_title(f"Fed-tSNE after {s} FedDL rounds\n(D-hat 10-NN overlap {ov:.3f})", fontsize=10)
-    ax.set(xlabel="t-SNE 1 (arbitrary units)", ylabel="t-SNE 2 (arbitrary units)")
-fig.suptitle(f"{first}, IID, seed {seeds[0]}: the embedding as FedDL trains (paper Figs. 3, 5)", y=1.03)
-fig.tight_layout()
-plt.show()
-
 # %% [markdown]
 # The numbers the chapter uses from this study are printed in the two tables above. The claim
 # below checks the paper's Fig. 2 reading that the metrics converge after about 50 rounds, with the
@@ -303,15 +309,26 @@ if late:
 # versions), so a re-run with other federated parameters reads them back instead of running t-SNE again.
 
 # %%
-# the chapter's t-SNE / UMAP settings, for every ft.embed call (centralized when no FedDL run is given)
-EMBED = dict(perplexity=perplexity, tsne_max_iter=tsne_max_iter, umap_neighbors=umap_neighbors,
-             umap_min_dist=umap_min_dist, umap_epochs=umap_epochs)
 t0 = time.perf_counter()
-fed_runs = {}      # every FedDL run, keyed (dataset, split, variant, seed): the client sweep reuses its 10-client runs
-results, dist_q, costs, keep_Z, run_checks = ft.benchmark_runs(
+bench_plan = ft.benchmark_runs(
     data, scorers, traces, seeds, methods, num_clients=num_clients, n_landmarks=n_landmarks, beta=beta,
-    window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW, embed_kwargs=EMBED, keep_runs=fed_runs, dtype=feddl_dtype,
-    workers=workers, progress=False)
+    window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW, embed_kwargs=EMBED, dtype=feddl_dtype, plan=True)
+# Sec. 4's figure of the embedding as FedDL trains (first dataset, IID, first seed): rounds 0 and S are the
+# untrained and Fed runs above (the same landmarks, clients, seed and settings), the rounds between are made here
+first = datasets[0]
+first_trace = traces[first, "iid", seeds[0]]
+SHOW_ROUNDS = sorted({0, min(10, first_trace.rounds), min(50, first_trace.rounds), first_trace.rounds}
+                     & set(first_trace.landmarks))
+X, y, _ = data[first]
+snapshot_plan = ft.trace_embeddings(
+    X, ft.client_split(y, num_clients, "iid", seeds[0]), first_trace,
+    [s for s in SHOW_ROUNDS if s not in (0, first_trace.rounds) or "tsne" not in methods], seeds[0], n_landmarks,
+    embed_kwargs=EMBED, plan=True)
+(results, dist_q, costs, keep_Z, run_checks), show_Z = ft.run_sweeps([bench_plan, snapshot_plan], workers,
+                                                                     progress=False)
+if "tsne" in methods:
+    show_Z.update({0: keep_Z[first, "tsne", "untrained", "any", seeds[0]],
+                   first_trace.rounds: keep_Z[first, "tsne", "Fed", "IID", seeds[0]]})
 timings["main runs"] = time.perf_counter() - t0
 # the cached scorer equals embedding_report; Y^0 does not depend on the split (equal up to the rounding of
 # the clients' sums, which are summed in another order, and, in float32, up to one float32 rounding step
@@ -334,6 +351,27 @@ else:
 # First seed, every dataset: centralized, untrained landmarks, Fed and Fed+ under both splits,
 # coloured by the true class (at most `scatter_points` points drawn per panel, the same points in
 # every panel).
+
+# %% [markdown]
+# First, how the embedding changes as FedDL trains: the first dataset, IID, first seed, Fed-tSNE on
+# the landmarks after 0, 10, 50 and all $S$ rounds of Sec. 2 (paper Figs. 3, 5). Rounds 0 and $S$ are
+# the "untrained" and "Fed IID" embeddings below (the same landmarks, clients, seed and settings).
+
+# %%
+X, y, classes = data[first]
+idx = np.random.default_rng(0).permutation(len(y))[:scatter_points]
+fig, axes = plt.subplots(1, len(SHOW_ROUNDS), figsize=(4.2 * len(SHOW_ROUNDS), 4.0), squeeze=False)
+for ax, s in zip(axes[0], SHOW_ROUNDS):
+    Z = show_Z[s]
+    sns.scatterplot(x=Z[idx, 0], y=Z[idx, 1], hue=np.asarray(classes, dtype=object)[y[idx]], hue_order=list(classes),
+                    palette=sns.color_palette("tab10", len(classes)), s=5, linewidth=0, ax=ax, legend=False,
+                    rasterized=True)
+    ov = conv[(conv.dataset == first) & (conv.split == "IID") & (conv["round"] == s)]["D-hat 10-NN"].iloc[0]
+    ax.set_title(f"Fed-tSNE after {s} FedDL rounds\n(D-hat 10-NN overlap {ov:.3f})", fontsize=10)
+    ax.set(xlabel="t-SNE 1 (arbitrary units)", ylabel="t-SNE 2 (arbitrary units)")
+fig.suptitle(f"{first}, IID, seed {seeds[0]}: the embedding as FedDL trains (paper Figs. 3, 5)", y=1.03)
+fig.tight_layout()
+plt.show()
 
 # %%
 SETTING_ORDER = [("central", "pooled"), ("untrained", "any"), ("Fed", "IID"), ("Fed+", "IID"), ("Fed", "non-IID"),
@@ -490,42 +528,20 @@ display(costs.groupby(["dataset", "variant", "split"])[["rounds", "FedDL s", "Fe
 # Fed-tSNE and Fed-tSNE+ on `sweep_dataset`, $k$ clients, NMI and NPA 10-NN, FedDL by the rule of
 # the main runs (Sec. 2): noise-free until its objective plateaus, Fed+ for as many rounds (the
 # rounds of each run are printed). The $k$ = `num_clients` runs of the sweep's seeds are the main
-# runs of Sec. 3 (same data, clients, seed and rule: the same runs), reused, not run again. Paper Table 3 is non-IID with $k\in\{5,10\}$ (two classes / one
+# runs of Sec. 3 (same data, clients, seed and rule: the same runs), reused, not run again; the
+# others were made in Sec. 2's cell. Paper Table 3 is non-IID with $k\in\{5,10\}$ (two classes / one
 # class per client), Table 4 IID with $k$ from 5 to 100. With size weights and one step per round,
 # noise-free FedDL is centralized gradient descent for a given $\gamma$, so Fed-tSNE can change
 # with $k$ only through $\gamma$ (a weighted mean of the clients' medians, printed) and the random
 # seeds. Fed+ adds one noise draw per client, so the aggregate noise shrinks as $k$ grows.
 
 # %%
-SWEEP_NOTE = (f"{len(sweep_seeds)} seed(s): a one-seed sweep, shown for orientation; it carries no conclusion"
-              if len(sweep_seeds) < 5 else f"{len(sweep_seeds)} seeds, mean ± sample std")
-# the rule of Sec. 2 for every sweep run (with a fixed integer `rounds`: that many rounds, as the main runs)
-PLATEAU = dict(tol=plateau_tol, window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW,
-               check_every=min(plateau_check, LIMIT), max_rounds=LIMIT)
-ROUNDS_NOTE = "FedDL until its plateau" if rounds == "plateau" else f"{rounds} FedDL rounds"
-t0 = time.perf_counter()
-sweep_scorer = scorers[sweep_dataset]
-known = {(split, k, seed, variant): (fed_runs[sweep_dataset, split, variant, seed],
-                                     keep_Z[sweep_dataset, "tsne", variant, SPLIT_NAMES[split], seed])
-         for split, k in CLIENT_RUNS if k == num_clients and "tsne" in methods
-         for seed in sweep_seeds if seed in seeds for variant in ("Fed", "Fed+")}
-client_plan = ft.client_sweep(sweep_X, sweep_y, CLIENT_RUNS, sweep_seeds, sweep_scorer, n_landmarks=n_landmarks,
-                              rounds=rounds, beta=beta, embed_kwargs=EMBED, plateau=PLATEAU, known=known,
-                              dtype=feddl_dtype, workers=workers, plan=True)
-# the landmark sweep of Sec. 7 runs here too, in the same worker processes (its runs fill the wait for the
-# long client runs); its results are shown in Sec. 7
-m_dim = sweep_X.shape[1]
-landmark_plan = ft.landmark_sweep(
-    sweep_X, sweep_y, landmark_splits, landmark_counts, landmark_variants, landmark_methods, sweep_seeds, sweep_scorer,
-    num_clients=num_clients, rounds=rounds, beta=beta, window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW,
-    embed_kwargs=EMBED, plateau=PLATEAU, dtype=feddl_dtype, workers=workers, plan=True)
-clients_df, (landmarks_df, quality_df) = ft.run_sweeps([client_plan, landmark_plan], workers, progress=False)
-sweep_scorer.release()
+# the runs of this sweep made in Sec. 2's cell, and the k = num_clients rows from the main runs of Sec. 3
+clients_df = pd.concat([clients_made, ft.main_run_rows(results, costs, sweep_dataset, REUSED)], ignore_index=True)
 print(f"{int(clients_df['reused'].sum())} of {len(clients_df)} sweep runs are main runs of Sec. 3, reused; "
       "FedDL rounds per run:")
 display(clients_df.pivot_table(index=["split", "method"], columns="clients", values="rounds", aggfunc="max")
         .style.format("{:.0f}", na_rep="-"))
-timings["client and landmark sweeps"] = time.perf_counter() - t0
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
@@ -568,7 +584,7 @@ display(report.pm_table(paper_results.fedtsne_table4(), digits=3))
 # With $n_y\ge m+2$ landmarks the squared-distance estimate must be exact (relative error below
 # 1e-6; asserted when the grid reaches that size).
 #
-# (These runs were made in Sec. 6's cell, in the same worker processes as the client sweep.)
+# (These runs were made in Sec. 2's cell, in the same worker processes as the convergence runs.)
 
 # %%
 fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))

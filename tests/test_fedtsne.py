@@ -538,8 +538,11 @@ def test_feddl_until_plateau_equals_one_long_run_and_stops_at_the_plateau():
     X, y = _blobs(90, 5)
     data = [X[p] for p in ft.client_split(y, 3, "iid", seed=0)]
     tr = ft.feddl_until_plateau(data, 8, tol=0.01, check_every=20, max_rounds=400, checkpoints=[5], seed=1)
-    assert tr.plateau is not None and tr.plateau <= tr.rounds < tr.plateau + 20
+    # checked every 20 rounds: the rule holds at the last round and the one before, not at the check before
+    assert tr.plateau is not None and tr.plateau < tr.rounds <= tr.plateau + 20
     assert tr.rounds % 20 == 0 and len(tr.objective) == tr.rounds + 1
+    assert ft.plateau_share(tr.objective) <= 0.01 and ft.plateau_share(tr.objective, tr.rounds - 1) <= 0.01
+    assert ft.plateau_round(tr.objective[:tr.rounds - 19], 0.01) is None
     one = ft.feddl(data, 8, rounds=tr.rounds, seed=1)
     # one run of the protocol advanced in chunks: bit for bit the long run
     assert np.array_equal(tr.objective, one.objective)
@@ -554,6 +557,11 @@ def test_feddl_until_plateau_equals_one_long_run_and_stops_at_the_plateau():
     fixed = ft.feddl_until_plateau(data, 8, tol=0.01, check_every=20, max_rounds=tr.rounds + 40,
                                    stop_at_plateau=False, seed=1)
     assert fixed.rounds == tr.rounds + 40 and fixed.plateau == tr.plateau
+    assert set(fixed.landmarks) == {0, fixed.rounds}           # no checkpoints: Y^0 and the last round only
+    # checked after every round: the run stops one round after its plateau round, the same run as a long one
+    every = ft.feddl_until_plateau(data, 8, tol=0.01, check_every=1, max_rounds=400, seed=1)
+    assert every.rounds == every.plateau + 1 == tr.plateau + 1
+    assert np.array_equal(every.objective, one.objective[:every.rounds + 1])
     with pytest.raises(ValueError, match="noise"):
         ft.feddl_until_plateau(data, 8, noise="heuristic")
 

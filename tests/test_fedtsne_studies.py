@@ -435,7 +435,7 @@ def test_convergence_study_and_plateau_tables(bench_small):
     _, _, traces, conv, _ = bench_small
     assert set(traces) == {("blobs", s, seed) for s in ("iid", "non_iid") for seed in (0, 1)}
     first = conv[conv.split == "IID"].set_index("round")
-    assert list(first.index) == [0, 10, 20, 30, 40]
+    assert list(first.index) == [0, 10, 30, 40]          # Y^0, the checkpoints and the last round
     assert first["moved"][0] == 0 and first["moved"][40] == pytest.approx(1.0)
     study = ft.plateau_study(traces)
     assert (study["rounds run"] == 40).all() and (study["F(Y^S)"] < study["F(Y^0)"]).all()
@@ -499,9 +499,9 @@ def test_client_and_landmark_sweeps():
     assert exact.max() < 1e-6 and q[q.estimate == "FedDL landmarks, plain"]["D-hat rel. error"].min() > 1e-3
 
 
-def test_sweeps_follow_the_plateau_rule_and_reuse_known_runs():
+def test_sweeps_follow_the_plateau_rule_and_skip_runs_made_elsewhere():
     """rounds="plateau": the noise-free sweep run stops by the main runs' rule, Fed+ runs as many rounds;
-    a run handed over as known (the benchmark's main run) gives the row a fresh run gives."""
+    a skipped run is left out."""
     X, y = _blobs(n=90)
     parts = ft.client_split(y, 3, "iid", 0)
     rule = dict(tol=0.01, window=0.1, min_window=10, check_every=20, max_rounds=2000)
@@ -522,15 +522,47 @@ def test_sweeps_follow_the_plateau_rule_and_reuse_known_runs():
 
     sc = ft.EmbeddingScorer(X, y)
     kw = dict(n_landmarks=8, rounds="plateau", beta=1.0, embed_kwargs={"tsne_max_iter": 250}, plateau=rule)
-    fresh = ft.client_sweep(X, y, [("iid", 3)], [0], sc, **kw)
-    Z = {v: ft.embed("tsne", X, parts, 8, seed=0, feddl_result=fds[v], tsne_max_iter=250).embedding for v in fds}
-    reused = ft.client_sweep(X, y, [("iid", 3)], [0], sc, known={("iid", 3, 0, v): (fds[v], Z[v]) for v in fds}, **kw)
-    assert not fresh["reused"].any() and reused["reused"].all()
-    assert (fresh["rounds"] == tr.rounds).all()
-    pd.testing.assert_frame_equal(fresh.drop(columns="reused"), reused.drop(columns="reused"))
-    other = ft.sweep_feddl(X, ft.client_split(y, 2, "iid", 0), 8, ["Fed"], 0, rounds=3, beta=1.0)["Fed"]
-    with pytest.raises(ValueError, match="other clients"):
-        ft.client_sweep(X, y, [("iid", 3)], [0], sc, known={("iid", 3, 0, "Fed"): (other, Z["Fed"])}, **kw)
+    fresh = ft.client_sweep(X, y, [("iid", 3), ("iid", 2)], [0], sc, **kw)
+    assert not fresh["reused"].any() and (fresh[fresh.clients == 3]["rounds"] == tr.rounds).all()
+    Z = ft.embed("tsne", X, parts, 8, seed=0, feddl_result=fds["Fed"], tsne_max_iter=250).embedding
+    assert fresh.iloc[0]["NMI"] == sc(Z, 0)["NMI"]
+    skipped = ft.client_sweep(X, y, [("iid", 3), ("iid", 2)], [0], sc, skip={("iid", 3, 0)}, **kw)
+    pd.testing.assert_frame_equal(skipped, fresh[fresh.clients == 2].reset_index(drop=True))
+
+
+def test_trace_embeddings_at_rounds_0_and_S_are_the_untrained_and_fed_main_runs(bench_small):
+    """The chapter's figure of the embedding as FedDL trains takes rounds 0 and S from the main runs: the same
+    landmarks, clients, seed and t-SNE settings give the same embeddings."""
+    data, _, traces, _, (_, _, _, keep_Z, _) = bench_small
+    X, y, _ = data["blobs"]
+    tr = traces["blobs", "iid", 0]
+    parts = ft.client_split(y, 3, "iid", 0)
+    Z = ft.trace_embeddings(X, parts, tr, [0, 10, tr.rounds], 0, 8, embed_kwargs={"tsne_max_iter": 250})
+    np.testing.assert_array_equal(Z[0], keep_Z["blobs", "tsne", "untrained", "any", 0])
+    np.testing.assert_array_equal(Z[tr.rounds], keep_Z["blobs", "tsne", "Fed", "IID", 0])
+    assert Z[10].shape == (90, 2)    # (blobs in 6 dimensions, 8 landmarks: D-hat is exact at every round)
+    with pytest.raises(ValueError, match=r"rounds \[20\] were not kept"):
+        ft.trace_embeddings(X, parts, tr, [20], 0, 8)
+
+
+def test_main_run_rows_are_the_client_sweep_rows_of_the_main_runs(bench_small):
+    """The benchmark's main runs give the client sweep's rows at k = num_clients (same data, clients, rule,
+    t-SNE settings: the same runs), so the sweep does not run them again."""
+    data, scorers, _, _, (results, _, costs, _, _) = bench_small
+    X, y, _ = data["blobs"]
+    keys = {("iid", 3, 0), ("non_iid", 3, 1)}
+    rows = ft.main_run_rows(results, costs, "blobs", keys)
+    # the main runs of bench_small: 40 rounds, no plateau stop
+    fresh = ft.client_sweep(X, y, [("iid", 3), ("non_iid", 3)], [0, 1], scorers["blobs"], n_landmarks=8, rounds=40,
+                            beta=1.0, embed_kwargs={"tsne_max_iter": 250})
+    fresh = fresh[[(s, c, seed) in {("IID", 3, 0), ("non-IID", 3, 1)}
+                   for s, c, seed in zip(fresh.split, fresh.clients, fresh.seed)]]
+    assert rows["reused"].all() and len(rows) == 4
+    pd.testing.assert_frame_equal(rows.drop(columns="reused"),
+                                  fresh.drop(columns="reused").sort_values(["split", "seed"]).reset_index(drop=True),
+                                  check_like=True)
+    with pytest.raises(ValueError, match="no main run for blobs, iid, seed 7"):
+        ft.main_run_rows(results, costs, "blobs", {("iid", 3, 7)})
 
 
 def test_paper_drop_check_splits_gamma_control():
@@ -555,34 +587,32 @@ def test_benchmark_studies_in_forked_workers_equal_one_process():
         for workers in (1, 2):
             scorers = {"blobs": ft.EmbeddingScorer(X, y)}
             traces, conv = ft.convergence_study(data, scorers, [0, 1], 3, 8, workers=workers, progress=False, **rule)
-            runs = {}
             bench = ft.benchmark_runs(data, scorers, traces, [0, 1], ["tsne"], num_clients=3, n_landmarks=8, beta=1.0,
-                                      embed_kwargs={"tsne_max_iter": 250}, keep_runs=runs, workers=workers,
-                                      progress=False)
+                                      embed_kwargs={"tsne_max_iter": 250}, workers=workers, progress=False)
             kw = dict(rounds=3, beta=1.0, embed_kwargs={"tsne_max_iter": 250}, workers=workers, progress=False)
-            known = {("iid", 3, 0, v): (runs["blobs", "iid", v, 0], bench[3]["blobs", "tsne", v, "IID", 0])
-                     for v in ("Fed", "Fed+")}
             clients = ft.client_sweep(X, y, [("iid", 3), ("non_iid", 3), ("iid", 4)], [0], scorers["blobs"],
-                                      n_landmarks=8, known=known, **kw)
+                                      n_landmarks=8, skip={("iid", 3, 0)}, **kw)
             lm = ft.landmark_sweep(X, y, ["iid", "non_iid"], [4, 8], ["Fed", "Fed+"], ["tsne"], [0], scorers["blobs"],
                                    num_clients=3, **kw)
-            out[workers] = traces, conv, runs, bench, clients, lm
-        # both sweeps in one fork_map (the notebook's call): the same frames
-        plans = [ft.client_sweep(X, y, [("iid", 3), ("non_iid", 3), ("iid", 4)], [0], scorers["blobs"], n_landmarks=8,
-                                 known=known, plan=True, **kw),
+            out[workers] = traces, conv, bench, clients, lm
+        # the convergence runs and both sweeps in one fork_map (the notebook's call): the same results
+        kw.pop("workers"), kw.pop("progress")
+        plans = [ft.convergence_study(data, scorers, [0, 1], 3, 8, plan=True, **rule),
+                 ft.client_sweep(X, y, [("iid", 3), ("non_iid", 3), ("iid", 4)], [0], scorers["blobs"], n_landmarks=8,
+                                 skip={("iid", 3, 0)}, plan=True, **kw),
                  ft.landmark_sweep(X, y, ["iid", "non_iid"], [4, 8], ["Fed", "Fed+"], ["tsne"], [0], scorers["blobs"],
                                    num_clients=3, plan=True, **kw)]
-        together = ft.run_sweeps(plans, 2, progress=False)
-    (t1, c1, r1, b1, cl1, lm1), (t2, c2, r2, b2, cl2, lm2) = out[1], out[2]
-    assert list(t1) == list(t2) and list(r1) == list(r2)
+        (t3, c3), *together = ft.run_sweeps(plans, 2, progress=False)
+    (t1, c1, b1, cl1, lm1), (t2, c2, b2, cl2, lm2) = out[1], out[2]
+    assert list(t1) == list(t2) == list(t3)
     for key in t1:
-        assert t1[key].rounds == t2[key].rounds and set(t1[key].landmarks) == set(t2[key].landmarks)
+        assert t1[key].rounds == t2[key].rounds == t3[key].rounds
+        assert set(t1[key].landmarks) == set(t2[key].landmarks) == set(t3[key].landmarks)
         for s in t1[key].landmarks:
             np.testing.assert_array_equal(t1[key].landmarks[s], t2[key].landmarks[s])
-    for key in r1:
-        np.testing.assert_array_equal(r1[key].landmarks, r2[key].landmarks)
-        np.testing.assert_array_equal(r1[key].objective, r2[key].objective)
+            np.testing.assert_array_equal(t1[key].landmarks[s], t3[key].landmarks[s])
     pd.testing.assert_frame_equal(c1, c2)
+    pd.testing.assert_frame_equal(c1, c3)
     for a, b in zip(b1[:3], b2[:3]):      # results, D-hat quality, costs: every column but the seconds
         pd.testing.assert_frame_equal(a.drop(columns=[c for c in a if "s" == c.split()[-1] or c == "seconds"]),
                                       b.drop(columns=[c for c in b if "s" == c.split()[-1] or c == "seconds"]))
@@ -590,7 +620,7 @@ def test_benchmark_studies_in_forked_workers_equal_one_process():
     for key in b1[3]:
         np.testing.assert_array_equal(b1[3][key], b2[3][key])
     pd.testing.assert_frame_equal(cl1, cl2)
-    assert cl1["reused"].sum() == 2 and len(cl1) == 6
+    assert not cl1["reused"].any() and len(cl1) == 4 and set(cl1.clients) == {3, 4}
     for a, b in zip(lm1, lm2):
         pd.testing.assert_frame_equal(a, b)
     pd.testing.assert_frame_equal(together[0], cl1)

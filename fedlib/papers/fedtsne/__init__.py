@@ -112,7 +112,7 @@ from fedlib.papers.fedtsne.studies import (
     paired_cells, change_table, kernel_landmark_sweep, convergence_study, plateau_study, plateau_summary, gain_after,
     benchmark_runs, paired_differences, paired_metric_table, client_sweep, landmark_sweep, paper_drop, check_splits,
     distance_verdicts, gamma_control, late_gain_evidence, metric_tables, data_sizes, select_differences, sweep_feddl,
-    SweepPlan, run_sweeps)
+    SweepPlan, run_sweeps, main_run_rows, trace_embeddings)
 
 __all__ = ["sq_distances", "gaussian_kernel", "mmd2_u", "mmd2_u_grad", "lipschitz_bound", "client_median_sqdist",
            "dp_noise_sd", "paper_noise_sd", "data_sensitivity", "gradient_sensitivity",
@@ -141,4 +141,4 @@ __all__ = ["sq_distances", "gaussian_kernel", "mmd2_u", "mmd2_u_grad", "lipschit
            "distance_verdicts", "gamma_control", "late_gain_evidence", "metric_tables", "data_sizes",
            "select_differences", "landmark_pinv_factors", "nystrom_knn", "BLOCK_BYTES", "blockwise_knn",
            "exact_sq_knn", "knn_graph", "block_rows", "DENSE_MAX_POINTS", "SPECTRAL_NEIGHBORS", "sweep_feddl",
-           "SweepPlan", "run_sweeps"]
+           "SweepPlan", "run_sweeps", "main_run_rows", "trace_embeddings"]

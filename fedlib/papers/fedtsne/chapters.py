@@ -34,13 +34,13 @@ def load_points(name: str, n_points: int | None = None, seed: int = 0, root=None
         n_points = check_int("n_points", n_points, len(ds.classes))
         if n_points > total:
             raise ValueError(f"n_points must be <= the {total} images of {name}, got {n_points}")
-    X = np.concatenate([ds.x_train, ds.x_test]).reshape(total, -1).astype(np.float64) / 255.0
+    X = np.concatenate([ds.x_train, ds.x_test]).reshape(total, -1)
     y = np.concatenate([ds.y_train, ds.y_test]).astype(np.int64)
     if n_points is not None and n_points < total:
         keep, _ = train_test_split(np.arange(total), train_size=n_points, stratify=y, random_state=seed)
         keep = np.sort(keep)
         X, y = X[keep], y[keep]
-    return X, y, tuple(ds.classes)
+    return X.astype(np.float64) / 255.0, y, tuple(ds.classes)      # the kept rows only are converted
 
 
 def label_skew_parts(labels, num_clients: int, seed: int = 0) -> list[np.ndarray]:

@@ -87,6 +87,20 @@ def _post(Y: np.ndarray, landmark_bounds, tau_y) -> np.ndarray:
     return Y
 
 
+def _weighted_sum(arrays: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
+    """sum_p weights[p] arrays[p] (arrays of one shape and dtype) into one new array, by BLAS axpy in place
+    (one pass over each upload, no temporaries; the server's aggregation of Eqs. 15-16)."""
+    from scipy.linalg.blas import get_blas_funcs
+
+    total = np.multiply(arrays[0], weights[0])
+    axpy = get_blas_funcs("axpy", (total,))
+    flat = total.reshape(-1)
+    for a, wp in zip(arrays[1:], weights[1:]):
+        a = np.ascontiguousarray(a, dtype=total.dtype).reshape(-1)
+        flat = axpy(a, flat, a=wp)
+    return flat.reshape(total.shape)
+
+
 def _float32_normals(state: dict, seed: int, shape) -> np.ndarray:
     """float32 N(0, 1) draws of client ``state["k"]`` for ``dtype="float32"``: from its own CPU torch
     generator, stream ("feddl", p) of ``seed`` (as :func:`client_rng`; torch draws float32 normals
@@ -163,7 +177,8 @@ class FedDLClient:
         yy_val, yy_grad = self._yy_terms(Y, gamma)
         cross_val, cross_grad = _cross_terms(x, Y, gamma, state["x_sq"], self._y_sq(Y))
         state["objective"].append(state["xx"] + cross_val + yy_val)
-        g, sd_sum = self._noisy(state, cross_grad + yy_grad)
+        cross_grad += yy_grad        # the client's own fresh array: Eq. 13 summed in place
+        g, sd_sum = self._noisy(state, cross_grad)
         if self.mode == "gradient":
             state["noise_sd"].append(sd_sum)
             return Message(sender, {"gradient": g})
@@ -279,9 +294,10 @@ class FedDLServer:
             return
         w = self.w if self.dtype == "float64" else [float(wp) for wp in self.w]   # float32: stays float32
         if self.mode == "gradient":
-            Y_new = self.Y - self.server_lr * sum(wp * msg["gradient"] for wp, msg in zip(w, messages))
+            Y_new = _weighted_sum([msg["gradient"] for msg in messages], [-float(self.server_lr) * wp for wp in w])
+            Y_new += self.Y
         else:
-            Y_new = sum(wp * msg["landmarks"] for wp, msg in zip(w, messages))
+            Y_new = _weighted_sum([msg["landmarks"] for msg in messages], w)
         Y_new = _post(Y_new, self.landmark_bounds, self.tau_y)
         if self.dtype == "float64":
             self.steps.append(float(((Y_new - self.Y) ** 2).sum()))
@@ -503,12 +519,18 @@ class _FedDLRun:
         self.cost = self.cost + simulate(self.server, self.client, self.data, rounds + setup, states=self.states,
                                          progress=progress, desc="FedDL rounds")
 
+    def reported_objective(self, start: int = 0) -> list[float]:
+        """F(Y^s) = sum_p w_p f_p(Y^s) (Eq. 11) for s = start..S-1: the values the clients computed in
+        rounds s+1 (their diagnostics, not uploads)."""
+        clients = [self.states[p]["objective"][start:] for p in range(len(self.data))]
+        return [float(np.dot(self.server.w, f)) for f in zip(*clients)]
+
     def objective(self) -> np.ndarray:
-        """F(Y^s) = sum_p w_p f_p(Y^s), s = 0..S so far (Eq. 11): the clients' diagnostics, not uploads."""
+        """F(Y^s), s = 0..S so far: :meth:`reported_objective` and F(Y^S), evaluated by the clients."""
         clients = [self.states[p] for p in range(len(self.data))]
-        Y, gamma, w = np.asarray(self.server.Y, dtype=np.float64), float(self.server.gamma), self.server.w
-        return np.array([float(np.dot(w, f)) for f in zip(*(st["objective"] for st in clients))]
-                        + [float(np.dot(w, [self.client.objective(st, Y, gamma) for st in clients]))])
+        Y, gamma = np.asarray(self.server.Y, dtype=np.float64), float(self.server.gamma)
+        return np.array(self.reported_objective()
+                        + [float(np.dot(self.server.w, [self.client.objective(st, Y, gamma) for st in clients]))])
 
     def result(self) -> FedDLResult:
         o, P = self.options, len(self.data)
@@ -582,7 +604,7 @@ def plateau_round(objective, tol: float = 0.01, window: float = 0.1, min_window:
 class FedDLTrace:
     """:func:`feddl_until_plateau`: ``result`` = the run as one :class:`FedDLResult` (landmarks,
     Y^0, per-round objective and step norms, bytes as one long run would count them), ``landmarks``
-    {round: (n_y, m)} at round 0 and every chunk end, ``plateau`` (first round meeting the rule, or
+    {round: (n_y, m)} at round 0, the checkpoints and S, ``plateau`` (first round meeting the rule, or
     None), ``rounds`` = S run."""
 
     result: FedDLResult
@@ -607,12 +629,17 @@ def feddl_until_plateau(client_data: Sequence, n_landmarks: int = 500, *, tol: f
                         min_window: int = 10, check_every: int = 25, max_rounds: int = 1000,
                         checkpoints: Sequence[int] = (), stop_at_plateau: bool = True, seed: int = 0,
                         **feddl_kwargs) -> FedDLTrace:
-    """Noise-free FedDL run until :func:`plateau_round` finds a plateau (checked at every multiple of
-    ``check_every``) or ``max_rounds`` (always ``max_rounds`` with ``stop_at_plateau=False``; the plateau
-    is then only reported). ONE run of the protocol, advanced chunk by chunk (the server and the
-    clients keep their state between chunks): objective, step norms and measured cost are those of one
-    long :func:`feddl` run. Landmarks are kept at round 0, every chunk end and every round in
-    ``checkpoints`` (<= max_rounds). Other keywords go to :func:`feddl`. Returns a :class:`FedDLTrace`."""
+    """Noise-free FedDL run until it is on its plateau or ``max_rounds`` (always ``max_rounds`` with
+    ``stop_at_plateau=False``; the plateau is then only reported). At every multiple s of
+    ``check_every`` the run stops when :func:`plateau_share` is <= ``tol`` at rounds s - 1 and s: the
+    first from the values F(Y^0), ..., F(Y^{s-1}) the clients reported with rounds 1..s (their
+    diagnostics), the second, evaluated only then, with F(Y^s). So the run ends after its plateau round
+    (``plateau``, :func:`plateau_round`; with ``check_every=1`` usually one round after) and meets the
+    rule at its last round. ONE run of the
+    protocol, advanced chunk by chunk (the server and the clients keep their state between chunks):
+    objective, step norms and measured cost are those of one long :func:`feddl` run. Landmarks are kept
+    at round 0, every round in ``checkpoints`` (<= max_rounds) and the last round. Other keywords go to
+    :func:`feddl`. Returns a :class:`FedDLTrace`."""
     if feddl_kwargs.get("noise", "none") != "none":
         raise ValueError("feddl_until_plateau runs noise-free FedDL only (noise='none'); a noisy objective has "
                          "no plateau to detect")
@@ -632,19 +659,27 @@ def feddl_until_plateau(client_data: Sequence, n_landmarks: int = 500, *, tol: f
                    | {max_rounds})
     if stops[0] < 1 or stops[-1] > max_rounds:
         raise ValueError(f"checkpoints must lie in 1..max_rounds={max_rounds}, got {sorted(checkpoints)}")
+    def settled(F, end: int) -> bool:
+        share = plateau_share(F, end, window, min_window) if end >= 1 else math.nan
+        return math.isfinite(share) and share <= tol
+
+    keep = {int(c) for c in checkpoints}
     run = _FedDLRun.start(client_data, n_landmarks, **options)
-    done, kept, plateau = 0, {}, None
+    done, kept, reported = 0, {}, []
     for stop in stops:
         run.advance(stop - done, progress)
         kept.setdefault(0, np.asarray(run.server.Y0, dtype=np.float64))    # float64 whatever dtype (as result())
-        done = stop
-        kept[done] = np.asarray(run.server.Y, dtype=np.float64)
-        if done % check_every == 0 or done == max_rounds:
-            plateau = plateau_round(run.objective(), tol, window, min_window)
-            if plateau is not None and stop_at_plateau:
+        checked, done = len(reported), stop
+        if done in keep:
+            kept[done] = np.asarray(run.server.Y, dtype=np.float64)
+        if stop_at_plateau and (done % check_every == 0 or done == max_rounds):
+            reported += run.reported_objective(checked)          # F(Y^0), ..., F(Y^{done-1})
+            if settled(reported, done - 1) and settled(run.objective(), done):
                 break
+    kept[done] = np.asarray(run.server.Y, dtype=np.float64)
     result = run.result()
-    return FedDLTrace(result=result, landmarks=kept, plateau=plateau, rounds=done)
+    return FedDLTrace(result=result, landmarks=kept, plateau=plateau_round(result.objective, tol, window, min_window),
+                      rounds=done)
 
 
 def plateau_run(client_data: Sequence, n_landmarks: int, *, max_rounds: int = 1000, seed: int = 0,

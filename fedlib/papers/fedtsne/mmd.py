@@ -140,9 +140,18 @@ def _cross_terms(X: np.ndarray, Y: np.ndarray, gamma: float, x_sq: np.ndarray | 
     n, ny, gamma = len(X), len(Y), float(gamma)   # a Python float keeps float32 arrays float32
     if X.dtype != Y.dtype:
         X, Y = np.asarray(X, dtype=np.float64), np.asarray(Y, dtype=np.float64)
-    kxy = np.exp(-gamma * _sq_distances(X, Y, x_sq, y_sq))
+    kxy = _sq_distances(X, Y, x_sq, y_sq)
+    kxy *= -gamma
+    np.exp(kxy, out=kxy)
     value = -2.0 * kxy.sum(dtype=np.float64) / (n * ny)
-    grad = (-4.0 * gamma / (n * ny)) * (kxy.T @ X - kxy.sum(0)[:, None] * Y)
+    # c (K^T X - diag(K^T 1) Y) with the scalar c folded into the (n, n_y) kernel and the (n_y,) column sums,
+    # so the (n_y, m) result is written by the product and updated once in place
+    c = -4.0 * gamma / (n * ny)
+    col = kxy.sum(0)
+    col *= c
+    kxy *= c
+    grad = kxy.T @ X
+    grad -= col[:, None] * Y
     return float(value), grad
 
 

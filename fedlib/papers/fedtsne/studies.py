@@ -3,7 +3,7 @@ function runs one study over its parameter grid and returns a tidy frame (one ro
 one table of the chapter from such frames."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -379,10 +379,10 @@ def kernel_landmark_sweep(X, y, parts, grid: Sequence[int], n_classes: int, *, g
 # ------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SweepPlan:
-    """A sweep's runs not yet made (``plan=True`` of :func:`client_sweep` / :func:`landmark_sweep`): ``jobs``,
-    ``run(job)`` (one job, seeded by its own seed), ``priority(job)`` (larger: handed out earlier; comparable
-    across the two sweeps: runs to make by client count, then landmark runs by n_y, then scoring only) and
-    ``assemble(results)`` (the job results in job order -> what the sweep returns)."""
+    """A study's runs not yet made (``plan=True`` of :func:`convergence_study`, :func:`client_sweep`,
+    :func:`landmark_sweep`): ``jobs``, ``run(job)`` (one job, seeded by its own seed), ``priority(job)`` (the
+    job's estimated work, comparable across studies: :func:`_feddl_work`; larger is handed out earlier) and
+    ``assemble(results)`` (the job results in job order -> what the study returns)."""
 
     jobs: list
     run: Callable
@@ -391,10 +391,18 @@ class SweepPlan:
     desc: str
 
 
+def _feddl_work(n_points: int, n_landmarks: int, runs: int = 1) -> int:
+    """Estimated work of ``runs`` FedDL runs on ``n_points`` points with ``n_landmarks`` landmarks, the
+    priority of a :class:`SweepPlan` job: a round's products cost about n n_y m (client kernels and
+    gradients) plus n_y^2 m (the landmarks' own kernel); the rounds until the plateau are unknown
+    beforehand and taken as equal."""
+    return runs * (n_points * n_landmarks + n_landmarks ** 2)
+
+
 def run_sweeps(plans: Sequence[SweepPlan], workers: int | None = 1, progress: bool = True) -> list:
     """The jobs of every plan in ONE :func:`fedlib.core.parallel.fork_map` (``workers`` processes; None:
-    :func:`fedlib.core.parallel.default_workers`), longest first, so a short sweep's runs fill the wait for
-    a long one's; each plan's assembled result, in the order of ``plans``."""
+    :func:`fedlib.core.parallel.default_workers`), the most work first, so short runs fill the wait for
+    the long ones; each plan's assembled result, in the order of ``plans``."""
     jobs = [(i, job) for i, plan in enumerate(plans) for job in plan.jobs]
     done = fork_map(lambda ij: plans[ij[0]].run(ij[1]), jobs, workers, cost=lambda ij: plans[ij[0]].priority(ij[1]),
                     desc=" + ".join(p.desc for p in plans), progress=progress)
@@ -404,7 +412,7 @@ def run_sweeps(plans: Sequence[SweepPlan], workers: int | None = 1, progress: bo
 def convergence_study(data: dict, scorers: dict, seeds: Sequence[int], num_clients: int, n_landmarks: int, *,
                       tol: float, window: float, min_window: int, check_every: int, max_rounds: int,
                       stop_at_plateau: bool, checkpoints: Sequence[int], dtype: str = "float64",
-                      workers: int | None = 1, progress: bool = True):
+                      workers: int | None = 1, progress: bool = True, plan: bool = False):
     """Noise-free FedDL until its plateau (:func:`feddl_until_plateau`, arithmetic ``dtype``) for every dataset (name -> (X, y, _)),
     seed and split; for the first seed, the D-hat 10-NN overlap (``scorers[name].landmark_quality``) and
     the share of the landmarks' path ||Y^s - Y^0|| / ||Y^S - Y^0|| at every kept round. Returns (traces
@@ -412,7 +420,8 @@ def convergence_study(data: dict, scorers: dict, seeds: Sequence[int], num_clien
 
     Every (dataset, seed, split) is one job, run in ``workers`` forked processes (None:
     :func:`fedlib.core.parallel.default_workers`; 1: in this process); each run is seeded by its own seed,
-    so the results equal those of one process."""
+    so the results equal those of one process. ``plan=True``: nothing is run; returns the
+    :class:`SweepPlan` for :func:`run_sweeps` (with the sweeps')."""
     from fedlib.papers.fedtsne.chapters import client_split
     from fedlib.papers.fedtsne.feddl import feddl_until_plateau
 
@@ -436,16 +445,43 @@ def convergence_study(data: dict, scorers: dict, seeds: Sequence[int], num_clien
                              "moved": np.linalg.norm(Y - tr.landmarks[0]) / path})
         return tr, rows
 
-    # the first seed's jobs also score their checkpoints: handed out first
-    done = fork_map(one, jobs, workers, cost=lambda job: job[1] == seeds[0], desc="FedDL until plateau",
-                    progress=progress)
-    traces, rows = {}, []
-    for (name, seed, split), (tr, r) in zip(jobs, done):
-        traces[name, split, seed] = tr
-        rows += r
-    for name in data:
-        scorers[name].release()
-    return traces, pd.DataFrame(rows)
+    def assemble(done):
+        traces, rows = {}, []
+        for (name, seed, split), (tr, r) in zip(jobs, done):
+            traces[name, split, seed] = tr
+            rows += r
+        for name in data:
+            scorers[name].release()
+        return traces, pd.DataFrame(rows)
+
+    # the first seed's jobs also score their checkpoints: handed out first among equal work
+    out = SweepPlan(jobs, one, lambda job: (_feddl_work(len(data[job[0]][1]), n_landmarks), job[1] == seeds[0]),
+                    assemble, "FedDL until plateau")
+    return out if plan else run_sweeps([out], workers, progress)[0]
+
+
+def trace_embeddings(X, parts, trace, rounds: Sequence[int], seed: int, n_landmarks: int, *,
+                     embed_kwargs: dict | None = None, workers: int | None = 1, progress: bool = True,
+                     plan: bool = False) -> dict | SweepPlan:
+    """Fed-tSNE as FedDL trains (paper Figs. 3, 5): {s: embedding (n, 2)} of X's clients ``parts`` by
+    :func:`embed` with the landmarks ``trace`` (a :class:`FedDLTrace`) kept at every round s of ``rounds``,
+    t-SNE seeded by ``seed``. One job per round (``workers`` forked processes; ``plan=True``: the
+    :class:`SweepPlan` for :func:`run_sweeps`)."""
+    import dataclasses
+
+    from fedlib.papers.fedtsne.pipelines import embed
+
+    missing = sorted(set(rounds) - set(trace.landmarks))
+    if missing:
+        raise ValueError(f"rounds {missing} were not kept by the trace (kept: {sorted(trace.landmarks)})")
+    jobs = list(rounds)
+
+    def one(s):
+        fd = dataclasses.replace(trace.result, landmarks=trace.landmarks[s])
+        return embed("tsne", X, parts, n_landmarks, seed=seed, feddl_result=fd, **(embed_kwargs or {})).embedding
+
+    out = SweepPlan(jobs, one, lambda s: (0, 0), lambda done: dict(zip(jobs, done)), "embeddings as FedDL trains")
+    return out if plan else run_sweeps([out], workers, progress)[0]
 
 
 def plateau_study(traces: dict, window: float = 0.1, min_window: int = 10) -> pd.DataFrame:
@@ -488,22 +524,22 @@ def gain_after(traces: dict, overlap: pd.DataFrame, seed: int, at: int = 50) -> 
 
 def benchmark_runs(data: dict, scorers: dict, traces: dict, seeds: Sequence[int], methods: Sequence[str], *,
                    num_clients: int, n_landmarks: int, beta: float, window: float = 0.1, min_window: int = 10,
-                   embed_kwargs: dict | None = None, keep_runs: dict | None = None, dtype: str = "float64",
-                   workers: int | None = 1, progress: bool = True):
+                   embed_kwargs: dict | None = None, dtype: str = "float64",
+                   workers: int | None = 1, progress: bool = True, plan: bool = False):
     """The benchmark's runs (Algorithm 2): per dataset and seed, centralized t-SNE / UMAP; FedDL noise-free
     (the trace of :func:`convergence_study`) and with the paper's heuristic noise (as many rounds) on each
     split, and the untrained Y^0; each embedded by every method (:func:`embed`, ``embed_kwargs``) and
     scored (``scorers``). Returns (results: one row per embedding, dist_q: D-hat quality per FedDL run,
     costs: rounds, plateau share, seconds, gamma, uploads per FedDL run, embeddings keyed (dataset, method,
     variant, split, seed), checks: max |scorer - embedding_report| on the first embedding of each dataset and
-    max |Y^0 IID - Y^0 non-IID|). ``keep_runs``, a dict, receives every FedDL run keyed (dataset, split as in
-    :func:`client_split`, variant, seed), for the sweeps to reuse (:func:`client_sweep`). ``dtype``: the
-    Fed+ runs' FedDL arithmetic (:func:`feddl`; the traces carry their own).
+    max |Y^0 IID - Y^0 non-IID|). ``dtype``: the Fed+ runs' FedDL arithmetic (:func:`feddl`; the traces carry
+    their own). The client sweep takes its rows of these runs from the frames (:func:`main_run_rows`).
 
     Jobs, run in ``workers`` forked processes (None: :func:`fedlib.core.parallel.default_workers`; 1: in
     this process): per (dataset, seed) the centralized and untrained embeddings, and per (dataset, seed,
     split) the Fed+ FedDL run and the Fed / Fed+ embeddings. Every run is seeded by its seed alone (t-SNE
-    random_state, FedDL seed), so the results equal those of one process."""
+    random_state, FedDL seed), so the results equal those of one process. ``plan=True``: nothing is run;
+    returns the :class:`SweepPlan` for :func:`run_sweeps`."""
     import dataclasses
 
     from fedlib.evaluation.embedding import embedding_report
@@ -556,38 +592,42 @@ def benchmark_runs(data: dict, scorers: dict, traces: dict, seeds: Sequence[int]
                       for variant, fd in (("Fed", tr.result), ("Fed+", plus))}
 
     jobs = [(name, seed, split) for name in data for seed in seeds for split in (None, *SPLIT_LABELS)]
-    # the FedDL jobs are the long ones: handed out first
-    done = dict(zip(jobs, fork_map(one, jobs, workers, cost=lambda job: job[2] is not None, desc="benchmark runs",
-                                   progress=progress)))
-    rows, keep_Z, dist_rows, cost_rows = [], {}, [], []
-    checks = {"scorer vs embedding_report": 0.0, "Y^0 split gap": 0.0}
-    for name in data:
-        for seed in seeds:
-            central, Zc, check, untrained = done[name, seed, None]
-            rows += central
-            keep_Z.update({(name, method, "central", "pooled", seed): Z for method, Z in Zc.items()})
-            if check is not None:
-                checks["scorer vs embedding_report"] = max(checks["scorer vs embedding_report"], check)
-            runs = [("untrained", "any", untrained)]
-            for split, label in SPLIT_LABELS.items():
-                plus, emb = done[name, seed, split]
-                for variant, fd in (("Fed", traces[name, split, seed].result), ("Fed+", plus)):
-                    runs.append((variant, label, emb[variant]))
-                    if keep_runs is not None:
-                        keep_runs[name, split, variant, seed] = fd
-                    cost_rows.append({"dataset": name, "seed": seed, "variant": variant, "split": label,
-                                      "rounds": fd.rounds,
-                                      "plateau share": plateau_share(fd.objective, window=window, min_window=min_window),
-                                      "FedDL s": fd.seconds, "gamma": fd.gamma, "FedDL upload MiB": fd.upload_bytes / 2**20,
-                                      "distance upload MiB": emb[variant][2] / 2**20})
-            y0 = {label: traces[name, split, seed].result.init_landmarks for split, label in SPLIT_LABELS.items()}
-            checks["Y^0 split gap"] = max(checks["Y^0 split gap"], float(np.abs(y0["IID"] - y0["non-IID"]).max()))
-            for variant, label, (emb_rows, dist_row, _, Z) in runs:
-                dist_rows.append(dist_row)
-                rows += emb_rows
-                keep_Z.update({(name, method, variant, label, seed): z for method, z in Z.items()})
-        scorers[name].release()
-    return pd.DataFrame(rows), pd.DataFrame(dist_rows), pd.DataFrame(cost_rows), keep_Z, checks
+
+    def assemble(results):
+        done = dict(zip(jobs, results))
+        rows, keep_Z, dist_rows, cost_rows = [], {}, [], []
+        checks = {"scorer vs embedding_report": 0.0, "Y^0 split gap": 0.0}
+        for name in data:
+            for seed in seeds:
+                central, Zc, check, untrained = done[name, seed, None]
+                rows += central
+                keep_Z.update({(name, method, "central", "pooled", seed): Z for method, Z in Zc.items()})
+                if check is not None:
+                    checks["scorer vs embedding_report"] = max(checks["scorer vs embedding_report"], check)
+                runs = [("untrained", "any", untrained)]
+                for split, label in SPLIT_LABELS.items():
+                    plus, emb = done[name, seed, split]
+                    for variant, fd in (("Fed", traces[name, split, seed].result), ("Fed+", plus)):
+                        runs.append((variant, label, emb[variant]))
+                        share = plateau_share(fd.objective, window=window, min_window=min_window)
+                        cost_rows.append({"dataset": name, "seed": seed, "variant": variant, "split": label,
+                                          "rounds": fd.rounds, "plateau share": share, "FedDL s": fd.seconds,
+                                          "gamma": fd.gamma, "FedDL upload MiB": fd.upload_bytes / 2**20,
+                                          "distance upload MiB": emb[variant][2] / 2**20})
+                y0 = {label: traces[name, split, seed].result.init_landmarks for split, label in SPLIT_LABELS.items()}
+                gap = float(np.abs(y0["IID"] - y0["non-IID"]).max())
+                checks["Y^0 split gap"] = max(checks["Y^0 split gap"], gap)
+                for variant, label, (emb_rows, dist_row, _, Z) in runs:
+                    dist_rows.append(dist_row)
+                    rows += emb_rows
+                    keep_Z.update({(name, method, variant, label, seed): z for method, z in Z.items()})
+            scorers[name].release()
+        return pd.DataFrame(rows), pd.DataFrame(dist_rows), pd.DataFrame(cost_rows), keep_Z, checks
+
+    # the FedDL jobs are the long ones: handed out first; the others are embeddings only
+    out = SweepPlan(jobs, one, lambda job: (0 if job[2] is None else _feddl_work(len(data[job[0]][1]), n_landmarks), 0),
+                    assemble, "benchmark runs")
+    return out if plan else run_sweeps([out], workers, progress)[0]
 
 
 def paired_differences(frame: pd.DataFrame, comparisons: Sequence[tuple], metric: str, **where) -> dict:
@@ -654,57 +694,63 @@ def sweep_feddl(X, parts, n_landmarks: int, variants: Sequence[str], seed: int, 
 
 def client_sweep(X, y, client_runs: Sequence[tuple], seeds: Sequence[int], scorer, *, n_landmarks: int,
                  rounds, beta: float, embed_kwargs: dict | None = None, plateau: dict | None = None,
-                 known: dict | None = None, dtype: str = "float64", workers: int | None = 1,
+                 skip: Collection[tuple] = (), dtype: str = "float64", workers: int | None = 1,
                  progress: bool = True, plan: bool = False) -> pd.DataFrame | SweepPlan:
     """Fed-tSNE and Fed-tSNE+ for every (split, number of clients) of ``client_runs`` and seed (paper
     Tables 3-4), FedDL by :func:`sweep_feddl` (``rounds``: an integer or "plateau" with the rule's
-    keywords ``plateau``): rows seed, split, clients, method, rounds, gamma and the scorer's metrics.
-    ``known`` {(split, clients, seed, variant): (FedDLResult, embedding)}: runs already made with the same
-    data, clients (:func:`client_split`), n_landmarks, rounds rule, beta and ``embed_kwargs`` (the main
-    runs of :func:`benchmark_runs`; the same ``dtype``), scored instead of run again. ``dtype``: FedDL's
-    arithmetic (:func:`feddl`). Every (seed, split, clients) is one job, run in ``workers`` forked processes
-    (None: :func:`fedlib.core.parallel.default_workers`; 1: in this process), seeded by its seed alone: the
-    rows equal those of one process. ``plan=True``: nothing is run; returns the :class:`SweepPlan` for
-    :func:`run_sweeps` (with another sweep's)."""
+    keywords ``plateau``): rows seed, split, clients, method, rounds, gamma, reused (False) and the scorer's
+    metrics. ``skip`` {(split, clients, seed)}: runs made elsewhere and left out (the benchmark's main runs:
+    their rows come from :func:`main_run_rows`). ``dtype``: FedDL's arithmetic (:func:`feddl`). Every
+    (seed, split, clients) is one job, run in ``workers`` forked processes (None:
+    :func:`fedlib.core.parallel.default_workers`; 1: in this process), seeded by its seed alone: the rows
+    equal those of one process. ``plan=True``: nothing is run; returns the :class:`SweepPlan` for
+    :func:`run_sweeps` (with other studies')."""
     from fedlib.papers.fedtsne.chapters import client_split
     from fedlib.papers.fedtsne.pipelines import embed
 
-    known = known or {}
-    jobs = [(seed, split, k) for seed in seeds for split, k in client_runs]
-    for seed, split, k in jobs:       # before any run: a known run must have been made on these clients
-        sizes = None
-        for v in ("Fed", "Fed+"):
-            if (split, k, seed, v) in known:
-                sizes = sizes or [len(p) for p in client_split(y, k, split, seed)]
-                if [len(x) for x in known[split, k, seed, v][0].client_data] != sizes:
-                    raise ValueError(f"known run for ({split}, {k} clients, seed {seed}) was made on other clients")
-
-    def missing(job):
-        seed, split, k = job
-        return [v for v in ("Fed", "Fed+") if (split, k, seed, v) not in known]
+    skip = set(skip)
+    jobs = [(seed, split, k) for seed in seeds for split, k in client_runs if (split, k, seed) not in skip]
 
     def one(job):
         seed, split, k = job
         parts = client_split(y, k, split, seed)
-        todo = missing(job)
-        fds = sweep_feddl(X, parts, n_landmarks, todo, seed, rounds=rounds, beta=beta, plateau=plateau,
-                          dtype=dtype) if todo else {}
-        rows = []
-        for variant in ("Fed", "Fed+"):
-            if variant in fds:
-                fd = fds[variant]
-                Z = embed("tsne", X, parts, n_landmarks, seed=seed, feddl_result=fd, **(embed_kwargs or {})).embedding
-            else:
-                fd, Z = known[split, k, seed, variant]
-            rows.append({"seed": seed, "split": SPLIT_LABELS[split], "clients": k,
-                         "method": "Fed-tSNE" + ("+" if variant == "Fed+" else ""), "rounds": fd.rounds,
-                         "gamma": fd.gamma, "reused": variant not in fds, **scorer(Z, seed)})
-        return rows
+        fds = sweep_feddl(X, parts, n_landmarks, ["Fed", "Fed+"], seed, rounds=rounds, beta=beta, plateau=plateau,
+                          dtype=dtype)
+        return [{"seed": seed, "split": SPLIT_LABELS[split], "clients": k,
+                 "method": "Fed-tSNE" + ("+" if variant == "Fed+" else ""), "rounds": fd.rounds, "gamma": fd.gamma,
+                 "reused": False,
+                 **scorer(embed("tsne", X, parts, n_landmarks, seed=seed, feddl_result=fd,
+                                **(embed_kwargs or {})).embedding, seed)}
+                for variant, fd in fds.items()]
 
-    # the runs to make first, the most clients (the most per-client work per round) first; scoring only last
-    out = SweepPlan(jobs, one, lambda job: (2 if missing(job) else 0, job[2]),
+    out = SweepPlan(jobs, one, lambda job: (_feddl_work(len(y), n_landmarks, runs=2), job[2]),
                     lambda done: pd.DataFrame([row for rows in done for row in rows]), "client sweep")
     return out if plan else run_sweeps([out], workers, progress)[0]
+
+
+def main_run_rows(results: pd.DataFrame, costs: pd.DataFrame, dataset: str, keys: Collection[tuple]) -> pd.DataFrame:
+    """The :func:`client_sweep` rows of runs the benchmark's main runs made (:func:`benchmark_runs`: the same
+    data, clients, rounds rule, beta and t-SNE settings, so the same runs): Fed-tSNE and Fed-tSNE+ of
+    ``dataset`` for every (split, clients, seed) of ``keys`` (``clients`` = the main runs' number of
+    clients), with reused = True."""
+    from fedlib.papers.fedtsne.pipelines import METHOD_NAMES
+
+    rows = []
+    for split, k, seed in sorted(keys):
+        for variant in ("Fed", "Fed+"):
+            def run(frame):
+                return frame[(frame["dataset"] == dataset) & (frame["seed"] == seed) & (frame["variant"] == variant)
+                             & (frame["split"] == SPLIT_LABELS[split])]
+            res, cost = run(results), run(costs)
+            res = res[res["embedding"] == METHOD_NAMES["tsne"]]
+            if len(res) != 1 or len(cost) != 1:
+                raise ValueError(f"no main run for {dataset}, {split}, seed {seed}, {variant} with t-SNE")
+            metrics = res.drop(columns=["dataset", "seed", "embedding", "variant", "split", "seconds"]).iloc[0]
+            rows.append({"seed": seed, "split": SPLIT_LABELS[split], "clients": k,
+                         "method": "Fed-tSNE" + ("+" if variant == "Fed+" else ""),
+                         "rounds": int(cost["rounds"].iloc[0]), "gamma": float(cost["gamma"].iloc[0]),
+                         "reused": True, **metrics.to_dict()})
+    return pd.DataFrame(rows)
 
 
 def landmark_sweep(X, y, splits: Sequence[str], counts: Sequence[int], variants: Sequence[str],
@@ -747,7 +793,7 @@ def landmark_sweep(X, y, splits: Sequence[str], counts: Sequence[int], variants:
                              **scorer(res.embedding, seed)})
         return lrow, qrow
 
-    out = SweepPlan(jobs, one, lambda job: (1, job[2]),          # most landmarks first
+    out = SweepPlan(jobs, one, lambda job: (_feddl_work(len(y), job[2], runs=len(variants)), job[2]),
                     lambda done: (pd.DataFrame([row for lrow, _ in done for row in lrow]),
                                   pd.DataFrame([row for _, qrow in done for row in qrow])), "landmark sweep")
     return out if plan else run_sweeps([out], workers, progress)[0]
