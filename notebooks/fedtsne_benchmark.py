@@ -193,10 +193,11 @@ scorers = {name: ft.EmbeddingScorer(X, y) for name, (X, y, _) in data.items()}
 # ($F$ is an unbiased estimate and can be negative, so the change is measured against the total
 # decrease, not against $|F|$.) With `rounds="plateau"` every noise-free FedDL run (every dataset,
 # split and seed) runs until the rule holds (`fedlib.papers.fedtsne.feddl_until_plateau`; the rule is
-# asserted for every run below). It is checked every `plateau_check` rounds on the values of $F$ the
-# clients report with each round, which lag one round behind the landmarks, so a run stops one round
-# after its plateau round. The Fed+ run of the same dataset, split and seed gets the same number of
-# rounds. With a fixed integer `rounds` every run gets that many and the rule is only reported.
+# asserted for every run below). It is checked every `plateau_check` rounds: a run stops at the first
+# checked round $S$ at which the rule holds at $S-1$, from the values of $F$ the clients report with
+# each round (they lag one round behind the landmarks), and at $S$, with $F(Y^S)$ evaluated then; so
+# it usually stops one round after its plateau round. The Fed+ run of the same dataset, split and
+# seed gets the same number of rounds. With a fixed integer `rounds` every run gets that many and the rule is only reported.
 #
 # The client and landmark sweeps of Secs. 6 and 7 run their FedDL by the same rule; they are made in
 # this section's cell too, in the same worker processes (their short runs fill the wait for the long
