@@ -88,6 +88,7 @@ skew_scale = 0.2           # feature skew: client shifts in units of the feature
 first_task_classes = 4     # large-first-task variant: a base task of this many classes
 later_task_classes = 2     # then tasks of this many classes
 num_threads = 1            # torch threads; 1 costs the least CPU (the book runs two chapters side by side)
+workers = None             # processes running the pretrained table's seeds (forked, one thread each); null: the cores
 
 # %% tags=["hide-input"]
 import time
@@ -106,10 +107,15 @@ from fedlib.evaluation import claims
 from fedlib.evaluation import tables as paper_results
 
 from fedlib.papers import stsa
+from fedlib.core.devices import resolve_device
+from fedlib.core.parallel import resolve_workers
 from fedlib.evaluation.report import paired_markdown_rows
 from fedlib.runner import specs
 
 specs.check("stsa_benchmark", globals())   # every parameter is checked before any long work
+# the pretrained table's seeds go to `workers` forked processes (1 on an accelerator); every run is seeded by
+# its seed, so the results are those of one process (tests/test_stsa_chapters.py)
+workers = resolve_workers(workers, resolve_device(device))
 sns.set_theme(style="whitegrid")
 torch.set_num_threads(num_threads)
 
@@ -153,7 +159,7 @@ run = partial(stsa.run_fcil, num_tasks=num_tasks, num_clients=num_clients, gamma
 results = []
 for name in datasets:  # Joint ignores the partition: one run per seed, listed under every beta
     results += stsa.pretrained_grid(run, feats[name], f"pretrained / {name}", betas, seeds, baselines,
-                                    baseline_seeds, M)
+                                    baseline_seeds, M, workers=workers)
     print(f"{name}: done")
 
 # %% [markdown]

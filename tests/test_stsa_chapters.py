@@ -172,6 +172,11 @@ def test_pretrained_grid_tables_and_findings(feats, run):
     results = stsa.pretrained_grid(run, feats, "pretrained / toy", [0.5, 1.0], [0, 1], ["finetune"], [0], 16)
     assert len(results) == 2 * 2 + 2 * 2 * len(stsa.ANALYTIC) + 2
     summary = pd.DataFrame([r.summary() for r in results])
+    # the seeds in two forked processes: the same runs, in the same order
+    forked = stsa.pretrained_grid(run, feats, "pretrained / toy", [0.5, 1.0], [0, 1], ["finetune"], [0], 16, workers=2)
+    timing = [c for c in summary if c.endswith("_s")]        # measured seconds differ
+    pd.testing.assert_frame_equal(pd.DataFrame([r.summary() for r in forked]).drop(columns=timing),
+                                  summary.drop(columns=timing))
     joint = summary[summary.method == stsa.JOINT]
     assert sorted(joint.beta) == [0.5, 0.5, 1.0, 1.0] and joint.groupby("seed").A_T.nunique().max() == 1
     table, seeds_per_method = stsa.results_table(summary)

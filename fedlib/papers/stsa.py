@@ -1197,19 +1197,28 @@ def benchmark_features(name: str, subsets: dict, n_train: int | None, n_test: in
     return extract_features(benchmark_images(name, subsets, n_train, n_test), **extract)
 
 
-def pretrained_grid(run, features, setting: str, betas, seeds, baselines, baseline_seeds, M: int) -> list:
+def pretrained_grid(run, features, setting: str, betas, seeds, baselines, baseline_seeds, M: int,
+                    workers: int | None = 1) -> list:
     """Every run of the pretrained table on one dataset's ``features``: Joint once per seed (it ignores
     the partition; listed under every beta), then per beta and seed the :data:`ANALYTIC` methods and,
     for ``baseline_seeds``, the gradient ``baselines``. ``run`` is :func:`run_fcil` with the chapter's
-    fixed keywords. Returns the IncrementalResults."""
+    fixed keywords. The seeds are independent jobs (:func:`fedlib.core.parallel.fork_map`, ``workers``
+    processes; None: the cores; every run is seeded by its seed, so the results equal those of one
+    process). Returns the IncrementalResults."""
     import dataclasses
 
-    done = {}
-    for seed in seeds:   # seed by seed, so that the runs of a seed share one random-feature expansion
-        done[JOINT, seed] = run(JOINT, features, None, seed, setting, M)
+    from fedlib.core.parallel import fork_map
+
+    def seed_runs(seed):   # the runs of a seed share one random-feature expansion (cached in the process)
+        out = {(JOINT, seed): run(JOINT, features, None, seed, setting, M)}
         for beta in betas:
             for method in list(ANALYTIC) + (list(baselines) if seed in baseline_seeds else []):
-                done[method, beta, seed] = run(method, features, beta, seed, setting, M)
+                out[method, beta, seed] = run(method, features, beta, seed, setting, M)
+        return out
+
+    done = {}
+    for part in fork_map(seed_runs, list(seeds), workers, cost=lambda seed: seed in baseline_seeds, progress=False):
+        done.update(part)
     results = []
     for seed in seeds:
         joint = done[JOINT, seed]

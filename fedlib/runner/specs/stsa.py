@@ -71,7 +71,7 @@ SPECS = {
         "ablation_K": List(Int(1)), "ablation_clients_total": Int(1), "ablation_dummy": List(Int(1)),
         "ablation_gamma": List(NON_NEGATIVE), "noise_grid": List(List(NON_NEGATIVE), least=0),
         "noise_seeds": Seeds(), "skew_scale": NON_NEGATIVE, "first_task_classes": Int(1),
-        "later_task_classes": Int(1), "num_threads": Int(1),
+        "later_task_classes": Int(1), "num_threads": Int(1), "workers": Int(1) | NULL,
     }, rules=[rule_subset("baseline_seeds", "seeds"), _noise_pairs, _subsets_known]),
     "stsa_beyond": Spec({
         "dataset": Choice(DATASETS), "subsets": Dict(Choice(DATASETS), List(Int(1) | NULL)),
