@@ -109,3 +109,35 @@ def test_book_time_compares_recorded_durations_with_the_baseline(tmp_path, monke
     assert book_time.main(["--save-baseline", str(saved)]) == 0
     assert json.loads(saved.read_text())["chapters"] == {"a": {"seconds": 30.0, "profile": "quick"},
                                                          "b": {"seconds": 5.0, "profile": "smoke"}}
+
+
+def test_book_time_alone_runs_each_chapter_and_reports_it_against_the_baseline(tmp_path, monkeypatch, capsys):
+    """--alone: every named chapter is run (here a stand-in for the runner), its recorded duration compared
+    with the baseline, its end-to-end time with the 3-minute goal; unknown chapters and profiles are refused
+    before any run."""
+    import json
+
+    from fedlib.bench import book_time
+
+    ran = []
+
+    def fake_run(name, profile, out):
+        ran.append((name, profile))
+        out.write_text(json.dumps({"cells": [], "metadata": {"papermill": {
+            "duration": {"a": 60.0, "b": 170.0}[name], "parameters": {"profile": profile}}}}))
+        return {"a": 64.0, "b": 190.0}[name], 100.0
+
+    monkeypatch.setattr(book_time, "run_chapter", fake_run)
+    monkeypatch.setattr(book_time, "notebook_names", lambda: ["a", "b", "c"])
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps({"what": "old run", "chapters": {"a": {"seconds": 120.0, "profile": "quick"}}}))
+    assert book_time.main(["--alone", "a", "b", "--baseline", str(base), "--out", "-"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert ran == [("a", "quick"), ("b", "quick")]
+    assert out[2].startswith("machine speed") and out[2].count(" ms") == 2
+    assert out[4].split() == ["a", "120", "60", "0.50x", "64", "100", "yes"]
+    assert out[5].split() == ["b", "-", "170", "-", "190", "100", "NO"]      # no baseline; above 180 s
+    for bad in (["--alone", "zz"], ["--alone", "a", "--profile", "huge"]):
+        with pytest.raises(SystemExit):
+            book_time.main([*bad, "--baseline", str(base), "--out", "-"])
+    assert len(ran) == 2

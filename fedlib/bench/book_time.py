@@ -10,17 +10,28 @@ whole run, ``book/benchmarks/book_run_PROFILE.txt``), not runs in this process: 
 cannot run twice inside one benchmark in reasonable time. ``--save-baseline FILE`` writes the
 current durations as a new baseline.
 
+``--alone CHAPTER ...`` runs the named chapters instead, one after the other, each alone on the
+machine as a reader re-executes one (``python -m fedlib.runner CHAPTER --profile PROFILE``, on the
+data already cached), and reports each one's end-to-end seconds (runner start to finish), CPU
+seconds and papermill duration against the baseline, with the machine's speed before and after
+(:func:`fedlib.runner.schedule.reference_kernel_ms`) and the goal of at most 180 s each.
+
     python -m fedlib.bench.book_time [--baseline FILE] [--save-baseline FILE] [--out FILE]
+    python -m fedlib.bench.book_time --alone CHAPTER [CHAPTER ...] [--profile quick] [--out FILE]
 """
 from __future__ import annotations
 
 import json
+import resource
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 from fedlib import bench
 from fedlib.runner.paths import BENCHMARK_DIR, EXECUTED_DIR
-from fedlib.runner.profiles import cell_timings, notebook_names
+from fedlib.runner.profiles import cell_timings, load_profiles, notebook_names
 
 
 def recorded(notebook: dict) -> tuple[float | None, str | None]:
@@ -40,12 +51,68 @@ def current() -> dict[str, dict]:
     return out
 
 
+ALONE_GOAL_S = 180.0     # issue "scale and speed": any single chapter re-executed in at most 3 minutes
+
+
+def run_chapter(name: str, profile: str, out: Path) -> tuple[float, float]:
+    """Execute chapter ``name`` at ``profile`` into ``out`` with the runner in a child process; returns
+    (wall seconds, CPU seconds of the child processes)."""
+    def cpu() -> float:
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime
+
+    c0, t0 = cpu(), time.perf_counter()
+    subprocess.run([sys.executable, "-m", "fedlib.runner", name, "--profile", profile, "--output", str(out)],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t0, cpu() - c0
+
+
+def alone_report(names: list[str], profile: str, base: dict) -> list[str]:
+    """Run every chapter of ``names`` alone (:func:`run_chapter`) and report it against ``base``."""
+    from fedlib.runner.schedule import reference_kernel_ms
+
+    width = 22
+    speed = reference_kernel_ms()
+    lines = [f"baseline: {base.get('what', 'baseline')}",
+             f"now: each chapter alone (python -m fedlib.runner CHAPTER --profile {profile}, data cached), "
+             "one after the other",
+             "", f"  {'chapter':<{width}}{'before s':>9}{'now s':>8}{'now/before':>11}{'end-to-end s':>14}"
+             f"{'CPU s':>8}   at most {ALONE_GOAL_S:.0f} s end to end"]
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            out = Path(tmp) / f"{name}.ipynb"
+            wall, cpu = run_chapter(name, profile, out)
+            seconds, _ = recorded(json.loads(out.read_text()))
+            old = base.get("chapters", {}).get(name)
+            before = (f"{old['seconds']:9.0f}", f"{seconds / old['seconds']:10.2f}x") \
+                if old and old["profile"] == profile else (f"{'-':>9}", f"{'-':>11}")
+            lines.append(f"  {name:<{width}}{before[0]}{seconds:8.0f}{before[1]}{wall:14.0f}{cpu:8.0f}   "
+                         f"{'yes' if wall <= ALONE_GOAL_S else 'NO'}")
+    lines[2] = (f"machine speed (fedlib.runner.schedule.reference_kernel_ms, lower is faster): {speed:.3f} ms before, "
+                f"{reference_kernel_ms():.3f} ms after")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     p = bench.parser(__doc__, "book_time", repeats=None, seed=None)
     p.add_argument("--baseline", type=Path, default=BENCHMARK_DIR / "book_time_baseline_quick.json",
                    help="JSON {what, chapters: {name: {seconds, profile}}} (default %(default)s)")
     p.add_argument("--save-baseline", type=Path, help="write the current durations there as a baseline and stop")
+    p.add_argument("--alone", nargs="+", metavar="CHAPTER",
+                   help="run these chapters one at a time and report them (instead of the book's executed chapters)")
+    p.add_argument("--profile", default="quick", help="the profile of --alone (default %(default)s)")
     args = p.parse_args(argv)
+    if args.alone:
+        unknown = sorted(set(args.alone) - set(notebook_names()))
+        if unknown:
+            p.error(f"--alone: unknown chapter(s) {unknown}; allowed: {', '.join(notebook_names())}")
+        if args.profile not in load_profiles():
+            p.error(f"--profile: unknown profile {args.profile!r}; allowed: {', '.join(load_profiles())}")
+        if not args.baseline.is_file():
+            p.error(f"--baseline {args.baseline} does not exist")
+        lines = alone_report(args.alone, args.profile, json.loads(args.baseline.read_text()))
+        bench.write_report("\n".join(lines), args.out)
+        return 0
     now_all = current()
     if args.save_baseline:
         args.save_baseline.write_text(json.dumps({"what": "papermill durations of the executed chapters",

@@ -635,11 +635,10 @@ def feddl_until_plateau(client_data: Sequence, n_landmarks: int = 500, *, tol: f
     first from the values F(Y^0), ..., F(Y^{s-1}) the clients reported with rounds 1..s (their
     diagnostics), the second, evaluated only then, with F(Y^s). So the run ends after its plateau round
     (``plateau``, :func:`plateau_round`; with ``check_every=1`` usually one round after) and meets the
-    rule at its last round. ONE run of the
-    protocol, advanced chunk by chunk (the server and the clients keep their state between chunks):
-    objective, step norms and measured cost are those of one long :func:`feddl` run. Landmarks are kept
-    at round 0, every round in ``checkpoints`` (<= max_rounds) and the last round. Other keywords go to
-    :func:`feddl`. Returns a :class:`FedDLTrace`."""
+    rule at its last round. ONE run of the protocol, advanced chunk by chunk (the server and the
+    clients keep their state between chunks): objective, step norms and measured cost are those of one
+    long :func:`feddl` run. Landmarks are kept at round 0, every round in ``checkpoints`` (<= max_rounds)
+    and the last round. Other keywords go to :func:`feddl`. Returns a :class:`FedDLTrace`."""
     if feddl_kwargs.get("noise", "none") != "none":
         raise ValueError("feddl_until_plateau runs noise-free FedDL only (noise='none'); a noisy objective has "
                          "no plateau to detect")
@@ -659,6 +658,7 @@ def feddl_until_plateau(client_data: Sequence, n_landmarks: int = 500, *, tol: f
                    | {max_rounds})
     if stops[0] < 1 or stops[-1] > max_rounds:
         raise ValueError(f"checkpoints must lie in 1..max_rounds={max_rounds}, got {sorted(checkpoints)}")
+
     def settled(F, end: int) -> bool:
         share = plateau_share(F, end, window, min_window) if end >= 1 else math.nan
         return math.isfinite(share) and share <= tol
