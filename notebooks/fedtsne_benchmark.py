@@ -197,7 +197,8 @@ scorers = {name: ft.EmbeddingScorer(X, y) for name, (X, y, _) in data.items()}
 # checked round $S$ at which the rule holds at $S-1$, from the values of $F$ the clients report with
 # each round (they lag one round behind the landmarks), and at $S$, with $F(Y^S)$ evaluated then; so
 # it usually stops one round after its plateau round. The Fed+ run of the same dataset, split and
-# seed gets the same number of rounds. With a fixed integer `rounds` every run gets that many and the rule is only reported.
+# seed gets the same number of rounds. With a fixed integer `rounds` every run gets that many and the
+# rule is only reported.
 #
 # The client and landmark sweeps of Secs. 6 and 7 run their FedDL by the same rule; they are made in
 # this section's cell too, in the same worker processes (their short runs fill the wait for the long
@@ -214,7 +215,7 @@ CHECKPOINTS = [c for c in (10, 25, 50, 75, 100, 150, 200, 300, 400, 600, 800, 16
 conv_plan = ft.convergence_study(data, scorers, seeds, num_clients, n_landmarks, tol=plateau_tol,
                                  window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW, check_every=plateau_check,
                                  max_rounds=LIMIT, stop_at_plateau=rounds == "plateau", checkpoints=CHECKPOINTS,
-                                 dtype=feddl_dtype, workers=workers, plan=True)
+                                 dtype=feddl_dtype, plan=True)
 # the sweeps of Secs. 6 and 7 (one fork_map with the convergence runs), by the rule of the main runs
 SWEEP_NOTE = (f"{len(sweep_seeds)} seed(s): a one-seed sweep, shown for orientation; it carries no conclusion"
               if len(sweep_seeds) < 5 else f"{len(sweep_seeds)} seeds, mean ± sample std")
@@ -349,14 +350,12 @@ else:
 # %% [markdown]
 # ## 4. The embeddings
 #
-# First seed, every dataset: centralized, untrained landmarks, Fed and Fed+ under both splits,
-# coloured by the true class (at most `scatter_points` points drawn per panel, the same points in
-# every panel).
-
-# %% [markdown]
-# First, how the embedding changes as FedDL trains: the first dataset, IID, first seed, Fed-tSNE on
-# the landmarks after 0, 10, 50 and all $S$ rounds of Sec. 2 (paper Figs. 3, 5). Rounds 0 and $S$ are
-# the "untrained" and "Fed IID" embeddings below (the same landmarks, clients, seed and settings).
+# First seed, coloured by the true class (at most `scatter_points` points drawn per panel, the same
+# points in every panel). First, how the embedding changes as FedDL trains: the first dataset, IID,
+# Fed-tSNE on the landmarks after 0, 10, 50 and all $S$ rounds of Sec. 2 (paper Figs. 3, 5); rounds
+# 0 and $S$ are the "untrained" and "Fed IID" embeddings of the next figures (the same landmarks,
+# clients, seed and settings). Then every dataset: centralized, untrained landmarks, Fed and Fed+
+# under both splits.
 
 # %%
 X, y, classes = data[first]
