@@ -534,6 +534,61 @@ def test_plateau_share_and_round_on_known_curves():
     assert ft.plateau_round(early, tol=0.01) is None
 
 
+def test_feddl_until_plateau_stops_only_where_the_rule_holds_at_the_last_round(monkeypatch):
+    """The rule's window grows by one round every 10 rounds, so its share can rise above tol one round after
+    it first held. A stop decided on the clients' reported values alone (F up to the round before) stopped
+    there; the run must go on until the rule holds at its last round too. A stand-in run replays a known
+    objective curve through the protocol run's interface."""
+    import importlib
+    from types import SimpleNamespace
+
+    feddl_module = importlib.import_module("fedlib.papers.fedtsne.feddl")    # the module, not ft.feddl
+
+    F = np.exp(-np.arange(1001) / 15.0)
+    share = {e: ft.plateau_share(F, e) for e in range(10, 1000)}
+    e0 = next(e for e in range(10, 999) if share[e + 1] > share[e] and share[e] < min(share[d] for d in range(10, e)))
+    tol = share[e0]                       # the rule first holds at e0 and fails at e0 + 1
+
+    class ReplayedRun:
+        def __init__(self):
+            self.done = 0
+            self.server = SimpleNamespace(Y0=np.zeros((2, 2)), Y=np.zeros((2, 2)))
+
+        @classmethod
+        def start(cls, *args, **kwargs):
+            return cls()
+
+        def advance(self, rounds, progress=False):
+            self.done += rounds
+
+        def reported_objective(self, start=0):
+            return list(F[start:self.done])
+
+        def objective(self):
+            return F[:self.done + 1].copy()
+
+        def result(self):
+            return SimpleNamespace(objective=self.objective())
+
+    monkeypatch.setattr(feddl_module, "_FedDLRun", ReplayedRun)
+    tr = ft.feddl_until_plateau([np.zeros((4, 2))], 2, tol=tol, check_every=1, max_rounds=1000)
+    assert tr.plateau == e0 and tr.rounds > e0 + 1
+    assert ft.plateau_share(tr.objective) <= tol and ft.plateau_share(tr.objective, tr.rounds - 1) <= tol
+
+
+def test_feddl_until_plateau_evaluates_the_last_objective_once(monkeypatch):
+    """F(Y^S) is evaluated by the clients only where the rule held at S - 1 (a plateau check), and the
+    check at the last round and the result share that evaluation."""
+    X, y = _blobs(90, 5)
+    data = [X[p] for p in ft.client_split(y, 3, "iid", seed=0)]
+    calls = []
+    original = ft.FedDLClient.objective
+    monkeypatch.setattr(ft.FedDLClient, "objective", lambda self, *a: calls.append(1) or original(self, *a))
+    tr = ft.feddl_until_plateau(data, 8, tol=0.01, check_every=1, max_rounds=400, seed=1)
+    checks = sum(1 for s in range(2, tr.rounds + 1) if ft.plateau_share(tr.objective, s - 1) <= 0.01)
+    assert checks >= 1 and len(calls) == 3 * checks
+
+
 def test_feddl_until_plateau_equals_one_long_run_and_stops_at_the_plateau():
     X, y = _blobs(90, 5)
     data = [X[p] for p in ft.client_split(y, 3, "iid", seed=0)]

@@ -483,6 +483,7 @@ class _FedDLRun:
     planned: int
     options: dict
     cost: Cost = field(default_factory=Cost)
+    final_objective: tuple | None = None      # (S, F(Y^S)) once evaluated
 
     @classmethod
     def start(cls, client_data, n_landmarks, *, rounds, local_steps, mode, lr, server_lr, weights, init, gamma,
@@ -526,11 +527,15 @@ class _FedDLRun:
         return [float(np.dot(self.server.w, f)) for f in zip(*clients)]
 
     def objective(self) -> np.ndarray:
-        """F(Y^s), s = 0..S so far: :meth:`reported_objective` and F(Y^S), evaluated by the clients."""
-        clients = [self.states[p] for p in range(len(self.data))]
-        Y, gamma = np.asarray(self.server.Y, dtype=np.float64), float(self.server.gamma)
-        return np.array(self.reported_objective()
-                        + [float(np.dot(self.server.w, [self.client.objective(st, Y, gamma) for st in clients]))])
+        """F(Y^s), s = 0..S so far: :meth:`reported_objective` and F(Y^S), evaluated by the clients once per
+        S (a plateau check and :meth:`result` at the same round share it)."""
+        S = len(self.server.steps)
+        if self.final_objective is None or self.final_objective[0] != S:
+            clients = [self.states[p] for p in range(len(self.data))]
+            Y, gamma = np.asarray(self.server.Y, dtype=np.float64), float(self.server.gamma)
+            self.final_objective = (S, float(np.dot(self.server.w,
+                                                    [self.client.objective(st, Y, gamma) for st in clients])))
+        return np.array(self.reported_objective() + [self.final_objective[1]])
 
     def result(self) -> FedDLResult:
         o, P = self.options, len(self.data)

@@ -379,8 +379,8 @@ def kernel_landmark_sweep(X, y, parts, grid: Sequence[int], n_classes: int, *, g
 # ------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SweepPlan:
-    """A study's runs not yet made (``plan=True`` of :func:`convergence_study`, :func:`client_sweep`,
-    :func:`landmark_sweep`): ``jobs``, ``run(job)`` (one job, seeded by its own seed), ``priority(job)`` (the
+    """A study's runs not yet made (``plan=True`` of :func:`convergence_study`, :func:`benchmark_runs`,
+    :func:`trace_embeddings`, :func:`client_sweep`, :func:`landmark_sweep`): ``jobs``, ``run(job)`` (one job, seeded by its own seed), ``priority(job)`` (the
     job's estimated work, comparable across studies: :func:`_feddl_work`; larger is handed out earlier) and
     ``assemble(results)`` (the job results in job order -> what the study returns)."""
 
