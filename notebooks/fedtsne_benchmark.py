@@ -74,6 +74,7 @@ rounds = "plateau"         # FedDL rounds: plateau (the rule of Sec. 2) or a fix
 plateau_tol = 0.01         # plateau: the last 10 % of the rounds (at least 10) made at most this share of the decrease of F
 plateau_check = 1          # rounds between two checks of the rule (1: after every round)
 max_rounds = 1000          # the convergence study stops here at the latest
+step_scales = [2, 4, 8]    # FedDL steps c/L of the step study (first seed, every dataset and split; [] skips it)
 beta = 1.0                 # noise level of the Fed plus runs, the paper uses 1
 methods = ["tsne"]         # the paper also runs umap (profile paper; add it here at twice the cost)
 perplexity = 30.0
@@ -230,12 +231,16 @@ client_plan = ft.client_sweep(sweep_X, sweep_y, CLIENT_RUNS, sweep_seeds, sweep_
                               rounds=rounds, beta=beta, embed_kwargs=EMBED, plateau=PLATEAU, skip=REUSED,
                               dtype=feddl_dtype, plan=True)
 m_dim = sweep_X.shape[1]
+step_plan = ft.step_study(data, scorers, seeds[0], num_clients, n_landmarks, step_scales, tol=plateau_tol,
+                          window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW, check_every=plateau_check,
+                          max_rounds=LIMIT, stop_at_plateau=rounds == "plateau", checkpoints=CHECKPOINTS,
+                          dtype=feddl_dtype, plan=True)
 landmark_plan = ft.landmark_sweep(
     sweep_X, sweep_y, landmark_splits, landmark_counts, landmark_variants, landmark_methods, sweep_seeds, sweep_scorer,
     num_clients=num_clients, rounds=rounds, beta=beta, window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW,
     embed_kwargs=EMBED, plateau=PLATEAU, dtype=feddl_dtype, plan=True)
-(traces, conv), clients_made, (landmarks_df, quality_df) = ft.run_sweeps([conv_plan, client_plan, landmark_plan],
-                                                                         workers, progress=False)
+(traces, conv), (step_traces, step_conv), clients_made, (landmarks_df, quality_df) = ft.run_sweeps(
+    [conv_plan, step_plan, client_plan, landmark_plan], workers, progress=False)
 timings["FedDL noise-free (convergence) and the sweeps"] = time.perf_counter() - t0
 study = ft.plateau_study(traces, window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW)
 if rounds == "plateau":
@@ -279,21 +284,77 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# The numbers the chapter uses from this study are printed in the two tables above. The claim
-# below checks the paper's Fig. 2 reading that the metrics converge after about 50 rounds, with the
-# overlap of $\hat D$ as the metric (an embedding adds t-SNE's own run-to-run noise).
+# The numbers the chapter uses from this study are printed in the two tables above.
+#
+# **The step.** The paper sets FedDL's step to "the reverse of the Lipschitz constant of gradient if
+# possible" and gives no value of that constant. We use $1/L$ with $L$ the data-free bound of
+# `fedlib.papers.fedtsne.lipschitz_bound`. It bounds the constant from above, so a larger step can
+# still descend, and how many rounds FedDL needs (and the claim below) depends on this choice. The step
+# study runs the first seed's noise-free FedDL on every dataset and split at the steps $c/L$, $c$ in
+# `step_scales`, under the same plateau rule. The table gives the rounds, $F(Y^S)$, the largest rise of
+# $F$ from one round to the next as a share of its total decrease ("F descends": at most 0.1 %), and the
+# overlap of $\hat D$ at round 50 and at the end (a run that stopped by round 50 has nothing to gain
+# after it). The benchmark's runs below keep the step $1/L$, the one the bound guarantees; the last line
+# under the table says what a larger step that still descends would add to the overlap of $\hat D$.
+
+# %%
+steps = ft.step_table(traces, conv, step_traces, step_conv, seeds[0], at=50)
+display(steps.style.format({"F(Y^S)": "{:.5f}", "largest rise of F": "{:.1e}", "D-hat 10-NN at 0": "{:.3f}",
+                            "at 50": "{:.3f}", "at the end": "{:.3f}", "gain after 50": "{:+.3f}",
+                            "step (x 1/L)": "{:g}"}, na_rep="-"))
+per_step = steps.assign(late=steps["gain after 50"].fillna(0.0)).groupby("step (x 1/L)").agg(
+    descends=("F descends", "all"), largest_gain=("late", "max"), end=("at the end", "mean"),
+    rounds=("rounds run", "mean"))
+for c, row in per_step.iterrows():
+    print(f"step {c:g}/L: {'F descends in every run' if row.descends else 'F rises in some run'}; mean rounds "
+          f"{row.rounds:.0f}, mean D-hat 10-NN overlap at the end {row.end:.3f}, largest gain after round 50 "
+          f"{row.largest_gain:+.3f}")
+largest_descending = max((c for c, row in per_step.iterrows() if row.descends), default=None)
+if largest_descending is not None and largest_descending > 1:
+    print(f"at {largest_descending:g}/L, the largest step of the study at which F descends in every run, the runs end "
+          f"with a mean D-hat 10-NN overlap {per_step.end[largest_descending] - per_step.end[1.0]:+.3f} against "
+          f"1/L, in {per_step.rounds[largest_descending] / per_step.rounds[1.0]:.2f} times the rounds")
+
+curves = pd.concat([conv.assign(step=1.0), step_conv], ignore_index=True)
+fig, axes = plt.subplots(1, len(datasets), figsize=(6.0 * len(datasets), 4.2), squeeze=False)
+step_colors = dict(zip(sorted(curves.step.unique()), sns.color_palette("viridis", curves.step.nunique())))
+for ax, name in zip(axes[0], datasets):
+    for (split, c), q in curves[curves.dataset == name].groupby(["split", "step"]):
+        q = q.sort_values("round")
+        ax.plot(q["round"], q["D-hat 10-NN"], marker="o", ms=3, color=step_colors[c],
+                ls="-" if split == "IID" else "--", label=f"{split}, step {c:g}/L")
+    ax.set(xlabel="FedDL round s", ylabel="10-NN overlap of D-hat (fraction)", title=name)
+    ax.legend(fontsize=7, ncol=2)
+fig.suptitle(f"FedDL's step: the D-hat overlap against the rounds, seed {seeds[0]} (L: the data-free bound)",
+             y=1.02)
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# The claim below checks the paper's Fig. 2 reading that the metrics converge after about 50 rounds, with
+# the overlap of $\hat D$ as the metric (an embedding adds t-SNE's own run-to-run noise). At the
+# benchmark's step it is checked on every dataset and split of the first seed; when it fails there, the
+# verdict says whether it holds at a larger step of the study at which $F$ still descends in every run.
 
 # %%
 gain_after_50, late = ft.gain_after(traces, wide_conv, seeds[0], at=50)
 evidence = ft.late_gain_evidence(late)
 if late:
+    at_main = bool(gain_after_50 <= 0.02)
+    converging = ft.converging_step(steps, at=50, gain=0.02)
+    step_evidence = "; ".join(f"{c:g}/L: {row.largest_gain:+.3f}" + ("" if row.descends else " (F rises: no descent)")
+                              for c, row in per_step.iterrows())
     claims.register(
         "fedtsne-converges-in-50-rounds", "fedtsne",
         "Fed-tSNE's quality converges after about 50 FedDL epochs (Fig. 2).",
-        holds=bool(gain_after_50 <= 0.02),
-        evidence=(f"largest gain of the D-hat 10-NN overlap after round 50: {gain_after_50:+.3f} "
-                  f"(converged = at most +0.02); {evidence}. FedDL step 1/L of the data-free Lipschitz bound "
-                  "(the paper does not state its step)."))
+        holds=at_main or converging is not None,
+        condition=None if at_main or converging is None else
+        f"FedDL's step is about {converging:g}/L ({converging:g} times the step of the data-free Lipschitz bound L)",
+        evidence=(f"at the step 1/L of the data-free Lipschitz bound, largest gain of the D-hat 10-NN overlap after "
+                  f"round 50: {gain_after_50:+.3f} (converged = at most +0.02); {evidence}. Largest gain after "
+                  f"round 50 by step (first seed, every dataset and split): {step_evidence}. The paper sets the "
+                  "step to the reverse of the Lipschitz constant 'if possible' and gives no value; L is an upper "
+                  "bound on it."))
 
 # %% [markdown]
 # ## 3. The runs

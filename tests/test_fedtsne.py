@@ -112,6 +112,11 @@ def test_feddl_result_bytes_and_shapes():
     assert res.upload_bytes == setup + 4 * P * 6 * m * 8
     assert res.landmarks.shape == (6, 4) and res.objective.shape == (5,) and res.rounds == 4
     assert res.lr == pytest.approx(1 / ft.lipschitz_bound(res.gamma, 6))
+    # lr_scale c: the step c/L, the same run as the explicit lr = c/L (server and clients)
+    scaled = ft.feddl(data, 6, rounds=4, lr_scale=2.5)
+    assert scaled.lr == scaled.server_lr == pytest.approx(2.5 / ft.lipschitz_bound(res.gamma, 6))
+    np.testing.assert_array_equal(scaled.landmarks, ft.feddl(data, 6, rounds=4, lr=scaled.lr).landmarks)
+    assert not np.allclose(scaled.landmarks, res.landmarks)
     avg = ft.feddl(data, 6, rounds=4, mode="average", local_steps=3)
     assert avg.upload_bytes == setup + 4 * P * 6 * m * 8  # one landmark matrix per client per round
     assert avg.objective[-1] < avg.objective[0] and res.objective[-1] < res.objective[0]
@@ -429,6 +434,8 @@ _DATA = [_X[:15], _X[15:]]
     (lambda: ft.feddl(_DATA, 4, weights="random"), "weights"),
     (lambda: ft.feddl(_DATA, 4, local_steps=3), "local_steps"),
     (lambda: ft.feddl(_DATA, 4, lr=0.0), "lr"),
+    (lambda: ft.feddl(_DATA, 4, lr_scale=-2.0), "lr_scale"),
+    (lambda: ft.feddl(_DATA, 4, lr=0.5, lr_scale=2.0), "lr_scale"),
     (lambda: ft.feddl(_DATA, 4, rounds=0), "rounds"),
     (lambda: ft.feddl(_DATA, 4, noise="dp_data"), "epsilon"),
     (lambda: ft.feddl(_DATA, 4, noise="dp_gradient", epsilon=0.0, delta=1e-5), "epsilon"),
@@ -646,7 +653,9 @@ def test_both_fedtsne_chapters_draw_points_and_split_clients_by_the_one_rule():
 
     root = Path(__file__).resolve().parent.parent / "notebooks"
     # the chapters' study loops (fedtsne.studies) split the clients by the one rule too
-    for helper in (ft.speclust_data, ft.convergence_study, ft.benchmark_runs, ft.check_splits, ft.client_sweep,
+    from fedlib.papers.fedtsne.studies import _plateau_job     # the runs of convergence_study and step_study
+
+    for helper in (ft.speclust_data, _plateau_job, ft.benchmark_runs, ft.check_splits, ft.client_sweep,
                    ft.landmark_sweep, ft.gamma_control):
         code = inspect.getsource(helper)
         assert "client_split(" in code, helper.__name__

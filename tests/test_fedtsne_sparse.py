@@ -265,5 +265,9 @@ def test_landmark_quality_equals_the_dense_distance_quality(squared):
         blocked = scorer.landmark_quality(Y, squared, block_bytes=block)
         assert blocked["D-hat rel. error"] == pytest.approx(dense["D-hat rel. error"], rel=1e-9)
         assert blocked["D-hat 10-NN"] == dense["D-hat 10-NN"]
+    # one block reads the scorer's cached exact distances and leaves them as they were
+    exact = scorer.exact_distances().copy()
+    scorer.landmark_quality(Y, squared)
+    np.testing.assert_array_equal(scorer.exact_distances(), exact)
     with pytest.raises(ValueError, match="landmarks must have 7 columns"):
         scorer.landmark_quality(Y[:, :3])

@@ -448,6 +448,46 @@ def test_convergence_study_and_plateau_tables(bench_small):
     assert math.isnan(ft.gain_after(traces, wide, 0, at=50)[0])
 
 
+def test_step_study_table_and_converging_step(bench_small):
+    """The step study's runs are the convergence study's at lr_scale c; the table's columns follow from the
+    traces (F's largest rise, the overlap at round ``at`` and at the end); converging_step picks the
+    smallest step at which F descends and nothing gains more than ``gain`` after ``at``."""
+    data, scorers, traces, conv, _ = bench_small
+    rule = dict(tol=0.01, window=0.1, min_window=10, check_every=20, max_rounds=40, stop_at_plateau=False,
+                checkpoints=[10, 30])
+    with threadpool_limits(1):
+        step_traces, step_conv = ft.step_study(data, scorers, 0, 3, 8, [2.0, 64.0], progress=False, **rule)
+    assert set(step_traces) == {("blobs", s, c) for s in ("iid", "non_iid") for c in (2.0, 64.0)}
+    X, y, _ = data["blobs"]
+    parts = ft.client_split(y, 3, "non_iid", 0)
+    direct = ft.feddl([X[p] for p in parts], 8, rounds=40, lr_scale=2.0, seed=0)
+    np.testing.assert_array_equal(step_traces["blobs", "non_iid", 2.0].result.landmarks, direct.landmarks)
+    assert list(step_conv[(step_conv.step == 2.0) & (step_conv.split == "IID")]["round"]) == [0, 10, 30, 40]
+
+    table = ft.step_table(traces, conv, step_traces, step_conv, 0, at=10)
+    assert list(table["step (x 1/L)"]) == [1.0, 2.0, 64.0] * 2 and list(table.split) == ["IID"] * 3 + ["non-IID"] * 3
+    for _, row in table.iterrows():
+        tr = (traces["blobs", {"IID": "iid", "non-IID": "non_iid"}[row.split], 0] if row["step (x 1/L)"] == 1 else
+              step_traces["blobs", {"IID": "iid", "non-IID": "non_iid"}[row.split], row["step (x 1/L)"]])
+        F = tr.objective
+        top, total = max(0.0, max(F[s + 1] - F[s] for s in range(len(F) - 1))), F[0] - min(F)
+        rise = top / total if total > 0 else math.inf
+        assert row["largest rise of F"] == pytest.approx(rise) and row["F descends"] == (rise <= 1e-3)
+        assert row["rounds run"] == 40 and row["F(Y^S)"] == F[-1]
+        q = conv if row["step (x 1/L)"] == 1 else step_conv[step_conv.step == row["step (x 1/L)"]]
+        q = q[q.split == row.split].set_index("round")["D-hat 10-NN"]
+        assert row["gain after 10"] == pytest.approx(q[40] - q[10])
+    assert table["F descends"].iloc[:2].all() and not table["F descends"].iloc[2]   # 64/L overshoots
+    assert ft.step_table(traces, conv, step_traces, step_conv, 0, at=40)["gain after 40"].isna().all()
+
+    # converging_step on a table made by hand: the smallest step that descends and gains <= gain everywhere
+    made = pd.DataFrame({"step (x 1/L)": [1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 8.0, 8.0],
+                         "F descends": [True, True, True, True, True, True, False, False],
+                         "gain after 50": [0.1, 0.0, 0.03, np.nan, 0.01, np.nan, 0.0, 0.0]})
+    assert ft.converging_step(made) == 4.0 and ft.converging_step(made, gain=0.05) == 2.0
+    assert ft.converging_step(made, gain=0.001) is None
+
+
 def test_benchmark_runs(bench_small):
     *_, (results, dist_q, costs, keep_Z, checks) = bench_small
     assert checks["scorer vs embedding_report"] < 1e-12 and checks["Y^0 split gap"] <= 1e-10
@@ -601,8 +641,13 @@ def test_benchmark_studies_in_forked_workers_equal_one_process():
                  ft.client_sweep(X, y, [("iid", 3), ("non_iid", 3), ("iid", 4)], [0], scorers["blobs"], n_landmarks=8,
                                  skip={("iid", 3, 0)}, plan=True, **kw),
                  ft.landmark_sweep(X, y, ["iid", "non_iid"], [4, 8], ["Fed", "Fed+"], ["tsne"], [0], scorers["blobs"],
-                                   num_clients=3, plan=True, **kw)]
-        (t3, c3), *together = ft.run_sweeps(plans, 2, progress=False)
+                                   num_clients=3, plan=True, **kw),
+                 ft.step_study(data, scorers, 0, 3, 8, [2.0], plan=True, **rule)]
+        (t3, c3), *together, (steps_forked, step_conv_forked) = ft.run_sweeps(plans, 2, progress=False)
+        steps_one, step_conv_one = ft.step_study(data, scorers, 0, 3, 8, [2.0], progress=False, **rule)
+    pd.testing.assert_frame_equal(step_conv_forked, step_conv_one)
+    for key, tr in steps_one.items():
+        np.testing.assert_array_equal(tr.result.landmarks, steps_forked[key].result.landmarks)
     (t1, c1, b1, cl1, lm1), (t2, c2, b2, cl2, lm2) = out[1], out[2]
     assert list(t1) == list(t2) == list(t3)
     for key in t1:

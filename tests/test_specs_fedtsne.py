@@ -19,6 +19,8 @@ from fedlib.runner import specs
     ("fedtsne_benchmark", "beta", -1.0, "beta must be a finite number >= 0"),
     ("fedtsne_benchmark", "methods", ["pca"], "unknown methods\\[0\\] 'pca'"),
     ("fedtsne_benchmark", "landmark_variants", ["Fed++"], "landmark_variants"),
+    ("fedtsne_benchmark", "step_scales", [2, 0], r"step_scales\[1\] must be a finite number > 0"),
+    ("fedtsne_benchmark", "step_scales", [2, 2], "step_scales must not repeat"),
     ("fedtsne_privacy", "accountant", "moments", "unknown accountant 'moments'"),
     ("fedtsne_privacy", "betas", [-0.5], r"betas\[0\] must be a finite number >= 0"),
     ("fedtsne_privacy", "tsne_max_iter", 100, "tsne_max_iter must be an integer >= 250"),
@@ -42,6 +44,7 @@ def test_types_reject_naming_the_parameter(chapter, name, bad, message):
      "n_points needs an entry for every dataset; missing: optdigits"),
     ("fedtsne_benchmark", {"sweep_dataset": "optdigits"}, "sweep_dataset must be one of datasets"),
     ("fedtsne_benchmark", {"max_rounds": 10}, "max_rounds must be >= plateau_check and > 10"),
+    ("fedtsne_benchmark", {"step_scales": [1, 4]}, "step_scales must not hold 1"),
     ("fedspeclust", {"max_points": 10, "num_clients": 10}, "max_points must be null or >= 4 \\* num_clients"),
 ])
 def test_rules_reject_naming_the_parameters(chapter, changes, message):

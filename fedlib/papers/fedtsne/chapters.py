@@ -144,7 +144,8 @@ class EmbeddingScorer:
         matrix: the estimate B W^+ B^T = F diag(mu) F^T (F = B V, :func:`~fedlib.papers.fedtsne.nystrom.landmark_pinv_factors`)
         and the exact distances are formed a block of rows at a time (:func:`~fedlib.papers.fedtsne.knn.block_rows`),
         the squared Frobenius errors summed and each row's k nearest kept. Equal to the dense
-        computation to round-off (ties in the neighbour lists aside). landmarks (n_y, m)."""
+        computation to round-off (ties in the neighbour lists aside). When one block holds every row, the
+        exact distances are :meth:`exact_distances` (computed once, kept until :meth:`release`). landmarks (n_y, m)."""
         from fedlib.papers.fedtsne.knn import BLOCK_BYTES, _select, block_rows
         from fedlib.papers.fedtsne.nystrom import landmark_pinv_factors
 
@@ -159,9 +160,11 @@ class EmbeddingScorer:
         V, mu = landmark_pinv_factors(W)
         F = B @ V
         G = np.ascontiguousarray((F * mu).T)
-        Xt = np.ascontiguousarray(self.X.T)
-        sq = np.einsum("ij,ij->i", self.X, self.X)
         step = block_rows(n, BLOCK_BYTES if block_bytes is None else block_bytes)
+        exact = self.exact_distances() if step >= n else None
+        if exact is None:
+            Xt = np.ascontiguousarray(self.X.T)
+            sq = np.einsum("ij,ij->i", self.X, self.X)
         err = ref = 0.0
         nbrs = np.empty((n, k), dtype=np.int64)
         for i0 in range(0, n, step):
@@ -171,9 +174,12 @@ class EmbeddingScorer:
             H[diag] = 0.0
             if squared:
                 np.sqrt(H, out=H)
-            D = np.maximum(sq[i0:i1, None] - 2.0 * (self.X[i0:i1] @ Xt) + sq[None, :], 0.0)
-            D[diag] = 0.0
-            np.sqrt(D, out=D)
+            if exact is not None:
+                D = exact
+            else:
+                D = np.maximum(sq[i0:i1, None] - 2.0 * (self.X[i0:i1] @ Xt) + sq[None, :], 0.0)
+                D[diag] = 0.0
+                np.sqrt(D, out=D)
             err += float(np.square(H - D).sum())
             ref += float(np.square(D).sum())
             H[diag] = np.inf

@@ -266,17 +266,17 @@ class FedDLServer:
     Round 1 is the set-up: an empty broadcast; from the uploads the server takes the weights w_p,
     gamma (:func:`kernel_width` or the given number), Y^0 ("moments": N(mean, diag var) of the pooled
     moments; "gaussian"; "uniform"; or an (n_y, m) array; drawn from ``default_rng(seed)``) and the step
-    (``lr="auto"``: 1/L, :func:`lipschitz_bound`). Every later round broadcasts {"landmarks", "gamma",
+    (``lr="auto"``: ``lr_scale``/L, :func:`lipschitz_bound`). Every later round broadcasts {"landmarks", "gamma",
     "lr"} and updates Y <- post(Y - server_lr sum_p w_p g_p) (Eq. 16) or post(sum_p w_p Y_p) (Eq. 15).
     ``result()`` = (Y^S, Y^0, step norms ||Y^s - Y^{s-1}||_F^2)."""
 
     def __init__(self, n_landmarks: int, dim: int, *, mode: str = "gradient", weights: str = "size",
-                 init="moments", gamma="median", lr="auto", server_lr=None, landmark_bounds=None,
-                 tau_y: float | None = None, seed: int = 0, dtype: str = "float64"):
+                 init="moments", gamma="median", lr="auto", lr_scale: float = 1.0, server_lr=None,
+                 landmark_bounds=None, tau_y: float | None = None, seed: int = 0, dtype: str = "float64"):
         self.ny, self.dim, self.mode, self.weights_rule = n_landmarks, dim, mode, weights
         check_choice("dtype", dtype, DTYPES)
         self.dtype = dtype
-        self.init, self.gamma, self.lr, self.server_lr = init, gamma, lr, server_lr
+        self.init, self.gamma, self.lr, self.lr_scale, self.server_lr = init, gamma, lr, lr_scale, server_lr
         self.landmark_bounds, self.tau_y = landmark_bounds, tau_y
         self.rng = np.random.default_rng(seed)
         self.Y = self.Y0 = None
@@ -329,7 +329,7 @@ class FedDLServer:
         if self.dtype == "float32":       # Y^0 drawn in float64 (the same draw as float64), then rounded
             self.Y = self.Y.astype(np.float32)
         self.Y0 = self.Y.copy()
-        self.lr = 1.0 / lipschitz_bound(self.gamma, ny) if self.lr == "auto" else self.lr
+        self.lr = self.lr_scale / lipschitz_bound(self.gamma, ny) if self.lr == "auto" else self.lr
         self.server_lr = self.lr if self.server_lr is None else self.server_lr
 
 
@@ -367,7 +367,7 @@ def _check_dp_options(noise, init, gamma, tau_x, tau_y, dp_sensitivity, dp_accou
 
 def _check_feddl_args(client_data, n_landmarks, rounds, local_steps, mode, lr, server_lr, weights, init, gamma,
                       noise, beta, epsilon, delta, tau_x, tau_y, dp_sensitivity, dp_accountant, landmark_bounds,
-                      median_points, dtype="float64") -> dict:
+                      median_points, dtype="float64", lr_scale=1.0) -> dict:
     """Every check of :func:`feddl`, before any work; returns the checked values."""
     check_choice("dtype", dtype, DTYPES)
     data = _check_clients(client_data)
@@ -394,11 +394,14 @@ def _check_feddl_args(client_data, n_landmarks, rounds, local_steps, mode, lr, s
         if isinstance(lr, str):
             raise ValueError(f"lr must be a float > 0 or 'auto', got {lr!r}")
         lr = check_positive("lr", lr)
+    lr_scale = check_positive("lr_scale", lr_scale)
+    if lr_scale != 1.0 and lr != "auto":
+        raise ValueError(f"lr_scale={lr_scale} scales lr='auto' (lr_scale / L) only; with lr={lr} leave it at 1")
     if noise in DP_MECHANISMS:
         epsilon, delta = _check_epsilon_delta(epsilon, delta)
     tau_x, tau_y, landmark_bounds = _check_dp_options(noise, init, gamma, tau_x, tau_y, dp_sensitivity,
                                                       dp_accountant, landmark_bounds)
-    return dict(data=data, ny=ny, S=check_int("rounds", rounds, 1), Q=Q, init=init, gamma=gamma, lr=lr,
+    return dict(data=data, ny=ny, S=check_int("rounds", rounds, 1), Q=Q, init=init, gamma=gamma, lr=lr, lr_scale=lr_scale,
                 server_lr=None if server_lr is None else check_positive("server_lr", server_lr),
                 beta=check_positive("beta", beta, strict=False), epsilon=epsilon, delta=delta, tau_x=tau_x,
                 tau_y=tau_y, landmark_bounds=landmark_bounds,
@@ -406,8 +409,8 @@ def _check_feddl_args(client_data, n_landmarks, rounds, local_steps, mode, lr, s
 
 
 def feddl(client_data: Sequence, n_landmarks: int = 500, *, rounds: int = 100, local_steps: int = 1,
-          mode: str = "gradient", lr: float | str = "auto", server_lr: float | None = None,
-          weights: str = "size", init: str | np.ndarray = "moments", gamma: float | str = "median",
+          mode: str = "gradient", lr: float | str = "auto", lr_scale: float = 1.0,
+          server_lr: float | None = None, weights: str = "size", init: str | np.ndarray = "moments", gamma: float | str = "median",
           noise: str = "none", beta: float = 1.0, epsilon: float | None = None, delta: float | None = None,
           tau_x: float | None = None, tau_y: float | None = None, dp_sensitivity: str = "kernel",
           dp_accountant: str = "pld", landmark_bounds: tuple | None = None, median_points: int = 1000,
@@ -421,8 +424,9 @@ def feddl(client_data: Sequence, n_landmarks: int = 500, *, rounds: int = 100, l
     * ``mode``: "gradient" (Eq. 16, one gradient per client per round; ``local_steps`` must be 1) or
       "average" (Eqs. 14-15, ``local_steps`` = Q local steps, then weighted landmark averaging).
     * ``weights``: "size" (w_p = n_p/n, Thm 1) or "uniform" (w_p = 1/P, Alg. 1).
-    * ``lr``: client step (and server step ``server_lr`` in gradient mode, default = lr); "auto" = 1/L
-      from :func:`lipschitz_bound`.
+    * ``lr``: client step (and server step ``server_lr`` in gradient mode, default = lr); "auto" =
+      ``lr_scale``/L with L the data-free bound of :func:`lipschitz_bound` (the paper's "reverse of the
+      Lipschitz constant"; the bound is above the constant, so lr_scale > 1 can still descend).
     * ``init``: "moments" (Y^0 ~ N(mu, diag v) with the exact pooled mean/variance from client sums
       and sums of squares: leaks first and second moments), "gaussian" (N(0, I), data-free),
       "uniform" (U[0, 1]^m, data-free, for pixel data) or an (n_y, m) array.
@@ -462,7 +466,7 @@ def feddl(client_data: Sequence, n_landmarks: int = 500, *, rounds: int = 100, l
     :class:`~fedlib.core.messages.Cost`, epsilon spent).
     """
     run = _FedDLRun.start(client_data, n_landmarks, rounds=rounds, local_steps=local_steps, mode=mode, lr=lr,
-                          server_lr=server_lr, weights=weights, init=init, gamma=gamma, noise=noise, beta=beta,
+                          lr_scale=lr_scale, server_lr=server_lr, weights=weights, init=init, gamma=gamma, noise=noise, beta=beta,
                           epsilon=epsilon, delta=delta, tau_x=tau_x, tau_y=tau_y, dp_sensitivity=dp_sensitivity,
                           dp_accountant=dp_accountant, landmark_bounds=landmark_bounds, median_points=median_points,
                           seed=seed, dtype=dtype)
@@ -488,10 +492,10 @@ class _FedDLRun:
     @classmethod
     def start(cls, client_data, n_landmarks, *, rounds, local_steps, mode, lr, server_lr, weights, init, gamma,
               noise, beta, epsilon, delta, tau_x, tau_y, dp_sensitivity, dp_accountant, landmark_bounds,
-              median_points, seed, dtype="float64") -> "_FedDLRun":
+              median_points, seed, dtype="float64", lr_scale=1.0) -> "_FedDLRun":
         a = _check_feddl_args(client_data, n_landmarks, rounds, local_steps, mode, lr, server_lr, weights, init,
                               gamma, noise, beta, epsilon, delta, tau_x, tau_y, dp_sensitivity, dp_accountant,
-                              landmark_bounds, median_points, dtype)
+                              landmark_bounds, median_points, dtype, lr_scale)
         data, S, Q, delta = a["data"], a["S"], a["Q"], a["delta"]
         theorem6 = noise == "dp_gradient" and dp_sensitivity == "theorem6"
         # public, data-free calibration: the data-noise sd (Thm 4) or the multiplier z of T = S Q releases (Thm 6)
@@ -508,7 +512,7 @@ class _FedDLRun:
                              dp_sensitivity=dp_sensitivity, landmark_bounds=a["landmark_bounds"], setup=need,
                              median_points=a["median_points"], dtype=dtype)
         server = FedDLServer(a["ny"], data[0].shape[1], mode=mode, weights=weights, init=a["init"], gamma=a["gamma"],
-                             lr=a["lr"], server_lr=a["server_lr"], landmark_bounds=a["landmark_bounds"],
+                             lr=a["lr"], lr_scale=a["lr_scale"], server_lr=a["server_lr"], landmark_bounds=a["landmark_bounds"],
                              tau_y=a["tau_y"] if theorem6 else None, seed=seed, dtype=dtype)
         options = dict(noise=noise, mode=mode, Q=Q, data_sd=data_sd, z_mult=z_mult, delta=delta, tau_x=a["tau_x"],
                        dp_sensitivity=dp_sensitivity, dp_accountant=dp_accountant)

@@ -3,6 +3,7 @@ function runs one study over its parameter grid and returns a tidy frame (one ro
 one table of the chapter from such frames."""
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Sequence
@@ -409,6 +410,30 @@ def run_sweeps(plans: Sequence[SweepPlan], workers: int | None = 1, progress: bo
     return [plan.assemble([r for (i, _), r in zip(jobs, done) if i == k]) for k, plan in enumerate(plans)]
 
 
+def _plateau_job(points, scorer, split: str, seed: int, num_clients: int, n_landmarks: int, checkpoints, *,
+                 tol: float, window: float, min_window: int, check_every: int, max_rounds: int,
+                 stop_at_plateau: bool = True, dtype: str = "float64", lr_scale: float = 1.0) -> tuple:
+    """One noise-free FedDL run of :func:`convergence_study` / :func:`step_study` (:func:`feddl_until_plateau`
+    on the ``split`` clients of ``points`` = (X, y, _), step ``lr_scale``/L) and, unless ``checkpoints`` is
+    None, one row per kept round: split, round, the D-hat 10-NN overlap (``scorer.landmark_quality``) and
+    the share of the landmarks' path ||Y^s - Y^0|| / ||Y^S - Y^0||. Returns (trace, rows)."""
+    from fedlib.papers.fedtsne.chapters import client_split
+    from fedlib.papers.fedtsne.feddl import feddl_until_plateau
+
+    X, y, _ = points
+    parts = client_split(y, num_clients, split, seed)
+    tr = feddl_until_plateau([X[p] for p in parts], n_landmarks, tol=tol, window=window, min_window=min_window,
+                             check_every=min(check_every, max_rounds), max_rounds=max_rounds,
+                             stop_at_plateau=stop_at_plateau, checkpoints=checkpoints or (), seed=seed, dtype=dtype,
+                             lr_scale=lr_scale)
+    rows = []
+    if checkpoints is not None:
+        path = np.linalg.norm(tr.landmarks[tr.rounds] - tr.landmarks[0])
+        rows = [{"split": SPLIT_LABELS[split], "round": s, "D-hat 10-NN": scorer.landmark_quality(Y)["D-hat 10-NN"],
+                 "moved": np.linalg.norm(Y - tr.landmarks[0]) / path} for s, Y in tr.landmarks.items()]
+    return tr, rows
+
+
 def convergence_study(data: dict, scorers: dict, seeds: Sequence[int], num_clients: int, n_landmarks: int, *,
                       tol: float, window: float, min_window: int, check_every: int, max_rounds: int,
                       stop_at_plateau: bool, checkpoints: Sequence[int], dtype: str = "float64",
@@ -422,34 +447,20 @@ def convergence_study(data: dict, scorers: dict, seeds: Sequence[int], num_clien
     :func:`fedlib.core.parallel.default_workers`; 1: in this process); each run is seeded by its own seed,
     so the results equal those of one process. ``plan=True``: nothing is run; returns the
     :class:`SweepPlan` for :func:`run_sweeps` (with the sweeps')."""
-    from fedlib.papers.fedtsne.chapters import client_split
-    from fedlib.papers.fedtsne.feddl import feddl_until_plateau
-
     jobs = [(name, seed, split) for name in data for seed in seeds for split in SPLIT_LABELS]
+    rule = dict(tol=tol, window=window, min_window=min_window, check_every=check_every, max_rounds=max_rounds,
+                stop_at_plateau=stop_at_plateau, dtype=dtype)
 
     def one(job):
         name, seed, split = job
-        X, y, _ = data[name]
-        parts = client_split(y, num_clients, split, seed)
-        tr = feddl_until_plateau([X[p] for p in parts], n_landmarks, tol=tol, window=window,
-                                 min_window=min_window, check_every=min(check_every, max_rounds),
-                                 max_rounds=max_rounds, stop_at_plateau=stop_at_plateau,
-                                 checkpoints=checkpoints if seed == seeds[0] else (), seed=seed,
-                                 dtype=dtype)
-        rows = []
-        if seed == seeds[0]:
-            path = np.linalg.norm(tr.landmarks[tr.rounds] - tr.landmarks[0])
-            for s, Y in tr.landmarks.items():
-                rows.append({"dataset": name, "split": SPLIT_LABELS[split], "round": s,
-                             "D-hat 10-NN": scorers[name].landmark_quality(Y)["D-hat 10-NN"],
-                             "moved": np.linalg.norm(Y - tr.landmarks[0]) / path})
-        return tr, rows
+        return _plateau_job(data[name], scorers[name], split, seed, num_clients, n_landmarks,
+                            checkpoints if seed == seeds[0] else None, **rule)
 
     def assemble(done):
         traces, rows = {}, []
         for (name, seed, split), (tr, r) in zip(jobs, done):
             traces[name, split, seed] = tr
-            rows += r
+            rows += [{"dataset": name, **row} for row in r]
         for name in data:
             scorers[name].release()
         return traces, pd.DataFrame(rows)
@@ -520,6 +531,78 @@ def gain_after(traces: dict, overlap: pd.DataFrame, seed: int, at: int = 50) -> 
         if tr.rounds > at and np.isfinite(row.get(at, np.nan)):
             late.append((n, SPLIT_LABELS[split], row[tr.rounds] - row[at], row[0], row[at], row[tr.rounds], tr.rounds))
     return (max(item[2] for item in late) if late else np.nan), late
+
+
+def step_study(data: dict, scorers: dict, seed: int, num_clients: int, n_landmarks: int, scales: Sequence[float], *,
+               tol: float, window: float, min_window: int, check_every: int, max_rounds: int,
+               checkpoints: Sequence[int], stop_at_plateau: bool = True, dtype: str = "float64",
+               workers: int | None = 1, progress: bool = True, plan: bool = False):
+    """FedDL's step against the data-free bound: the noise-free runs of :func:`convergence_study` for ``seed``
+    on every dataset and split, at the steps c/L for c in ``scales`` (``lr_scale``; L of
+    :func:`lipschitz_bound` is an upper bound on the gradient's Lipschitz constant, the paper's step is
+    "the reverse of the Lipschitz constant"), each run as the study's (plateau rule, ``max_rounds``), with the D-hat
+    10-NN overlap at round 0, every checkpoint and the last round. Returns (traces keyed (dataset, split, c),
+    frame dataset, split, step, round, D-hat 10-NN, moved); one job per run (``plan=True``: the
+    :class:`SweepPlan` for :func:`run_sweeps`)."""
+    jobs = [(name, split, float(c)) for name in data for split in SPLIT_LABELS for c in scales]
+    rule = dict(tol=tol, window=window, min_window=min_window, check_every=check_every, max_rounds=max_rounds,
+                stop_at_plateau=stop_at_plateau, dtype=dtype)
+
+    def one(job):
+        name, split, c = job
+        return _plateau_job(data[name], scorers[name], split, seed, num_clients, n_landmarks, checkpoints,
+                            lr_scale=c, **rule)
+
+    def assemble(done):
+        traces, rows = {}, []
+        for (name, split, c), (tr, r) in zip(jobs, done):
+            traces[name, split, c] = tr
+            rows += [{"dataset": name, "step": c, **row} for row in r]
+        return traces, pd.DataFrame(rows, columns=["dataset", "step", "split", "round", "D-hat 10-NN", "moved"])
+
+    # larger steps plateau in fewer rounds: their work is taken as 1/c of a run at 1/L
+    out = SweepPlan(jobs, one, lambda job: (_feddl_work(len(data[job[0]][1]), n_landmarks) / job[2], 1),
+                    assemble, "FedDL step study")
+    return out if plan else run_sweeps([out], workers, progress)[0]
+
+
+def step_table(traces: dict, conv: pd.DataFrame, step_traces: dict, step_conv: pd.DataFrame, seed: int,
+               at: int = 50, rise_tol: float = 1e-3) -> pd.DataFrame:
+    """One row per dataset, split and step c/L: c = 1 from :func:`convergence_study` (``traces``, ``conv``,
+    run ``seed``), the others from :func:`step_study`. Columns: rounds run, plateau round, F(Y^S), the
+    largest rise of F from one round to the next as a share of its total decrease F(Y^0) - min F, whether F
+    descends (that rise <= ``rise_tol``), the D-hat 10-NN overlap at round 0, ``at`` and the last round and
+    the gain after ``at`` (NaN when the run stopped by round ``at``: nothing to gain after it)."""
+    runs = [(n, SPLIT_LABELS[split], 1.0, tr, conv[(conv.dataset == n) & (conv.split == SPLIT_LABELS[split])])
+            for (n, split, s), tr in traces.items() if s == seed]
+    runs += [(n, SPLIT_LABELS[split], c, tr, step_conv[(step_conv.dataset == n)
+                                                       & (step_conv.split == SPLIT_LABELS[split])
+                                                       & (step_conv.step == c)])
+             for (n, split, c), tr in step_traces.items()]
+    rows = []
+    for n, label, c, tr, q in runs:
+        F = np.asarray(tr.objective)
+        top, total = float(np.max(np.diff(F), initial=0.0)), float(F[0] - F.min())
+        rise = top / total if total > 0 else (math.inf if top > 0 else 0.0)     # inf: F never fell below F(Y^0)
+        overlap = q.set_index("round")["D-hat 10-NN"]
+        end = overlap.get(tr.rounds, np.nan)
+        mid = overlap.get(at, np.nan) if tr.rounds > at else np.nan
+        rows.append({"dataset": n, "split": label, "step (x 1/L)": c, "rounds run": tr.rounds,
+                     "plateau round": tr.plateau, "F(Y^S)": F[-1], "largest rise of F": rise,
+                     "F descends": rise <= rise_tol, "D-hat 10-NN at 0": overlap.get(0, np.nan),
+                     f"at {at}": mid, "at the end": end, f"gain after {at}": end - mid})
+    return pd.DataFrame(rows).sort_values(["dataset", "split", "step (x 1/L)"], ignore_index=True)
+
+
+def converging_step(table: pd.DataFrame, at: int = 50, gain: float = 0.02) -> float | None:
+    """The smallest step c of :func:`step_table` at which F descends in every run and no run's D-hat 10-NN
+    overlap gains more than ``gain`` after round ``at`` (a run that stopped by round ``at`` gains nothing);
+    None when there is none."""
+    for c, runs in table.groupby("step (x 1/L)"):
+        late = runs[f"gain after {at}"].fillna(0.0)
+        if runs["F descends"].all() and (late <= gain).all():
+            return float(c)
+    return None
 
 
 def benchmark_runs(data: dict, scorers: dict, traces: dict, seeds: Sequence[int], methods: Sequence[str], *,

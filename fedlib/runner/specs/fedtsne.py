@@ -47,6 +47,11 @@ def _max_rounds_covers_the_rule(v):
         raise ValueError(f"max_rounds must be >= plateau_check and > {PLATEAU_MIN_WINDOW}, got {v['max_rounds']}")
 
 
+def _step_scales_besides_one(v):
+    if 1 in v["step_scales"]:
+        raise ValueError(f"step_scales must not hold 1 (the convergence study's own step 1/L), got {v['step_scales']}")
+
+
 def _max_points_fits_clients(v):
     if v["max_points"] is not None and v["max_points"] < 4 * v["num_clients"]:
         raise ValueError(f"max_points must be null or >= 4 * num_clients = {4 * v['num_clients']}, "
@@ -97,6 +102,7 @@ SPECS = {
         "datasets": List(Choice(DATASETS), distinct=True), "n_points": Dict(Str(), Int(200) | NULL),
         "seeds": Seeds(2), "num_clients": Int(2), "n_landmarks": Int(2), "rounds": ROUNDS,
         "plateau_tol": Real(0.0), "plateau_check": Int(1), "max_rounds": Int(1),
+        "step_scales": List(Real(0.0), least=0, distinct=True),
         "beta": Real(0.0, strict=False), "methods": List(Choice(METHODS), distinct=True), "perplexity": Real(0.0),
         "tsne_max_iter": Int(250), "umap_neighbors": Int(2), "umap_min_dist": Real(0.0, strict=False),
         "umap_epochs": Int(1) | NULL, "sweep_dataset": Choice(DATASETS), "sweep_seeds": Seeds(1),
@@ -105,7 +111,8 @@ SPECS = {
         "landmark_methods": List(Choice(METHODS), least=0), "landmark_variants": List(Choice(VARIANTS), least=0),
         "scatter_points": Int(10), "num_threads": Int(1) | NULL, "feddl_dtype": Choice(("float32", "float64")),
         "workers": Int(1) | NULL,
-    }, rules=[_every_dataset_has_n_points, _sweep_dataset_in_datasets, _max_rounds_covers_the_rule]),
+    }, rules=[_every_dataset_has_n_points, _sweep_dataset_in_datasets, _max_rounds_covers_the_rule,
+              _step_scales_besides_one]),
     "fedtsne_privacy": Spec({
         "n_points": Int(10), "public_points": Int(2), "num_clients": Int(1), "n_landmarks": Int(2),
         "rounds": Int(1), "epsilons": List(Real(0.0)), "delta": Real(0.0, 1.0), "accountant": Choice(ACCOUNTANTS),
