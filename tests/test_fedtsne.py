@@ -327,6 +327,21 @@ def test_heuristic_noise_is_beta_times_gradient_sd_and_has_no_epsilon():
     assert math.isinf(h.epsilon)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_entry_sd_equals_numpy_std_and_guards_cancellation(dtype):
+    """The heuristic noise's sd(g) from BLAS passes equals np.std; a mean far above the spread (where
+    g.g/n - mean^2 cancels) falls back to np.std."""
+    from fedlib.papers.fedtsne.feddl import _entry_sd
+
+    z = np.random.default_rng(0).standard_normal((40, 30))
+    g = (1e-3 * z + 2e-4).astype(dtype)
+    assert _entry_sd(g) == pytest.approx(float(g.astype(np.float64).std()), rel=1e-5)
+    g = (1e4 + 1e-5 * z).astype(dtype)
+    naive = float(np.dot(g.ravel(), g.ravel())) / g.size - float(g.mean()) ** 2
+    assert not naive == pytest.approx(float(g.var()), rel=0.5)      # the difference cancels here
+    assert _entry_sd(g) == float(g.std())
+
+
 def test_dp_variants_reject_data_dependent_releases():
     with pytest.raises(ValueError, match="gamma"):
         ft.feddl(_DATA, 4, noise="dp_gradient", epsilon=1.0, delta=1e-5, init="gaussian")      # gamma="median"

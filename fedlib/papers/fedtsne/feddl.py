@@ -101,6 +101,15 @@ def _weighted_sum(arrays: Sequence[np.ndarray], weights: Sequence[float]) -> np.
     return flat.reshape(total.shape)
 
 
+def _entry_sd(g: np.ndarray) -> float:
+    """The standard deviation of g's entries (as ``g.std()``) from two BLAS passes, sqrt(g.g/n - mean^2);
+    ``g.std()`` itself when the variance is below 1e-6 mean^2, where that difference would cancel."""
+    flat = g.reshape(-1)
+    mean = float(flat.sum()) / flat.size
+    var = float(np.dot(flat, flat)) / flat.size - mean * mean
+    return math.sqrt(var) if var > 1e-6 * mean * mean else float(g.std())
+
+
 def _float32_normals(state: dict, seed: int, shape) -> np.ndarray:
     """float32 N(0, 1) draws of client ``state["k"]`` for ``dtype="float32"``: from its own CPU torch
     generator, stream ("feddl", p) of ``seed`` (as :func:`client_rng`; torch draws float32 normals
@@ -230,19 +239,24 @@ class FedDLClient:
         return 0.0
 
     def _noisy(self, state: dict, g: np.ndarray) -> tuple[np.ndarray, float]:
+        """g + sd z with z ~ N(0, I) from the client's own stream, written into g (the client's own fresh
+        gradient) by one BLAS axpy; sd of the noise kind."""
+        from scipy.linalg.blas import get_blas_funcs
+
         if self.noise == "heuristic":
-            sd = self.beta * float(g.std())
+            sd = self.beta * _entry_sd(g)
         elif self.noise == "dp_gradient":
             sd = self.noise_multiplier * state["sensitivity"]
         else:
             return g, 0.0
         if g.dtype == np.float32:         # dtype="float32": float32 normals from the client's own torch stream
-            noisy = _float32_normals(state, self.seed, g.shape)
+            z = _float32_normals(state, self.seed, g.shape)
         else:
-            noisy = state["rng"].standard_normal(g.shape)     # g + sd z, in place (the same numbers)
-        noisy *= sd
-        noisy += g
-        return noisy, sd
+            z = state["rng"].standard_normal(g.shape)
+        g = np.ascontiguousarray(g)
+        flat = g.reshape(-1)              # a view of g: axpy writes g in place
+        get_blas_funcs("axpy", (flat,))(z.reshape(-1), flat, a=sd)
+        return g, sd
 
     def _y_sq(self, Y: np.ndarray) -> np.ndarray:
         """Squared row norms of the broadcast landmarks, computed once per broadcast (as :meth:`_yy_terms`)."""
