@@ -294,7 +294,10 @@ plt.show()
 # `step_scales`, under the same plateau rule. The table gives the rounds, $F(Y^S)$, the largest rise of
 # $F$ from one round to the next as a share of its total decrease ("F descends": at most 0.1 %), and the
 # overlap of $\hat D$ at round 50 and at the end (a run that stopped by round 50 has nothing to gain
-# after it). The benchmark's runs below keep the step $1/L$, the one the bound guarantees; the last line
+# after it). Since $L$ bounds the gradient's Lipschitz constant, the descent lemma,
+# $F(Y-\eta\nabla F)\le F(Y)-\eta(1-L\eta/2)\lVert\nabla F\rVert_F^2$, makes every step up to $2/L$ decrease
+# $F$; the cell asserts it for those runs (it would fail if `lipschitz_bound` were not a bound). Above
+# $2/L$ nothing is guaranteed. The benchmark's runs below keep the step $1/L$, the one the bound guarantees; the last line
 # under the table says what a larger step that still descends would add to the overlap of $\hat D$.
 
 # %%
@@ -309,6 +312,10 @@ for c, row in per_step.iterrows():
     print(f"step {c:g}/L: {'F descends in every run' if row.descends else 'F rises in some run'}; mean rounds "
           f"{row.rounds:.0f}, mean D-hat 10-NN overlap at the end {row.end:.3f}, largest gain after round 50 "
           f"{row.largest_gain:+.3f}")
+# the descent lemma: L bounds the gradient's Lipschitz constant, so every step eta <= 2/L decreases F
+guaranteed = steps[steps["step (x 1/L)"] <= 2]
+assert guaranteed["F descends"].all(), guaranteed
+print(f"descent lemma: F descends in all {len(guaranteed)} runs at steps up to 2/L")
 largest_descending = max((c for c, row in per_step.iterrows() if row.descends), default=None)
 if largest_descending is not None and largest_descending > 1:
     print(f"at {largest_descending:g}/L, the largest step of the study at which F descends in every run, the runs end "

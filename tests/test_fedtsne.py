@@ -75,6 +75,18 @@ def test_lipschitz_bound_dominates_the_hessian(y_scale):
     assert np.abs(np.linalg.eigvalsh(0.5 * (H + H.T))).max() <= ft.lipschitz_bound(g, 5)
 
 
+def test_feddl_steps_up_to_two_over_the_bound_never_raise_the_objective():
+    """Descent lemma with L >= the Lipschitz constant of grad F: every noise-free gradient step c/L,
+    c <= 2 (lr_scale), gives F(Y^s) <= F(Y^{s-1}) (Eq. 11; round-off aside); far above 2/L it does not."""
+    X, y = _blobs(90, 4)
+    data = [X[ix] for ix in make_partition(y, 3, "iid", seed=0)]
+    for c in (1.0, 2.0):
+        F = ft.feddl(data, 6, rounds=60, lr_scale=c).objective
+        assert np.diff(F).max() <= 1e-9 * (F[0] - F.min()), c
+    F = ft.feddl(data, 6, rounds=60, lr_scale=64.0).objective
+    assert np.diff(F).max() > 1e-3 * abs(F[0] - F.min())
+
+
 @pytest.mark.parametrize("scheme", ["iid", "one_class"])
 def test_size_weighted_client_gradients_equal_pooled_gradient(scheme):
     X, y = _blobs(90, 5)
