@@ -52,8 +52,7 @@ bench: setup
 	$(PY) -m fedlib.bench.extraction --out book/benchmarks/extraction.txt
 	$(PY) -m fedlib.bench.flower --out book/benchmarks/flower.txt
 	$(PY) -m fedlib.bench.book_time --out book/benchmarks/book_time.txt
-	$(PY) -m fedlib.bench.book_time --alone fedtsne_benchmark stsa_benchmark refed_benchmark afl_benchmark \
-		--out book/benchmarks/chapters_alone_quick.txt
+	$(PY) -m fedlib.bench.book_time --alone fedtsne_benchmark stsa_benchmark refed_benchmark afl_benchmark
 
 # a SuperLink and N SuperNodes on 127.0.0.1, the run, everything stopped: make flower-deploy FLOWER="stsa num-clients=5"
 flower-deploy: data

@@ -141,3 +141,9 @@ def test_book_time_alone_runs_each_chapter_and_reports_it_against_the_baseline(t
         with pytest.raises(SystemExit):
             book_time.main([*bad, "--baseline", str(base), "--out", "-"])
     assert len(ran) == 2
+    # without --out the report goes to chapters_alone_PROFILE.txt, never over the book's book_time.txt
+    monkeypatch.setattr(book_time, "BENCHMARK_DIR", tmp_path)
+    monkeypatch.setattr(book_time.bench, "default_out", lambda name: tmp_path / f"{name}.txt")
+    assert book_time.main(["--alone", "a", "--baseline", str(base)]) == 0
+    assert (tmp_path / "chapters_alone_quick.txt").read_text().splitlines()[4].split()[0] == "a"
+    assert not (tmp_path / "book_time.txt").exists()

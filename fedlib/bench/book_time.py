@@ -18,6 +18,9 @@ seconds and papermill duration against the baseline, with the machine's speed be
 
     python -m fedlib.bench.book_time [--baseline FILE] [--save-baseline FILE] [--out FILE]
     python -m fedlib.bench.book_time --alone CHAPTER [CHAPTER ...] [--profile quick] [--out FILE]
+
+The report goes to ``book/benchmarks/book_time.txt``, with ``--alone`` to
+``book/benchmarks/chapters_alone_PROFILE.txt``, unless ``--out`` names another file.
 """
 from __future__ import annotations
 
@@ -101,7 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--alone", nargs="+", metavar="CHAPTER",
                    help="run these chapters one at a time and report them (instead of the book's executed chapters)")
     p.add_argument("--profile", default="quick", help="the profile of --alone (default %(default)s)")
+    p.set_defaults(out=None)     # the default depends on the mode: the book's record must not be overwritten
     args = p.parse_args(argv)
+    if args.out is None:
+        args.out = BENCHMARK_DIR / f"chapters_alone_{args.profile}.txt" if args.alone else bench.default_out("book_time")
     if args.alone:
         unknown = sorted(set(args.alone) - set(notebook_names()))
         if unknown:
