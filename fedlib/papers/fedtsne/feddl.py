@@ -87,18 +87,24 @@ def _post(Y: np.ndarray, landmark_bounds, tau_y) -> np.ndarray:
     return Y
 
 
-def _weighted_sum(arrays: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
-    """sum_p weights[p] arrays[p] (arrays of one shape and dtype) into one new array, by BLAS axpy in place
-    (one pass over each upload, no temporaries; the server's aggregation of Eqs. 15-16)."""
+def _add_scaled(target: np.ndarray, x: np.ndarray, a: float) -> np.ndarray:
+    """target + a x, written into ``target`` (an array the caller owns) by one BLAS axpy pass; x is read
+    in target's dtype. Returns the sum (target itself when it is C-contiguous)."""
     from scipy.linalg.blas import get_blas_funcs
 
+    target = np.ascontiguousarray(target)
+    flat = target.reshape(-1)
+    x = np.ascontiguousarray(x, dtype=target.dtype).reshape(-1)
+    return get_blas_funcs("axpy", (flat,))(x, flat, a=a).reshape(target.shape)
+
+
+def _weighted_sum(arrays: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
+    """sum_p weights[p] arrays[p] (arrays of one shape and dtype) into one new array, one axpy pass over each
+    upload and no temporaries (:func:`_add_scaled`; the server's aggregation of Eqs. 15-16)."""
     total = np.multiply(arrays[0], weights[0])
-    axpy = get_blas_funcs("axpy", (total,))
-    flat = total.reshape(-1)
     for a, wp in zip(arrays[1:], weights[1:]):
-        a = np.ascontiguousarray(a, dtype=total.dtype).reshape(-1)
-        flat = axpy(a, flat, a=wp)
-    return flat.reshape(total.shape)
+        total = _add_scaled(total, a, wp)
+    return total
 
 
 def _entry_sd(g: np.ndarray) -> float:
@@ -240,9 +246,7 @@ class FedDLClient:
 
     def _noisy(self, state: dict, g: np.ndarray) -> tuple[np.ndarray, float]:
         """g + sd z with z ~ N(0, I) from the client's own stream, written into g (the client's own fresh
-        gradient) by one BLAS axpy; sd of the noise kind."""
-        from scipy.linalg.blas import get_blas_funcs
-
+        gradient, :func:`_add_scaled`); sd of the noise kind."""
         if self.noise == "heuristic":
             sd = self.beta * _entry_sd(g)
         elif self.noise == "dp_gradient":
@@ -253,10 +257,7 @@ class FedDLClient:
             z = _float32_normals(state, self.seed, g.shape)
         else:
             z = state["rng"].standard_normal(g.shape)
-        g = np.ascontiguousarray(g)
-        flat = g.reshape(-1)              # a view of g: axpy writes g in place
-        get_blas_funcs("axpy", (flat,))(z.reshape(-1), flat, a=sd)
-        return g, sd
+        return _add_scaled(g, z, sd), sd
 
     def _y_sq(self, Y: np.ndarray) -> np.ndarray:
         """Squared row norms of the broadcast landmarks, computed once per broadcast (as :meth:`_yy_terms`)."""
