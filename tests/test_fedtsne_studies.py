@@ -480,12 +480,19 @@ def test_step_study_table_and_converging_step(bench_small):
     assert table["F descends"].iloc[:2].all() and not table["F descends"].iloc[2]   # 64/L overshoots
     assert ft.step_table(traces, conv, step_traces, step_conv, 0, at=40)["gain after 40"].isna().all()
 
-    # converging_step on a table made by hand: the smallest step that descends and gains <= gain everywhere
+    # step_summary and converging_step on a table made by hand: the smallest step that descends and gains
+    # <= gain everywhere (a run stopped by round 50, NaN, gains nothing)
     made = pd.DataFrame({"step (x 1/L)": [1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 8.0, 8.0],
                          "F descends": [True, True, True, True, True, True, False, False],
-                         "gain after 50": [0.1, 0.0, 0.03, np.nan, 0.01, np.nan, 0.0, 0.0]})
-    assert ft.converging_step(made) == 4.0 and ft.converging_step(made, gain=0.05) == 2.0
-    assert ft.converging_step(made, gain=0.001) is None
+                         "gain after 50": [0.1, 0.0, 0.03, np.nan, 0.01, np.nan, 0.0, 0.0],
+                         "at the end": [0.8, 0.6, 0.9, 0.7, 0.9, 0.9, 0.5, 0.5],
+                         "rounds run": [300, 100, 150, 50, 80, 40, 20, 20]})
+    summary = ft.step_summary(made)
+    assert list(summary["descends"]) == [True, True, True, False]
+    assert summary["largest_gain"].tolist() == [0.1, 0.03, 0.01, 0.0]
+    assert summary.loc[1.0, "end"] == pytest.approx(0.7) and summary.loc[2.0, "rounds"] == 100
+    assert ft.converging_step(summary) == 4.0 and ft.converging_step(summary, gain=0.05) == 2.0
+    assert ft.converging_step(summary, gain=0.001) is None
 
 
 def test_benchmark_runs(bench_small):

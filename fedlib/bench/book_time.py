@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(out=None)     # the default depends on the mode: the book's record must not be overwritten
     args = p.parse_args(argv)
     if args.out is None:
-        args.out = BENCHMARK_DIR / f"chapters_alone_{args.profile}.txt" if args.alone else bench.default_out("book_time")
+        args.out = (BENCHMARK_DIR / f"chapters_alone_{args.profile}.txt" if args.alone
+                    else bench.default_out("book_time"))
     if args.alone:
         unknown = sorted(set(args.alone) - set(notebook_names()))
         if unknown:

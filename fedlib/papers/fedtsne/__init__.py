@@ -109,8 +109,9 @@ from fedlib.papers.fedtsne.checks import (
 from fedlib.papers.fedtsne.studies import (
     privacy_variants, public_feddl, privacy_runs, paired_vs_reference, recovery_epsilon, nominal_epsilon, beta_runs,
     beta_table, beta_trend, SPLIT_LABELS, speclust_data, speclust_runs, split_invariance, setting_cells, cells_table,
-    paired_cells, change_table, kernel_landmark_sweep, convergence_study, step_study, step_table, converging_step, plateau_study, plateau_summary, gain_after,
-    benchmark_runs, paired_differences, paired_metric_table, client_sweep, landmark_sweep, paper_drop, check_splits,
+    paired_cells, change_table, kernel_landmark_sweep, convergence_study, step_study, step_table, step_summary,
+    converging_step, plateau_study, plateau_summary, gain_after, benchmark_runs, paired_differences,
+    paired_metric_table, client_sweep, landmark_sweep, paper_drop, check_splits,
     distance_verdicts, gamma_control, late_gain_evidence, metric_tables, data_sizes, select_differences, sweep_feddl,
     SweepPlan, run_sweeps, main_run_rows, trace_embeddings)
 
@@ -136,7 +137,8 @@ __all__ = ["sq_distances", "gaussian_kernel", "mmd2_u", "mmd2_u_grad", "lipschit
            "nystrom_rank_table", "kernel_spectra", "rank_summary", "rank_study_holds", "affine_projection",
            "SPLIT_LABELS", "speclust_data", "speclust_runs", "split_invariance", "setting_cells", "cells_table",
            "paired_cells", "change_table", "kernel_landmark_sweep",
-           "convergence_study", "step_study", "step_table", "converging_step", "plateau_study", "plateau_summary", "gain_after", "benchmark_runs",
+           "convergence_study", "step_study", "step_table", "step_summary", "converging_step", "plateau_study",
+           "plateau_summary", "gain_after", "benchmark_runs",
            "paired_differences", "paired_metric_table", "client_sweep", "landmark_sweep", "paper_drop", "check_splits",
            "distance_verdicts", "gamma_control", "late_gain_evidence", "metric_tables", "data_sizes",
            "select_differences", "landmark_pinv_factors", "nystrom_knn", "BLOCK_BYTES", "blockwise_knn",

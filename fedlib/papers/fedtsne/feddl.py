@@ -416,7 +416,8 @@ def _check_feddl_args(client_data, n_landmarks, rounds, local_steps, mode, lr, s
         epsilon, delta = _check_epsilon_delta(epsilon, delta)
     tau_x, tau_y, landmark_bounds = _check_dp_options(noise, init, gamma, tau_x, tau_y, dp_sensitivity,
                                                       dp_accountant, landmark_bounds)
-    return dict(data=data, ny=ny, S=check_int("rounds", rounds, 1), Q=Q, init=init, gamma=gamma, lr=lr, lr_scale=lr_scale,
+    return dict(data=data, ny=ny, S=check_int("rounds", rounds, 1), Q=Q, init=init, gamma=gamma, lr=lr,
+                lr_scale=lr_scale,
                 server_lr=None if server_lr is None else check_positive("server_lr", server_lr),
                 beta=check_positive("beta", beta, strict=False), epsilon=epsilon, delta=delta, tau_x=tau_x,
                 tau_y=tau_y, landmark_bounds=landmark_bounds,
@@ -425,7 +426,8 @@ def _check_feddl_args(client_data, n_landmarks, rounds, local_steps, mode, lr, s
 
 def feddl(client_data: Sequence, n_landmarks: int = 500, *, rounds: int = 100, local_steps: int = 1,
           mode: str = "gradient", lr: float | str = "auto", lr_scale: float = 1.0,
-          server_lr: float | None = None, weights: str = "size", init: str | np.ndarray = "moments", gamma: float | str = "median",
+          server_lr: float | None = None, weights: str = "size", init: str | np.ndarray = "moments",
+          gamma: float | str = "median",
           noise: str = "none", beta: float = 1.0, epsilon: float | None = None, delta: float | None = None,
           tau_x: float | None = None, tau_y: float | None = None, dp_sensitivity: str = "kernel",
           dp_accountant: str = "pld", landmark_bounds: tuple | None = None, median_points: int = 1000,
@@ -481,7 +483,8 @@ def feddl(client_data: Sequence, n_landmarks: int = 500, *, rounds: int = 100, l
     :class:`~fedlib.core.messages.Cost`, epsilon spent).
     """
     run = _FedDLRun.start(client_data, n_landmarks, rounds=rounds, local_steps=local_steps, mode=mode, lr=lr,
-                          lr_scale=lr_scale, server_lr=server_lr, weights=weights, init=init, gamma=gamma, noise=noise, beta=beta,
+                          lr_scale=lr_scale, server_lr=server_lr, weights=weights, init=init, gamma=gamma,
+                          noise=noise, beta=beta,
                           epsilon=epsilon, delta=delta, tau_x=tau_x, tau_y=tau_y, dp_sensitivity=dp_sensitivity,
                           dp_accountant=dp_accountant, landmark_bounds=landmark_bounds, median_points=median_points,
                           seed=seed, dtype=dtype)
@@ -527,7 +530,8 @@ class _FedDLRun:
                              dp_sensitivity=dp_sensitivity, landmark_bounds=a["landmark_bounds"], setup=need,
                              median_points=a["median_points"], dtype=dtype)
         server = FedDLServer(a["ny"], data[0].shape[1], mode=mode, weights=weights, init=a["init"], gamma=a["gamma"],
-                             lr=a["lr"], lr_scale=a["lr_scale"], server_lr=a["server_lr"], landmark_bounds=a["landmark_bounds"],
+                             lr=a["lr"], lr_scale=a["lr_scale"], server_lr=a["server_lr"],
+                             landmark_bounds=a["landmark_bounds"],
                              tau_y=a["tau_y"] if theorem6 else None, seed=seed, dtype=dtype)
         options = dict(noise=noise, mode=mode, Q=Q, data_sd=data_sd, z_mult=z_mult, delta=delta, tau_x=a["tau_x"],
                        dp_sensitivity=dp_sensitivity, dp_accountant=dp_accountant)

@@ -380,10 +380,11 @@ def kernel_landmark_sweep(X, y, parts, grid: Sequence[int], n_classes: int, *, g
 # ------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SweepPlan:
-    """A study's runs not yet made (``plan=True`` of :func:`convergence_study`, :func:`benchmark_runs`,
-    :func:`trace_embeddings`, :func:`client_sweep`, :func:`landmark_sweep`): ``jobs``, ``run(job)`` (one job, seeded by its own seed), ``priority(job)`` (the
-    job's estimated work, comparable across studies: :func:`_feddl_work`; larger is handed out earlier) and
-    ``assemble(results)`` (the job results in job order -> what the study returns)."""
+    """A study's runs not yet made (``plan=True`` of :func:`convergence_study`, :func:`step_study`,
+    :func:`benchmark_runs`, :func:`trace_embeddings`, :func:`client_sweep`, :func:`landmark_sweep`):
+    ``jobs``, ``run(job)`` (one job, seeded by its own seed), ``priority(job)`` (the job's estimated work,
+    comparable across studies: :func:`_feddl_work`; larger is handed out earlier) and ``assemble(results)``
+    (the job results in job order -> what the study returns)."""
 
     jobs: list
     run: Callable
@@ -594,15 +595,20 @@ def step_table(traces: dict, conv: pd.DataFrame, step_traces: dict, step_conv: p
     return pd.DataFrame(rows).sort_values(["dataset", "split", "step (x 1/L)"], ignore_index=True)
 
 
-def converging_step(table: pd.DataFrame, at: int = 50, gain: float = 0.02) -> float | None:
-    """The smallest step c of :func:`step_table` at which F descends in every run and no run's D-hat 10-NN
-    overlap gains more than ``gain`` after round ``at`` (a run that stopped by round ``at`` gains nothing);
-    None when there is none."""
-    for c, runs in table.groupby("step (x 1/L)"):
-        late = runs[f"gain after {at}"].fillna(0.0)
-        if runs["F descends"].all() and (late <= gain).all():
-            return float(c)
-    return None
+def step_summary(table: pd.DataFrame, at: int = 50) -> pd.DataFrame:
+    """Per step c of :func:`step_table` (index "step (x 1/L)"): descends (F descends in every run),
+    largest_gain (the largest D-hat 10-NN gain after round ``at``; a run that stopped by then gains 0),
+    end (mean overlap at the last round) and rounds (mean rounds run)."""
+    return table.assign(late=table[f"gain after {at}"].fillna(0.0)).groupby("step (x 1/L)").agg(
+        descends=("F descends", "all"), largest_gain=("late", "max"), end=("at the end", "mean"),
+        rounds=("rounds run", "mean"))
+
+
+def converging_step(summary: pd.DataFrame, gain: float = 0.02) -> float | None:
+    """The smallest step c of :func:`step_summary` at which F descends in every run and no run's D-hat
+    10-NN overlap gains more than ``gain`` after the summary's round; None when there is none."""
+    ok = summary[summary["descends"] & (summary["largest_gain"] <= gain)]
+    return float(ok.index.min()) if len(ok) else None
 
 
 def benchmark_runs(data: dict, scorers: dict, traces: dict, seeds: Sequence[int], methods: Sequence[str], *,
