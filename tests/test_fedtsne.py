@@ -744,6 +744,47 @@ def test_feddl_is_reproducible_and_its_cost_is_measured():
     assert emb.cost.bytes_down == a.cost.bytes_down + P * a.landmarks.nbytes
 
 
+class _OneByOne:
+    """A FedDL client program without ``step_many``: simulate then runs the per-client loop."""
+
+    def __init__(self, client):
+        self.client = client
+
+    def init_state(self, k):
+        return self.client.init_state(k)
+
+    def step(self, data, state, broadcast):
+        return self.client.step(data, state, broadcast)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("noise", ["none", "heuristic", "dp_gradient"])
+def test_feddl_step_many_equals_the_per_client_steps(dtype, noise):
+    """One product over the stacked clients (step_many) = each client's own step: clients of unequal sizes,
+    a participant set that changes between rounds (the stacked rows are rebuilt), each client's own noise."""
+    from fedlib.core.protocol import ClientStates, simulate
+
+    X, _ = _blobs(90, 6)
+    data = [X[:10], X[10:35], X[35:60], X[60:]]
+    who = {2: [0, 1, 2, 3], 3: [1, 3], 4: [1, 3], 5: [0, 2, 3], 6: [2]}
+    runs = []
+    for one_by_one in (False, True):
+        client = ft.FedDLClient(seed=4, noise=noise, beta=0.5, noise_multiplier=0.3, setup=("median",), dtype=dtype)
+        server = ft.FedDLServer(5, 6, init="gaussian", seed=4, dtype=dtype)
+        states = ClientStates(client)
+        simulate(server, _OneByOne(client) if one_by_one else client, data, 6, states=states,
+                 participants=lambda r: who.get(r, range(4)))
+        runs.append((server.result()[0], [states[k]["objective"] for k in range(4)],
+                     [states[k]["noise_sd"] for k in range(4)], client._stacked[0] is not None))
+    (Y, obj, sd, stacked), (Y1, obj1, sd1, stacked1) = runs
+    assert stacked and not stacked1            # the first run went through step_many's stacked product
+    rtol = 1e-12 if dtype == "float64" else 1e-5
+    np.testing.assert_allclose(Y, Y1, rtol=rtol, atol=rtol * np.abs(Y1).max())
+    for a, b in zip(obj + sd, obj1 + sd1):
+        np.testing.assert_allclose(a, b, rtol=rtol)
+    assert [len(o) for o in obj] == [2, 3, 3, 4]    # the rounds 2..6 each client took part in
+
+
 def test_feddl_client_state_is_its_own_and_streams_come_from_derive_seed():
     from fedlib.core.protocol import ClientStates, simulate
     from fedlib.core.seeds import derive_seed

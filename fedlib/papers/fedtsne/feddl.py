@@ -20,8 +20,8 @@ from fedlib.papers.fedtsne.dp import (
     DP_MECHANISMS, DP_SENSITIVITIES, _check_epsilon_delta, _privacy_ledger, clip_rows, data_sensitivity,
     gradient_sensitivity, kernel_gradient_sensitivity, project_spectral)
 from fedlib.papers.fedtsne.mmd import (
-    GAMMA_RULES, WEIGHTS, _as_matrix, _check_clients, _client_weights, _cross_terms, _pooled_moments, _xx_term,
-    _yy_terms, client_median_sqdist, kernel_width, lipschitz_bound)
+    GAMMA_RULES, WEIGHTS, _as_matrix, _check_clients, _client_weights, _cross_terms, _pooled_moments, _sq_distances,
+    _xx_term, _yy_terms, client_median_sqdist, kernel_width, lipschitz_bound)
 
 
 MODES = ("gradient", "average")
@@ -171,26 +171,62 @@ class FedDLClient:
     dtype: str = "float64"
     _yy: list = field(default_factory=lambda: [None], repr=False, compare=False)
     _ysq: list = field(default_factory=lambda: [None], repr=False, compare=False)
+    _stacked: list = field(default_factory=lambda: [None], repr=False, compare=False)
 
     def init_state(self, k: int) -> dict:
         return {"k": k, "rng": client_rng(self.seed, k), "data": None, "objective": [], "noise_sd": []}
 
     def step(self, data, state: dict, broadcast: Message) -> Message:
-        sender = f"client{state['k']}"
         if "landmarks" not in broadcast.payload:
-            return Message(sender, self._setup(self._held(data, state), state))
+            return Message(f"client{state['k']}", self._setup(self._held(data, state), state))
+        return self._round(state, broadcast)
+
+    def step_many(self, datas: Sequence, states: Sequence[dict], broadcast: Message) -> list[Message]:
+        """The uploads of several clients in one process, ``[step(d, s, broadcast) ...]`` up to float
+        round-off. A "gradient" round computes the squared distances of every client's rows to the
+        landmarks by ONE product over the clients' stacked rows (kept while the same clients come back)
+        instead of one small product per client; each client then finishes its round from its own
+        rows of it, with its own data, state and noise stream. Otherwise it is the per-client loop."""
+        if "landmarks" not in broadcast.payload or self.mode != "gradient" or len(states) < 2 \
+                or any(s["data"] is None for s in states):
+            return [self.step(d, s, broadcast) for d, s in zip(datas, states)]
+        Y = broadcast["landmarks"]
+        for state in states:
+            self._prepare(state, len(Y), broadcast["gamma"])
+        xs = [state.get("x32", state["data"]) for state in states]
+        if any(x.dtype != Y.dtype for x in xs):
+            return [self.step(d, s, broadcast) for d, s in zip(datas, states)]
+        stacked = self._stacked[0]
+        if stacked is None or len(stacked[0]) != len(xs) or any(a is not b for a, b in zip(stacked[0], xs)):
+            bounds = np.cumsum([0] + [len(x) for x in xs])
+            x_sq = np.concatenate([state["x_sq"] for state in states])
+            self._stacked[0] = stacked = (xs, np.concatenate(xs), x_sq, bounds)
+        _, x_all, x_sq, bounds = stacked
+        d2 = _sq_distances(x_all, Y, x_sq, self._y_sq(Y))
+        return [self._round(state, broadcast, d2[a:b]) for state, a, b in zip(states, bounds[:-1], bounds[1:])]
+
+    def _prepare(self, state: dict, ny: int, gamma: float) -> None:
+        """At the client's first round: its constant f_p term, squared row norms, sensitivity and (float32)
+        the copy it computes its gradients from."""
+        if "xx" in state:
+            return
         x = state["data"]
+        state["xx"] = _xx_term(x, gamma)        # constant part of f_p (diagnostic only)
+        state["x_sq"] = np.einsum("ij,ij->i", x, x)   # the client's squared row norms, kept
+        state["sensitivity"] = self._sensitivity(len(x), ny, gamma)
+        if self.dtype == "float32":       # the client's copy it computes its gradients from
+            state["x32"] = x.astype(np.float32)
+            state["x_sq"] = state["x_sq"].astype(np.float32)
+
+    def _round(self, state: dict, broadcast: Message, sq_dist: np.ndarray | None = None) -> Message:
+        """One round's upload (Eq. 13 plus noise; Eq. 14's local steps in "average" mode); ``sq_dist``:
+        this client's rows of the squared distances to the broadcast landmarks when already computed."""
+        sender = f"client{state['k']}"
         Y, gamma, lr = broadcast["landmarks"], broadcast["gamma"], broadcast["lr"]
-        if "xx" not in state:
-            state["xx"] = _xx_term(x, gamma)        # constant part of f_p (diagnostic only)
-            state["x_sq"] = np.einsum("ij,ij->i", x, x)   # the client's squared row norms, kept
-            state["sensitivity"] = self._sensitivity(len(x), len(Y), gamma)
-            if self.dtype == "float32":       # the client's copy it computes its gradients from
-                state["x32"] = x.astype(np.float32)
-                state["x_sq"] = state["x_sq"].astype(np.float32)
-        x = state.get("x32", x)
+        self._prepare(state, len(Y), gamma)
+        x = state.get("x32", state["data"])
         yy_val, yy_grad = self._yy_terms(Y, gamma)
-        cross_val, cross_grad = _cross_terms(x, Y, gamma, state["x_sq"], self._y_sq(Y))
+        cross_val, cross_grad = _cross_terms(x, Y, gamma, state["x_sq"], self._y_sq(Y), sq_dist)
         state["objective"].append(state["xx"] + cross_val + yy_val)
         cross_grad += yy_grad        # the client's own fresh array: Eq. 13 summed in place
         g, sd_sum = self._noisy(state, cross_grad)

@@ -132,15 +132,16 @@ def _yy_terms(Y: np.ndarray, gamma: float) -> tuple[float, np.ndarray]:
 
 
 def _cross_terms(X: np.ndarray, Y: np.ndarray, gamma: float, x_sq: np.ndarray | None = None,
-                 y_sq: np.ndarray | None = None) -> tuple[float, np.ndarray]:
+                 y_sq: np.ndarray | None = None, sq_dist: np.ndarray | None = None) -> tuple[float, np.ndarray]:
     """Cross term of Eq. 10 (-2 1^T K_XY 1/(n_p n_y)) and of Eq. 13 (the attraction part, (n_y, m)),
     in the inputs' dtype when X and Y share one (float32 under FedDL's ``dtype="float32"``; the value
     summed in float64), else in float64. ``x_sq`` / ``y_sq``: the squared row norms of X / Y when
-    already known (FedDL's clients keep theirs)."""
+    already known (FedDL's clients keep theirs); ``sq_dist``: :func:`_sq_distances` (X, Y) (n, n_y)
+    when already computed, overwritten."""
     n, ny, gamma = len(X), len(Y), float(gamma)   # a Python float keeps float32 arrays float32
     if X.dtype != Y.dtype:
         X, Y = np.asarray(X, dtype=np.float64), np.asarray(Y, dtype=np.float64)
-    kxy = _sq_distances(X, Y, x_sq, y_sq)
+    kxy = _sq_distances(X, Y, x_sq, y_sq) if sq_dist is None else sq_dist
     kxy *= -gamma
     np.exp(kxy, out=kxy)
     value = -2.0 * kxy.sum(dtype=np.float64) / (n * ny)
