@@ -152,7 +152,9 @@ class FedDLClient:
     * round (broadcast {"landmarks" Y (n_y, m), "gamma", "lr"}): grad f_p(Y) (Eq. 13) plus this
       client's noise; "gradient" mode uploads {"gradient" (n_y, m)} (Eq. 16), "average" mode runs Q
       local steps Y_p <- post(Y_p - lr grad f_p(Y_p)) (Eq. 14) and uploads {"landmarks" (n_y, m)}.
-      f_p(Y) (Eq. 10) and the noise sd are kept in ``state`` as diagnostics, never uploaded.
+      f_p(Y) (Eq. 10) and the noise sd are kept in ``state`` as diagnostics, never uploaded;
+    * ``step_many`` (the in-process simulator's round): the same uploads, the distance products of a
+      "gradient" round's clients computed as one product (:meth:`step_many`).
     """
 
     seed: int = 0
