@@ -470,6 +470,35 @@ def test_one_solve_server_packed_sums_equal_the_full_ones(data, monkeypatch):
         assert relative_error(fallback.rhs, kernel_server.rhs) < 1e-12 and torch.equal(fallback.gram, kernel_server.gram)
 
 
+@pytest.mark.parametrize("server", ["pairwise", "one_solve"])
+@pytest.mark.parametrize("packed", [True, False])
+def test_statistics_upload_gives_the_same_head_and_bytes(data, server, packed):
+    """statistics=True uploads B_k = X_k^T Y_k in place of W_k^r: the same bytes, the same head (against the
+    joint least-squares head from numpy lstsq), the one-solve server's sums equal sum_k C_k and sum_k X_k^T Y_k;
+    a round may mix both kinds of upload."""
+    x, y, w_joint = data
+    parts = np.array_split(np.arange(N), 3) if server == "pairwise" else make_partition(y, 12, "dirichlet",
+                                                                                          alpha=0.5, seed=4)
+    stats = afl.run_afl(x, y, parts, C, gamma=1.0, server=server, packed=packed, statistics=True)
+    heads = afl.run_afl(x, y, parts, C, gamma=1.0, server=server, packed=packed)
+    assert relative_error(stats.weights, heads.weights) < 1e-10
+    assert relative_error(stats.weights, w_joint) < (1e-10 if server == "one_solve" else 1e-7)
+    assert stats.upload_bytes == heads.upload_bytes
+    uploads = [afl.client_update(x[p], y[p], C, packed=packed, statistics=True) for p in parts]
+    assert all("W" not in u.payload for u in uploads)
+    targets = np.eye(C)[y]
+    for u, p in zip(uploads, parts):
+        np.testing.assert_allclose(u["B"].numpy(), x[p].T @ targets[p], rtol=1e-12, atol=1e-12)
+    if server == "one_solve":
+        srv = afl.OneSolveServer()
+        srv.receive(uploads)
+        np.testing.assert_allclose(srv.rhs.numpy(), x[np.concatenate(parts)].T @ targets[np.concatenate(parts)],
+                                   rtol=1e-12, atol=1e-10)
+        mixed = afl.aggregate([u if k % 2 else afl.client_update(x[p], y[p], C, packed=packed)
+                               for k, (u, p) in enumerate(zip(uploads, parts))])
+        assert relative_error(mixed.weights, heads.weights) < 1e-10
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_one_solve_server_threads_split_the_work_exactly(data, threads):
     """Threads own disjoint classes / rows: the sums do not depend on the thread count beyond round-off
@@ -514,6 +543,12 @@ def test_malformed_upload_is_refused_with_a_clear_error(data, server):
     wrong = Message("c", {"W": good["W"], "C": full["C"][:, :-1], "gamma": 1.0})
     with pytest.raises(ValueError, match=r"C has shape \(24, 23\), expected \(24, 24\)"):
         afl.aggregate([wrong], server=server)
+    stats = afl.client_update(x[:100], y[:100], C, statistics=True)
+    for payload in ({"W": good["W"], "B": stats["B"], "C_packed": good["C_packed"], "gamma": 1.0},
+                    {"C_packed": good["C_packed"], "gamma": 1.0}, {"B": stats["B"][0], "C_packed": good["C_packed"],
+                                                                     "gamma": 1.0}):
+        with pytest.raises(ValueError, match="exactly one of 'W' \\(the head\\) and 'B'"):
+            afl.aggregate([Message("c", payload)], server=server)
 
 
 def test_ri_ablation_heads_from_one_aggregate_equal_full_runs():

@@ -40,13 +40,14 @@ from fedlib.core.devices import resolve_device
 
 
 def _uploads(clients: int, dim: int, classes: int, per_client: int, device, packed: bool, seed: int = 0,
-             desc: str | None = None):
-    """The seeded uploads of ``clients`` clients (the same data for both forms), one at a time."""
+             desc: str | None = None, statistics: bool = False):
+    """The seeded uploads of ``clients`` clients (the same data for every form), one at a time."""
     rng = np.random.default_rng(seed)
     for k in tqdm(range(clients), desc=desc, mininterval=5, disable=desc is None):
         x = np.abs(rng.standard_normal((per_client, dim))).astype(np.float32)
         y = rng.integers(0, classes, per_client)
-        yield afl.client_update(x, y, classes, gamma=1.0, client=f"client{k}", device=device, packed=packed)
+        yield afl.client_update(x, y, classes, gamma=1.0, client=f"client{k}", device=device, packed=packed,
+                                statistics=statistics)
 
 
 def aggregation(clients: int, dim: int, classes: int, per_client: int, device, pairwise: bool = True,
@@ -54,14 +55,17 @@ def aggregation(clients: int, dim: int, classes: int, per_client: int, device, p
     """The same seeded uploads streamed into the servers (one client's matrices alive at a time,
     13 MB each at d = 1280 in the paper's form); returns server seconds, upload sizes and the max
     |difference| of the heads (pairwise vs one-solve, packed vs full)."""
-    gen = lambda packed, desc: _uploads(clients, dim, classes, per_client, device, packed, seed, desc)  # noqa: E731
+    gen = lambda packed, desc, stats=False: _uploads(clients, dim, classes, per_client, device, packed, seed,  # noqa: E731
+                                                     desc, stats)
     afl.aggregate(_uploads(2, 4, classes, 3, device, True))   # JIT warm-up of the packed kernel (numba), not timed
     full = afl.aggregate(gen(False, "one-solve server, full C"), server="one_solve")
     packed = afl.aggregate(gen(True, "one-solve server, packed C"), server="one_solve")
-    out = {"t_one_solve": full.server_seconds, "t_packed": packed.server_seconds,
+    stats = afl.aggregate(gen(True, "one-solve server, packed C + B", True), server="one_solve")
+    out = {"t_one_solve": full.server_seconds, "t_packed": packed.server_seconds, "t_stats": stats.server_seconds,
            "upload_full": full.upload_bytes[0], "upload_packed": packed.upload_bytes[0],
-           "max_abs_w": float(full.weights.abs().max()),
-           "packed_diff": bench.relative_difference(packed.weights, full.weights)}
+           "upload_stats": stats.upload_bytes[0], "max_abs_w": float(full.weights.abs().max()),
+           "packed_diff": bench.relative_difference(packed.weights, full.weights),
+           "stats_diff": bench.relative_difference(stats.weights, full.weights)}
     if pairwise:
         pair = afl.aggregate(gen(False, "pairwise AA law"), server="pairwise")
         out.update(t_pairwise=pair.server_seconds, max_diff=float((full.weights - pair.weights).abs().max()))
@@ -76,6 +80,7 @@ def bandwidth_floor(held: int, dim: int, classes: int, per_client: int, device, 
     kernel follows it)."""
     full = list(_uploads(held, dim, classes, per_client, device, False, seed))
     packed = list(_uploads(held, dim, classes, per_client, device, True, seed))
+    stats = list(_uploads(held, dim, classes, per_client, device, True, seed, statistics=True))
     acc_full = torch.zeros_like(full[0]["C"])
     acc_packed = torch.zeros_like(packed[0]["C_packed"])
 
@@ -106,11 +111,13 @@ def bandwidth_floor(held: int, dim: int, classes: int, per_client: int, device, 
         t = bench.measure({"floor full": floor(acc_full, full, "C"),
                            "floor packed": floor(acc_packed, packed, "C_packed"),
                            "arithmetic": arithmetic,
-                           "server full": server(full), "server packed": server(packed)}, repeats)
+                           "server full": server(full), "server packed": server(packed),
+                           "server statistics": server(stats)}, repeats)
     finally:
         torch.set_num_threads(before)
     per = {k: v.best / held for k, v in t.items()}
     per["rhs_diff"] = bench.relative_difference(t["server packed"].out, t["server full"].out)
+    per["stats_rhs_diff"] = bench.relative_difference(t["server statistics"].out, t["server full"].out)
     per["bytes_full"], per["bytes_packed"] = full[0]["C"].nbytes, packed[0]["C_packed"].nbytes
     return per
 
@@ -152,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
                           args.floor_threads)
     acc = accumulation(args.samples, args.dim, args.classes, device, args.repeats)
     w, d, k = 44, args.dim, args.clients
-    ok = agg["packed_diff"] < 1e-10 and flo["rhs_diff"] < 1e-12
+    ok = agg["packed_diff"] < 1e-10 and agg["stats_diff"] < 1e-10 and flo["rhs_diff"] < 1e-12 \
+        and flo["stats_rhs_diff"] < 1e-10
     lines = [
         bench.machine(device=device, torch=torch.__version__),
         f"AFL aggregation, K={k} clients, d={d}, C={args.classes}, N_k={args.per_client}, gamma=1, float64:",
@@ -161,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         bench.row("upload per client, packed C (default)",
                   f"{agg['upload_packed'] / 1e6:.2f} MB  (C as its upper triangle, d(d+1)/2 = {d * (d + 1) // 2})", w),
         bench.row("upload ratio packed / full", f"{agg['upload_packed'] / agg['upload_full']:.4f}", w),
+        bench.row("upload per client, packed C + B", f"{agg['upload_stats'] / 1e6:.2f} MB  (B = X_k^T Y_k in place of W, "
+                  f"{d}x{args.classes}; not the paper's upload)", w),
     ]
     if args.no_pairwise:
         lines.append(bench.row("pairwise AA law (paper, eqs. 9-10)", "skipped (--no-pairwise)", w))
@@ -170,8 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     lines += [
         bench.row("one-solve form, full C uploads", f"{agg['t_one_solve']:.2f} s", w),
         bench.row("one-solve form, packed C uploads", f"{agg['t_packed']:.2f} s", w),
+        bench.row("one-solve form, packed C + B uploads", f"{agg['t_stats']:.2f} s", w),
     ]
-    times = {"one-solve": agg["t_one_solve"], "one-solve packed": agg["t_packed"]}
+    times = {"one-solve": agg["t_one_solve"], "one-solve packed": agg["t_packed"],
+             "one-solve C+B": agg["t_stats"]}
     if not args.no_pairwise:
         times = {"pairwise": agg["t_pairwise"], **times}
     lines += bench.ratio_rows(times, "one-solve", w, fmt=".2f")
@@ -180,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                                f"{agg['max_diff']:.2e} (max |W| = {agg['max_abs_w']:.2e})", w))
     lines += [
         bench.check_row("max rel. |W_packed - W_full| (one-solve)", agg["packed_diff"], 1e-10, "RI-restored heads", w),
+        bench.check_row("max rel. |W_C+B - W_full| (one-solve)", agg["stats_diff"], 1e-10, "RI-restored heads", w),
         f"One-solve server per upload vs the memory-bandwidth floor, {args.held} uploads held in memory, "
         f"{args.floor_threads} thread{'s' if args.floor_threads > 1 else ''}, best of {args.repeats}:",
         bench.row("floor: sum the full C (read once)",
@@ -193,13 +206,15 @@ def main(argv: list[str] | None = None) -> int:
                   f"GFLOP/s; the server's d^2 C multiply-adds alone)", w),
         bench.row("server, full C (one pass)", f"{flo['server full'] * 1e3:.3f} ms/upload", w),
         bench.row("server, packed C (one pass)", f"{flo['server packed'] * 1e3:.3f} ms/upload", w),
+        bench.row("server, packed C + B (sums only)", f"{flo['server statistics'] * 1e3:.3f} ms/upload", w),
         *bench.ratio_rows({"floor full": flo["floor full"], "server full": flo["server full"],
                            "server packed": flo["server packed"]}, "floor full", w, fmt=".2f"),
-        *bench.ratio_rows({"floor packed": flo["floor packed"], "server packed": flo["server packed"]},
-                          "floor packed", w, fmt=".2f"),
+        *bench.ratio_rows({"floor packed": flo["floor packed"], "server packed": flo["server packed"],
+                           "server C+B": flo["server statistics"]}, "floor packed", w, fmt=".2f"),
         *bench.ratio_rows({"arithmetic": flo["arithmetic"], "server packed": flo["server packed"]},
                           "arithmetic", w, fmt=".2f"),
         bench.check_row("max rel. |B_packed - B_full|", flo["rhs_diff"], 1e-12, "sum_k C_k W_k, both forms", w),
+        bench.check_row("max rel. |B_C+B - B_full|", flo["stats_rhs_diff"], 1e-10, "sum_k X_k^T Y_k against it", w),
         f"Statistics accumulation, N={args.samples}, d={d} (float32 features -> float64), best of {args.repeats}:",
         bench.row("SufficientStats.from_data", f"{acc['t_stats'] * 1e3:.1f} ms  ({acc['gflops_stats']:.1f} GFLOP/s)", w),
         bench.row("plain float64 X^T X, same size", f"{acc['t_plain'] * 1e3:.1f} ms  ({acc['gflops_plain']:.1f} GFLOP/s)", w),

@@ -191,11 +191,11 @@ class Task:
     # -- checks on uploads (besides finiteness) -----------------------------------------------------
     def validators(self) -> list[Callable[[Message], None]]:
         d = self.features.dim
-        if self.protocol == "afl":   # C_k^r packed (upper triangle, d(d+1)/2 numbers) or in the paper's full form
+        if self.protocol == "afl":   # C_k^r packed (d(d+1)/2 numbers) or full; W_k^r, or B_k (statistics upload)
             from fedlib.papers.afl import check_upload, packed_length
 
             C = len(self.features.classes)
-            return [_shape_check({"W": (d, C), "C": (d, d), "C_packed": (packed_length(d),)}), check_upload]
+            return [_shape_check({"W": (d, C), "B": (d, C), "C": (d, d), "C_packed": (packed_length(d),)}), check_upload]
         if self.protocol == "feddl":
             return [_shape_check({"gradient": (self.config["n-landmarks"], d), "landmarks": (self.config["n-landmarks"], d),
                                   "sq_distances": (None, self.config["n-landmarks"])})]

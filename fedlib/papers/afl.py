@@ -16,6 +16,11 @@ the row-major order of ``torch.triu_indices`` (entry ``"C_packed"``), about half
 table). Both servers take either form; the one-solve server adds packed uploads as they come and
 unpacks once, at the end.
 
+``statistics=True`` uploads ``B_k = X_k^T Y_k`` (entry ``"B"``, d x C) in place of ``W_k^r``: the same
+bytes and the same information (``B_k = C_k^r W_k^r``; ``W_k^r = (C_k^r)^{-1} B_k``), but the
+one-solve server then only sums what it reads (no ``C_k^r W_k^r`` product per upload); the pairwise
+server solves for ``W_k^r`` itself. Not the paper's upload: an option, off by default.
+
 Both end with the RI restoration (eq. 15), which removes the accumulated ``K gamma I`` and returns
 the unregularized joint least-squares head ``(X^T X)^{-1} X^T Y``: weight-invariance (Thm. 1-2).
 
@@ -45,7 +50,7 @@ SERVERS = ("pairwise", "one_solve")
 
 def client_update(x: Array, labels: Array, num_classes: int, gamma: float = 1.0, client: str = "client",
                   dtype: torch.dtype = torch.float64, device: str | torch.device = "cpu",
-                  packed: bool = True) -> Message:
+                  packed: bool = True, statistics: bool = False) -> Message:
     """AFL local stage (Alg. 1) for one client with features x (N_k, d) and labels (N_k,).
 
     Returns the upload ``{"W": W_k^r (d, C), "C_packed": upper triangle of C_k^r (d(d+1)/2,), "gamma"}``
@@ -55,7 +60,8 @@ def client_update(x: Array, labels: Array, num_classes: int, gamma: float = 1.0,
     ``d(d+1)/2`` numbers instead of ``d^2``; :func:`upload_gram` restores the full matrix.
     When N_k < d the same W is computed in the dual form ``X_k^T (X_k X_k^T + gamma I)^{-1} Y_k``.
     With ``gamma = 0`` the head is the Moore-Penrose solution ``X_k^+ Y_k`` (eq. 4). An empty
-    client (N_k = 0) uploads ``C = gamma I`` and ``W = 0``.
+    client (N_k = 0) uploads ``C = gamma I`` and ``W = 0``. ``statistics=True``: ``"B": X_k^T Y_k``
+    (d, C) in place of ``"W"`` (no local solve; see the module docstring).
     """
     check_positive("gamma", gamma, strict=False)
     dim, n_k = int(x.shape[1]), len(labels)
@@ -64,12 +70,14 @@ def client_update(x: Array, labels: Array, num_classes: int, gamma: float = 1.0,
         targets = one_hot(labels, num_classes, dtype, device)
         # a packed upload whose head needs no d x d matrix (dual form, pinv) is formed block by block of the
         # triangle (packed_gram); otherwise X_k^T X_k in one product (chunked beyond 8192 rows)
-        direct = packed and (n_k < dim or gamma == 0)
+        direct = packed and (statistics or n_k < dim or gamma == 0)
         gram = None if direct else xk.T @ xk if n_k <= 8192 else \
             SufficientStats.from_data(x, labels, num_classes, dtype, device).gram
     else:
         direct, gram = False, torch.zeros(dim, dim, dtype=dtype, device=device)
-    if gamma > 0 and 0 < n_k < dim:  # dual form X^T (X X^T + gamma I)^{-1} Y: O(N_k^2 d) not O(d^3)
+    if statistics:   # B_k = X_k^T Y_k (= C_k^r W_k^r): no local solve
+        head = {"B": xk.T @ targets if n_k else torch.zeros(dim, num_classes, dtype=dtype, device=device)}
+    elif gamma > 0 and 0 < n_k < dim:  # dual form X^T (X X^T + gamma I)^{-1} Y: O(N_k^2 d) not O(d^3)
         weights = xk.T @ ridge_solve(xk @ xk.T, targets, gamma)
     elif gamma > 0 and n_k:
         weights = ridge_solve(xk.T @ xk if gram is None else gram, xk.T @ targets, gamma)
@@ -77,12 +85,14 @@ def client_update(x: Array, labels: Array, num_classes: int, gamma: float = 1.0,
         weights = torch.linalg.pinv(xk) @ targets
     else:
         weights = torch.zeros(dim, num_classes, dtype=dtype, device=device)
+    if not statistics:
+        head = {"W": weights}
     if direct:   # the upper triangle of X_k^T X_k + gamma I from the rows of X_k (packed_gram)
-        return Message(client, {"W": weights, "C_packed": packed_gram(xk, shift=gamma), "gamma": float(gamma)})
+        return Message(client, {**head, "C_packed": packed_gram(xk, shift=gamma), "gamma": float(gamma)})
     if packed:   # the upper triangle of X_k^T X_k + gamma I, read once (no d x d identity, no shifted copy)
-        return Message(client, {"W": weights, "C_packed": pack_symmetric(gram, shift=gamma), "gamma": float(gamma)})
+        return Message(client, {**head, "C_packed": pack_symmetric(gram, shift=gamma), "gamma": float(gamma)})
     gram.diagonal().add_(gamma)   # C_k^r = X_k^T X_k + gamma I (eq. 14), in place: the same numbers
-    return Message(client, {"W": weights, "C": gram, "gamma": float(gamma)})
+    return Message(client, {**head, "C": gram, "gamma": float(gamma)})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -192,28 +202,40 @@ def packed_dim(packed) -> int:
 
 
 def upload_gram(msg: Message) -> torch.Tensor:
-    """``C_k^r`` (d, d) of an upload in either form (``"C"`` or ``"C_packed"``), checked against W (d, C)."""
+    """``C_k^r`` (d, d) of an upload in either form (``"C"`` or ``"C_packed"``), checked against its
+    W or B (d, C)."""
     check_upload(msg)
-    return msg["C"] if "C" in msg.payload else unpack_symmetric(msg["C_packed"], msg["W"].shape[0])
+    return msg["C"] if "C" in msg.payload else unpack_symmetric(msg["C_packed"], _head(msg).shape[0])
+
+
+def upload_weights(msg: Message, c_k: torch.Tensor) -> torch.Tensor:
+    """``W_k^r`` (d, C) of an upload: its ``"W"``, or ``(C_k^r)^+ B_k`` from a statistics upload."""
+    return msg["W"] if "W" in msg.payload else ridge_solve(c_k, msg["B"], 0.0)
+
+
+def _head(msg: Message):
+    """The upload's (d, C) entry: ``"W"`` (the paper's) or ``"B"`` (``statistics=True``)."""
+    return msg["W"] if "W" in msg.payload else msg["B"]
 
 
 def check_upload(msg: Message) -> None:
-    """Refuse an upload whose Gram entry does not fit its W (d, C): ``"C"`` must be (d, d),
-    ``"C_packed"`` 1-D with d(d+1)/2 entries; exactly one of the two must be present."""
+    """Refuse an upload whose Gram entry does not fit its W or B (d, C): exactly one of ``"W"`` and
+    ``"B"``, a (d, C) matrix; exactly one of ``"C"`` (d, d) and ``"C_packed"`` (d(d+1)/2 entries)."""
     pay = msg.payload
-    if "W" not in pay or np.ndim(pay["W"]) != 2:
-        raise ValueError(f"malformed AFL upload from {msg.sender}: W must be a (d, C) matrix")
-    dim = int(np.shape(pay["W"])[0])
+    if ("W" in pay) == ("B" in pay) or np.ndim(_head(msg)) != 2:
+        raise ValueError(f"malformed AFL upload from {msg.sender}: it must hold exactly one of 'W' (the head) and "
+                         f"'B' (X_k^T Y_k), a (d, C) matrix, got entries {sorted(pay)}")
+    dim = int(np.shape(_head(msg))[0])
     if ("C" in pay) == ("C_packed" in pay):
         raise ValueError(f"malformed AFL upload from {msg.sender}: it must hold exactly one of 'C' (d, d) and "
                          f"'C_packed' (d(d+1)/2,), got entries {sorted(pay)}")
     if "C" in pay and tuple(np.shape(pay["C"])) != (dim, dim):
         raise ValueError(f"malformed AFL upload from {msg.sender}: C has shape {tuple(np.shape(pay['C']))}, "
-                         f"expected ({dim}, {dim}) for W of shape {tuple(np.shape(pay['W']))}")
+                         f"expected ({dim}, {dim}) for a head of shape {tuple(np.shape(_head(msg)))}")
     if "C_packed" in pay and tuple(np.shape(pay["C_packed"])) != (packed_length(dim),):
         raise ValueError(f"malformed AFL upload from {msg.sender}: C_packed has shape "
                          f"{tuple(np.shape(pay['C_packed']))}, expected ({packed_length(dim)},) = d(d+1)/2 "
-                         f"entries of the upper triangle for W of shape {tuple(np.shape(pay['W']))}")
+                         f"entries of the upper triangle for a head of shape {tuple(np.shape(_head(msg)))}")
 
 
 def aa_weights(c_agg: torch.Tensor, c_k: torch.Tensor, sign: int = +1, inverse: str = "solve"):
@@ -354,13 +376,14 @@ class PairwiseAAServer(_AAServerBase):
         self._inv_gram = None   # applier of C_agg^{-1}, from the previous step (aa_combine)
 
     def _absorb(self, msg: Message) -> None:
-        w_k, c_k = msg["W"], upload_gram(msg)
+        c_k = upload_gram(msg)
         if self.inverse == "solve" and msg["gamma"] == 0:
             # gamma = 0: C_k = X_k^T X_k may be singular; a Cholesky can still "succeed" on rounding
             # noise and return garbage, so test the rank (eigendecomposition, relative tolerance)
             rank, _ = numerical_rank(c_k)
             if rank < c_k.shape[0]:
                 raise ValueError(_singular_message(f"{msg.sender}'s C_k", rank, c_k.shape[0]))
+        w_k = upload_weights(msg, c_k)
         if self.weights is None:
             self.weights, self.gram, self._inv_gram = w_k.clone(), c_k.clone(), None
         else:   # the law applied to the heads (aa_combine); this step's S is the next step's C_agg
@@ -384,8 +407,9 @@ class OneSolveServer(_AAServerBase):
     a separate matrix product. A packed upload (``"C_packed"``, the upper triangle) is added to a
     packed sum, each off-diagonal entry serving ``B[i]`` and ``B[j]``: it is read once and never
     unpacked; ``result()`` unpacks the sum once. A full upload (``"C"``, the paper's form) is added
-    row by row, each row's dot products with W formed while it is in cache. Both forms may be
-    mixed in one round.
+    row by row, each row's dot products with W formed while it is in cache. A statistics upload
+    (``"B"`` = C_k^r W_k^r already) is only added: the Gram entry and B, each read once. All forms may
+    be mixed in one round.
     """
 
     def __init__(self):
@@ -397,19 +421,27 @@ class OneSolveServer(_AAServerBase):
 
     def _absorb(self, msg: Message) -> None:
         check_upload(msg)
-        w_k = msg["W"]
+        head = _head(msg)
         if "C_packed" in msg.payload:
             p_k = msg["C_packed"]
             if self.gram_packed is None:
                 self.gram_packed = torch.zeros_like(p_k)
-                self.rhs_packed_t = torch.zeros(w_k.shape[1], w_k.shape[0], dtype=p_k.dtype, device=p_k.device)
-            _absorb_packed(self.gram_packed, self.rhs_packed_t, p_k, w_k)
+                self.rhs_packed_t = torch.zeros(head.shape[1], head.shape[0], dtype=p_k.dtype, device=p_k.device)
+            if "B" in msg.payload:
+                self.gram_packed += p_k
+                self.rhs_packed_t += head.T
+            else:
+                _absorb_packed(self.gram_packed, self.rhs_packed_t, p_k, head)
             return
         c_k = msg["C"]
         if self.gram_full is None:
             self.gram_full = torch.zeros_like(c_k)
-            self.rhs_full_t = torch.zeros(w_k.shape[1], w_k.shape[0], dtype=c_k.dtype, device=c_k.device)
-        _absorb_full(self.gram_full, self.rhs_full_t, c_k, w_k)
+            self.rhs_full_t = torch.zeros(head.shape[1], head.shape[0], dtype=c_k.dtype, device=c_k.device)
+        if "B" in msg.payload:
+            self.gram_full += c_k
+            self.rhs_full_t += head.T
+        else:
+            _absorb_full(self.gram_full, self.rhs_full_t, c_k, head)
 
     @property
     def gram(self) -> torch.Tensor | None:
@@ -631,8 +663,9 @@ class AFLClient:
     """AFL's client program (Alg. 1, local stage) for :func:`fedlib.core.protocol.simulate`.
 
     ``step((x_k (N_k, d), labels_k (N_k,)), state, broadcast)`` returns :func:`client_update`'s
-    upload ``{W_k^r, C_k^r, gamma}`` (eqs. 12, 14), ``C_k^r`` packed unless ``packed=False``; the
-    broadcast is empty and the state holds only the client's name.
+    upload ``{W_k^r, C_k^r, gamma}`` (eqs. 12, 14), ``C_k^r`` packed unless ``packed=False``, ``B_k``
+    in place of ``W_k^r`` when ``statistics``; the broadcast is empty and the state holds only the
+    client's name.
     """
 
     num_classes: int
@@ -640,6 +673,7 @@ class AFLClient:
     dtype: torch.dtype = torch.float64
     device: str | torch.device = "cpu"
     packed: bool = True
+    statistics: bool = False
 
     def init_state(self, k: int) -> dict:
         return {"name": f"client{k}"}
@@ -647,7 +681,7 @@ class AFLClient:
     def step(self, data, state: dict, broadcast: Message) -> Message:
         x, labels = data
         return client_update(x, labels, self.num_classes, self.gamma, state["name"], self.dtype, self.device,
-                             self.packed)
+                             self.packed, self.statistics)
 
 
 class _ClientData(Sequence):
@@ -668,7 +702,7 @@ def run_afl(x: Array, labels: Array, parts: Sequence[np.ndarray], num_classes: i
             server: str = "one_solve", restore: bool = True, order: Sequence[int] | None = None,
             sign: int = +1, inverse: str = "solve", dtype: torch.dtype = torch.float64,
             device: str | torch.device = "cpu", progress: bool = False, one_round: bool = False,
-            packed: bool = True) -> AFLResult:
+            packed: bool = True, statistics: bool = False) -> AFLResult:
     """Full AFL on :func:`fedlib.core.protocol.simulate`: every client of ``parts`` (index arrays into
     x (N, d) / labels (N,)) runs :class:`AFLClient`, the server aggregates in ``order`` (default
     0..K-1) and restores (eq. 15). Returns an :class:`AFLResult` whose ``cost`` is measured.
@@ -679,7 +713,8 @@ def run_afl(x: Array, labels: Array, parts: Sequence[np.ndarray], num_classes: i
     ``one_round=True`` delivers all K uploads in one round instead (as between processes, e.g. on
     Flower: one exchange, not K); the server absorbs them in the same order, so the result is identical.
     ``packed=False`` uploads the paper's full ``C_k^r`` (d, d) instead of its upper triangle: the same
-    head (to round-off), about twice the upload bytes.
+    head (to round-off), about twice the upload bytes. ``statistics=True`` uploads ``B_k = X_k^T Y_k``
+    in place of ``W_k^r`` (:func:`client_update`): the same head and bytes, less server work.
     """
     check_positive("gamma", gamma, strict=False)
     check_choice("server", server, SERVERS)
@@ -694,7 +729,7 @@ def run_afl(x: Array, labels: Array, parts: Sequence[np.ndarray], num_classes: i
     srv = make_server(server, sign, inverse)
     _kernels()   # the one-off import and load of the compiled loops stays out of the measured seconds
     data = _ClientData(as_tensor(x, dtype, device), np.asarray(labels), parts)
-    client = AFLClient(num_classes, gamma, dtype, device, packed)
+    client = AFLClient(num_classes, gamma, dtype, device, packed, statistics)
     if one_round:
         if order != sorted(order):
             raise ValueError("one_round delivers the uploads in client order: order must be 0..K-1")
