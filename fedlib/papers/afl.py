@@ -422,26 +422,20 @@ class OneSolveServer(_AAServerBase):
     def _absorb(self, msg: Message) -> None:
         check_upload(msg)
         head = _head(msg)
-        if "C_packed" in msg.payload:
-            p_k = msg["C_packed"]
-            if self.gram_packed is None:
-                self.gram_packed = torch.zeros_like(p_k)
-                self.rhs_packed_t = torch.zeros(head.shape[1], head.shape[0], dtype=p_k.dtype, device=p_k.device)
-            if "B" in msg.payload:
-                self.gram_packed += p_k
-                self.rhs_packed_t += head.T
+        packed = "C_packed" in msg.payload
+        c_k = msg["C_packed" if packed else "C"]
+        if (self.gram_packed if packed else self.gram_full) is None:
+            sums = torch.zeros_like(c_k), torch.zeros(head.shape[1], head.shape[0], dtype=c_k.dtype, device=c_k.device)
+            if packed:
+                self.gram_packed, self.rhs_packed_t = sums
             else:
-                _absorb_packed(self.gram_packed, self.rhs_packed_t, p_k, head)
-            return
-        c_k = msg["C"]
-        if self.gram_full is None:
-            self.gram_full = torch.zeros_like(c_k)
-            self.rhs_full_t = torch.zeros(head.shape[1], head.shape[0], dtype=c_k.dtype, device=c_k.device)
-        if "B" in msg.payload:
-            self.gram_full += c_k
-            self.rhs_full_t += head.T
+                self.gram_full, self.rhs_full_t = sums
+        gram, rhs_t = (self.gram_packed, self.rhs_packed_t) if packed else (self.gram_full, self.rhs_full_t)
+        if "B" in msg.payload:   # a statistics upload: C_k^r W_k^r already formed, only sums
+            gram += c_k
+            rhs_t += head.T
         else:
-            _absorb_full(self.gram_full, self.rhs_full_t, c_k, head)
+            (_absorb_packed if packed else _absorb_full)(gram, rhs_t, c_k, head)
 
     @property
     def gram(self) -> torch.Tensor | None:
