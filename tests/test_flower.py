@@ -66,6 +66,10 @@ def test_options_are_checked_before_work():
         parse_options("fedsgd")
     with pytest.raises(ValueError, match="key=value"):
         parse_options("afl", "gamma")
+    with pytest.raises(ValueError, match="unknown upload 'gram'; allowed: weights, statistics"):
+        parse_options("afl", "upload=gram")
+    with pytest.raises(ValueError, match="unknown server 'recursive'"):
+        parse_options("afl", "server=recursive")
     assert set(OPTIONS) == {"afl", "stsa", "gradient", "feddl", "refed"}
 
 
@@ -113,7 +117,7 @@ def over_grid(config, faults=None):
         return task, task.run(), t
 
 
-CASES = [("afl", ""), ("afl", "server=pairwise"), ("stsa", ""), ("stsa", "method=STSA-E"),
+CASES = [("afl", ""), ("afl", "server=pairwise"), ("afl", "upload=statistics"), ("stsa", ""), ("stsa", "method=STSA-E"),
          ("gradient", "method=fedavg participation=0.67"), ("gradient", "method=fedprox"),
          ("gradient", "method=feddyn"), ("gradient", "method=fedntd"), ("gradient", "method=moon"),
          ("gradient", "method=feddisco"), ("feddl", ""), ("feddl", "mode=average"), ("refed", "")]
@@ -131,6 +135,14 @@ def test_every_protocol_over_a_grid_equals_in_process(identity, protocol_name, o
     assert report["answered"] == list(range(config["num-clients"])) and not report["rejected"]
     flower = report["flower_bytes"]
     assert reference.summary["fedlib_bytes_up"] <= flower["array_up"] < 1.1 * reference.summary["fedlib_bytes_up"] + 5e3
+
+
+def test_afl_statistics_upload_gives_the_weights_uploads_head(identity):
+    """upload=statistics (B_k = X_k^T Y_k in place of W_k^r) over the grid: the same heads and bytes up."""
+    weights = Task(parse_options("afl", "")).run()
+    _, stats, _ = over_grid(parse_options("afl", "upload=statistics"))
+    assert stats.difference(weights.arrays) < 1e-10
+    assert stats.summary["fedlib_bytes_up"] == weights.summary["fedlib_bytes_up"]
 
 
 @pytest.mark.parametrize("fault", ["nan", "shape", "drop"])
@@ -186,4 +198,4 @@ def test_cli_bad_option_is_one_error_line():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert out.stderr.strip() == ("error: unknown option 'bogus' for protocol 'afl'; allowed: alpha, dataset, "
-                                  "gamma, num-clients, partition, seed, server, timeout")
+                                  "gamma, num-clients, partition, seed, server, timeout, upload")

@@ -31,7 +31,7 @@ COMMON = {"dataset": "optdigits", "num-clients": 3, "partition": "dirichlet", "a
           "timeout": 120.0}
 #: every option of every protocol with its default (the type of the default is the allowed type)
 OPTIONS: dict[str, dict[str, Any]] = {
-    "afl": {**COMMON, "gamma": 1.0, "server": "one_solve"},
+    "afl": {**COMMON, "gamma": 1.0, "server": "one_solve", "upload": "weights"},
     "stsa": {**COMMON, "alpha": 1.0, "method": "STSA", "num-tasks": 2, "M": 256, "gamma": 1.0, "num-dummy": 2},
     "gradient": {**COMMON, "method": "fedavg", "rounds": 3, "local-epochs": 1, "batch-size": 32, "lr": 0.05,
                  "participation": 1.0},
@@ -40,6 +40,8 @@ OPTIONS: dict[str, dict[str, Any]] = {
               "local-epochs": 1, "batch-size": 32, "lr": 0.05, "pim-epochs": 1},
 }
 PARTITIONS = ("dirichlet", "iid")
+#: AFL's upload beside the packed Gram: the head W_k^r (the paper's) or B_k = X_k^T Y_k (fedlib.papers.afl)
+AFL_UPLOADS = ("weights", "statistics")
 
 
 def parse_options(protocol: str, options: str | dict | None = None) -> dict[str, Any]:
@@ -56,6 +58,11 @@ def parse_options(protocol: str, options: str | dict | None = None) -> dict[str,
             raise ValueError(f"unknown option {key!r} for protocol {protocol!r}; allowed: {', '.join(sorted(allowed))}")
         config[key] = _typed(key, value, allowed[key])
     check_choice("partition", config["partition"], PARTITIONS)
+    if protocol == "afl":
+        from fedlib.papers.afl import SERVERS
+
+        check_choice("server", config["server"], SERVERS)
+        check_choice("upload", config["upload"], AFL_UPLOADS)
     if config["num-clients"] < 1:
         raise ValueError(f"num-clients must be >= 1, got {config['num-clients']}")
     if config["alpha"] <= 0:
@@ -216,7 +223,7 @@ class Task:
 
         c, f = self.config, self.features
         res = run_afl(f.x_train, f.y_train, self.parts, len(f.classes), c["gamma"], c["server"], progress=progress,
-                      one_round=True)
+                      one_round=True, statistics=c["upload"] == "statistics")
         W = res.weights.numpy()
         acc = self._accuracy(lambda x: (x.double() @ res.weights).argmax(1).numpy())
         return Outcome({"weights": W, "weights_regularized": res.weights_regularized.numpy(),
