@@ -189,15 +189,15 @@ class FedDLClient:
         landmarks by ONE product over the clients' stacked rows (kept while the same clients come back)
         instead of one small product per client; each client then finishes its round from its own
         rows of it, with its own data, state and noise stream. Otherwise it is the per-client loop."""
-        if "landmarks" not in broadcast.payload or self.mode != "gradient" or len(states) < 2 \
-                or any(s["data"] is None for s in states):
+        Y = broadcast.payload.get("landmarks")
+        xs = [state.get("x32", state["data"]) for state in states]     # None before the set-up round
+        if Y is None or self.mode != "gradient" or len(states) < 2 or any(x is None for x in xs):
             return [self.step(d, s, broadcast) for d, s in zip(datas, states)]
-        Y = broadcast["landmarks"]
         for state in states:
             self._prepare(state, len(Y), broadcast["gamma"])
-        xs = [state.get("x32", state["data"]) for state in states]
-        if any(x.dtype != Y.dtype for x in xs):
-            return [self.step(d, s, broadcast) for d, s in zip(datas, states)]
+        xs = [state.get("x32", state["data"]) for state in states]     # the float32 copies _prepare made
+        if any(x.dtype != Y.dtype for x in xs):    # mixed dtypes: _cross_terms computes each in float64
+            return [self._round(state, broadcast) for state in states]
         stacked = self._stacked[0]
         if stacked is None or len(stacked[0]) != len(xs) or any(a is not b for a, b in zip(stacked[0], xs)):
             bounds = np.cumsum([0] + [len(x) for x in xs])
