@@ -75,18 +75,17 @@ def client_update(x: Array, labels: Array, num_classes: int, gamma: float = 1.0,
             SufficientStats.from_data(x, labels, num_classes, dtype, device).gram
     else:
         direct, gram = False, torch.zeros(dim, dim, dtype=dtype, device=device)
-    if statistics:   # B_k = X_k^T Y_k (= C_k^r W_k^r): no local solve
-        head = {"B": xk.T @ targets if n_k else torch.zeros(dim, num_classes, dtype=dtype, device=device)}
-    elif gamma > 0 and 0 < n_k < dim:  # dual form X^T (X X^T + gamma I)^{-1} Y: O(N_k^2 d) not O(d^3)
-        weights = xk.T @ ridge_solve(xk @ xk.T, targets, gamma)
-    elif gamma > 0 and n_k:
-        weights = ridge_solve(xk.T @ xk if gram is None else gram, xk.T @ targets, gamma)
-    elif n_k:
-        weights = torch.linalg.pinv(xk) @ targets
+    if not n_k:      # an empty client: W = B = 0
+        head = torch.zeros(dim, num_classes, dtype=dtype, device=device)
+    elif statistics:   # B_k = X_k^T Y_k (= C_k^r W_k^r): no local solve
+        head = xk.T @ targets
+    elif gamma > 0 and n_k < dim:  # dual form X^T (X X^T + gamma I)^{-1} Y: O(N_k^2 d) not O(d^3)
+        head = xk.T @ ridge_solve(xk @ xk.T, targets, gamma)
+    elif gamma > 0:
+        head = ridge_solve(xk.T @ xk if gram is None else gram, xk.T @ targets, gamma)
     else:
-        weights = torch.zeros(dim, num_classes, dtype=dtype, device=device)
-    if not statistics:
-        head = {"W": weights}
+        head = torch.linalg.pinv(xk) @ targets
+    head = {"B" if statistics else "W": head}
     if direct:   # the upper triangle of X_k^T X_k + gamma I from the rows of X_k (packed_gram)
         return Message(client, {**head, "C_packed": packed_gram(xk, shift=gamma), "gamma": float(gamma)})
     if packed:   # the upper triangle of X_k^T X_k + gamma I, read once (no d x d identity, no shifted copy)
