@@ -74,6 +74,7 @@ def test_afl_aggregation_tiny_report(tmp_path):
     assert "time ratio pairwise / one-solve" in text and "peak resident memory" in text
     assert "arithmetic: C_k W_k by BLAS" in text and "time ratio server packed / arithmetic" in text
     assert "time ratio server C+B / floor packed" in text and "upload per client, packed C + B" in text
+    assert "its upload check alone (packed C + B)" in text and "time ratio check C+B / floor packed" in text
     assert "FAILED" not in text          # every agreement check, the statistics upload's included
     diff = float(text.split("max |W_pairwise - W_one_solve|")[1].split()[0])
     assert diff < 1e-8

@@ -604,7 +604,7 @@ def test_feddl_until_plateau_stops_only_where_the_rule_holds_at_the_last_round(m
         def result(self):
             return SimpleNamespace(objective=self.objective())
 
-    monkeypatch.setattr(feddl_module, "_FedDLRun", ReplayedRun)
+    monkeypatch.setattr(feddl_module, "FedDLRun", ReplayedRun)
     tr = ft.feddl_until_plateau([np.zeros((4, 2))], 2, tol=tol, check_every=1, max_rounds=1000)
     assert tr.plateau == e0 and tr.rounds > e0 + 1
     assert ft.plateau_share(tr.objective) <= tol and ft.plateau_share(tr.objective, tr.rounds - 1) <= tol

@@ -612,7 +612,9 @@ def test_eval_chunks_and_chunked_predictions():
     torch.manual_seed(0)
     net = SmallCNN(1, 10, 28, width=8, hidden=64).eval()
     x = torch.rand(600, 1, 28, 28)
-    with torch.no_grad():   # the logits of chunks of >= 2 samples equal those of one forward
+    with torch.no_grad():   # the evaluation's chunks give the logits of one forward; tiny chunks, to round-off
         whole = net(x)
         assert torch.equal(torch.cat([net(x[a:b]) for a, b in eval_chunks(600)]), whole)
-        assert torch.equal(torch.cat([net(x[a:b]) for a, b in eval_chunks(600, 7)]), whole)
+        small = torch.cat([net(x[a:b]) for a, b in eval_chunks(600, 7)])
+        torch.testing.assert_close(small, whole, rtol=1e-6, atol=1e-6)
+        assert torch.equal(small.argmax(1), whole.argmax(1))

@@ -46,7 +46,7 @@ def test_temporal_aggregation_is_order_free():
         for t in order:
             msg = Message("c", {"G": phi[stages[t]].T @ phi[stages[t]],
                                 "C": SufficientStats.from_data(phi[stages[t]], y[stages[t]] - 2 * t, 2).xty})
-            server.receive_stage([msg], 2 * t)
+            server.receive_stage([msg], 2 * t, 2)
         grams.append(server.solve(6))
     assert torch.allclose(grams[0], grams[1], atol=1e-12)
 
@@ -190,9 +190,9 @@ def _noisy_count_servers(sd, round_counts):
     rf = stsa.RandomFeatures(3, 3)
     clean = [stsa.stsae_client(x[k::2], y[k::2], 2, rf, num_dummy=4, seed=k) for k in range(2)]
     noisy = [stsa.add_upload_noise(m, 0.1, sd / 0.1, gen, entries=("n",)) for m in clean]
-    servers = [stsa.STSAServer(3, 2, 1.0, "stsa_e", round_counts=round_counts) for _ in range(2)]
-    servers[0].receive_stage(clean, 0)
-    servers[1].receive_stage(noisy, 0)
+    servers = [stsa.STSAServer(3, 2, 1.0, "stsa_e", round_counts=round_counts, noisy_counts=True) for _ in range(2)]
+    servers[0].receive_stage(clean, 0, 2)
+    servers[1].receive_stage(noisy, 0, 2)
     return servers
 
 
@@ -219,8 +219,8 @@ def test_counts_below_min_count_are_empty_clients():
     sums = torch.zeros(3, 2, 1, dtype=torch.float64)
     sums[:, :, 0] = torch.tensor([[1.0, 2.0], [3.0, 1.0], [0.0, 0.0]])
     noisy_counts = torch.tensor([[1.0], [2.0], [0.2]], dtype=torch.float64)  # a true 0 with noise +0.2
-    server = stsa.STSAServer(2, 1, 1.0, "stsa_e", k_mode="per_class")
-    server.receive_stage([Message("c", {"C": sums, "n": noisy_counts})], 0)
+    server = stsa.STSAServer(2, 1, 1.0, "stsa_e", k_mode="per_class", noisy_counts=True)
+    server.receive_stage([Message("c", {"C": sums, "n": noisy_counts})], 0, 1)
     ref = stsa.gram_estimate(sums[:2], noisy_counts[:2], "per_class")
     assert torch.allclose(server.gram, ref, rtol=0, atol=1e-12)
 
@@ -446,7 +446,7 @@ def test_server_receive_stage_equals_broadcast_then_receive():
     rf = stsa.RandomFeatures(5, 12, seed=1)
     msgs = [stsa.stsa_client(x[k::3], y[k::3], 6, rf) for k in range(3)]
     a, b = stsa.STSAServer(12, 8, 1.0), stsa.STSAServer(12, 8, 1.0)
-    a.receive_stage(msgs, offset=2)
+    a.receive_stage(msgs, offset=2, num_classes=6)
     b.begin_stage(rf_seed=1, M=12, stage=0, offset=2, num_classes=6)
     b.receive(msgs)
     assert torch.equal(a.solve(8), b.result())

@@ -34,6 +34,7 @@ import torch
 from tqdm import tqdm
 
 from fedlib import bench
+from fedlib.core.uploads import check_uploads
 from fedlib.papers import afl
 from fedlib.core.linalg import SufficientStats, as_tensor
 from fedlib.core.devices import resolve_device
@@ -105,6 +106,9 @@ def bandwidth_floor(held: int, dim: int, classes: int, per_client: int, device, 
             return srv.rhs
         return run
 
+    def check():   # the upload check of every server's receive alone (fedlib.core.uploads)
+        check_uploads(stats, afl.expected_upload(dim, classes))
+
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -112,7 +116,7 @@ def bandwidth_floor(held: int, dim: int, classes: int, per_client: int, device, 
                            "floor packed": floor(acc_packed, packed, "C_packed"),
                            "arithmetic": arithmetic,
                            "server full": server(full), "server packed": server(packed),
-                           "server statistics": server(stats)}, repeats)
+                           "server statistics": server(stats), "check statistics": check}, repeats)
     finally:
         torch.set_num_threads(before)
     per = {k: v.best / held for k, v in t.items()}
@@ -207,10 +211,13 @@ def main(argv: list[str] | None = None) -> int:
         bench.row("server, full C (one pass)", f"{flo['server full'] * 1e3:.3f} ms/upload", w),
         bench.row("server, packed C (one pass)", f"{flo['server packed'] * 1e3:.3f} ms/upload", w),
         bench.row("server, packed C + B (sums only)", f"{flo['server statistics'] * 1e3:.3f} ms/upload", w),
+        bench.row("its upload check alone (packed C + B)", f"{flo['check statistics'] * 1e3:.3f} ms/upload  (shapes, "
+                  f"dtypes, finite values: one read)", w),
         *bench.ratio_rows({"floor full": flo["floor full"], "server full": flo["server full"],
                            "server packed": flo["server packed"]}, "floor full", w, fmt=".2f"),
         *bench.ratio_rows({"floor packed": flo["floor packed"], "server packed": flo["server packed"],
-                           "server C+B": flo["server statistics"]}, "floor packed", w, fmt=".2f"),
+                           "server C+B": flo["server statistics"], "check C+B": flo["check statistics"]},
+                          "floor packed", w, fmt=".2f"),
         *bench.ratio_rows({"arithmetic": flo["arithmetic"], "server packed": flo["server packed"]},
                           "arithmetic", w, fmt=".2f"),
         bench.check_row("max rel. |B_packed - B_full|", flo["rhs_diff"], 1e-12, "sum_k C_k W_k, both forms", w),

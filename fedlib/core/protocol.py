@@ -6,7 +6,8 @@ A method is two objects:
   only client k's steps ever see), ``step(data, state, broadcast) -> Message`` computes the upload
   from the client's local data, its state and the server's broadcast;
 - a :class:`Server`: ``broadcast() -> Message`` is what this round's clients receive,
-  ``receive(messages)`` takes the round's uploads, ``result()`` is what the run produced.
+  ``expects()`` what it accepts from them (checked against its own state, :mod:`fedlib.core.uploads`),
+  ``receive(messages)`` checks and takes the round's uploads, ``result()`` is what the run produced.
 
 :func:`simulate` drives them in one process (rounds, client sampling, measured bytes and seconds).
 Inside ``with transport(t):`` every :func:`simulate` call is handed to ``t`` instead, with the same
@@ -25,6 +26,7 @@ import torch
 
 from fedlib.core.devices import synchronize
 from fedlib.core.messages import Cost, Message
+from fedlib.core.uploads import Expected, check_uploads
 
 
 class Client(Protocol):
@@ -43,20 +45,37 @@ class Client(Protocol):
     # float round-off); :func:`simulate` calls it with each round's participants when present.
 
 
-class Server(Protocol):
-    """What the server does with the uploads."""
+class Server:
+    """What the server does with the uploads; every server of fedlib derives from it.
+
+    A server defines ``broadcast()`` (what the coming round's clients receive), ``expects()`` (an
+    :class:`~fedlib.core.uploads.Expected`: the uploads it accepts now, from its own state),
+    ``absorb(messages)`` (take a round's checked uploads) and ``result()``. ``receive(messages)``
+    checks the whole round against ``expects()`` first: a malformed upload raises a ValueError that
+    names its sender and entry, and the server's state is left as it was.
+    """
 
     def broadcast(self) -> Message:
         """The message every client of the coming round receives."""
-        ...
+        raise NotImplementedError
 
-    def receive(self, messages: list[Message]) -> None:
-        """Take one round's uploads (in client order)."""
-        ...
+    def expects(self) -> Expected:
+        """The uploads this server accepts now (shapes from its own state)."""
+        raise NotImplementedError
+
+    def receive(self, messages: Sequence[Message]) -> None:
+        """Take one round's uploads (in client order), every one checked before any is absorbed."""
+        messages = list(messages)
+        check_uploads(messages, self.expects())
+        self.absorb(messages)
+
+    def absorb(self, messages: list[Message]) -> None:
+        """Take one round's uploads, already checked by :meth:`receive`."""
+        raise NotImplementedError
 
     def result(self) -> Any:
         """What the run produced (a model state, weights, landmarks...)."""
-        ...
+        raise NotImplementedError
 
 
 class ClientStates(dict):

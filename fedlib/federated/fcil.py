@@ -28,8 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedlib.core import uploads
 from fedlib.core.messages import Message
-from fedlib.core.persample import fisher_diagonal
+from fedlib.core.persample import default_names, fisher_diagonal
 from fedlib.core.validate import check_positive, check_real
 from fedlib.federated.gradient import FedAlgorithm, FedProx, build_from_registry, weighted_cross_entropy
 
@@ -55,6 +56,10 @@ class IncrementalAlgorithm(FedAlgorithm):
 
     def receive_stage(self, memory: dict, uploads: list[Message], global_model: nn.Module) -> None:
         """The stage-end round's uploads, with the stage's final global model."""
+
+    def stage_entries(self, global_model: nn.Module, names: Sequence[str]) -> dict[str, Any]:
+        """What ``stage_upload`` holds (:mod:`fedlib.core.uploads` entries), as the server checks it."""
+        return {}
 
     # -- client side ----------------------------------------------------------------------------
     def stage_upload(self, global_model: nn.Module, x: Tensor, y: Tensor, num_seen: int,
@@ -160,6 +165,13 @@ class FedEWC(IncrementalAlgorithm):
 
     def stage_upload(self, global_model, x, y, num_seen, names, batch_size):
         return {"fisher": fisher_diagonal(global_model, x, y, num_seen, names, batch_size), "n": int(x.shape[0])}
+
+    def stage_entries(self, global_model, names):
+        """The Fisher of every trained parameter (its shape and dtype, values >= 0) and n >= 1."""
+        params = dict(global_model.named_parameters())
+        fisher = {n: uploads.Tensor(tuple(params[n].shape), (str(params[n].dtype).removeprefix("torch."),), low=0.0)
+                  for n in (default_names(global_model) if names is None else names)}
+        return {"fisher": fisher, "n": uploads.Number(low=1, integer=True)}
 
     def receive_stage(self, memory, uploads, global_model):
         names = list(uploads[0]["fisher"])

@@ -28,7 +28,8 @@ from torch import Tensor, nn
 
 from fedlib.core.devices import resolve_device, torch_threads
 from fedlib.core.messages import Cost, Message
-from fedlib.core.protocol import EMPTY, ClientStates, RoundCallback, simulate
+from fedlib.core import uploads
+from fedlib.core.protocol import EMPTY, ClientStates, RoundCallback, Server, simulate
 from fedlib.core.seeds import seed_everything, torch_generator
 from fedlib.core.validate import check_choice, check_int, check_positive, check_real
 from fedlib.evaluation.metrics import model_accuracy
@@ -167,8 +168,12 @@ class MOONHead(nn.Module):
 # helpers
 # ----------------------------------------------------------------------------------------------
 def average_states(states: Sequence[dict[str, Tensor]], weights: Sequence[float]) -> dict[str, Tensor]:
-    """sum_k w_k * state_k for floating entries; integer buffers (e.g. BN counters) from the first."""
+    """sum_k w_k * state_k for floating entries; integer buffers (e.g. BN counters) from the first. The
+    states must hold the same entries with the same shapes (nothing is broadcast)."""
     out: dict[str, Tensor] = {}
+    for k, s in enumerate(states[1:], 1):
+        if s.keys() != states[0].keys() or any(s[n].shape != v.shape for n, v in states[0].items()):
+            raise ValueError(f"state {k} does not match state 0 (entries or shapes differ): nothing is averaged")
     for key, ref in states[0].items():
         if ref.is_floating_point():
             acc = ref * weights[0]
@@ -346,6 +351,10 @@ class FedAlgorithm:
     def setup_upload(self, y: Tensor, state: dict, num_classes: int) -> dict[str, Any]:
         return {}
 
+    def setup_entries(self, num_classes: int | None) -> dict[str, Any]:
+        """What ``setup_upload`` holds (:mod:`fedlib.core.uploads` entries), as the server checks it."""
+        return {}
+
     def begin_local(self, local: Local) -> None:
         """After the local model received the global weights, before local SGD."""
 
@@ -399,6 +408,10 @@ class FedAlgorithm:
 
     def broadcast_extra(self, memory: dict) -> dict[str, Any]:
         """Broadcast entries besides the global ``state``."""
+        return {}
+
+    def upload_entries(self, memory: dict, global_model: nn.Module) -> dict[str, Any]:
+        """Upload entries besides ``state`` and ``n`` (what ``end_local`` adds), as the server checks them."""
         return {}
 
     def aggregation_weights(self, memory: dict, uploads: list[Message]) -> list[float]:
@@ -688,6 +701,11 @@ class FedDisco(FedAlgorithm):
 
     def setup_upload(self, y, state, num_classes):
         return {"label_counts": torch.bincount(y.cpu(), minlength=num_classes)}
+
+    def setup_entries(self, num_classes):
+        """Label counts (C,): whole numbers >= 0, not all 0 (an empty client does not take part)."""
+        return {"label_counts": uploads.Tensor((num_classes if num_classes is not None else "C",),
+                                               uploads.INTEGERS, low=0, nonzero=True)}
 
     def receive_setup(self, memory, uploads):
         total = torch.stack([m["label_counts"] for m in uploads]).sum(0)
@@ -986,17 +1004,27 @@ class GradientClient:
         return uploads
 
 
-class GradientServer:
+def state_entries(model: nn.Module) -> dict[str, uploads.Tensor]:
+    """The upload entries of ``model``'s state dict: every tensor with its exact shape and dtype."""
+    return {k: uploads.Tensor(tuple(v.shape), (str(v.dtype).removeprefix("torch."),))
+            for k, v in model.state_dict().items()}
+
+
+class GradientServer(Server):
     """Server program of every gradient method: broadcasts ``{"state": global weights,
     **method.broadcast_extra(memory)}`` (or nothing, in the setup round of a method that has one),
     aggregates the uploads with ``method.aggregate``; ``result()`` = the global model.
-    ``memory``: the server's own persistent dict (kept across stages by an incremental learner)."""
+    ``memory``: the server's own persistent dict (kept across stages by an incremental learner).
+    Uploads are checked against the global model (:meth:`expects`): ``state`` with its exact keys,
+    shapes and dtypes, finite values, ``n`` an integer >= 1, and the method's own entries; after a
+    setup round only the clients that took part in it may upload."""
 
     def __init__(self, method: FedAlgorithm, global_model: nn.Module, num_clients: int,
-                 memory: dict | None = None):
-        self.method, self.model = method, global_model
+                 memory: dict | None = None, num_classes: int | None = None):
+        self.method, self.model, self.num_classes = method, global_model, num_classes
         self.memory = {} if memory is None else memory
         self.in_setup = method.needs_setup
+        self.enrolled: set[str] | None = None   # the setup round's clients
         method.server_init(self.memory, global_model, num_clients)
 
     def broadcast(self) -> Message:
@@ -1005,9 +1033,18 @@ class GradientServer:
         extra = self.method.broadcast_extra(self.memory)
         return Message("server", {"state": self.model.state_dict(), **extra})
 
-    def receive(self, messages: list[Message]) -> None:
+    def expects(self) -> uploads.Expected:
+        name = self.method.name
+        if self.in_setup:
+            return uploads.Expected((self.method.setup_entries(self.num_classes),), what=f"{name} setup upload")
+        form = {"state": state_entries(self.model), "n": uploads.Number(low=1, integer=True),
+                **self.method.upload_entries(self.memory, self.model)}
+        return uploads.Expected((form,), senders=self.enrolled, what=f"{name} upload")
+
+    def absorb(self, messages: list[Message]) -> None:
         if self.in_setup:
             self.method.receive_setup(self.memory, messages)
+            self.enrolled = {m.sender for m in messages}
             self.in_setup = False
         else:
             self.method.aggregate(self.memory, self.model, messages)
@@ -1132,7 +1169,7 @@ def _run(model_fn, clients, test, algorithm, config, progress, num_classes, call
     global_model = model_fn().to(device)
     client = GradientClient(algorithm, global_model, config, num_classes)
     global_model.requires_grad_(False).eval()  # the server's model: only aggregation writes it
-    server = GradientServer(algorithm, global_model, len(active), memory)
+    server = GradientServer(algorithm, global_model, len(active), memory, num_classes)
     if states is None:
         states = ClientStates(client)
     sample_gen = torch.Generator().manual_seed(config.seed)

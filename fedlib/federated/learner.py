@@ -35,7 +35,8 @@ from torch import Tensor, nn
 
 from fedlib.core.devices import resolve_device, torch_threads
 from fedlib.core.messages import Cost, Message
-from fedlib.core.protocol import ClientStates, RoundCallback, simulate
+from fedlib.core import uploads
+from fedlib.core.protocol import ClientStates, RoundCallback, Server, simulate
 from fedlib.core.seeds import derive_seed, torch_generator
 from fedlib.core.validate import check_choice, check_int
 from fedlib.evaluation.metrics import accuracy
@@ -46,7 +47,7 @@ __all__ = ["EVAL_CHUNK", "eval_chunks", "stage_config",
            "BALANCING", "MEMORY_MODES", "SCENARIOS", "select_top", "budget_groups", "Replay", "RandomReplay",
            "SCORE_RULES", "el2n_scores", "grand_scores", "ScoreReplay", "herding_order", "penultimate_features", "HerdingReplay",
            "reservoir_select", "ReservoirReplay", "GradientLearner", "FixedLearner", "StageCallback", "KeepWeights",
-           "FirstStageShare"]
+           "FirstStageShare", "CacheClient", "StageClient", "StateInit", "Broadcaster"]
 
 BALANCING = ("none", "proportional", "equal", "task", "task_class")
 MEMORY_MODES = ("total", "replay")
@@ -74,8 +75,8 @@ def eval_chunks(n: int, size: int = EVAL_CHUNK) -> list[tuple[int, int]]:
     """[(start, stop)] of the evaluation forwards of n samples: one chunk when n <= ``size``, else
     ceil(n / size) chunks of nearly equal sizes (each >= size / 2). A whole test set in one forward
     was measured about 2x slower on the CPU (the first convolution's output leaves the cache), and
-    chunks of >= 2 samples give the same logits as one forward (a single-sample forward can differ
-    in round-off: never made here unless n = 1)."""
+    chunks of this size give the same logits as one forward (much smaller chunks, and a single-sample
+    forward, can differ in round-off on some CPUs: never made here unless n is that small)."""
     n, size = check_int("n", n, 0), check_int("size", size, 1)
     if n <= size:
         return [(0, n)] if n else []
@@ -491,16 +492,20 @@ class StageClient:
         return Message(f"client{state['id']}", payload)
 
 
-class Broadcaster:
-    """Server of a one-round exchange: broadcasts ``payload``, keeps the uploads (``result()``)."""
+class Broadcaster(Server):
+    """Server of a one-round exchange: broadcasts ``payload``, keeps the uploads (``result()``), which
+    must be as ``expected`` (default: no entry)."""
 
-    def __init__(self, payload: dict):
-        self.payload, self.uploads = payload, []
+    def __init__(self, payload: dict, expected: uploads.Expected = uploads.NOTHING):
+        self.payload, self.expected, self.uploads = payload, expected, []
 
     def broadcast(self) -> Message:
         return Message("server", self.payload)
 
-    def receive(self, messages: list[Message]) -> None:
+    def expects(self) -> uploads.Expected:
+        return self.expected
+
+    def absorb(self, messages: list[Message]) -> None:
         self.uploads = messages
 
     def result(self) -> list[Message]:
@@ -671,7 +676,7 @@ class GradientLearner:
         num_old = self._num_seen if self.scenario == "class" else (self.num_classes if t > 0 else 0)
         alg, cost = self.algorithm, Cost()
         if self.states is None:
-            self.states = ClientStates(_StateInit(alg, self.config.seed))
+            self.states = ClientStates(StateInit(alg, self.config.seed))
         if self.replay is not None:
             cost += self._cache_round(t, data, num_old)
         config = stage_config(self.config, t)
@@ -744,10 +749,14 @@ class GradientLearner:
         if t > 0:
             payload["state"], template, names = self.model.state_dict(), self.model, self.trainable
         client = CacheClient(self.replay, template, self.config, self.num_classes, names)
+        for k in range(len(data)):   # each stage's log comes from that stage's cache round
+            self.states[k].pop("log", None)
         return simulate(Broadcaster(payload), client, data, 1, states=self.states)
 
     def _stage_round(self, data, limit: int) -> Cost:
-        server = Broadcaster({"state": self.model.state_dict(), "num_seen": limit})
+        entries = self.algorithm.stage_entries(self.model, self.trainable)
+        server = Broadcaster({"state": self.model.state_dict(), "num_seen": limit},
+                             uploads.Expected((entries,), what=f"{self.algorithm.name} stage upload"))
         client = StageClient(self.algorithm, self.model, self.config, self.trainable)
         active = [k for k, (x, _) in enumerate(data) if x.shape[0] > 0]
         with torch_threads(self.config.num_threads):
@@ -766,8 +775,12 @@ class GradientLearner:
                                     "old": zeros})
             self.pim_log.append(None)
             return
-        logs = [self.states[k]["log"] for k in range(len(data))]
-        keys = [k for k in logs[0] if k != "pim" and (t > 0 or not k.startswith(("pool_", "old_")))]
+        # a client whose cache-round reply was left out (over Flower) has no log of this stage: zeros, no PIM
+        logs = [self.states[k].get("log") for k in range(len(data))]
+        first = next(log for log in logs if log is not None)
+        keys = [k for k in first if k != "pim" and (t > 0 or not k.startswith(("pool_", "old_")))]
+        blank = {key: np.zeros_like(np.asarray(first[key])) for key in keys}
+        logs = [log if log is not None else {**blank, "pim": None} for log in logs]
         self.memory_log.append({key: np.array([log[key] for log in logs]) for key in keys})
         pims = [log["pim"] for log in logs]
         self.pim_log.append(pims if t > 0 and self.replay.name == "refed" else None)
@@ -831,7 +844,7 @@ class GradientLearner:
                 f"scenario={self.scenario!r}, num_classes={self.num_classes})")
 
 
-class _StateInit:
+class StateInit:
     """Makes client k's initial state (the same as the training client's ``init_state``)."""
 
     def __init__(self, method: IncrementalAlgorithm, seed: int):

@@ -42,7 +42,8 @@ import torch
 from fedlib.core.linalg import (Array, SufficientStats, _smallest_eig_estimate, as_tensor, numerical_rank, one_hot,
                                 predict, relative_error, ridge_solve)
 from fedlib.core.messages import Cost, Message
-from fedlib.core.protocol import EMPTY, simulate
+from fedlib.core.protocol import EMPTY, Server, simulate
+from fedlib.core.uploads import Expected, Number, Tensor, check_uploads
 from fedlib.core.validate import check_choice, check_positive
 
 SERVERS = ("pairwise", "one_solve")
@@ -201,8 +202,7 @@ def packed_dim(packed) -> int:
 
 
 def upload_gram(msg: Message) -> torch.Tensor:
-    """``C_k^r`` (d, d) of an upload in either form (``"C"`` or ``"C_packed"``), checked against its
-    W or B (d, C)."""
+    """``C_k^r`` (d, d) of an upload in either form (``"C"`` or ``"C_packed"``), checked (:func:`check_upload`)."""
     check_upload(msg)
     return msg["C"] if "C" in msg.payload else unpack_symmetric(msg["C_packed"], _head(msg).shape[0])
 
@@ -217,24 +217,23 @@ def _head(msg: Message):
     return msg["W"] if "W" in msg.payload else msg["B"]
 
 
-def check_upload(msg: Message) -> None:
-    """Refuse an upload whose Gram entry does not fit its W or B (d, C): exactly one of ``"W"`` and
-    ``"B"``, a (d, C) matrix; exactly one of ``"C"`` (d, d) and ``"C_packed"`` (d(d+1)/2 entries)."""
-    pay = msg.payload
-    if ("W" in pay) == ("B" in pay) or np.ndim(_head(msg)) != 2:
-        raise ValueError(f"malformed AFL upload from {msg.sender}: it must hold exactly one of 'W' (the head) and "
-                         f"'B' (X_k^T Y_k), a (d, C) matrix, got entries {sorted(pay)}")
-    dim = int(np.shape(_head(msg))[0])
-    if ("C" in pay) == ("C_packed" in pay):
-        raise ValueError(f"malformed AFL upload from {msg.sender}: it must hold exactly one of 'C' (d, d) and "
-                         f"'C_packed' (d(d+1)/2,), got entries {sorted(pay)}")
-    if "C" in pay and tuple(np.shape(pay["C"])) != (dim, dim):
-        raise ValueError(f"malformed AFL upload from {msg.sender}: C has shape {tuple(np.shape(pay['C']))}, "
-                         f"expected ({dim}, {dim}) for a head of shape {tuple(np.shape(_head(msg)))}")
-    if "C_packed" in pay and tuple(np.shape(pay["C_packed"])) != (packed_length(dim),):
-        raise ValueError(f"malformed AFL upload from {msg.sender}: C_packed has shape "
-                         f"{tuple(np.shape(pay['C_packed']))}, expected ({packed_length(dim)},) = d(d+1)/2 "
-                         f"entries of the upper triangle for a head of shape {tuple(np.shape(_head(msg)))}")
+#: the four forms of an AFL upload: the head W_k^r (d, C) or B_k = X_k^T Y_k, beside C_k^r full (d, d)
+#: or packed (d(d+1)/2,), and gamma >= 0 (eqs. 12, 14)
+UPLOAD_FORMS = tuple({head: Tensor(("d", "C")), **gram, "gamma": Number(low=0.0)}
+                     for head in ("W", "B")
+                     for gram in ({"C": Tensor(("d", "d"))},
+                                  {"C_packed": Tensor((lambda dims: packed_length(dims["d"]),))}))
+
+
+def expected_upload(dim: int | None = None, num_classes: int | None = None) -> Expected:
+    """What an AFL server accepts (:data:`UPLOAD_FORMS`); a size not given is fixed by the first upload."""
+    return Expected(UPLOAD_FORMS, {"d": dim, "C": num_classes}, what="AFL upload")
+
+
+def check_upload(msg: Message, dim: int | None = None, num_classes: int | None = None) -> None:
+    """Refuse (ValueError naming the sender and entry) an upload that is not one of :data:`UPLOAD_FORMS`
+    with finite values, d and C as given (or consistent within the upload)."""
+    check_uploads([msg], expected_upload(dim, num_classes))
 
 
 def aa_weights(c_agg: torch.Tensor, c_k: torch.Tensor, sign: int = +1, inverse: str = "solve"):
@@ -329,11 +328,13 @@ def _singular_message(what: str, rank: int | None = None, dim: int | None = None
             "inverse='pinv' (the paper's Table 1 'w/o RI' recipe)")
 
 
-class _AAServerBase:
-    """What both AFL servers share: the one-shot broadcast (nothing is sent), the loop over a round's
-    uploads and the bookkeeping of K, sum gamma, upload sizes and server seconds."""
+class _AAServerBase(Server):
+    """What both AFL servers share: the one-shot broadcast (nothing is sent), the check of every upload
+    against the sizes d and C (given, or fixed by the first upload), the loop over a round's uploads
+    and the bookkeeping of K, sum gamma, upload sizes and server seconds."""
 
-    def __init__(self):
+    def __init__(self, dim: int | None = None, num_classes: int | None = None):
+        self.dim, self.num_classes = dim, num_classes
         self.gamma_sum = 0.0
         self.count = 0
         self.upload_bytes: list[int] = []
@@ -343,12 +344,16 @@ class _AAServerBase:
         """AFL's clients need nothing from the server (Alg. 1 is one upload): :data:`EMPTY`, 0 bytes."""
         return EMPTY
 
-    def receive(self, messages: Sequence[Message]) -> None:
+    def expects(self) -> Expected:
+        return expected_upload(self.dim, self.num_classes)
+
+    def absorb(self, messages: Sequence[Message]) -> None:
         """Absorb uploads ``{"W", "C", "gamma"}`` in the order given (the aggregation order)."""
         t0 = time.perf_counter()
         for msg in messages:
+            self.dim, self.num_classes = (int(n) for n in _head(msg).shape)
             self._absorb(msg)
-            self.gamma_sum += msg["gamma"]
+            self.gamma_sum += float(msg["gamma"])
             self.count += 1
             self.upload_bytes.append(msg.nbytes)
         self.seconds += time.perf_counter() - t0
@@ -367,15 +372,16 @@ class PairwiseAAServer(_AAServerBase):
     matrix), so a step costs two factorizations (of C_k and of S), O(d^3) as in the paper.
     """
 
-    def __init__(self, sign: int = +1, inverse: str = "solve"):
-        super().__init__()
+    def __init__(self, sign: int = +1, inverse: str = "solve", dim: int | None = None,
+                 num_classes: int | None = None):
+        super().__init__(dim, num_classes)
         self.sign, self.inverse = sign, inverse
         self.weights: torch.Tensor | None = None
         self.gram: torch.Tensor | None = None
         self._inv_gram = None   # applier of C_agg^{-1}, from the previous step (aa_combine)
 
     def _absorb(self, msg: Message) -> None:
-        c_k = upload_gram(msg)
+        c_k = msg["C"] if "C" in msg.payload else unpack_symmetric(msg["C_packed"], self.dim)
         if self.inverse == "solve" and msg["gamma"] == 0:
             # gamma = 0: C_k = X_k^T X_k may be singular; a Cholesky can still "succeed" on rounding
             # noise and return garbage, so test the rank (eigendecomposition, relative tolerance)
@@ -411,15 +417,14 @@ class OneSolveServer(_AAServerBase):
     be mixed in one round.
     """
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, dim: int | None = None, num_classes: int | None = None):
+        super().__init__(dim, num_classes)
         self.gram_full: torch.Tensor | None = None     # (d, d): sum of the full uploads' C_k^r
         self.rhs_full_t: torch.Tensor | None = None    # (C, d): their sum of (C_k^r W_k^r)^T
         self.gram_packed: torch.Tensor | None = None   # (d(d+1)/2,): sum of the packed uploads' triangles
         self.rhs_packed_t: torch.Tensor | None = None  # (C, d): their sum of (C_k^r W_k^r)^T
 
     def _absorb(self, msg: Message) -> None:
-        check_upload(msg)
         head = _head(msg)
         packed = "C_packed" in msg.payload
         c_k = msg["C_packed" if packed else "C"]
@@ -557,6 +562,19 @@ def _host_arrays(acc: torch.Tensor, c: torch.Tensor, w: torch.Tensor):
     return (c.detach().to(acc.dtype).contiguous().numpy(), w.detach().to(acc.dtype).T.contiguous().numpy())
 
 
+def _kernel_sizes(rhs_t: torch.Tensor, w_k: torch.Tensor) -> tuple[int, int]:
+    """(d, C) of the sums ``rhs_t`` (C, d), checked against the head ``w_k`` (d, C): the compiled loops
+    index without bounds checks, so every size they read is checked here first."""
+    _require(rhs_t.ndim == 2 and tuple(w_k.shape) == tuple(rhs_t.shape)[::-1], "head", rhs_t.T, w_k)
+    return int(rhs_t.shape[1]), int(rhs_t.shape[0])
+
+
+def _require(ok: bool, what: str, held: torch.Tensor, got: torch.Tensor) -> None:
+    if not ok:
+        raise ValueError(f"the one-solve server holds a {what} of shape {tuple(held.shape)}; "
+                         f"cannot add one of shape {tuple(got.shape)}")
+
+
 def _absorb_packed(gram_packed: torch.Tensor, rhs_t: torch.Tensor, p_k: torch.Tensor, w_k: torch.Tensor) -> None:
     """Add a packed upload to the one-solve server's sums: ``gram_packed += p_k`` and
     ``rhs_t += (C_k W_k)^T`` with ``C_k`` symmetric of upper triangle ``p_k``, in place.
@@ -565,6 +583,8 @@ def _absorb_packed(gram_packed: torch.Tensor, rhs_t: torch.Tensor, p_k: torch.Te
     classes (each thread also adds its share of the packed sum); deterministic (no two threads
     write one entry). Elsewhere, or without numba: unpack, add and multiply with torch.
     """
+    dim, num_classes = _kernel_sizes(rhs_t, w_k)
+    _require(gram_packed.shape == p_k.shape == (packed_length(dim),), "packed Gram", gram_packed, p_k)
     kernels = _kernels() if p_k.device.type == "cpu" else None
     if kernels is None:
         gram_packed += p_k
@@ -582,6 +602,8 @@ def _absorb_full(gram: torch.Tensor, rhs_t: torch.Tensor, c_k: torch.Tensor, w_k
     """Add a full upload to the one-solve server's sums: ``gram += c_k`` and ``rhs_t += (c_k W_k)^T``,
     in place; on the CPU the compiled one-pass kernel over ``torch.get_num_threads()`` row ranges,
     elsewhere (or without numba) torch's addition and matrix product."""
+    dim, num_classes = _kernel_sizes(rhs_t, w_k)
+    _require(gram.shape == c_k.shape == (dim, dim), "Gram", gram, c_k)
     kernels = _kernels() if c_k.device.type == "cpu" else None
     if kernels is None:
         gram += c_k
@@ -594,10 +616,13 @@ def _absorb_full(gram: torch.Tensor, rhs_t: torch.Tensor, c_k: torch.Tensor, w_k
     _in_threads(kernels["full"], (gram.numpy(), rhs_t.numpy(), c, wt), ranges)
 
 
-def make_server(server: str = "one_solve", sign: int = +1, inverse: str = "solve"):
-    """``"pairwise"`` -> :class:`PairwiseAAServer`; ``"one_solve"`` -> :class:`OneSolveServer`."""
+def make_server(server: str = "one_solve", sign: int = +1, inverse: str = "solve", dim: int | None = None,
+                num_classes: int | None = None):
+    """``"pairwise"`` -> :class:`PairwiseAAServer`; ``"one_solve"`` -> :class:`OneSolveServer`; uploads must
+    have features ``dim`` and classes ``num_classes`` (None: as the first upload's)."""
     check_choice("server", server, SERVERS)
-    return PairwiseAAServer(sign, inverse) if server == "pairwise" else OneSolveServer()
+    return PairwiseAAServer(sign, inverse, dim, num_classes) if server == "pairwise" else \
+        OneSolveServer(dim, num_classes)
 
 
 def ri_restore(weights_r: torch.Tensor, gram_r: torch.Tensor, gamma_sum: float) -> torch.Tensor:
@@ -677,7 +702,7 @@ class AFLClient:
                              self.packed, self.statistics)
 
 
-class _ClientData(Sequence):
+class ClientRows(Sequence):
     """``data[k]`` = client k's ``(x_k, labels_k)``, sliced on demand (no copy of all clients at once)."""
 
     def __init__(self, x: torch.Tensor, labels: np.ndarray, parts: Sequence[np.ndarray]):
@@ -719,9 +744,9 @@ def run_afl(x: Array, labels: Array, parts: Sequence[np.ndarray], num_classes: i
         if small:
             raise ValueError(_singular_message(f"C_k of {len(small)} client(s) with N_k < d = {int(x.shape[1])} "
                                                f"(e.g. client {small[0]}, N_k = {len(parts[small[0]])})"))
-    srv = make_server(server, sign, inverse)
+    srv = make_server(server, sign, inverse, int(x.shape[1]), num_classes)
     _kernels()   # the one-off import and load of the compiled loops stays out of the measured seconds
-    data = _ClientData(as_tensor(x, dtype, device), np.asarray(labels), parts)
+    data = ClientRows(as_tensor(x, dtype, device), np.asarray(labels), parts)
     client = AFLClient(num_classes, gamma, dtype, device, packed, statistics)
     if one_round:
         if order != sorted(order):
@@ -882,7 +907,6 @@ def run_baselines(protocol: str, jobs, partitions: SettingPartitions, num_client
     client and round) and the concatenated per-round histories.
     """
     import pandas as pd
-    from tqdm.auto import tqdm
 
     cache = RunCache() if cache is None else cache
     out, frames = [], []

@@ -30,7 +30,8 @@ import torch
 
 from fedlib.core.linalg import Array, SufficientStats, relative_error, ridge_solve
 from fedlib.core.messages import Cost, Message
-from fedlib.core.protocol import EMPTY, simulate
+from fedlib.core import uploads
+from fedlib.core.protocol import EMPTY, Server, simulate
 from fedlib.core.seeds import derive_seed
 from fedlib.core.validate import check_int, check_positive
 from fedlib.papers import afl
@@ -191,7 +192,7 @@ class TSQRClient:
         return tsqr_client_update(x, labels, self.num_classes, state["name"], self.dtype)
 
 
-class TSQRServer:
+class TSQRServer(Server):
     """Stacks the uploaded factors and re-factors them, eq. (tsqr-stack), in float64.
 
     Streaming with bounded memory: uploads are buffered and, once the buffer holds ``flush`` x
@@ -200,11 +201,12 @@ class TSQRServer:
     of :func:`tsqr_weights` with the server's ``gamma`` (0: plain least squares).
     """
 
-    def __init__(self, num_classes: int, gamma: float = 0.0, flush: int = 4):
+    def __init__(self, num_classes: int, gamma: float = 0.0, flush: int = 4, dim: int | None = None):
         check_int("num_classes", num_classes, 1)
         check_positive("gamma", gamma, strict=False)
         check_int("flush", flush, 1)
         self.num_classes, self.gamma, self.flush = num_classes, float(gamma), flush
+        self.dim = None if dim is None else check_int("dim", dim, 1)
         self.factor: np.ndarray | None = None
         self.buffer: list[np.ndarray] = []
         self.buffered_rows = 0
@@ -216,20 +218,26 @@ class TSQRServer:
         """TSQR needs nothing from the server: :data:`~fedlib.core.protocol.EMPTY`."""
         return EMPTY
 
-    def receive(self, messages: Sequence[Message]) -> None:
+    def expects(self) -> uploads.Expected:
+        """A packed factor of ``shape`` (m, d + C), m <= d + C, finite; d + C as the earlier uploads'."""
+        cols = self.factor.shape[1] if self.factor is not None else \
+            None if self.dim is None else self.dim + self.num_classes
+        form = {"shape": (uploads.Number(low=0, high="k", integer=True, bind="m"),
+                          uploads.Number(low=self.num_classes + 1, integer=True, bind="k")),
+                "R_packed": uploads.Tensor((lambda dims: trapezoid_length(dims["m"], dims["k"]),), array="numpy")}
+        return uploads.Expected((form,), {"k": cols}, local=("m",), what="TSQR upload")
+
+    def absorb(self, messages: Sequence[Message]) -> None:
         t0 = time.perf_counter()
         for msg in messages:
             r_k = upload_factor(msg).astype(np.float64)
-            cols = r_k.shape[1]
             if self.factor is None:
-                self.factor = np.zeros((0, cols))
-            if cols != self.factor.shape[1]:
-                raise ValueError(f"TSQR upload from {msg.sender} has {cols} columns, the others {self.factor.shape[1]}")
+                self.factor = np.zeros((0, r_k.shape[1]))
             self.buffer.append(r_k)
             self.buffered_rows += r_k.shape[0]
             self.count += 1
             self.upload_bytes.append(msg.nbytes)
-            if self.buffered_rows >= self.flush * cols:
+            if self.buffered_rows >= self.flush * r_k.shape[1]:
                 self._reduce()
         self.seconds += time.perf_counter() - t0
 
@@ -270,7 +278,7 @@ def run_tsqr(x: Array, labels: Array, parts: Sequence[np.ndarray], num_classes: 
         raise ValueError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}")
     xn, yn = _check_data(x, labels, num_classes)
     parts = _check_parts(parts, len(yn))
-    server = TSQRServer(num_classes, gamma, flush)
+    server = TSQRServer(num_classes, gamma, flush, dim=xn.shape[1])
     cost = simulate(server, TSQRClient(num_classes, dtype), [(xn[p], yn[p]) for p in parts])
     t0 = time.perf_counter()
     w = server.result()
@@ -548,7 +556,7 @@ class MaskedStatsClient:
         return Message(f"client{state['index']}", {"masked": enc})
 
 
-class SecureSumServer:
+class SecureSumServer(Server):
     """Server of secure aggregation: broadcasts ``frac_bits``, adds the uploads in the ring (mod 2^64,
     so the masks cancel exactly), decodes the sum once and solves ``(sum G_k) W = sum B_k``
     (:func:`~fedlib.core.linalg.ridge_solve`), eq. (secure-solve). Keeps the first ``keep``
@@ -564,12 +572,14 @@ class SecureSumServer:
     def broadcast(self) -> Message:
         return Message("server", {"frac_bits": list(self.frac_bits)})
 
-    def receive(self, messages: Sequence[Message]) -> None:
+    def expects(self) -> uploads.Expected:
+        """One (2, d(d+1)/2 + d C + 1) uint64 ring vector per client."""
+        return uploads.Expected(({"masked": uploads.Tensor(self.total.shape, ("uint64",), array="numpy")},),
+                                what="masked upload")
+
+    def absorb(self, messages: Sequence[Message]) -> None:
         for msg in messages:
-            u = np.asarray(msg["masked"], dtype=np.uint64)
-            if u.shape != self.total.shape:
-                raise ValueError(f"malformed masked upload from {msg.sender}: shape {u.shape}, "
-                                 f"expected {self.total.shape}")
+            u = msg["masked"]
             self.total = self.total + u
             if len(self.seen) < self.keep:
                 self.seen.append(u.copy())
@@ -651,7 +661,7 @@ class StatsClient:
         return Message(state["name"], {"G_packed": afl.pack_symmetric(st.gram), "B": st.xty, "n": int(st.n)})
 
 
-class StatsServer:
+class StatsServer(Server):
     """Keeps every client's statistics ``(G_k, B_k, N_k)`` (:class:`StatsClient` uploads): what
     leave-one-client-out validation and unlearning need (unlike the ridge path, which needs the sums only)."""
 
@@ -661,7 +671,15 @@ class StatsServer:
     def broadcast(self) -> Message:
         return EMPTY
 
-    def receive(self, messages: Sequence[Message]) -> None:
+    def expects(self) -> uploads.Expected:
+        """{B (d, C), G_packed (d(d+1)/2,), n >= 0}, float64, finite; d and C as the first client's."""
+        form = {"B": uploads.Tensor(("d", "C"), ("float64",)),
+                "G_packed": uploads.Tensor((lambda dims: afl.packed_length(dims["d"]),), ("float64",)),
+                "n": uploads.Number(low=0, integer=True)}
+        known = self.clients[0].xty.shape if self.clients else (None, None)
+        return uploads.Expected((form,), {"d": known[0], "C": known[1]}, what="statistics upload")
+
+    def absorb(self, messages: Sequence[Message]) -> None:
         for msg in messages:
             xty = msg["B"]
             self.clients.append(SufficientStats(afl.unpack_symmetric(msg["G_packed"], xty.shape[0]), xty, int(msg["n"])))

@@ -43,10 +43,12 @@ from torch import Tensor
 
 from fedlib.core.linalg import SufficientStats, as_tensor, lstsq_reference, one_hot, ridge_fit, ridge_solve
 from fedlib.core.messages import Cost, Message
-from fedlib.core.protocol import ClientStates, simulate
+from fedlib.core import uploads
+from fedlib.core.protocol import ClientStates, Server, simulate
 from fedlib.core.seeds import derive_seed, torch_generator
 from fedlib.core.validate import check_choice, check_int, check_positive
 from fedlib.federated.incremental import make_stream, run_class_incremental, task_offset
+from fedlib.papers.afl import UPLOAD_FORMS as AFL_UPLOAD_FORMS
 from fedlib.papers.afl import OneSolveServer as AFLOneSolveServer
 from fedlib.papers.afl import client_update as afl_client_update
 
@@ -285,7 +287,7 @@ class _StageBroadcast:
         return Message("server", dict(self.info))
 
 
-class STSAServer(_StageBroadcast):
+class STSAServer(_StageBroadcast, Server):
     """Spatial (eq. 2) and temporal (eq. 4) aggregation and the ridge solve (eqs. 8 / 10), as a
     :class:`fedlib.core.protocol.Server`.
 
@@ -297,30 +299,48 @@ class STSAServer(_StageBroadcast):
     Uploaded counts (STSA-E) are used as real numbers, so noise on them (Table 7) reaches the
     estimate; counts below :data:`MIN_COUNT` become 0 (an empty client). ``round_counts=True``
     rounds them to the nearest integer instead, which removes count noise of sd << 0.5 entirely.
+    Every upload is checked first (:meth:`expects`): G (M, M) and C (M, c_t) (STSA), or C (K_D, M, c_t)
+    and n (K_D, c_t) (STSA-E), finite; counts are whole numbers >= 0 unless ``noisy_counts`` (the
+    clients add noise to n: any real value, read as above).
     """
 
     def __init__(self, dim: int, num_classes: int, gamma: float, variant: str = "stsa", k_mode: str = "global",
-                 clip: bool = False, round_counts: bool = False, device: str | torch.device = "cpu"):
+                 clip: bool = False, round_counts: bool = False, device: str | torch.device = "cpu",
+                 noisy_counts: bool = False):
         check_choice("variant", variant, VARIANTS)
         check_choice("k_mode", k_mode, K_MODES)
         check_positive("gamma", gamma, strict=False)
         self.variant, self.k_mode, self.clip, self.gamma = variant, k_mode, clip, float(gamma)
-        self.round_counts = bool(round_counts)
+        self.round_counts, self.noisy_counts = bool(round_counts), bool(noisy_counts)
         self.gram = torch.zeros(dim, dim, dtype=torch.float64, device=device)
         self.xty = torch.zeros(dim, num_classes, dtype=torch.float64, device=device)
         self.seconds = 0.0
         self.info = {"offset": 0, "num_classes": num_classes}
 
-    def receive(self, uploads: Sequence[Message]) -> None:
+    def expects(self) -> uploads.Expected:
+        """This stage's uploads: sizes M (the random features) and c_t (``info["num_classes"]``); K_D per upload."""
+        return uploads.Expected((self.upload_form(),), {"M": self.gram.shape[0], "c": int(self.info["num_classes"])},
+                        local=("J",), what=f"{self.variant} upload")
+
+    def upload_form(self) -> dict:
+        if self.variant == "stsa":
+            return {"G": uploads.Tensor(("M", "M")), "C": uploads.Tensor(("M", "c"))}
+        return {"C": uploads.Tensor(("J", "M", "c")), "n": self.counts_entry(("J", "c"))}
+
+    def counts_entry(self, shape: tuple) -> uploads.Tensor:
+        """Uploaded class counts: whole numbers >= 0, or any real numbers when the clients add noise to them."""
+        return uploads.Tensor(shape) if self.noisy_counts else uploads.Tensor(shape, low=0.0, integral=True)
+
+    def absorb(self, messages: Sequence[Message]) -> None:
         """Aggregate one stage's uploads into the running statistics (block ``info["offset"]``)."""
         start = time.perf_counter()
         dev = self.gram.device
         if self.variant == "stsa":
-            c_t = sum(u["C"].to(dev, torch.float64) for u in uploads)
-            self.gram += sum(u["G"].to(dev, torch.float64) for u in uploads)
+            c_t = sum(u["C"].to(dev, torch.float64) for u in messages)
+            self.gram += sum(u["G"].to(dev, torch.float64) for u in messages)
         else:
-            sums = torch.cat([u["C"].to(dev, torch.float64) for u in uploads])   # (J, M, c_t)
-            counts = torch.cat([u["n"].to(dev, torch.float64) for u in uploads])                 # (J, c_t)
+            sums = torch.cat([u["C"].to(dev, torch.float64) for u in messages])   # (J, M, c_t)
+            counts = torch.cat([u["n"].to(dev, torch.float64) for u in messages])                 # (J, c_t)
             if self.round_counts:
                 counts = counts.round().clamp_min(0)
             else:  # noisy counts (Table 7) stay real; a count below MIN_COUNT is an empty client
@@ -331,10 +351,10 @@ class STSAServer(_StageBroadcast):
         self.xty[:, offset:offset + c_t.shape[1]] += c_t
         self.seconds += time.perf_counter() - start
 
-    def receive_stage(self, uploads: Sequence[Message], offset: int) -> None:
-        """``receive`` for a stage whose class block starts at ``offset`` (no broadcast needed)."""
-        self.info = {**self.info, "offset": int(offset)}
-        self.receive(uploads)
+    def receive_stage(self, messages: Sequence[Message], offset: int, num_classes: int) -> None:
+        """``receive`` for a stage whose class block is ``[offset, offset + num_classes)`` (no broadcast needed)."""
+        self.info = {**self.info, "offset": int(offset), "num_classes": int(num_classes)}
+        self.receive(messages)
 
     def solve(self, num_seen: int) -> Tensor:
         """W_t = (G_{1:t} + gamma I)^{-1} C_{1:t} (M, num_seen)."""
@@ -465,7 +485,8 @@ class STSALearner(_StagewiseLearner):
         self.solve_every_stage = bool(solve_every_stage)
         self._stale = False
         self.features = RandomFeatures(in_dim, M, rf_seed, device)
-        self.server = STSAServer(M, num_classes, gamma, variant, k_mode, clip, round_counts, device)
+        self.server = STSAServer(M, num_classes, gamma, variant, k_mode, clip, round_counts, device,
+                                 noisy_counts=noise is not None and "n" in tuple(noise_entries))
         self.variant, self.num_dummy, self.split, self.head = variant, int(num_dummy), split, head
         self.seed, self.noise, self.noise_entries = seed, noise, tuple(noise_entries)
         self.name = name or variant
@@ -493,7 +514,13 @@ class STSALearner(_StagewiseLearner):
 
 
 class _AFLStageServer(_StageBroadcast, AFLOneSolveServer):
-    """AFL's one-solve server (AFL eqs. 56-57) with the stage broadcast of the STSA protocol."""
+    """AFL's one-solve server (AFL eqs. 56-57) with the stage broadcast of the STSA protocol: uploads
+    of the stage's c_t classes on the M random features, with the broadcast gamma."""
+
+    def expects(self) -> uploads.Expected:
+        gamma = float(self.info["gamma"])
+        forms = tuple({**form, "gamma": uploads.Number(low=gamma, high=gamma)} for form in AFL_UPLOAD_FORMS)
+        return uploads.Expected(forms, {"d": self.info["M"], "C": self.info["num_classes"]}, what="AFL upload")
 
 
 class AFLStagewiseLearner(_StagewiseLearner):
@@ -964,11 +991,11 @@ def order_and_split_errors(stream, x: np.ndarray, pos: np.ndarray, features: Ran
     for t in reversed(range(len(stream.tasks))):
         task = stream.tasks[t]
         server_rev.receive_stage([stsa_client(x[task.train_idx], pos[task.train_idx] - task.offset,
-                                              task.num_classes, features)], task.offset)
+                                              task.num_classes, features)], task.offset, task.num_classes)
     for task in stream.tasks:
         for half in np.array_split(task.train_idx, 2):
             server_split.receive_stage([stsa_client(x[half], pos[half] - task.offset, task.num_classes, features)],
-                                       task.offset)
+                                       task.offset, task.num_classes)
     return (relative_error(server_rev.solve(num_classes), reference),
             relative_error(server_split.solve(num_classes), reference))
 

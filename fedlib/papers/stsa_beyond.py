@@ -39,10 +39,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlib.core import privacy
+from fedlib.core import privacy, uploads
 from fedlib.core.linalg import SufficientStats, as_tensor, lstsq_reference
 from fedlib.core.messages import Cost, Message
-from fedlib.core.protocol import ClientStates, simulate
+from fedlib.core.protocol import ClientStates, Server, simulate
 from fedlib.core.seeds import torch_generator
 from fedlib.core.validate import check_choice, check_int, check_positive
 from fedlib.federated.incremental import accuracy_matrix_metrics, make_stream
@@ -281,21 +281,25 @@ class PathServer(STSAServer):
 
     def __init__(self, dim: int, num_classes: int, gamma: float | None = None, gamma_rule: str = "gcv", grid=None,
                  psd: bool = False, device: str | torch.device = "cpu"):
+        """``psd``: noisy uploads (G projected to PSD; the counts n are then any real numbers)."""
         check_choice("gamma_rule", gamma_rule, GAMMA_RULES)
         if gamma_rule == "fixed":
             gamma = check_positive("gamma", gamma)
         else:
             grid = check_gamma_grid(grid)
-        super().__init__(dim, num_classes, gamma if gamma is not None else 0.0, "stsa", device=device)
+        super().__init__(dim, num_classes, gamma if gamma is not None else 0.0, "stsa", device=device, noisy_counts=psd)
         self.gamma_rule, self.grid, self.psd = gamma_rule, grid, bool(psd)
         self.counts = torch.zeros(num_classes, dtype=torch.float64, device=device)
         self.chosen: list[float] = []
         self.path: RidgePath | None = None
         self.gcv_values: np.ndarray | None = None
 
-    def receive(self, uploads: Sequence[Message]) -> None:
-        super().receive(uploads)
-        n_t = sum(u["n"].to(self.counts) for u in uploads)
+    def upload_form(self) -> dict:
+        return {**super().upload_form(), "n": self.counts_entry(("c",))}
+
+    def absorb(self, messages: Sequence[Message]) -> None:
+        super().absorb(messages)
+        n_t = sum(u["n"].to(self.counts) for u in messages)
         offset = self.info["offset"]
         self.counts[offset:offset + n_t.shape[0]] += n_t
 
@@ -494,8 +498,8 @@ def gcv_paired(runs, reference: str = "GCV (per stage)", metric: str = "A_T"):
     return pd.DataFrame(rows)
 
 
-class _Collector:
-    """A server that keeps one round's uploads (the clean uploads are computed once per seed)."""
+class _Collector(Server):
+    """A server that keeps one round's clean {G, C, n} uploads (computed once per seed)."""
 
     def __init__(self, info: dict):
         self.info, self.uploads = info, []
@@ -503,8 +507,13 @@ class _Collector:
     def broadcast(self) -> Message:
         return Message("server", dict(self.info))
 
-    def receive(self, uploads) -> None:
-        self.uploads = list(uploads)
+    def expects(self) -> uploads.Expected:
+        form = {"G": uploads.Tensor(("M", "M")), "C": uploads.Tensor(("M", "c")),
+                "n": uploads.Tensor(("c",), low=0.0, integral=True)}
+        return uploads.Expected((form,), {"M": self.info["M"], "c": self.info["num_classes"]}, what="STSA upload")
+
+    def absorb(self, messages) -> None:
+        self.uploads = list(messages)
 
     def result(self):
         return self.uploads
@@ -587,7 +596,7 @@ def _gcv_seed(stats: dict, features, seed: int, *, M: int, grid, gammas, device)
     acc_gcv = np.full((t_count, t_count), np.nan)
     fixed = {float(g): np.full((t_count, t_count), np.nan) for g in gammas}
     for t, task in enumerate(stream.tasks):
-        server.receive_stage([stats["sums"][None][t]], task.offset)
+        server.receive_stage([stats["sums"][None][t]], task.offset, task.num_classes)
         server.solve(stream.num_seen(t))
         idx, groups = _groups(stream, t)
         chosen = server.chosen[-1]
@@ -640,7 +649,7 @@ def _dp_seed(stats: dict, features, seed: int, *, M: int, num_clients: int, clip
     for label, clip, eps, z, sums in settings:
         server = PathServer(M, len(features.classes), gamma_rule="gcv", grid=grid, psd=True, device=device)
         for t, task in enumerate(stream.tasks):
-            server.receive_stage([sums[t]], task.offset)
+            server.receive_stage([sums[t]], task.offset, task.num_classes)
         server.solve(stream.num_seen(stream.num_tasks - 1))
         path, gamma_gcv = server.path, server.chosen[-1]
         cand = np.unique(np.concatenate([grid, [fixed_gamma, gamma_gcv]]))

@@ -45,8 +45,9 @@ import pandas as pd
 import scipy.linalg as sla
 import scipy.sparse as sp
 
+from fedlib.core import uploads
 from fedlib.core.messages import Cost, Message
-from fedlib.core.protocol import ClientStates, simulate
+from fedlib.core.protocol import ClientStates, Server, simulate
 from fedlib.core.validate import check_choice, check_int, check_positive
 from fedlib.papers.fedtsne.chapters import _list_overlap
 from fedlib.papers.fedtsne.feddl import feddl, plateau_share
@@ -256,7 +257,7 @@ class KMeansClient:
                                                "counts": np.bincount(lab, minlength=len(C)).astype(np.float64)})
 
 
-class KMeansServer:
+class KMeansServer(Server):
     """Server of federated Lloyd: broadcasts the centres; from the uploads, c_k <- sum_p S_pk / sum_p N_pk
     (a cell nobody fills keeps its centre). It needs only the totals, so additive secure aggregation of
     the uploads suffices; without it each client's cell means are visible, and a cell holding one of a
@@ -271,7 +272,13 @@ class KMeansServer:
     def broadcast(self) -> Message:
         return Message("server", {"centers": self.C})
 
-    def receive(self, messages: list[Message]) -> None:
+    def expects(self) -> uploads.Expected:
+        """Per client: cell sums (n_y, m) and counts (n_y,), float64, finite, counts whole numbers >= 0."""
+        form = {"sums": uploads.Tensor(self.C.shape, ("float64",), array="numpy"),
+                "counts": uploads.Tensor((len(self.C),), ("float64",), array="numpy", low=0.0, integral=True)}
+        return uploads.Expected((form,), what="k-means upload")
+
+    def absorb(self, messages: list[Message]) -> None:
         S = sum(msg["sums"] for msg in messages)
         N = sum(msg["counts"] for msg in messages)
         new = self.C.copy()
@@ -416,7 +423,7 @@ class PlacementClient:
         return Message(f"client{state['k']}", {"embedding": Z} if self.upload else {})
 
 
-class PlacementServer:
+class PlacementServer(Server):
     """Server of local placement: broadcasts the landmarks and their embedding; ``result()`` = the
     uploaded positions, one (n_p, 2) array per client (empty list when clients keep them)."""
 
@@ -430,7 +437,12 @@ class PlacementServer:
     def broadcast(self) -> Message:
         return Message("server", {"landmarks": self.Y, "landmark_embedding": self.Z_Y})
 
-    def receive(self, messages: list[Message]) -> None:
+    def expects(self) -> uploads.Expected:
+        """Per client: its positions (n_p, 2), finite, or nothing (the positions stay with the client)."""
+        return uploads.Expected(({"embedding": uploads.Tensor(("n", 2), array="numpy")}, {}), local=("n",),
+                                what="placement upload")
+
+    def absorb(self, messages: list[Message]) -> None:
         self.embeddings = [msg["embedding"] for msg in messages if "embedding" in msg.payload]
 
     def result(self) -> list[np.ndarray]:

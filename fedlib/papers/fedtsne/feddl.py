@@ -12,9 +12,9 @@ from typing import Sequence
 
 import numpy as np
 
-from fedlib.core import privacy, seeds
+from fedlib.core import privacy, seeds, uploads
 from fedlib.core.messages import Cost, Message
-from fedlib.core.protocol import ClientStates, EMPTY, simulate
+from fedlib.core.protocol import EMPTY, ClientStates, Server, simulate
 from fedlib.core.validate import check_choice, check_fraction, check_int, check_positive
 from fedlib.papers.fedtsne.dp import (
     DP_MECHANISMS, DP_SENSITIVITIES, _check_epsilon_delta, _privacy_ledger, clip_rows, data_sensitivity,
@@ -92,6 +92,8 @@ def _add_scaled(target: np.ndarray, x: np.ndarray, a: float) -> np.ndarray:
     in target's dtype. Returns the sum (target itself when it is C-contiguous)."""
     from scipy.linalg.blas import get_blas_funcs
 
+    if np.shape(x) != np.shape(target):   # BLAS would update a prefix of the flat arrays
+        raise ValueError(f"cannot add an array of shape {np.shape(x)} to one of shape {np.shape(target)}")
     target = np.ascontiguousarray(target)
     flat = target.reshape(-1)
     x = np.ascontiguousarray(x, dtype=target.dtype).reshape(-1)
@@ -313,7 +315,7 @@ class FedDLClient:
         return cached[2]
 
 
-class FedDLServer:
+class FedDLServer(Server):
     """Server of FedDL (Algorithm 1), :class:`fedlib.core.protocol.Server`.
 
     Round 1 is the set-up: an empty broadcast; from the uploads the server takes the weights w_p,
@@ -321,7 +323,12 @@ class FedDLServer:
     moments; "gaussian"; "uniform"; or an (n_y, m) array; drawn from ``default_rng(seed)``) and the step
     (``lr="auto"``: ``lr_scale``/L, :func:`lipschitz_bound`). Every later round broadcasts {"landmarks", "gamma",
     "lr"} and updates Y <- post(Y - server_lr sum_p w_p g_p) (Eq. 16) or post(sum_p w_p Y_p) (Eq. 15).
-    ``result()`` = (Y^S, Y^0, step norms ||Y^s - Y^{s-1}||_F^2)."""
+    ``result()`` = (Y^S, Y^0, step norms ||Y^s - Y^{s-1}||_F^2).
+
+    Every upload is checked first (:meth:`expects`): the set-up's n_p an integer >= 1 and the moments or
+    median its rules need; a round's (n_y, m) array in the run's dtype, finite, from a client of the
+    set-up. A round that some set-up client misses (left out over Flower) weighs the others by their
+    w_p renormalized to sum 1."""
 
     def __init__(self, n_landmarks: int, dim: int, *, mode: str = "gradient", weights: str = "size",
                  init="moments", gamma="median", lr="auto", lr_scale: float = 1.0, server_lr=None,
@@ -335,17 +342,32 @@ class FedDLServer:
         self.Y = self.Y0 = None
         self.steps: list[float] = []
         self.setup_bytes = 0
+        self.clients: list[str] = []   # the set-up round's senders, in the order of ``w``
 
     def broadcast(self) -> Message:
         if self.Y is None:
             return EMPTY
         return Message("server", {"landmarks": self.Y, "gamma": self.gamma, "lr": self.lr})
 
-    def receive(self, messages: list[Message]) -> None:
+    def expects(self) -> uploads.Expected:
+        if self.Y is None:
+            form: dict = {"n": uploads.Number(low=1, integer=True)}
+            if (isinstance(self.init, str) and self.init == "moments") or self.gamma == "moments":
+                form.update(sum=uploads.Tensor(("m",), array="numpy"),
+                            sumsq=uploads.Tensor(("m",), array="numpy", low=0.0))
+            if isinstance(self.gamma, str) and self.gamma == "median":
+                form["median_sqdist"] = uploads.Number(low=0.0)
+            return uploads.Expected((form,), {"m": self.dim}, what="FedDL set-up upload")
+        entry = uploads.Tensor((self.ny, self.dim), (self.dtype,), array="numpy")
+        return uploads.Expected(({"gradient" if self.mode == "gradient" else "landmarks": entry},),
+                                senders=set(self.clients), what="FedDL upload")
+
+    def absorb(self, messages: list[Message]) -> None:
         if self.Y is None:
             self._setup(messages)
             return
-        w = self.w if self.dtype == "float64" else [float(wp) for wp in self.w]   # float32: stays float32
+        w = self._round_weights(messages)
+        w = w if self.dtype == "float64" else [float(wp) for wp in w]   # float32: stays float32
         if self.mode == "gradient":
             Y_new = _weighted_sum([msg["gradient"] for msg in messages], [-float(self.server_lr) * wp for wp in w])
             Y_new += self.Y
@@ -363,7 +385,17 @@ class FedDLServer:
         """(Y^S, Y^0, step norms); landmarks as float64 whatever ``dtype`` (the Nystrom step computes in float64)."""
         return np.asarray(self.Y, dtype=np.float64), np.asarray(self.Y0, dtype=np.float64), np.array(self.steps)
 
+    def _round_weights(self, messages: list[Message]):
+        """w_p of this round's senders: ``w`` itself when every set-up client answered (in order), else
+        their w_p renormalized to sum 1."""
+        if [m.sender for m in messages] == self.clients:
+            return self.w
+        index = {name: p for p, name in enumerate(self.clients)}
+        w = np.array([self.w[index[m.sender]] for m in messages])
+        return w / w.sum()
+
     def _setup(self, messages: list[Message]) -> None:
+        self.clients = [msg.sender for msg in messages]
         self.setup_bytes = sum(msg.nbytes for msg in messages)
         self.w = _client_weights(np.array([msg["n"] for msg in messages], dtype=np.float64), self.weights_rule)
         if isinstance(self.gamma, str):
@@ -520,7 +552,7 @@ def feddl(client_data: Sequence, n_landmarks: int = 500, *, rounds: int = 100, l
     over the rounds. Returns a :class:`FedDLResult` (landmarks (n_y, m), per-round objective, measured
     :class:`~fedlib.core.messages.Cost`, epsilon spent).
     """
-    run = _FedDLRun.start(client_data, n_landmarks, rounds=rounds, local_steps=local_steps, mode=mode, lr=lr,
+    run = FedDLRun.start(client_data, n_landmarks, rounds=rounds, local_steps=local_steps, mode=mode, lr=lr,
                           lr_scale=lr_scale, server_lr=server_lr, weights=weights, init=init, gamma=gamma,
                           noise=noise, beta=beta,
                           epsilon=epsilon, delta=delta, tau_x=tau_x, tau_y=tau_y, dp_sensitivity=dp_sensitivity,
@@ -531,7 +563,7 @@ def feddl(client_data: Sequence, n_landmarks: int = 500, *, rounds: int = 100, l
 
 
 @dataclass
-class _FedDLRun:
+class FedDLRun:
     """One FedDL run in progress: the client program, the server, the clients' states and the cost so
     far. :meth:`advance` runs more rounds of the protocol (the first call adds the set-up round), so a
     run can be continued exactly as one long run (:func:`feddl_until_plateau`)."""
@@ -548,7 +580,7 @@ class _FedDLRun:
     @classmethod
     def start(cls, client_data, n_landmarks, *, rounds, local_steps, mode, lr, server_lr, weights, init, gamma,
               noise, beta, epsilon, delta, tau_x, tau_y, dp_sensitivity, dp_accountant, landmark_bounds,
-              median_points, seed, dtype="float64", lr_scale=1.0) -> "_FedDLRun":
+              median_points, seed, dtype="float64", lr_scale=1.0) -> "FedDLRun":
         a = _check_feddl_args(client_data, n_landmarks, rounds, local_steps, mode, lr, server_lr, weights, init,
                               gamma, noise, beta, epsilon, delta, tau_x, tau_y, dp_sensitivity, dp_accountant,
                               landmark_bounds, median_points, dtype, lr_scale)
@@ -730,7 +762,7 @@ def feddl_until_plateau(client_data: Sequence, n_landmarks: int = 500, *, tol: f
         return math.isfinite(share) and share <= tol
 
     keep = {int(c) for c in checkpoints}
-    run = _FedDLRun.start(client_data, n_landmarks, **options)
+    run = FedDLRun.start(client_data, n_landmarks, **options)
     done, kept, reported = 0, {}, []
     for stop in stops:
         run.advance(stop - done, progress)

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedlib.core import uploads
 from fedlib.core.messages import Message
+from fedlib.core.protocol import Server
 from fedlib.core.validate import check_choice, check_int, check_positive
 from fedlib.papers.fedtsne.knn import BLOCK_BYTES, blockwise_knn, check_k
 from fedlib.papers.fedtsne.mmd import _as_matrix, gaussian_kernel, sq_distances
@@ -77,7 +79,8 @@ def landmark_pinv(W, *, inverse: str = "pinv", rank: int | None = None, ridge: f
 
 def nystrom(B, W, **inverse_kw) -> np.ndarray:
     """Nystrom estimate B W^+ B^T (Eq. 19/22; C W^{-1} C^T of Alg. 3), symmetrized: B (n, n_y) -> (n, n).
-    Keywords go to :func:`landmark_pinv`."""
+    Keywords go to :func:`landmark_pinv`. Each upload is checked first: one (n_p, n_y) float64 block,
+    finite, squared distances >= 0 or kernel values in [0, 1]."""
     B = np.asarray(B, dtype=np.float64)
     W = np.asarray(W, dtype=np.float64)
     if B.ndim != 2 or W.shape != (B.shape[1], B.shape[1]):
@@ -153,7 +156,7 @@ class NystromClient:
         return client_kernel(data, broadcast["landmarks"], broadcast["gamma"], sender)
 
 
-class NystromServer:
+class NystromServer(Server):
     """Server of the Nystrom step, :class:`fedlib.core.protocol.Server`: broadcasts Y (and gamma for
     ``kind="kernel"``), stacks the clients' blocks B = [D_1; ...; D_P] (Eq. 21) and ``result()`` is
     the estimate in the clients' stacked row order: sqrt(clip_0(B W^+ B^T)) with W = D_YY (Eq. 22,
@@ -177,7 +180,12 @@ class NystromServer:
             payload["gamma"] = self.gamma
         return Message("server", payload)
 
-    def receive(self, messages: list[Message]) -> None:
+    def expects(self) -> uploads.Expected:
+        key, high = ("sq_distances", None) if self.kind == "distances" else ("kernel", 1.0)
+        entry = uploads.Tensor(("n", len(self.Y)), ("float64",), array="numpy", low=0.0, high=high)
+        return uploads.Expected(({key: entry},), local=("n",), what="Nystrom upload")
+
+    def absorb(self, messages: list[Message]) -> None:
         if self.kind == "distances":
             B = np.vstack([msg["sq_distances"] for msg in messages])                      # Eq. 21
             W = sq_distances(self.Y)
