@@ -4,7 +4,6 @@ Context, so equality with the in-process runs and the fault handling are checked
 The engines themselves are tested in test_flower_simulation.py and test_flower_deployment.py."""
 from __future__ import annotations
 
-import pickle
 
 import numpy as np
 import pytest
@@ -14,11 +13,13 @@ pytest.importorskip("flwr")
 
 from conftest import afl_ridge_reference  # noqa: E402
 from flwr.app import ArrayRecord, Context, RecordDict  # noqa: E402
+from flwr.app import Message as FlowerMessage  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from fedlib.core import protocol  # noqa: E402
 from fedlib.core.messages import Message as FedMessage  # noqa: E402
 from fedlib.flower import apps, records, transport  # noqa: E402
+from fedlib.flower import programs as programs_mod  # noqa: E402
 from fedlib.flower.tasks import OPTIONS, Task, parse_options  # noqa: E402
 
 
@@ -44,14 +45,44 @@ def test_records_round_trip_is_lossless():
         records.to_records(FedMessage("c", {"f": object()}))
 
 
-def test_program_unpickler_refuses_foreign_code():
-    import os
+def test_client_programs_travel_as_data_and_nodes_build_only_fedlib_programs():
+    """Every client program a task hands to simulate is described as JSON (no pickle, no callable) and
+    rebuilt on the node with the same description; an unknown program, method or policy is refused."""
+    import json
 
-    with pytest.raises(pickle.UnpicklingError, match="refusing to load"):
-        transport.loads(pickle.dumps(os.getcwd))
+    from fedlib.federated.fcil import FedEWC
+    from fedlib.federated.gradient import FedConfig, FedProx, GradientClient, MLPHead
+    from fedlib.federated.learner import CacheClient, RandomReplay, StageClient, StateInit
     from fedlib.papers.afl import AFLClient
+    from fedlib.papers.fedtsne.feddl import FedDLClient
+    from fedlib.papers.refed import RefedReplay
 
-    assert transport.loads(pickle.dumps(AFLClient(10, 2.0))) == AFLClient(10, 2.0)
+    task = Task(parse_options("refed", ""))
+    model, config = task.model(), FedConfig(rounds=2, device="cpu")
+    programs = [AFLClient(10, 2.0, torch.float32, packed=False), FedDLClient(seed=3, landmark_bounds=(0.0, 1.0),
+                                                                             setup=("moments",)),
+                GradientClient(FedProx(mu=0.1), model, config, 10), StageClient(FedEWC(lam=5.0), model, config, ["proj.weight"]),
+                CacheClient(RefedReplay(50, lam=0.5, pim_epochs=2), model, config, 10, ["proj.weight"]),
+                CacheClient(RandomReplay(20), torch.nn.Identity(), config, 10, []), StateInit(FedEWC(), 4)]
+    for program in programs:
+        text = programs_mod.describe(program)
+        assert json.loads(text) and "\\x" not in text
+        rebuilt = programs_mod.build(text, task)
+        assert type(rebuilt) is type(program) and programs_mod.describe(rebuilt) == text
+    assert programs_mod.build(programs_mod.describe(programs[0]), task) == programs[0]
+    with pytest.raises(TypeError, match="not a client program that can run over Flower"):
+        programs_mod.describe(object())
+    with pytest.raises(ValueError, match="unknown client program 'os.system'"):
+        programs_mod.build(json.dumps({"program": "os.system"}), task)
+    bad = json.loads(programs_mod.describe(programs[4]))
+    bad["replay"]["class"] = "Popen"
+    with pytest.raises(ValueError, match="unknown replay policy 'Popen'"):
+        programs_mod.build(json.dumps(bad), task)
+    bad = json.loads(programs_mod.describe(programs[2]))
+    bad["model"]["state"][0][1] = [1, 1]
+    with pytest.raises(ValueError, match="differs from this node's model"):
+        programs_mod.build(json.dumps(bad), task)
+    assert isinstance(MLPHead(4, 2), torch.nn.Module)
 
 
 def test_options_are_checked_before_work():
@@ -60,8 +91,14 @@ def test_options_are_checked_before_work():
         parse_options("afl", "rounds=3")
     with pytest.raises(ValueError, match="option num-clients must be int"):
         parse_options("afl", "num-clients=three")
-    with pytest.raises(ValueError, match="alpha must be > 0"):
+    with pytest.raises(ValueError, match="alpha .the Dirichlet concentration. must be a finite number > 0"):
         parse_options("gradient", "alpha=0")
+    for bad in ("nan", "inf", "-1", "0"):     # a round's wait must be a finite number of seconds
+        with pytest.raises(ValueError, match="timeout .seconds per round. must be a finite number > 0"):
+            parse_options("afl", f"timeout={bad}")
+    with pytest.raises(ValueError, match="min-clients must be an integer >= 1 and <= 3"):
+        parse_options("afl", "min-clients=4")
+    assert parse_options("afl", "min-clients=3")["min-clients"] == 3
     with pytest.raises(ValueError, match="protocol"):
         parse_options("fedsgd")
     with pytest.raises(ValueError, match="key=value"):
@@ -76,7 +113,9 @@ def test_options_are_checked_before_work():
 # ------------------------------------------------------------------------------------------------
 class LoopbackGrid:
     """A Grid whose node i answers with :func:`fedlib.flower.transport.answer` on its own Context
-    (fault ``kind`` per node as in the ClientApp; "drop": never answers)."""
+    (fault ``kind`` per node as in the ClientApp; "drop": never answers; "unavailable": Flower's own
+    error reply for a node that stopped sending heartbeats, from the SuperLink's node id 0). Message
+    ids are set on push, as Flower's grids do."""
 
     def __init__(self, task: Task, faults: dict[int, str] | None = None):
         self.task, self.faults = task, faults or {}
@@ -87,16 +126,27 @@ class LoopbackGrid:
         return list(self.contexts)
 
     def send_and_receive(self, messages, timeout=None):
+        from flwr.app import Error
+
         replies = []
-        for m in messages:
+        for i, m in enumerate(messages):
+            m.metadata.__dict__["_message_id"] = f"m{id(m)}.{i}"
             node = m.metadata.dst_node_id
             kind = self.faults.get(node - 100, "")
+            if callable(kind):      # a node whose uploads this function damages
+                damage, kind = kind, ""
+            else:
+                damage = apps.corrupt(kind) if kind in ("nan", "shape") else None
             if kind == "drop":
                 continue
+            if kind == "unavailable":
+                reply = FlowerMessage(Error(5, "Error: Node Unavailable - no heartbeat"), reply_to=m)
+                reply.metadata.__dict__["_src_node_id"] = 0
+                replies.append(reply)
+                continue
             TaskIdentity.node_id = node
-            damage = apps.corrupt(kind) if kind in ("nan", "shape") else None
             task = apps._task(str(m.content.config_records[records.META]["task"]))
-            replies.append(transport.answer(m, self.contexts[node], task.client_data, damage))
+            replies.append(transport.answer(m, self.contexts[node], task, damage))
             TaskIdentity.node_id = 0
         return replies
 
@@ -112,7 +162,8 @@ def over_grid(config, faults=None):
     task = Task(config)
     grid = LoopbackGrid(task, faults)
     nodes = {k: 100 + k for k in range(config["num-clients"])}
-    t = transport.FlowerTransport(grid, nodes, 5.0, task.validators(), stage=lambda: task.stage, task=task.key)
+    t = transport.FlowerTransport(grid, nodes, 5.0, stage=lambda: task.stage, task=task.key,
+                                  min_clients=config["min-clients"])
     with protocol.transport(t):
         return task, task.run(), t
 
@@ -145,7 +196,7 @@ def test_afl_statistics_upload_gives_the_weights_uploads_head(identity):
     assert stats.summary["fedlib_bytes_up"] == weights.summary["fedlib_bytes_up"]
 
 
-@pytest.mark.parametrize("fault", ["nan", "shape", "drop"])
+@pytest.mark.parametrize("fault", ["nan", "shape", "drop", "unavailable"])
 def test_afl_fault_leaves_out_one_client_and_equals_centralized_ridge(identity, fault):
     config = parse_options("afl", "num-clients=4")
     task, outcome, t = over_grid(config, {2: fault})
@@ -155,9 +206,76 @@ def test_afl_fault_leaves_out_one_client_and_equals_centralized_ridge(identity, 
         assert report["missing"] == [2]
     else:
         why = report["rejected"]["2"]
-        assert ("non-finite" in why) if fault == "nan" else ("shape" in why), why
+        expect = {"nan": "non-finite", "shape": "has shape", "unavailable": "Flower error 5: Error: Node Unavailable"}
+        assert expect[fault] in why and not report["missing"], why
     assert outcome.summary["clients_aggregated"] == 3
     assert outcome.difference({"weights_regularized": afl_ridge_reference(task, [0, 1, 3])}) < 1e-10
+
+
+def _first_array(kind: str):
+    """A faulty node's upload: ``kind`` applied to its first array (depth first), or to its keys or sender."""
+    def change(value):
+        is_torch = isinstance(value, torch.Tensor)
+        if kind == "extra axis":
+            return value[None]
+        if kind == "dtype":
+            floating = value.is_floating_point() if is_torch else value.dtype.kind == "f"
+            target = (torch.float16 if floating else torch.float64) if is_torch else (np.float16 if floating else np.float64)
+            return value.to(target) if is_torch else value.astype(target)
+        return value.numpy() if is_torch else torch.from_numpy(np.array(value))   # the other array type
+
+    def first(tree):
+        for key, value in tree.items():
+            if isinstance(value, dict):
+                found = first(value)
+                if found is not None:
+                    return {**tree, key: found}
+            elif np.ndim(value) >= 1:
+                return {**tree, key: change(value)}
+        return None
+
+    def upload(message):
+        payload = message.payload
+        if kind == "missing entry":
+            payload = dict(list(payload.items())[1:])
+        elif kind == "extra key":
+            payload = {**payload, "extra": np.zeros(2)}
+        elif kind == "sender":
+            return FedMessage("client0", payload)
+        elif kind in ("nan", "shape"):
+            return apps.corrupt(kind)(message)
+        else:
+            payload = first(payload) or payload
+        return FedMessage(message.sender, payload)
+    return upload
+
+
+GRID_FUZZ = ["nan", "shape", "extra axis", "dtype", "array type", "missing entry", "extra key", "sender"]
+GRID_CASES = [("afl", ""), ("afl", "server=pairwise upload=statistics"), ("stsa", ""), ("stsa", "method=STSA-E"),
+              ("gradient", "method=fedavg"), ("gradient", "method=feddisco"), ("feddl", ""), ("refed", "")]
+
+
+@pytest.mark.parametrize("protocol_name,options", GRID_CASES)
+def test_a_malformed_node_is_left_out_and_the_honest_clients_give_the_clean_result(identity, protocol_name, options):
+    """Over the in-memory grid, node 2 sends every round's upload malformed (each kind of GRID_FUZZ): the
+    run goes on, node 2 is reported with the server's refusal, and the result is exactly that of the
+    run where node 2 never answers."""
+    config = parse_options(protocol_name, options)
+    _, dropped, _ = over_grid(config, {2: "drop"})
+    for kind in GRID_FUZZ:
+        _, outcome, t = over_grid(config, {2: _first_array(kind)})
+        why = t.report()["rejected"].get("2", "")
+        assert why.startswith("malformed upload: "), (kind, t.report())
+        assert ("is not client2" in why) if kind == "sender" else ("refused" in why and "from 'client2'" in why), why
+        assert outcome.difference(dropped.arrays) == 0.0, (protocol_name, options, kind)
+
+
+def test_too_few_valid_uploads_stop_the_run_with_one_clear_reason(identity):
+    config = parse_options("afl", "num-clients=3 min-clients=2")
+    with pytest.raises(transport.TooFewClients, match=r"step 1 round 1: 1 of 3 clients sent a valid upload, fewer "
+                                                       r"than the 2 the run needs \(min-clients\) - client 1: "
+                                                       r"malformed upload: refused AFL upload from 'client1'"):
+        over_grid(config, {1: "nan", 2: "drop"})
 
 
 def test_outcome_difference_flags_nan_placement_and_shape():
@@ -198,4 +316,4 @@ def test_cli_bad_option_is_one_error_line():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert out.stderr.strip() == ("error: unknown option 'bogus' for protocol 'afl'; allowed: alpha, dataset, "
-                                  "gamma, num-clients, partition, seed, server, timeout, upload")
+                                  "gamma, min-clients, num-clients, partition, seed, server, timeout, upload")

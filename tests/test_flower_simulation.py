@@ -34,6 +34,7 @@ def test_simulation_rejects_malformed_statistics(caplog):
     flower = report["flower"]
     assert flower["answered"] == [0, 3] and set(flower["rejected"]) == {"1", "2"}
     assert "non-finite" in flower["rejected"]["1"] and "shape" in flower["rejected"]["2"]
-    assert "client 1 rejected" in caplog.text and "client 2 rejected" in caplog.text
+    assert "client 1 left out of step 1 round 1: malformed upload: refused" in caplog.text
+    assert "client 2 left out of step 1 round 1: malformed upload: refused" in caplog.text
     want = afl_ridge_reference(Task(config), [0, 3])
     assert outcome.difference({"weights_regularized": want}) < 1e-10

@@ -6,10 +6,13 @@ is), then run the task's orchestration inside ``protocol.transport(FlowerTranspo
 write ``result.npz`` (the model / estimate) and ``report.json`` (who answered, fedlib's and
 Flower's bytes) to ``out-dir``.
 
+A run that fails (e.g. fewer valid uploads than ``min-clients``) writes its one-line reason to
+``out-dir/failed.txt``.
+
 Node (:func:`make_client_app`): "query" answers the node's partition id; "train" runs one
 protocol step (:func:`fedlib.flower.transport.answer`) on the node's own data. The node
 configuration may name a ``fault`` to exercise the server's fault handling: ``nan`` (upload a NaN),
-``shape`` (upload a matrix with a row missing) or ``slow`` (answer after ``fault-delay`` seconds).
+``shape`` (upload an array with a column missing) or ``slow`` (answer after ``fault-delay`` seconds).
 
 Deployment (``flwr run``) reads the run configuration ``protocol``, ``options`` (the
 ``key=value`` string of :func:`fedlib.flower.tasks.parse_options`) and ``out-dir``.
@@ -76,14 +79,21 @@ def serve(grid: Grid, config: dict[str, Any], out_dir: str | Path | None = None,
     """Run ``config``'s protocol over ``grid``; returns the outcome and the run report."""
     task = Task(config)
     count, timeout = config["num-clients"], config["timeout"]
-    nodes = client_nodes(grid, wait_for_nodes(grid, count, timeout), count, timeout)
     out = None if out_dir is None else Path(out_dir)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "nodes.json").write_text(json.dumps({str(k): v for k, v in nodes.items()}))
-    transport = FlowerTransport(grid, nodes, timeout, task.validators(), stage=lambda: task.stage, task=task.key)
-    with protocol.transport(transport):
-        outcome = task.run(progress)
+    try:
+        nodes = client_nodes(grid, wait_for_nodes(grid, count, timeout), count, timeout)
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "nodes.json").write_text(json.dumps({str(k): v for k, v in nodes.items()}))
+        transport = FlowerTransport(grid, nodes, timeout, stage=lambda: task.stage, task=task.key,
+                                    min_clients=config["min-clients"])
+        with protocol.transport(transport):
+            outcome = task.run(progress)
+    except Exception as err:
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "failed.txt").write_text(f"{type(err).__name__}: {err}")
+        raise
     report = {"config": config, **outcome.summary, "flower": transport.report()}
     if out is not None:
         np.savez(out / "result.npz", **outcome.arrays)
@@ -126,19 +136,30 @@ def _task(key: str) -> Task:
 
 
 def corrupt(kind: str):
-    """The upload a faulty node sends instead of its own (``kind`` in :data:`FAULTS`)."""
-    def damage(upload: FedMessage) -> FedMessage:
-        payload = dict(upload.payload)
-        name = next(k for k, v in payload.items() if np.ndim(v) >= 1)
-        value = payload[name]
-        value = np.array(value.detach().cpu().numpy() if hasattr(value, "detach") else value, dtype=np.float64)
+    """The upload a faulty node sends instead of its own (``kind`` in :data:`FAULTS`): its first array
+    (depth first) with a NaN (-1 in an integer array) or with its last column cut off."""
+    def damage(value):
         if kind == "nan":
-            value.flat[0] = np.nan
-        else:
-            value = value[:-1]
-        payload[name] = value
-        return FedMessage(upload.sender, payload)
-    return damage
+            torch_tensor = hasattr(value, "clone")
+            value = value.contiguous().clone() if torch_tensor else value.copy()
+            floating = value.is_floating_point() if torch_tensor else value.dtype.kind == "f"
+            value.reshape(-1)[0] = float("nan") if floating else -1
+            return value
+        return value[..., :-1]
+
+    def first(tree):
+        for key, value in (tree.items() if isinstance(tree, dict) else []):
+            if isinstance(value, dict):
+                found = first(value)
+                if found is not None:
+                    return {**tree, key: found}
+            elif np.ndim(value) >= 1 and np.size(value):
+                return {**tree, key: damage(value)}
+        return None
+
+    def upload(message: FedMessage) -> FedMessage:
+        return FedMessage(message.sender, first(message.payload) or message.payload)
+    return upload
 
 
 def make_client_app(faults: dict[int, str] | None = None, delay: float = 5.0) -> ClientApp:
@@ -163,7 +184,7 @@ def make_client_app(faults: dict[int, str] | None = None, delay: float = 5.0) ->
         kind, wait = node_fault(context)
         if kind == "slow":
             time.sleep(wait)
-        return answer(message, context, task.client_data, corrupt(kind) if kind in ("nan", "shape") else None)
+        return answer(message, context, task, corrupt(kind) if kind in ("nan", "shape") else None)
 
     return app
 

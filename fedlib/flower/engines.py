@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -24,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from fedlib.core.processes import Family
+from fedlib.core.validate import check_positive
 from fedlib.flower.tasks import Outcome, Task, options_string
 
 APP_DIR = Path(__file__).with_name("app")
@@ -84,15 +87,17 @@ def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float) -> 
 
 
 class Processes:
-    """Child processes in their own process groups, each stopped (SIGTERM, then SIGKILL) on close."""
+    """The deployment's processes: each in its own session (a Ctrl-C in the terminal reaches the command,
+    which stops them in order), all of one :class:`~fedlib.core.processes.Family`, so :meth:`close` also
+    stops what they started (a SuperLink's SuperExec and ServerApp, a SuperNode's ClientApps)."""
 
     def __init__(self, logs: Path, env: dict[str, str]):
-        self.logs, self.env, self.procs = logs, env, {}
+        self.family = Family()
+        self.logs, self.env, self.procs = logs, self.family.env(env), {}
 
     def start(self, name: str, cmd: list[str]) -> subprocess.Popen:
-        out = open(self.logs / f"{name}.log", "wb")
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
-        out.close()
+        with open(self.logs / f"{name}.log", "wb") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
         self.procs[name] = proc
         return proc
 
@@ -103,21 +108,10 @@ class Processes:
             proc.wait()
 
     def close(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for proc in self.procs.values():
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        for proc in self.procs.values():   # the group may hold grandchildren (flwr-clientapp ...)
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        self.family.stop()
+        for proc in self.procs.values():   # reap the direct children
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
 
 
 def run_deployment(config: dict[str, Any], out_dir: str | Path, faults: dict[int, str] | None = None,
@@ -128,13 +122,17 @@ def run_deployment(config: dict[str, Any], out_dir: str | Path, faults: dict[int
 
     ``faults`` {partition id: kind} goes to those nodes' configuration (:data:`fedlib.flower.apps.FAULTS`);
     ``kill``: the SuperNode (partition id) killed with SIGKILL once the server has mapped its
-    clients (give it ``faults={kill: "slow"}`` so it dies mid-round). Logs: ``out_dir/logs``."""
+    clients (give it ``faults={kill: "slow"}`` so it dies mid-round). ``run_timeout``: seconds the whole
+    run may take (None: no limit; every round is bounded by the run's ``timeout``). Logs: ``out_dir/logs``.
+    However the call ends (an error, KeyboardInterrupt, :class:`~fedlib.core.processes.Stopped`),
+    every process it started is stopped and its private Flower home removed."""
     Task(config).check()
+    if run_timeout is not None:
+        check_positive("run_timeout (seconds)", run_timeout)
     out = Path(out_dir).resolve()
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     K = config["num-clients"]
-    run_timeout = run_timeout or 3 * config["timeout"] + 120
     with ExitStack() as stack:
         home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fedlib-flwr-")))
         env = {**os.environ, "FLWR_HOME": str(home), "PATH": f"{Path(sys.executable).parent}{os.pathsep}"
@@ -152,15 +150,19 @@ def run_deployment(config: dict[str, Any], out_dir: str | Path, faults: dict[int
         cmd = [_bin("flwr"), "run", str(APP_DIR), "fedlib", "--stream", "--run-config", run_config]
         flwr = procs.start("flwr-run", cmd)
         if kill is not None:
-            _wait_file(out / "nodes.json", flwr, run_timeout)
+            _wait_file(out / "nodes.json", flwr, run_timeout or 3 * config["timeout"] + start_timeout)
             procs.kill(f"supernode-{kill}")
         try:
             code = flwr.wait(run_timeout)
         except subprocess.TimeoutExpired:
-            raise TimeoutError(f"flwr run did not finish within {run_timeout:.0f} s (logs: {logs})") from None
+            raise TimeoutError(f"flwr run did not finish within {run_timeout:.0f} s (run_timeout; logs: {logs})") from None
+        if (out / "failed.txt").exists():
+            raise RuntimeError(f"the run failed on the server: {(out / 'failed.txt').read_text().strip()} "
+                               f"(logs: {logs})")
         if code != 0 or not (out / "report.json").exists():
-            raise RuntimeError(f"flwr run failed (exit code {code}); logs in {logs}:\n"
-                               + (logs / "flwr-run.log").read_text()[-3000:])
+            tail = (logs / "flwr-run.log").read_text(errors="replace").strip().splitlines()[-1:] or ["(empty)"]
+            raise RuntimeError(f"flwr run ended without a result (exit code {code}; its last line: {tail[0]}); "
+                               f"logs in {logs}")
     with np.load(out / "result.npz") as z:
         arrays = dict(z)
     return arrays, json.loads((out / "report.json").read_text())

@@ -58,22 +58,39 @@ def _decode(node: Any, arrays: ArrayRecord) -> Any:
 
 def to_records(message: Message, **config: Any) -> RecordDict:
     """``message`` as a RecordDict; ``config`` (Flower config scalars) rides in the "fedlib" record."""
-    arrays: dict[str, Array] = {}
-    tree = _encode(message.payload, arrays)
-    meta = ConfigRecord({"tree": json.dumps(tree), "sender": message.sender, **config})
-    return RecordDict({PAYLOAD: ArrayRecord(arrays), META: meta})
+    arrays, tree = encode_tree(message.payload)
+    meta = ConfigRecord({"tree": tree, "sender": message.sender, **config})
+    return RecordDict({PAYLOAD: arrays, META: meta})
 
 
 def from_records(content: RecordDict) -> Message:
-    """The fedlib :class:`Message` held by ``content`` (made by :func:`to_records`)."""
+    """The fedlib :class:`Message` held by ``content`` (made by :func:`to_records`); ValueError for a
+    record that is not one."""
     if PAYLOAD not in content.array_records or META not in content.config_records:
         raise ValueError(f"not a fedlib message: expected records {PAYLOAD!r} and {META!r}, "
                          f"got {sorted(content.keys())}")
     meta = content.config_records[META]
-    payload = _decode(json.loads(str(meta["tree"])), content.array_records[PAYLOAD])
+    if "tree" not in meta or "sender" not in meta:
+        raise ValueError("malformed fedlib message: its 'fedlib' record lacks the tree or the sender")
+    payload = decode_tree(content.array_records[PAYLOAD], meta["tree"])
     if not isinstance(payload, dict):
         raise ValueError("malformed fedlib message: the payload is not a dict")
     return Message(str(meta["sender"]), payload)
+
+
+def encode_tree(value: Any) -> tuple[ArrayRecord, str]:
+    """A tree of dicts, lists, arrays and scalars as (its arrays, its JSON structure)."""
+    arrays: dict[str, Array] = {}
+    tree = _encode(value, arrays)
+    return ArrayRecord(arrays), json.dumps(tree)
+
+
+def decode_tree(arrays: ArrayRecord, tree) -> Any:
+    """Inverse of :func:`encode_tree`; ValueError for anything it did not make (no other error escapes)."""
+    try:
+        return _decode(json.loads(str(tree)), arrays)
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError) as err:
+        raise ValueError(f"malformed fedlib record: {type(err).__name__}: {err}") from None
 
 
 def array_bytes(content: RecordDict) -> int:

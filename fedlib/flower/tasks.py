@@ -17,18 +17,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
-from fedlib.core.messages import Message
-from fedlib.core.validate import check_choice
+from fedlib.core.validate import check_choice, check_int, check_positive
 
 PROTOCOLS = ("afl", "stsa", "gradient", "feddl", "refed")
 
 COMMON = {"dataset": "optdigits", "num-clients": 3, "partition": "dirichlet", "alpha": 0.5, "seed": 0,
-          "timeout": 120.0}
+          "timeout": 120.0, "min-clients": 1}
 #: every option of every protocol with its default (the type of the default is the allowed type)
 OPTIONS: dict[str, dict[str, Any]] = {
     "afl": {**COMMON, "gamma": 1.0, "server": "one_solve", "upload": "weights"},
@@ -63,12 +62,10 @@ def parse_options(protocol: str, options: str | dict | None = None) -> dict[str,
 
         check_choice("server", config["server"], SERVERS)
         check_choice("upload", config["upload"], AFL_UPLOADS)
-    if config["num-clients"] < 1:
-        raise ValueError(f"num-clients must be >= 1, got {config['num-clients']}")
-    if config["alpha"] <= 0:
-        raise ValueError(f"alpha must be > 0 (Dirichlet concentration), got {config['alpha']}")
-    if config["timeout"] <= 0:
-        raise ValueError(f"timeout must be > 0 seconds, got {config['timeout']}")
+    check_int("num-clients", config["num-clients"], 1)
+    check_int("min-clients", config["min-clients"], 1, config["num-clients"])
+    check_positive("alpha (the Dirichlet concentration)", config["alpha"])
+    check_positive("timeout (seconds per round)", config["timeout"])
     return config
 
 
@@ -181,9 +178,9 @@ class Task:
         f, c = self.features, self.config
         if self.protocol == "afl":
             from fedlib.core.linalg import as_tensor
-            from fedlib.papers.afl import _ClientData
+            from fedlib.papers.afl import ClientRows
 
-            return _ClientData(as_tensor(f.x_train, torch.float64, "cpu"), np.asarray(f.y_train), self.parts)
+            return ClientRows(as_tensor(f.x_train, torch.float64, "cpu"), np.asarray(f.y_train), self.parts)
         if self.protocol == "gradient":
             x, y = torch.as_tensor(f.x_train), torch.as_tensor(f.y_train, dtype=torch.long)
             return [(x[p], y[p]) for p in self.parts]
@@ -195,18 +192,18 @@ class Task:
         parts = self.stream.client_partitions(stage, f.y_train, c["num-clients"], c["alpha"], c["seed"], self.min_size)
         return [(torch.as_tensor(f.x_train[p]), torch.from_numpy(pos[p])) for p in parts]
 
-    # -- checks on uploads (besides finiteness) -----------------------------------------------------
-    def validators(self) -> list[Callable[[Message], None]]:
-        d = self.features.dim
-        if self.protocol == "afl":   # C_k^r packed (d(d+1)/2 numbers) or full; W_k^r, or B_k (statistics upload)
-            from fedlib.papers.afl import check_upload, packed_length
+    # -- the model a node trains (gradient programs) ---------------------------------------------------
+    def model(self):
+        """A model of this run's architecture (its weights are replaced by the broadcast's)."""
+        from fedlib.federated.gradient import LinearHead, MLPHead
+        from fedlib.papers.afl import baseline_model_fn
 
-            C = len(self.features.classes)
-            return [_shape_check({"W": (d, C), "B": (d, C), "C": (d, d), "C_packed": (packed_length(d),)}), check_upload]
-        if self.protocol == "feddl":
-            return [_shape_check({"gradient": (self.config["n-landmarks"], d), "landmarks": (self.config["n-landmarks"], d),
-                                  "sq_distances": (None, self.config["n-landmarks"])})]
-        return []
+        f, c = self.features, self.config
+        if self.protocol == "gradient":
+            return baseline_model_fn(c["method"], f.dim, len(f.classes))()
+        if self.protocol == "refed":
+            return MLPHead(f.dim, len(f.classes))
+        return LinearHead(f.dim, len(f.classes))   # STSA's gradient baselines (make_fcil_learner)
 
     # -- the run ------------------------------------------------------------------------------------
     def run(self, progress: bool = False) -> Outcome:
@@ -246,12 +243,12 @@ class Task:
 
     def _run_feddl(self, progress) -> Outcome:
         from fedlib.core.protocol import simulate
-        from fedlib.papers.fedtsne.feddl import _FedDLRun, feddl
+        from fedlib.papers.fedtsne.feddl import FedDLRun, feddl
         from fedlib.papers.fedtsne.nystrom import NystromClient, NystromServer
 
         c = self.config
         data = self.stage_data(0)
-        run = _FedDLRun.start(data, c["n-landmarks"], **_feddl_defaults(feddl, rounds=c["rounds"], mode=c["mode"],
+        run = FedDLRun.start(data, c["n-landmarks"], **_feddl_defaults(feddl, rounds=c["rounds"], mode=c["mode"],
                                                                           seed=c["seed"]))
         run.advance(run.planned, progress)
         landmarks = run.server.result()[0]
@@ -324,15 +321,3 @@ def _feddl_defaults(feddl, **given) -> dict:
 
 def _cost(cost) -> dict:
     return {"fedlib_bytes_up": int(cost.bytes_up), "fedlib_bytes_down": int(cost.bytes_down), "seconds": cost.seconds}
-
-
-def _shape_check(shapes: dict[str, tuple]):
-    """A validator: every named payload entry present must have the expected shape (None: any)."""
-    def check(message: Message) -> None:
-        for name, want in shapes.items():
-            if name in message.payload:
-                got = tuple(np.shape(message.payload[name]))
-                if len(got) != len(want) or any(w is not None and g != w for g, w in zip(got, want)):
-                    raise ValueError(f"entry {name!r} has shape {got}, expected "
-                                     f"{tuple('any' if w is None else w for w in want)}")
-    return check
