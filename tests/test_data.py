@@ -306,6 +306,14 @@ def test_animal_mnist():
     assert np.bincount(ds.y_train).tolist() == [800] * 10
 
 
+def test_train_sizes_table_matches_the_offline_datasets():
+    from fedlib.data.datasets import DATASETS, TRAIN_SIZES
+
+    assert set(TRAIN_SIZES) == set(DATASETS)
+    for name in ("optdigits", "mnist5k", "animal_mnist"):
+        assert len(load_dataset(name).y_train) == TRAIN_SIZES[name], name
+
+
 def _hide_animal_package(monkeypatch):
     import importlib.resources as ir
 

@@ -2,7 +2,7 @@
 import pytest
 
 from conftest import chapter_values
-from fedlib.runner import specs
+from fedlib.runner import profiles, specs
 
 
 @pytest.mark.parametrize("chapter, name, bad, message", [
@@ -44,6 +44,21 @@ def test_resample_methods_must_be_among_methods():
 def test_afl_benchmark_needs_a_setting():
     with pytest.raises(ValueError, match="alphas and shards are both empty"):
         specs.check("afl_benchmark", chapter_values("afl_benchmark", alphas=[], shards=[]))
+
+
+def test_shards_must_divide_the_training_samples():
+    """The README's own example (300 clients x 2 shards of 10,000 samples) used to fail inside a cell."""
+    values = {**chapter_values("afl_benchmark"), **profiles.resolve_parameters("afl_benchmark", "quick")}
+    with pytest.raises(ValueError, match=r"shards: num_clients \* s = 300 \* 2 = 600 shards do not divide the 10000 "
+                                         r"training samples \(n_train\); with s = 2, num_clients may be e.g. 125, 200, 250"):
+        specs.check("afl_benchmark", {**values, "num_clients": 300})
+    specs.check("afl_benchmark", {**values, "num_clients": 200})
+    with pytest.raises(ValueError, match="num_clients must be <= the 10000 training samples"):
+        specs.check("afl_benchmark", {**values, "num_clients": 20000, "shards": []})
+    with pytest.raises(ValueError, match=r"the 60000 training samples"):
+        specs.check("afl_benchmark", {**values, "n_train": None, "num_clients": 7, "shards": [1]})
+    with pytest.raises(ValueError, match="shards do not divide"):
+        profiles.resolve_parameters("afl_benchmark", "quick", {"num_clients": 300})
 
 
 def test_missing_parameter_is_named():

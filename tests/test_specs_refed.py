@@ -51,6 +51,8 @@ def test_types_reject_naming_the_parameter(chapter, name, bad, message):
     ("refed_theory", {"num_tasks": 7}, "num_tasks must be <= num_classes = 6"),
     ("refed_theory", {"num_classes": 2, "num_tasks": 2}, "num_classes must be >= 3"),
     ("refed_theory", {"grad_samples": 10_000}, "grad_samples must be <= num_classes \\* n_per_class"),
+    ("refed_theory", {"num_clients": 121}, "num_clients must be <= the 120 training samples of a task"),
+    ("refed_theory", {"num_tasks": 4}, "num_tasks must divide num_classes = 6"),
     ("refed_benchmark", {"methods": ["fedavg"]}, "methods must contain 'refed'"),
     ("refed_benchmark", {"weightings": ["late"]}, "weightings must contain 'early'"),
     ("refed_benchmark", {"participation": 0.0}, r"participation must lie in \(0, 1\]"),

@@ -396,6 +396,10 @@ def load_cifar100(root: Path, download: bool = False) -> Dataset:
 
 
 RGB_DATASETS = ("cifar10", "cifar100")   # (N, H, W, 3) images; every other dataset is grayscale (N, H, W)
+#: training-split sizes of the registered datasets (checked against the loaders by the tests), so that a
+#: chapter's parameters can be checked against the data before it is loaded
+TRAIN_SIZES = {"optdigits": 1438, "mnist5k": 4000, "animal_mnist": 8000, "fashion_mnist": 60000, "mnist": 60000,
+               "cifar10": 50000, "cifar100": 50000}
 
 DATASETS: dict[str, Callable[..., Dataset]] = {
     "fashion_mnist": load_fashion_mnist,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import os
 import re
 import shutil
@@ -29,16 +30,31 @@ from typing import Any, Mapping
 
 import yaml
 
+from fedlib.core.processes import Family, Stopped, exit_code, stop_on_signals
 from fedlib.runner import memory, schedule, specs
 from fedlib.runner.schedule import minutes
 from fedlib.runner.paths import BENCHMARK_DIR, EXECUTED_DIR, FAILED_DIR, NOTEBOOK_DIR, PROFILE_FILE, REPO  # noqa: F401
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML as PyYAML reads it, plus floats written without a dot (``1e-6``, ``2E3``): YAML 1.1, which
+    PyYAML follows, reads those as strings; YAML 1.2 and Python read them as numbers."""
+
+
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float",
+                              re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+
+
+def read_yaml(text):
+    """``text`` (a string or an open file) read as YAML with :class:`_Loader`."""
+    return yaml.load(text, Loader=_Loader)
 
 
 def load_profiles(path: Path | None = None) -> dict[str, dict[str, dict[str, Any]]]:
     """``{profile: {notebook: {parameter: value}}}`` from the versioned profiles file."""
     path = path or PROFILE_FILE
     with open(path) as f:
-        data = yaml.safe_load(f)
+        data = read_yaml(f)
     if not isinstance(data, dict) or "profiles" not in data:
         raise ValueError(f"{path} must hold a top-level 'profiles' mapping")
     return data["profiles"]
@@ -47,14 +63,14 @@ def load_profiles(path: Path | None = None) -> dict[str, dict[str, dict[str, Any
 def notebook_names() -> list[str]:
     """Chapters in the order the book builds them (``notebooks/profiles.yml``: ``order``)."""
     with open(PROFILE_FILE) as f:
-        return list(yaml.safe_load(f)["order"])
+        return list(read_yaml(f)["order"])
 
 
 def chapter_after() -> dict[str, list[str]]:
     """``{chapter: [chapters it must come after]}`` (``notebooks/profiles.yml``: ``after``): a chapter
     that reads a cache another chapter writes waits for it when chapters run side by side."""
     with open(PROFILE_FILE) as f:
-        return dict(yaml.safe_load(f).get("after") or {})
+        return dict(read_yaml(f).get("after") or {})
 
 
 def notebook_parameters(name: str) -> dict[str, Any]:
@@ -86,7 +102,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         if "=" not in item:
             raise ValueError(f"override {item!r} must look like name=value")
         key, value = item.split("=", 1)
-        out[key.strip()] = yaml.safe_load(value)
+        out[key.strip()] = read_yaml(value)
     return out
 
 
@@ -176,7 +192,8 @@ def run_notebook(name: str, profile: str = "quick", overrides: Mapping[str, Any]
     memory.check_fits(name, {**notebook_parameters(name), **params})   # refuse, with the numbers, what cannot fit
     output = Path(output) if output else EXECUTED_DIR / f"{name}.ipynb"
     output.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
+    staged = output.with_name(f".{output.name}.partial")   # same folder: os.replace is atomic
+    with tempfile.TemporaryDirectory(prefix=f"fedlib-{name}-") as tmp, _kernel_files_in(Path(tmp) / "kernel"):
         source = to_ipynb(name, Path(tmp) / f"{name}.ipynb")
         # execute into a scratch file; the chapter is replaced only when every cell ran
         scratch = Path(tmp) / f"{name}.executed.ipynb"
@@ -185,7 +202,7 @@ def run_notebook(name: str, profile: str = "quick", overrides: Mapping[str, Any]
                     **(progress if isinstance(progress, dict) else {})} if progress else False)
             papermill.execute_notebook(str(source), str(scratch), parameters=params, kernel_name="python3",
                                        cwd=str(cwd or NOTEBOOK_DIR), progress_bar=bar, log_output=False)
-        except BaseException:
+        except Exception:
             if scratch.exists():  # keep the failed run for inspection, away from the book
                 failed = FAILED_DIR / f"{name}.ipynb"
                 failed.parent.mkdir(parents=True, exist_ok=True)
@@ -193,10 +210,29 @@ def run_notebook(name: str, profile: str = "quick", overrides: Mapping[str, Any]
                 print(f"[{profile}] {name} failed; {output} left unchanged; failed run: {failed}",
                       file=sys.stderr, flush=True)
             raise
-        staged = output.with_name(f".{output.name}.partial")   # same folder: os.replace is atomic
-        staged.write_text(_fold_default_parameters(scratch.read_text()))
-        os.replace(staged, output)
+        try:
+            staged.write_text(_fold_default_parameters(scratch.read_text()))
+            os.replace(staged, output)
+        finally:
+            staged.unlink(missing_ok=True)
     return output
+
+
+@contextlib.contextmanager
+def _kernel_files_in(path: Path):
+    """Jupyter's runtime folder and this process's temporary files (the kernel's connection file is a
+    ``tempfile``) inside the run's scratch folder while it runs, so that a stopped run leaves none behind."""
+    path.mkdir()
+    before = os.environ.get("JUPYTER_RUNTIME_DIR"), tempfile.tempdir
+    os.environ["JUPYTER_RUNTIME_DIR"], tempfile.tempdir = str(path), str(path)
+    try:
+        yield
+    finally:
+        tempfile.tempdir = before[1]
+        if before[0] is None:
+            os.environ.pop("JUPYTER_RUNTIME_DIR", None)
+        else:
+            os.environ["JUPYTER_RUNTIME_DIR"] = before[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -268,9 +304,19 @@ def _estimate(remaining: list[str], profile: str) -> str:
 
 
 def cli(argv: list[str] | None = None) -> None:
-    """``python -m fedlib.runner``: bad input and failed cells end in a one-line error, no traceback."""
+    """``python -m fedlib.runner``: bad input and failed cells end in a one-line error, no traceback.
+    SIGINT, SIGTERM and SIGHUP stop every process the run started (workers, kernels and theirs),
+    remove its scratch folders and print one line (exit code 128 + the signal's number)."""
+    family = Family()
+    family.mark()
     try:
-        sys.exit(main(argv))
+        with stop_on_signals(first=family.signal):   # the chapters' workers clean up as this process does
+            code = main(argv)
+    except (Stopped, KeyboardInterrupt) as err:
+        family.stop()
+        print(f"{str(err) or 'stopped by SIGINT'}: every chapter run stopped, its scratch files removed; a chapter "
+              f"that was running is left in the book as it was", file=sys.stderr)
+        sys.exit(exit_code(err))
     except (ValueError, MemoryError) as err:  # bad input or a run that cannot fit: a clear message, no traceback
         sys.exit(f"error: {err}")
     except Exception as err:
@@ -278,6 +324,9 @@ def cli(argv: list[str] | None = None) -> None:
             raise
         sys.exit(f"error: a cell raised {err.ename}: {err.evalue}\n(the chapter in the book is unchanged; "
                  f"the failed run is in {FAILED_DIR})")
+    finally:
+        family.stop()
+    sys.exit(code)
 
 
 if __name__ == "__main__":

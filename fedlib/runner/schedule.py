@@ -26,7 +26,7 @@ import resource
 import sys
 import time
 from pathlib import Path
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any, Callable, Mapping, Sequence
 
 _SLOT = 0   # this worker's progress-bar row (set by _init_worker)
@@ -108,7 +108,10 @@ def timed_chapter(name: str, profile: str, overrides: Mapping[str, Any], progres
 
 
 def _run_one(name: str, profile: str, overrides: Mapping[str, Any]) -> tuple[str, float, float]:
-    return timed_chapter(name, profile, overrides, progress={"position": _SLOT})
+    from fedlib.core.processes import stop_on_signals
+
+    with stop_on_signals():   # a stopped run cleans up its scratch folder and kernel (see fedlib.runner.profiles.cli)
+        return timed_chapter(name, profile, overrides, progress={"position": _SLOT})
 
 
 def run_chapters(names: Sequence[str], profile: str, jobs: int, after: Mapping[str, Sequence[str]],

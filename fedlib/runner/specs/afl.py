@@ -3,7 +3,7 @@ one :class:`Spec` per chapter covering every name of its ``parameters`` cell, an
 cross-parameter rules (each raises ValueError naming the parameters)."""
 from __future__ import annotations
 
-from fedlib.data.datasets import DATASETS
+from fedlib.data.datasets import DATASETS, TRAIN_SIZES
 from fedlib.data.features import BACKBONES
 from fedlib.federated.gradient import ALGORITHMS
 from fedlib.runner.specs import NULL, Bool, Choice, Int, List, Real, Seeds, Spec
@@ -35,6 +35,27 @@ def rule_subset(part: str, whole: str):
 def _some_setting(v):
     if not v["alphas"] and not v["shards"]:
         raise ValueError("alphas and shards are both empty: give at least one setting")
+
+
+def _shards_divide_the_data(v):
+    """NIID-2 cuts the training samples into num_clients * s equal shards: their number must divide the
+    samples (``n_train``, or the dataset's training split), and there must be no more clients than samples."""
+    n = v["n_train"] if v["n_train"] is not None else TRAIN_SIZES.get(v["dataset"])
+    if n is None:
+        return
+    n = min(n, TRAIN_SIZES.get(v["dataset"], n))
+    for name in ("num_clients", "client_counts", "ri_clients"):
+        most = max(v[name]) if isinstance(v[name], list) else v[name]
+        if most > n:
+            raise ValueError(f"{name} must be <= the {n} training samples, got {v[name]}")
+    for s in v["shards"]:
+        total = v["num_clients"] * s
+        if n % total:
+            fits = [k for k in range(1, n + 1) if n % (k * s) == 0]
+            near = sorted(fits, key=lambda k: abs(k - v["num_clients"]))[:3]
+            raise ValueError(f"shards: num_clients * s = {v['num_clients']} * {s} = {total} shards do not divide the "
+                             f"{n} training samples (n_train); with s = {s}, num_clients may be e.g. "
+                             f"{', '.join(map(str, sorted(near)))}")
 
 
 def _participation_positive(v):
@@ -71,7 +92,8 @@ SPECS = {
         "client_counts": List(Int(1), distinct=True), "invariance_alpha": POSITIVE,
         "table3_alphas": List(POSITIVE), "gammas": List(NON_NEGATIVE), "ri_clients": List(Int(1), distinct=True),
         "paper_rounds": Int(1), "workers": Int(1) | NULL,
-    }, rules=[rule_subset("resample_methods", "methods"), _some_setting, _participation_positive]),
+    }, rules=[rule_subset("resample_methods", "methods"), _some_setting, _participation_positive,
+              _shards_divide_the_data]),
     "afl_beyond": Spec({
         "dataset": Choice(DATASETS), "backbone": Choice(BACKBONES), "input_size": Int(1),
         "n_train": Int(1) | NULL, "n_test": Int(1) | NULL,

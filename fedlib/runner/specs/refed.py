@@ -77,6 +77,17 @@ def _tasks_fit_classes(v):
         raise ValueError(f"num_tasks must be <= num_classes = {v['num_classes']}, got {v['num_tasks']}")
 
 
+def _theory_stream(v):
+    """The synthetic stream: equal tasks (num_tasks divides num_classes), and no task with fewer training
+    samples than clients (each task's Dirichlet partition gives every client at least one)."""
+    if v["num_classes"] % v["num_tasks"]:
+        raise ValueError(f"num_tasks must divide num_classes = {v['num_classes']} (equal tasks), got {v['num_tasks']}")
+    per_task = v["num_classes"] // v["num_tasks"] * v["n_per_class"]
+    if v["num_clients"] > per_task:
+        raise ValueError(f"num_clients must be <= the {per_task} training samples of a task "
+                         f"(num_classes / num_tasks * n_per_class), got {v['num_clients']}")
+
+
 def _theory_sizes(v):
     if v["num_classes"] < 3:   # the gradient-norm checks score labels 0..2 of num_classes outputs
         raise ValueError(f"num_classes must be >= 3, got {v['num_classes']}")
@@ -120,7 +131,7 @@ SPECS = {
         "n_per_class": Int(1), "n_test_per_class": Int(1), "num_classes": Int(2), "num_tasks": Int(1),
         "num_clients": Int(1), "rounds": Int(1), "local_epochs": Int(1), "pim_epochs": Int(1),
         "dnn_pim_epochs": Int(1), "dnn_lambdas": List(LAMBDA, distinct=True), "grad_samples": Int(1),
-    }, rules=[_curvatures, _tasks_fit_classes, _theory_sizes]),
+    }, rules=[_curvatures, _tasks_fit_classes, _theory_sizes, _theory_stream]),
     "refed_benchmark": Spec({
         "dataset": Choice(DATASETS), "n_train": Int(1) | NULL, "n_test": Int(1) | NULL, "num_tasks": Int(1),
         "domain": Bool(), "domains": List(Choice(DOMAIN_NAMES), distinct=True), "n_per_domain": Int(1) | NULL,
