@@ -519,3 +519,13 @@ def test_the_aggregation_helpers_refuse_arrays_they_would_broadcast_or_truncate(
             average_states([a, bad], [0.5, 0.5])
     with pytest.raises(ValueError, match=r"cannot add an array of shape \(2, 3\) to one of shape \(3, 2\)"):
         _add_scaled(np.zeros((3, 2)), np.ones((2, 3)), 1.0)
+
+
+def test_the_flower_page_states_how_many_malformed_uploads_the_fuzz_test_tries():
+    from fedlib.runner.paths import REPO
+
+    total = 0
+    for make in CASES.values():
+        case = make()
+        total += sum(1 for _ in malformed(case.honest[2], case.make().expects()))
+    assert f"receives {total} malformed uploads" in (REPO / "book" / "flower.md").read_text()
