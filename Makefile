@@ -43,12 +43,12 @@ run: data
 	$(PY) -m fedlib.runner $(NB) --profile $(PROFILE) $(ARGS)
 
 bench: setup
-	$(PY) -m fedlib.bench.afl_aggregation --out book/benchmarks/afl_aggregation.txt
+	$(PY) -m fedlib.afl.bench --out book/benchmarks/afl_aggregation.txt
 	$(PY) -m fedlib.bench.federated_batched --out book/benchmarks/federated_batched.txt
-	$(PY) -m fedlib.bench.stsa_gram --out book/benchmarks/stsa_gram.txt
-	$(PY) -m fedlib.bench.fedtsne_speed --out book/benchmarks/fedtsne_speed.txt
-	$(PY) -m fedlib.bench.fedtsne_scale --out book/benchmarks/fedtsne_scale.txt
-	$(PY) -m fedlib.bench.refed_scoring --out book/benchmarks/refed_scoring.txt
+	$(PY) -m fedlib.stsa.bench --out book/benchmarks/stsa_gram.txt
+	$(PY) -m fedlib.fedtsne.bench_speed --out book/benchmarks/fedtsne_speed.txt
+	$(PY) -m fedlib.fedtsne.bench_scale --out book/benchmarks/fedtsne_scale.txt
+	$(PY) -m fedlib.refed.bench --out book/benchmarks/refed_scoring.txt
 	$(PY) -m fedlib.bench.extraction --out book/benchmarks/extraction.txt
 	$(PY) -m fedlib.bench.flower --out book/benchmarks/flower.txt
 	$(PY) -m fedlib.bench.book_time --out book/benchmarks/book_time.txt

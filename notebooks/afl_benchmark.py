@@ -80,11 +80,11 @@ import matplotlib.pyplot as plt
 import torch
 from IPython.display import Markdown, display
 
-from fedlib.papers import afl
+from fedlib.afl import algorithm as afl
 
 from fedlib.evaluation import claims
 
-from fedlib.evaluation import tables as paper_results
+from fedlib.afl import tables as paper_results
 from fedlib.data.datasets import load_dataset
 from fedlib.data.features import extract_features
 from fedlib.data.partition import partition_report, plot_partition
@@ -102,7 +102,7 @@ print(f"profile={profile}, device={dev}, torch threads={torch.get_num_threads()}
 # %% [markdown]
 # ## 1. Data, partitions and frozen features
 #
-# Every parameter was checked by the chapter's typed specification (`fedlib.runner.specs.afl`: unknown
+# Every parameter was checked by the chapter's typed specification (`fedlib.afl.specs`: unknown
 # method or backbone, $\alpha\le 0$, $\gamma<0$, ...) and every partition is drawn from the labels
 # here (more clients than samples, shards that do not divide the data...), so bad input fails in
 # seconds, before the feature extraction and training. Partitions are drawn once per (setting, $K$,

@@ -32,7 +32,7 @@
 # independent reference (NumPy `lstsq` on the data matrix, explicit retraining), then measures it
 # on the data of the benchmark chapter: the cached frozen **EfficientNet-Lite0** features of
 # **Fashion-MNIST** {cite}`xiao2017fashion,tan2019efficientnet`. All code is in
-# `fedlib.papers.afl_beyond`, built on `fedlib.papers.afl` and the shared client/server protocol
+# `fedlib.afl.beyond`, built on `fedlib.afl.algorithm` and the shared client/server protocol
 # (`fedlib.core.protocol`), so every byte below is measured on a `Message`.
 
 # %% tags=["parameters"]
@@ -80,8 +80,8 @@ from fedlib.data.features import extract_features
 from fedlib.data.partition import make_partition
 from fedlib.evaluation import claims
 from fedlib.evaluation.stats import paired_difference
-from fedlib.papers import afl
-from fedlib.papers import afl_beyond as ab
+from fedlib.afl import algorithm as afl
+from fedlib.afl import beyond as ab
 from fedlib.runner import specs
 
 specs.check("afl_beyond", globals())

@@ -23,7 +23,7 @@
 # where the paper's text is wrong (a sign in the AA law) or only true in exact arithmetic
 # ("any $\gamma$ would suffice").
 #
-# Every computation calls `fedlib.papers.afl` / `fedlib.core.linalg`; this notebook only sets sizes and
+# Every computation calls `fedlib.afl.algorithm` / `fedlib.core.linalg`; this notebook only sets sizes and
 # checks results. **The reference is independent of the method:** every "joint" head below is
 # NumPy's `lstsq` on the feature matrix $X$ itself (an SVD, never the normal equations $X^\top X$
 # that AFL's server solves), so agreement checks the whole derivation, not only that statistics
@@ -59,11 +59,11 @@ import torch
 
 from IPython.display import Markdown, display
 
-from fedlib.papers import afl
+from fedlib.afl import algorithm as afl
 
 from fedlib.evaluation import claims
 
-from fedlib.evaluation import tables as paper_results
+from fedlib.afl import tables as paper_results
 from fedlib.core.linalg import (SufficientStats, gram_report, live_columns_with_bias, lstsq_reference,
                                 normal_equations_tolerance, synthetic_features)
 from fedlib.data.partition import make_partition
@@ -163,7 +163,7 @@ claims.register(
 # By induction $C_{\text{agg},k}\hat W_{\text{agg},k}=\sum_{i\le k}B_i$, so the recursion ends at
 # the joint solution, in any client order. The same result comes from **one solve** on summed
 # statistics, $\big(\sum_k C_k\big)^{-1}\sum_k C_k\hat W_k$, at cost $O(Kd^2C+d^3)$ instead of the
-# recursion's $O(Kd^3)$. `fedlib.papers.afl` implements both: `PairwiseAAServer` (the paper's form,
+# recursion's $O(Kd^3)$. `fedlib.afl.algorithm` implements both: `PairwiseAAServer` (the paper's form,
 # {eq}`afl-eq-recursive`) and `OneSolveServer` ({eq}`afl-eq-joint` on the summed uploads).
 #
 # Clients with $N_k<d$ have a singular $C_k$, and with many clients that is the common case. The

@@ -45,7 +45,7 @@
 # optdigits (1,797 8×8 digits, for COIL-20), a subset of MNIST-5k (for MNIST) and Animal-MNIST
 # (10,000 animal silhouettes, 10 classes, for Mice-Protein). Our numbers are therefore not a
 # reproduction of the paper's values; compare the *gaps* between centralized and federated
-# clustering. Library code: `fedlib.papers.fedtsne` (FedDL, Nyström, the pipeline) and
+# clustering. Library code: `fedlib.fedtsne` (FedDL, Nyström, the pipeline) and
 # `fedlib.evaluation.embedding`.
 
 # %% tags=["parameters"]
@@ -56,7 +56,7 @@ num_clients = 10            # non-IID: fedtsne.label_skew_parts (a multiple or a
 n_landmarks = 50            # FedDL landmarks of the main runs (the landmark study below goes to 2 x this)
 rounds = "plateau"          # FedDL rounds: "plateau" (until the objective plateaus, as in the benchmark chapter) or an integer
 max_rounds = 1000           # the most rounds "plateau" may take
-gamma_rule = "moments"      # kernel width rule of fedlib.papers.fedtsne.feddl: moments or median
+gamma_rule = "moments"      # kernel width rule of fedlib.fedtsne.feddl: moments or median
 beta = 1.0                  # heuristic noise level of the plus variants
 seeds = [0, 1, 2, 3, 4]     # paired differences need 2 or more, a conclusion 5 or more
 sweep_dataset = "mnist5k"   # dataset of the landmark study
@@ -76,8 +76,8 @@ from IPython.display import Markdown
 from threadpoolctl import threadpool_limits
 
 from fedlib.evaluation import claims, report
-from fedlib.papers import fedtsne as ft
-from fedlib.evaluation import tables as paper_results
+from fedlib import fedtsne as ft
+from fedlib.fedtsne import tables as paper_results
 from fedlib.runner import specs
 
 specs.check("fedspeclust", globals())
@@ -144,7 +144,7 @@ print(f"profile={profile}: datasets={datasets}, <= {max_points} points each, P={
 # fast on smooth data, which is why a few hundred well-placed landmarks can still do well.
 #
 # The check below: $n$ synthetic points in $\mathbb R^m$, landmarks drawn one after another (nested
-# sets), relative Frobenius error $\|Z-CW^{+}C^\top\|_F/\|Z\|_F$ with `fedlib.papers.fedtsne.nystrom`, and
+# sets), relative Frobenius error $\|Z-CW^{+}C^\top\|_F/\|Z\|_F$ with `fedlib.fedtsne.nystrom`, and
 # the ranks of $H$ and $W$ ({prf:ref}`fedsc-lemma-exact`).
 
 # %%
@@ -198,7 +198,7 @@ assert lam_E.min() > -1e-9 * lam_E.max() and np.diag(Kg - E).max() <= 1 + 1e-12
 # %% [markdown]
 # ## 2. Data, kernel width and client splits
 #
-# One rule for both Fed-tSNE chapters (`fedlib.papers.fedtsne.load_points`, `fedlib.papers.fedtsne.client_split`):
+# One rule for both Fed-tSNE chapters (`fedlib.fedtsne.load_points`, `fedlib.fedtsne.client_split`):
 # images are flattened and scaled to $[0,1]$, train and test splits pooled (clustering uses no
 # labels) and a stratified draw of `max_points` points kept (seed 0, the same for every run). The
 # kernel width is $\gamma=1/(2\sum_f\widehat{\operatorname{var}}_f)=1/\mathbb E\|x-x'\|^2$, computed by
@@ -219,7 +219,7 @@ display(info)
 #
 # For every dataset and seed: centralized spectral clustering of the exact Gaussian kernel, and
 # Fed-SpeClust(+) with $n_y$ FedDL landmarks, on the IID and the non-IID split. All use
-# `fedlib.papers.fedtsne.fed_spectral_clustering`, i.e. scikit-learn's
+# `fedlib.fedtsne.fed_spectral_clustering`, i.e. scikit-learn's
 # `SpectralClustering(n_clusters=classes, affinity="precomputed", random_state=seed)` (normalized
 # Laplacian embedding, then k-means). The seed changes the partition, the landmark initialisation,
 # the noise and the k-means start; the data subset is fixed. We record NMI and ARI against the true
@@ -409,7 +409,7 @@ print("noise-free F(Y): non-IID minus IID is constant over the rounds (to 1e-10)
 #   the classical Nyström choice, which a federated server cannot make (nested draws);
 # * **untrained**: FedDL's initial landmarks $Y^0\sim\mathcal N(\hat\mu,\operatorname{diag}\hat v)$.
 #
-# For each we form $\hat K=\operatorname{clip}_0(CW^{+}C^\top)$ (`fedlib.papers.fedtsne.nystrom_kernel`) and
+# For each we form $\hat K=\operatorname{clip}_0(CW^{+}C^\top)$ (`fedlib.fedtsne.nystrom_kernel`) and
 # report $\|\hat K-K\|_F/\|K\|_F$ and the NMI of spectral clustering on $\hat K$ (same
 # `SpectralClustering` call as above). For FedDL we also check that the server's matrix assembled
 # from the clients' uploads (`fed_spectral_clustering`) equals the formula.
@@ -484,7 +484,7 @@ assert lam.min() > -1e-8 * lam.max()
 #
 # The server knows $Y$ and $\gamma$, so each uploaded entry gives a squared distance,
 # $\|x_i-y_j\|^2=-\log k(x_i,y_j)/\gamma$, and from squared distances to known points it can
-# multilaterate (`fedlib.papers.fedtsne.reconstruct_from_sq_distances`). It recovers the component of every
+# multilaterate (`fedlib.fedtsne.reconstruct_from_sq_distances`). It recovers the component of every
 # $x_i$ in the affine span of the landmarks: all of $x_i$ when $n_y\ge m+1$ landmarks are in general
 # position. We check this on the first client of the landmark study (largest $n_y$): the
 # reconstruction equals the orthogonal projection of the client's data onto that span, computed
@@ -534,7 +534,7 @@ print(f"total run time {time.perf_counter() - t_start:.0f} s (profile={profile})
 # :label: fedsc-ex-splits
 #
 # Non-IID Fed-SpeClust equals IID Fed-SpeClust here. Which FedDL option of
-# `fedlib.papers.fedtsne.feddl` would make them differ, and why? Fill in `my_options` below: the
+# `fedlib.fedtsne.feddl` would make them differ, and why? Fill in `my_options` below: the
 # self-check runs a short FedDL with your options on both splits.
 # ```
 #

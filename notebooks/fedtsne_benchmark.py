@@ -39,7 +39,7 @@
 # pixels / 255. The paper's tables are shown beside ours and labelled as the paper's numbers on the
 # paper's data, never as reproduced.
 #
-# **Scale.** Up to `fedlib.papers.fedtsne.DENSE_MAX_POINTS` points a dataset takes the dense path
+# **Scale.** Up to `fedlib.fedtsne.DENSE_MAX_POINTS` points a dataset takes the dense path
 # (the server's $n\times n$ estimate, as in Algorithm 2). Above it (the `paper` profile's 40,000
 # Fashion-MNIST images) no $n\times n$ matrix is formed: each point's nearest neighbours under the
 # Nyström estimate are computed in row blocks from the landmark factors, t-SNE runs on them
@@ -47,7 +47,7 @@
 # block (`EmbeddingScorer.landmark_quality`); the Fed-tSNE performance page shows both paths agree
 # and the full 70,000 images embedded on a 2-core machine.
 #
-# Choices the paper leaves open (notes `papers/fedtsne.md` Sec. 2.8; `fedlib.papers.fedtsne` defaults):
+# Choices the paper leaves open (notes `papers/fedtsne.md` Sec. 2.8; `fedlib.fedtsne` defaults):
 # gradient-averaging FedDL with one step per round and size weights, $\gamma$ from the clients'
 # median squared distances, landmarks initialized from the pooled moments, step $1/L$ from a
 # data-free Lipschitz bound, Nyström on **squared** distances (the paper does not say which;
@@ -114,8 +114,8 @@ from threadpoolctl import threadpool_limits
 
 from fedlib.evaluation import claims, report
 from fedlib.evaluation import embedding as em
-from fedlib.papers import fedtsne as ft
-from fedlib.evaluation import tables as paper_results
+from fedlib import fedtsne as ft
+from fedlib.fedtsne import tables as paper_results
 from fedlib.core.parallel import resolve_workers
 from fedlib.evaluation.stats import mean_std
 from fedlib.runner import specs
@@ -157,7 +157,7 @@ if len(seeds) < 5:
 # %% [markdown]
 # ## 1. Data and client splits
 #
-# One rule for both Fed-tSNE chapters (`fedlib.papers.fedtsne.load_points`, `fedlib.papers.fedtsne.client_split`):
+# One rule for both Fed-tSNE chapters (`fedlib.fedtsne.load_points`, `fedlib.fedtsne.client_split`):
 # a dataset's train and test images are pooled and, when `n_points` is smaller, a stratified draw
 # of exactly `n_points` is kept (seed 0, the same for every run). IID is a random split; non-IID
 # (`label_skew_parts`) gives each client one class when the number of clients $k$ is a multiple of
@@ -186,14 +186,14 @@ scorers = {name: ft.EmbeddingScorer(X, y) for name, (X, y, _) in data.items()}
 #
 # FedDL minimizes $F(Y)=\sum_pw_p\,\mathrm{MMD}^2_u(X_p,Y)$ (Eq. 11) by gradient descent. Stopping
 # it early hands the Nyström step landmarks close to their random start. **Plateau rule**
-# (`fedlib.papers.fedtsne.plateau_round`): FedDL has plateaued at round $S$ when the last
+# (`fedlib.fedtsne.plateau_round`): FedDL has plateaued at round $S$ when the last
 # $w=\max(\lceil 0.1S\rceil,10)$ rounds made at most `plateau_tol` of the total decrease,
 #
 # $$\frac{F(Y^{S-w})-F(Y^{S})}{F(Y^{0})-F(Y^{S})}\le \texttt{plateau\_tol}.$$
 #
 # ($F$ is an unbiased estimate and can be negative, so the change is measured against the total
 # decrease, not against $|F|$.) With `rounds="plateau"` every noise-free FedDL run (every dataset,
-# split and seed) runs until the rule holds (`fedlib.papers.fedtsne.feddl_until_plateau`; the rule is
+# split and seed) runs until the rule holds (`fedlib.fedtsne.feddl_until_plateau`; the rule is
 # asserted for every run below). It is checked every `plateau_check` rounds: a run stops at the first
 # checked round $S$ at which the rule holds at $S-1$, from the values of $F$ the clients report with
 # each round (they lag one round behind the landmarks), and at $S$, with $F(Y^S)$ evaluated then; so
@@ -288,7 +288,7 @@ plt.show()
 #
 # **The step.** The paper sets FedDL's step to "the reverse of the Lipschitz constant of gradient if
 # possible" and gives no value of that constant. We use $1/L$ with $L$ the data-free bound of
-# `fedlib.papers.fedtsne.lipschitz_bound`. It bounds the constant from above, so a larger step can
+# `fedlib.fedtsne.lipschitz_bound`. It bounds the constant from above, so a larger step can
 # still descend, and how many rounds FedDL needs (and the claim below) depends on this choice. The step
 # study runs the first seed's noise-free FedDL on every dataset and split at the steps $c/L$, $c$ in
 # `step_scales`, under the same plateau rule. The table gives the rounds, $F(Y^S)$, the largest rise of
@@ -372,10 +372,10 @@ if late:
 # and the seed, not the split, which is asserted). Every federated run also records how good the
 # server's distance matrix is before any embedding: the relative Frobenius error
 # $\lVert\hat D-D\rVert_F/\lVert D\rVert_F$ and the 10-NN overlap of $\hat D$ with the exact
-# neighbours ("D-hat 10-NN"). The metrics come from `fedlib.papers.fedtsne.EmbeddingScorer` (high-dimensional
+# neighbours ("D-hat 10-NN"). The metrics come from `fedlib.fedtsne.EmbeddingScorer` (high-dimensional
 # neighbours computed once per dataset; checked equal to `embedding_report` on the first embedding).
 # The centralized embeddings depend on no federated parameter: like backbone features they are kept on
-# disk (`fedlib.papers.fedtsne.central_embedding`, keyed by the points, seed, settings and library
+# disk (`fedlib.fedtsne.central_embedding`, keyed by the points, seed, settings and library
 # versions), so a re-run with other federated parameters reads them back instead of running t-SNE again.
 
 # %%
@@ -757,7 +757,7 @@ lines.append(f"* **Kernel width per split**: gamma non-IID / IID from {ratio.min
 lines.append(f"* **Fed+**, the {FED_PLUS_LABEL}: largest mean CA 10-NN change Fed+ - Fed "
              f"{worst_plus:+.4f} (paper: {paper_plus_drop:+.4f}). The noise is no privacy guarantee either: the final "
              "distance upload reveals every sample's projection on the landmarks' span "
-             "(`fedlib.papers.fedtsne.reconstruct_from_sq_distances`).")
+             "(`fedlib.fedtsne.reconstruct_from_sq_distances`).")
 if largest_descending is not None and largest_descending > 1:
     lines.append(f"* **FedDL's step** (Sec. 2, seed {seeds[0]} only: orientation, no conclusion): the runs use 1/L "
                  f"of the data-free bound. F still descends at {largest_descending:g}/L in every run of the step "

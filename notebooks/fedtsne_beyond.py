@@ -30,7 +30,7 @@
 #    its own points into that map with openTSNE's `transform` {cite}`policar2024opentsne` (UMAP's
 #    `transform` {cite}`mcinnes2018umap` in the `paper` profile).
 #
-# Library code: `fedlib.papers.fedtsne.beyond`; tests: `tests/test_fedtsne_beyond.py`. Samples are rows.
+# Library code: `fedlib.fedtsne.beyond`; tests: `tests/test_fedtsne_beyond.py`. Samples are rows.
 
 # %% tags=["parameters"]
 profile = "quick"
@@ -72,8 +72,8 @@ from threadpoolctl import threadpool_limits
 
 from fedlib.evaluation import claims, report
 from fedlib.evaluation.stats import mean_std, paired_difference
-from fedlib.papers import fedtsne as ft
-from fedlib.papers.fedtsne import beyond as bd
+from fedlib import fedtsne as ft
+from fedlib.fedtsne import beyond as bd
 from fedlib.runner import specs
 
 specs.check("fedtsne_beyond", globals())
@@ -162,11 +162,11 @@ if len(seeds) < 5:
 # upload determines $x$, the estimate is off by $\pi_i\pi_j/2a^2$: exactness needs $n_y\ge m+2$.)
 #
 # **Checks** (first seed, both landmark kinds of Sec. 2 at the largest $n_y$ of the grid): the closed
-# form {eq}`ftsb-closed` (`fedlib.papers.fedtsne.beyond.nystrom_closed_form`) against fedlib's Nyström
-# estimate $BW^{+}B^\top$ (`fedlib.papers.fedtsne.nystrom`) to a relative $10^{-10}$;
+# form {eq}`ftsb-closed` (`fedlib.fedtsne.beyond.nystrom_closed_form`) against fedlib's Nyström
+# estimate $BW^{+}B^\top$ (`fedlib.fedtsne.nystrom`) to a relative $10^{-10}$;
 # {eq}`ftsb-kappa` against a linear solve; the projection rebuilt from the upload by
 # {eq}`ftsb-decompose` against the orthogonal projection of the true points computed from them by an
-# SVD (`fedlib.papers.fedtsne.affine_projection`), and $\rho$ against the true distance to the hull; and
+# SVD (`fedlib.fedtsne.affine_projection`), and $\rho$ against the true distance to the hull; and
 # points moved around the hull ({eq}`ftsb-split` with another $h$ of the same length) upload the same
 # numbers.
 
@@ -241,7 +241,7 @@ claims.register(
 # $$ (ftsb-interval)
 #
 # Choices of $\cos\theta_{ij}$ give the estimators compared below
-# (`fedlib.papers.fedtsne.beyond.ESTIMATORS`):
+# (`fedlib.fedtsne.beyond.ESTIMATORS`):
 #
 # * **projection + residual gap**, $\cos\theta=1$: the lower end of {eq}`ftsb-interval`; right when
 #   neighbours leave the hull in the same direction;
@@ -254,7 +254,7 @@ claims.register(
 #   does is measured).
 #
 # Each is an $n\times n$ matrix of rank at most $r+2$, $S=FG^\top+r\mathbf 1^\top+\mathbf 1c^\top$, so
-# the server ranks neighbours blockwise without forming it (`fedlib.papers.fedtsne.knn.blockwise_knn`).
+# the server ranks neighbours blockwise without forming it (`fedlib.fedtsne.knn.blockwise_knn`).
 # **Neighbour recall** = the share of each point's 10 nearest neighbours under the estimate that are
 # among its 10 exact nearest neighbours (averaged over points).
 #
@@ -306,7 +306,7 @@ assert fed_km.cost.bytes_up == fed_km.rounds * num_clients * 50 * (m + 1) * 8
 # estimator; and, where `metric_grid` and `metric_combos` say, t-SNE on the estimate's nearest
 # neighbours (openTSNE on the perplexity affinities of the $3\times$perplexity nearest neighbours,
 # the server path of the benchmark's large runs) scored with the paper's metrics (CA, NPA, NMI, SC;
-# `fedlib.papers.fedtsne.EmbeddingScorer`).
+# `fedlib.fedtsne.EmbeddingScorer`).
 
 # %%
 t0 = time.perf_counter()

@@ -26,7 +26,7 @@
 # identity that makes federated descent equal to pooled descent, when the Nyström estimate is exact,
 # the noise calibration of both "+" mechanisms, and what the server can reconstruct from the
 # uploads. It also shows, with counterexamples, where the paper's Theorems 1, 2, 3 and 5 do not hold
-# as stated. No public code exists for this paper; `fedlib.papers.fedtsne` is ours. Samples are **rows**
+# as stated. No public code exists for this paper; `fedlib.fedtsne` is ours. Samples are **rows**
 # here (the paper stores them as columns).
 
 # %% tags=["parameters"]
@@ -48,7 +48,7 @@ import seaborn as sns
 
 from fedlib.data.partition import make_partition
 from fedlib.evaluation import claims
-from fedlib.papers import fedtsne as ft
+from fedlib import fedtsne as ft
 from fedlib.runner import specs
 
 specs.check("fedtsne_derivation", globals())

@@ -70,7 +70,7 @@ from IPython.display import Markdown, display
 from threadpoolctl import threadpool_limits
 
 from fedlib.evaluation import claims
-from fedlib.papers import fedtsne as ft
+from fedlib import fedtsne as ft
 from fedlib.runner import specs
 
 

@@ -20,7 +20,7 @@
 # sample's squared gradient norm $G^p$ at every PIM epoch $p$, and caches the samples with the
 # largest early-emphasis score $I=\sum_p G^p/p$. Training is then plain FedAvg on cache $\cup$ new
 # task ({cite:t}`mcmahan2017fedavg`). The implementation and the decisions the paper leaves open ([D1]-[D21]) are in
-# `fedlib.papers.refed`; the theory chapter checks {prf:ref}`refed-lemma-1` and {prf:ref}`refed-thm-3-1`.
+# `fedlib.refed.algorithm`; the theory chapter checks {prf:ref}`refed-lemma-1` and {prf:ref}`refed-thm-3-1`.
 #
 # This chapter runs the paper's two protocols on data that installs offline:
 #
@@ -38,7 +38,7 @@
 # **Our datasets and models are stand-ins**, and so is the scale (few rounds per task, one or two
 # local epochs, a small CNN): the paper's numbers are shown beside ours, labelled, never as reproduced.
 #
-# Methods (`fedlib.papers.refed.LEARNERS`): Re-Fed with the exact squared gradient norms of Eq. 4 (all
+# Methods (`fedlib.refed.algorithm.LEARNERS`): Re-Fed with the exact squared gradient norms of Eq. 4 (all
 # parameters, `grad_norm="exact"`); **Re-Fed (last-layer proxy)** (`refed_proxy`: the closed-form
 # norm of the output layer only, a cheaper stand-in for Eq. 4, labelled as such wherever it appears);
 # **class-balanced Re-Fed** (`refed_balanced`, ours, not in the paper: the same scores, but every
@@ -123,16 +123,16 @@ from fedlib.evaluation import claims
 from fedlib.evaluation.report import mean_std_by
 from fedlib.federated.incremental import make_stream
 from fedlib.federated.models import make_model
-from fedlib.papers.refed import (REPLAY_METHODS, ScenarioRuns, cache_diagnostics, compare_grad_norms, cost_lines,
+from fedlib.refed.algorithm import (REPLAY_METHODS, ScenarioRuns, cache_diagnostics, compare_grad_norms, cost_lines,
                                  final_task_accuracy, first_task_accuracies, first_task_table, largest_pools,
                                  last_task_hypothesis, last_task_share, make_scenario, paired_differences, prefetch_summary,
                                  replay_verdict, round_curves, stage_curves, summary_lines)
 from fedlib.runner import specs
-from fedlib.runner.specs.refed import check_total_memory
+from fedlib.refed.specs import check_total_memory
 
 # "refed_proxy" is Re-Fed with the last-layer closed form instead of Eq. 4's exact norms (a learner
-# option, not a method of its own: fedlib.papers.refed.PIM_METHODS); every other name is a method of
-# fedlib.papers.refed.LEARNERS (fedlib.runner.specs.refed.METHOD_NAMES)
+# option, not a method of its own: fedlib.refed.algorithm.PIM_METHODS); every other name is a method of
+# fedlib.refed.algorithm.LEARNERS (fedlib.refed.specs.METHOD_NAMES)
 specs.check("refed_benchmark", globals())   # the runner ran the same checks before executing
 sns.set_theme(style="whitegrid")
 torch.set_num_threads(num_threads)
@@ -172,7 +172,7 @@ print("model:", model, f"{sum(p.numel() for p in model_fn().parameters()):,} par
 # checks the cross-references between the tables.
 
 # %%
-from fedlib.evaluation import tables as paper_tables
+from fedlib.refed import tables as paper_tables
 
 paper1, paper2, paper3, paper4, paper10 = (f(printed=True) for f in (
     paper_tables.refed_table1, paper_tables.refed_table2, paper_tables.refed_table3, paper_tables.refed_table4,
@@ -184,7 +184,7 @@ display(paper1)
 # %% [markdown]
 # ## The runs
 #
-# `fedlib.papers.refed.run_scenario` runs one method through one stream and returns its metrics row;
+# `fedlib.refed.algorithm.run_scenario` runs one method through one stream and returns its metrics row;
 # `ScenarioRuns` caches the runs by their settings. Every learner gets the same `FedConfig`
 # (plain SGD as Eqs. 3 and 6, [D7]). The run's seed drives the model initialisation, the class
 # order and the partitions; every task draws its own participating clients and mini-batch orders
@@ -381,7 +381,7 @@ plt.show()
 # ## Rounds to the best accuracy (the paper's Table 3)
 #
 # Per task, the first round at which the global model reaches that task's best accuracy on the
-# seen test data (`fedlib.papers.refed.rounds_to_best`), summed over tasks. Our tasks have `rounds`
+# seen test data (`fedlib.refed.algorithm.rounds_to_best`), summed over tasks. Our tasks have `rounds`
 # (class-incremental) or `rounds_domain` rounds each (`first_rounds_domain` for the first
 # domain), the paper's 150, so only the ordering of methods can be compared. Fixed trains task 1
 # only and counts 0 afterwards.

@@ -29,8 +29,8 @@
 #    the cache with them?
 #
 # Every rule is a replay policy of `fedlib.federated.learner.GradientLearner`, run by
-# `fedlib.papers.refed.run_scenario`, the same runner the benchmark uses. The rules are listed in
-# `fedlib.papers.refed_beyond.RULES`. Runs of one seed share the class order, the partitions, the
+# `fedlib.refed.algorithm.run_scenario`, the same runner the benchmark uses. The rules are listed in
+# `fedlib.refed.beyond.RULES`. Runs of one seed share the class order, the partitions, the
 # client draws and the initialisation, so rules are compared by paired differences with 95 %
 # confidence intervals (`fedlib.evaluation.stats.paired_difference`).
 
@@ -85,8 +85,8 @@ from fedlib.data.datasets import load_dataset
 from fedlib.evaluation import claims
 from fedlib.federated.incremental import make_stream
 from fedlib.federated.models import make_model
-from fedlib.papers.refed import make_scenario, q_lambda
-from fedlib.papers.refed_beyond import (noise_accuracy_table, noise_table, paired_rows, rule_table, run_rules,
+from fedlib.refed.algorithm import make_scenario, q_lambda
+from fedlib.refed.beyond import (noise_accuracy_table, noise_table, paired_rows, rule_table, run_rules,
                                         summary_lines)
 from fedlib.runner import specs
 
@@ -251,7 +251,7 @@ else:
 #
 # A mislabeled sample has a large loss, so its softmax error $\lVert\pi-e_y\rVert$ is large, and
 # so are its gradient norm (eq. {eq}`refed-b-grand`) and its score {eq}`refed-b-score`. Top-gradient
-# rules may therefore keep exactly the samples that hurt. `fedlib.papers.refed_beyond.flip_labels`
+# rules may therefore keep exactly the samples that hurt. `fedlib.refed.beyond.flip_labels`
 # flips exactly $\mathrm{round}(\rho\,n_t)$ of the $n_t$ training labels of every task $t<T$ (the
 # tasks that become old). Each flipped sample gets a label drawn uniformly from its task's other
 # classes, with the run's seed. `CacheNoiseAudit` recognises every sample held by a client and

@@ -28,7 +28,7 @@
 # step-size condition that Lemma 2 needs but never states (we give a counterexample to Lemma 2
 # and to the theorem's explicit constant $C$), a rate assumption that excludes $g(t)=g_0/t$, and
 # the fact that the theorem does not describe the constant-step PIM that the algorithm runs.
-# It then checks the implementation in `fedlib.papers.refed`: the closed-form last-layer gradient norm
+# It then checks the implementation in `fedlib.refed.algorithm`: the closed-form last-layer gradient norm
 # against autograd, the vectorised per-sample gradient norms against a per-sample loop, and that
 # Re-Fed is bit-for-bit FedAvg on the first task. Notation follows the notes (`papers/refed.md`,
 # Sections 2-3): $M$ is the distance bound of Assumption 1 here, not the memory size.
@@ -81,8 +81,8 @@ from fedlib.evaluation.compare import CheckLog, relative_difference, states_equa
 from fedlib.federated.gradient import FedConfig
 from fedlib.federated.incremental import make_stream
 from fedlib.federated.models import SmallCNN
-from fedlib.papers.refed import importance_scores, q_lambda, run_methods, train_pim
-from fedlib.papers.refed_theory import (adjacent_violations, bn_resnet, closed_form_table, constant_step_table,
+from fedlib.refed.algorithm import importance_scores, q_lambda, run_methods, train_pim
+from fedlib.refed.theory import (adjacent_violations, bn_resnet, closed_form_table, constant_step_table,
                                         eq14_table, finite_step_scan, lemma1_scan, limit_ratios, monte_carlo_z,
                                         pim_lambda_scan, prototype_images, random_quadratic, rank_agreement,
                                         rate_feasibility, repair_table, softmax_pim_table, softmax_problem,
@@ -111,7 +111,7 @@ print(f"profile={profile}: d={dim}, mu={mu}, L={L_smooth}, horizon={horizon}, mc
 #
 # and eq. 3 is gradient descent on it, started at $w$. $q$ decreases strictly from $+\infty$
 # ($\lambda\to0$: $v$ pinned to the global model) to $0$ ($\lambda\to1$: pure local training), and
-# $\lambda=1/(1+2q)$. `fedlib.papers.refed.q_lambda` implements $q$ of {eq}`refed-eq-pim`; the notes' values are
+# $\lambda=1/(1+2q)$. `fedlib.refed.algorithm.q_lambda` implements $q$ of {eq}`refed-eq-pim`; the notes' values are
 # $q(0.2)=2$, $q(0.5)=0.5$, $q(0.8)=0.125$.
 
 # %%
@@ -163,7 +163,7 @@ check("max |1/(1+2q(lam)) - lam|", float(np.abs(1 / (1 + 2 * q_grid) - lam_grid)
 # as $\lambda\to0$ and $\lVert\hat v-a\rVert\le\frac{q}{\mu+q}\lVert a-\hat w\rVert\to0$ as $\lambda\to1$.
 #
 # ### 2.1 The exact PIM on a quadratic
-# A random rotation $Q$, spectrum evenly spaced in $[\mu, L]$ (`fedlib.papers.refed_theory.Quadratic`).
+# A random rotation $Q$, spectrum evenly spaced in $[\mu, L]$ (`fedlib.refed.theory.Quadratic`).
 # We compute $\hat v$ by a linear solve (not from the eigen formulas), and compare the derivatives
 # with central finite differences.
 
@@ -248,7 +248,7 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# ### 2.3 Beyond quadratics: `fedlib.papers.refed.train_pim` on softmax regression
+# ### 2.3 Beyond quadratics: `fedlib.refed.algorithm.train_pim` on softmax regression
 #
 # With a linear softmax model the PIM objective (mean cross-entropy $+\frac q2\lVert v-w\rVert^2$,
 # `prox_scaling="mean"`) is strongly convex but not quadratic. Full-batch `train_pim` for

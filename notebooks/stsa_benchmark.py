@@ -104,9 +104,9 @@ from IPython.display import Markdown
 
 from fedlib.evaluation import claims
 
-from fedlib.evaluation import tables as paper_results
+from fedlib.stsa import tables as paper_results
 
-from fedlib.papers import stsa
+from fedlib.stsa import algorithm as stsa
 from fedlib.core.devices import resolve_device
 from fedlib.core.parallel import resolve_workers
 from fedlib.evaluation.report import paired_markdown_rows
@@ -497,7 +497,7 @@ else:
 # :label: stsa-bench-ex-communication
 #
 # From the cost table, at which $M$ would STSA's upload exceed FedLwF's in this setting? Use
-# `fedlib.papers.stsa.upload_floats` and the baseline's measured bytes. Count with
+# `fedlib.stsa.algorithm.upload_floats` and the baseline's measured bytes. Count with
 # {eq}`stsa-eq-upload` of the derivation chapter. Fill in your $M$ below: the self-check compares it
 # with the crossing computed from this run's measured bytes.
 # ```

@@ -33,8 +33,8 @@
 # then measures them on the data of the benchmark chapter at the same scale: frozen EfficientNet-Lite0
 # features of Fashion-MNIST {cite}`xiao2017fashion,tan2019efficientnet`, $T$ tasks, $K$ clients,
 # Dirichlet($\beta$) label skew redrawn for every task, and 5 seeds, each with its own class order,
-# partitions and random features. The code is in `fedlib.papers.stsa_beyond`. It reuses
-# `fedlib.papers.stsa` (client, server, random features, the paper's noise routine),
+# partitions and random features. The code is in `fedlib.stsa.beyond`. It reuses
+# `fedlib.stsa.algorithm` (client, server, random features, the paper's noise routine),
 # `fedlib.core.linalg` and `fedlib.core.privacy` (dp-accounting).
 
 # %% tags=["parameters"]
@@ -78,8 +78,8 @@ from fedlib.core import privacy
 from fedlib.evaluation import claims
 from fedlib.evaluation.stats import mean_std
 from fedlib.federated.incremental import make_stream
-from fedlib.papers import stsa
-from fedlib.papers import stsa_beyond as sb
+from fedlib.stsa import algorithm as stsa
+from fedlib.stsa import beyond as sb
 from fedlib.runner import specs
 
 specs.check("stsa_beyond", globals())   # every parameter is checked before any work

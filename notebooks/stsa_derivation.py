@@ -31,7 +31,7 @@
 # "dummy clients" make common), a corrected form that is not, what happens under **feature skew**
 # (client-specific shifts of the features, outside the paper's assumption), the estimator's true
 # error law (the paper's Lemma 3.5 is false), the per-sample error of the STSA-E head against $n$
-# and against $K\cdot K_D$, and the communication table. All code is in `fedlib.papers.stsa`,
+# and against $K\cdot K_D$, and the communication table. All code is in `fedlib.stsa.algorithm`,
 # `fedlib.federated.incremental` and `fedlib.core.linalg`; each headline claim is registered in the claims ledger
 # by the cell that checks it.
 
@@ -72,9 +72,9 @@ from IPython.display import Markdown, display
 
 from fedlib.evaluation import claims
 
-from fedlib.evaluation import tables as paper_results
+from fedlib.stsa import tables as paper_results
 
-from fedlib.papers import stsa
+from fedlib.stsa import algorithm as stsa
 from fedlib.core.linalg import synthetic_features
 from fedlib.evaluation.report import paired_markdown_rows
 from fedlib.federated.incremental import make_stream, run_class_incremental

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedlib.papers import afl
+from fedlib.afl import algorithm as afl
 from fedlib.core.linalg import (SufficientStats, gram_report, normal_equations_tolerance, relative_error, ridge_fit,
                              ridge_solve, synthetic_features)
 from fedlib.data.partition import make_partition

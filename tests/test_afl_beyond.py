@@ -1,5 +1,5 @@
 """Issue 14, AFL: TSQR aggregation, what the upload reveals, secure aggregation, ridge path,
-leave-one-client-out validation and unlearning (fedlib.papers.afl_beyond), each checked against an
+leave-one-client-out validation and unlearning (fedlib.afl.beyond), each checked against an
 independent reference (NumPy lstsq / QR, explicit retraining)."""
 import numpy as np
 import pytest
@@ -7,8 +7,8 @@ import torch
 
 from fedlib.core.linalg import SufficientStats, lstsq_reference, one_hot, relative_error, synthetic_features
 from fedlib.data.partition import make_partition
-from fedlib.papers import afl
-from fedlib.papers import afl_beyond as ab
+from fedlib.afl import algorithm as afl
+from fedlib.afl import beyond as ab
 
 C = 4
 

@@ -1,4 +1,4 @@
-"""The AFL chapters' checks and tables (fedlib.papers.afl, moved out of the notebooks): real values,
+"""The AFL chapters' checks and tables (fedlib.afl.algorithm, moved out of the notebooks): real values,
 tolerances a wrong aggregation fails."""
 from types import SimpleNamespace
 
@@ -9,7 +9,7 @@ import torch
 
 from fedlib.core.linalg import live_columns_with_bias, lstsq_reference, normal_equations_tolerance, synthetic_features
 from fedlib.data.partition import make_partition
-from fedlib.papers import afl
+from fedlib.afl import algorithm as afl
 
 N, D, C = 600, 12, 4
 

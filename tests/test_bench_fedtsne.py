@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
-from fedlib.papers import fedtsne as ft
-from fedlib.bench import fedtsne_speed
+from fedlib import fedtsne as ft
+from fedlib.fedtsne import bench_speed as fedtsne_speed
 
 TINY = ["--dataset", "optdigits", "--points", "300", "--clients", "3", "--landmarks", "12", "--rounds", "2",
         "--tsne-max-iter", "250", "--loop-points", "60", "--loop-clients", "2", "--repeats", "1",

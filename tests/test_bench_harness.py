@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedlib import bench
-from fedlib.runner.paths import BENCHMARK_DIR
+from fedlib.evaluation import benchmark as bench
+from fedlib.core.paths import BENCHMARK_DIR
 
 
 def test_parser_common_options_and_default_out():
@@ -64,7 +64,7 @@ def test_check_row_and_finish(tmp_path, capsys):
 
 
 def test_afl_aggregation_tiny_report(tmp_path):
-    from fedlib.bench import afl_aggregation
+    from fedlib.afl import bench as afl_aggregation
 
     out = tmp_path / "afl.txt"
     assert afl_aggregation.main(["--clients", "3", "--dim", "12", "--per-client", "5", "--samples", "40",
@@ -81,7 +81,7 @@ def test_afl_aggregation_tiny_report(tmp_path):
 
 
 def test_afl_aggregation_rejects_bad_options():
-    from fedlib.bench import afl_aggregation
+    from fedlib.afl import bench as afl_aggregation
 
     with pytest.raises(SystemExit):
         afl_aggregation.main(["--clients", "0", "--out", "-"])

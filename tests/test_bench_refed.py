@@ -3,7 +3,7 @@ import re
 
 import torch
 
-from fedlib.bench import refed_scoring
+from fedlib.refed import bench as refed_scoring
 from fedlib.federated.models import SmallCNN
 from fedlib.core.persample import grad_sq_norms, reference_grad_sq_norms
 

@@ -3,8 +3,8 @@ import re
 
 import torch
 
-from fedlib.bench import stsa_gram
-from fedlib.papers.stsa import gram_estimate
+from fedlib.stsa import bench as stsa_gram
+from fedlib.stsa.algorithm import gram_estimate
 
 TINY = ["--M", "30", "--classes", "6", "--clients", "4", "--dummy", "3", "--per-class", "20"]
 

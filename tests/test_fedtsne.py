@@ -12,7 +12,7 @@ from sklearn.model_selection import cross_val_score
 from sklearn.neighbors import KNeighborsClassifier
 from threadpoolctl import threadpool_limits
 
-from fedlib.papers import fedtsne as ft
+from fedlib import fedtsne as ft
 from fedlib.data.partition import make_partition
 
 
@@ -195,7 +195,7 @@ def test_federated_distances_are_returned_in_the_row_order_of_x():
     parts = make_partition(y, 3, "one_class", seed=0)
     data = [X[ix] for ix in parts]
     res = ft.feddl(data, 8, rounds=5, init="gaussian")  # 8 >= m + 2 landmarks: exact Nystrom
-    from fedlib.papers.fedtsne.pipelines import _federated_matrix
+    from fedlib.fedtsne.pipelines import _federated_matrix
 
     D, fres, cost = _federated_matrix(X, parts, 8, "distances", None, {}, res, 0, False, {})
     assert np.allclose(D, np.sqrt(ft.sq_distances(X)), atol=1e-6)
@@ -343,7 +343,7 @@ def test_heuristic_noise_is_beta_times_gradient_sd_and_has_no_epsilon():
 def test_entry_sd_equals_numpy_std_and_guards_cancellation(dtype):
     """The heuristic noise's sd(g) from BLAS passes equals np.std; a mean far above the spread (where
     g.g/n - mean^2 cancels) falls back to np.std."""
-    from fedlib.papers.fedtsne.feddl import _entry_sd
+    from fedlib.fedtsne.feddl import _entry_sd
 
     z = np.random.default_rng(0).standard_normal((40, 30))
     g = (1e-3 * z + 2e-4).astype(dtype)
@@ -576,7 +576,7 @@ def test_feddl_until_plateau_stops_only_where_the_rule_holds_at_the_last_round(m
     import importlib
     from types import SimpleNamespace
 
-    feddl_module = importlib.import_module("fedlib.papers.fedtsne.feddl")    # the module, not ft.feddl
+    feddl_module = importlib.import_module("fedlib.fedtsne.feddl")    # the module, not ft.feddl
 
     F = np.exp(-np.arange(1001) / 15.0)
     share = {e: ft.plateau_share(F, e) for e in range(10, 1000)}
@@ -680,7 +680,7 @@ def test_both_fedtsne_chapters_draw_points_and_split_clients_by_the_one_rule():
 
     root = Path(__file__).resolve().parent.parent / "notebooks"
     # the chapters' study loops (fedtsne.studies) split the clients by the one rule too
-    from fedlib.papers.fedtsne.studies import _plateau_job     # the runs of convergence_study and step_study
+    from fedlib.fedtsne.studies import _plateau_job     # the runs of convergence_study and step_study
 
     for helper in (ft.speclust_data, _plateau_job, ft.benchmark_runs, ft.check_splits, ft.client_sweep,
                    ft.landmark_sweep, ft.gamma_control):
@@ -884,7 +884,7 @@ def test_embed_and_learn_landmarks_are_the_pipelines_calls(blobs50):
 def test_central_embedding_is_kept_on_disk_keyed_by_its_inputs(blobs50, tmp_path, monkeypatch):
     """The centralized reference is read back from the cache (no second t-SNE, the same result), and
     any change of X, seed, the method's settings or method makes a new one; cache=False always computes."""
-    from fedlib.papers.fedtsne import pipelines
+    from fedlib.fedtsne import pipelines
 
     monkeypatch.setenv("FEDLIB_CACHE", str(tmp_path))
     X, _ = blobs50
@@ -981,7 +981,7 @@ def test_feddl_float32_is_float64_up_to_rounding():
     np.testing.assert_array_equal(h1.landmarks, h2.landmarks)
     np.testing.assert_allclose(h1.noise_sd.mean(), h64.noise_sd.mean(), rtol=0.2)
     # the MMD terms in float32 against float64
-    from fedlib.papers.fedtsne.mmd import _cross_terms, _yy_terms
+    from fedlib.fedtsne.mmd import _cross_terms, _yy_terms
     X, Y = parts[0], r64.landmarks
     for f32, f64 in [(_cross_terms(X.astype(np.float32), Y.astype(np.float32), 0.3), _cross_terms(X, Y, 0.3)),
                      (_yy_terms(Y.astype(np.float32), 0.3), _yy_terms(Y, 0.3))]:

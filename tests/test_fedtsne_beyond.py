@@ -1,4 +1,4 @@
-"""Issue 14, Fed-tSNE / Fed-UMAP items (``fedlib.papers.fedtsne.beyond``): the closed form of the Nystrom
+"""Issue 14, Fed-tSNE / Fed-UMAP items (``fedlib.fedtsne.beyond``): the closed form of the Nystrom
 estimate and the upload's decomposition against fedlib's Nystrom and numpy's least squares; the
 estimators against direct computations; federated k-means against centralized Lloyd (numpy loop and
 scikit-learn); local placement; bad inputs."""
@@ -7,8 +7,8 @@ import pytest
 from scipy.spatial.distance import cdist
 
 from fedlib.core.messages import Message
-from fedlib.papers import fedtsne as ft
-from fedlib.papers.fedtsne import beyond as bd
+from fedlib import fedtsne as ft
+from fedlib.fedtsne import beyond as bd
 
 
 def _data(n=60, m=9, ny=5, seed=0):
@@ -187,7 +187,7 @@ def test_bad_inputs_name_the_parameter():
 def test_spec_matches_the_library_and_rejects_bad_grids():
     from conftest import chapter_values
     from fedlib.runner import specs
-    from fedlib.runner.specs import fedtsne as spec_module
+    from fedlib.fedtsne import specs as spec_module
 
     assert spec_module.ESTIMATORS == bd.ESTIMATORS and spec_module.LANDMARK_KINDS == bd.LANDMARK_KINDS
     with pytest.raises(ValueError, match="metric_grid must be values of landmark_grid"):

@@ -9,8 +9,8 @@ from sklearn.neighbors import NearestNeighbors
 from threadpoolctl import threadpool_limits
 
 from fedlib.evaluation.embedding import clustering_nmi, knn_accuracy, neighborhood_preservation
-from fedlib.papers import fedtsne as ft
-from fedlib.papers.fedtsne import pipelines
+from fedlib import fedtsne as ft
+from fedlib.fedtsne import pipelines
 
 
 @pytest.fixture(autouse=True)
@@ -230,7 +230,7 @@ def test_bad_inputs_name_the_parameter(blocks, digits600, feddl600):
 def test_scale_bench_tiny_report(tmp_path):
     import re
 
-    from fedlib.bench import fedtsne_scale
+    from fedlib.fedtsne import bench_scale as fedtsne_scale
 
     out = tmp_path / "fedtsne_scale.txt"
     argv = ["--dataset", "optdigits", "--points", "300", "--clients", "3", "--landmarks", "12", "--rounds", "2",
@@ -253,8 +253,8 @@ def test_scale_bench_tiny_report(tmp_path):
 def test_landmark_quality_equals_the_dense_distance_quality(squared):
     """The chapters' D-hat quality from landmarks, in row blocks, equals distance_quality on the dense
     Nystrom estimate (relative error to round-off, the same 10-NN overlap), for any block size."""
-    from fedlib.papers.fedtsne.chapters import EmbeddingScorer
-    from fedlib.papers.fedtsne.nystrom import nystrom_estimate
+    from fedlib.fedtsne.chapters import EmbeddingScorer
+    from fedlib.fedtsne.nystrom import nystrom_estimate
 
     g = np.random.default_rng(5)
     X = np.concatenate([g.normal(c, 1.0, (60, 7)) for c in (0.0, 3.0, 6.0)])

@@ -1,4 +1,4 @@
-"""fedlib.papers.fedtsne.checks and .studies: the derivation chapter's numerical checks and the experiment
+"""fedlib.fedtsne.checks and .studies: the derivation chapter's numerical checks and the experiment
 loops / tables of the benchmark, privacy and Fed-SpeClust chapters, on tiny data with real values."""
 import math
 from types import SimpleNamespace
@@ -10,7 +10,7 @@ from threadpoolctl import threadpool_limits
 
 from fedlib.core import privacy
 from fedlib.evaluation.stats import paired_difference
-from fedlib.papers import fedtsne as ft
+from fedlib import fedtsne as ft
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -53,9 +53,9 @@ def test_client_programs_travel_as_data_and_nodes_build_only_fedlib_programs():
     from fedlib.federated.fcil import FedEWC
     from fedlib.federated.gradient import FedConfig, FedProx, GradientClient, MLPHead
     from fedlib.federated.learner import CacheClient, RandomReplay, StageClient, StateInit
-    from fedlib.papers.afl import AFLClient
-    from fedlib.papers.fedtsne.feddl import FedDLClient
-    from fedlib.papers.refed import RefedReplay
+    from fedlib.afl.algorithm import AFLClient
+    from fedlib.fedtsne.feddl import FedDLClient
+    from fedlib.refed.algorithm import RefedReplay
 
     task = Task(parse_options("refed", ""))
     model, config = task.model(), FedConfig(rounds=2, device="cpu")

@@ -122,7 +122,7 @@ def test_result_carries_each_stage_cost_and_partitions_use_the_one_seed_derivati
     uploaded); task t's partition is drawn with derive_seed(seed, "partition", t)."""
     from fedlib.core.seeds import derive_seed
     from fedlib.data.partition import make_partition
-    from fedlib.papers.stsa import STSALearner
+    from fedlib.stsa.algorithm import STSALearner
 
     s = make_stream(Y_TRAIN, Y_TEST, 2, seed=0)
     labels = Y_TRAIN[s.tasks[1].train_idx]

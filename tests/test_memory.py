@@ -58,7 +58,7 @@ def test_command_line_ends_a_refused_run_in_one_error_line(monkeypatch):
 
 def test_fedtsne_above_the_dense_limit_is_estimated_on_the_knn_path():
     """fashion_mnist at 40,000 points (the paper profile) takes the kNN path: no n x n term, a few GiB."""
-    from fedlib.papers.fedtsne.pipelines import DENSE_MAX_POINTS
+    from fedlib.fedtsne.pipelines import DENSE_MAX_POINTS
 
     est = memory.estimate("fedtsne_benchmark", params("fedtsne_benchmark", "paper", workers=1))
     assert not any("n x n" in k for k in est.host) and est.host_bytes < 2 * 2**30

@@ -123,10 +123,10 @@ TINY: dict[str, dict] = {
     },
 }
 
-#: Fed-tSNE chapters that embed through fedlib.papers.fedtsne.pipelines (dense n x n up to
+#: Fed-tSNE chapters that embed through fedlib.fedtsne.pipelines (dense n x n up to
 #: DENSE_MAX_POINTS points, sparse kNN above): the points each dataset sends there, from the chapter's
 #: values; their paper sizes decide the path the tiny run must take (fedtsne_beyond always works on
-#: neighbour lists, fedlib.papers.fedtsne.beyond: nothing to mirror)
+#: neighbour lists, fedlib.fedtsne.beyond: nothing to mirror)
 SERVER_POINTS = {
     "fedtsne_benchmark": lambda v: {ds: memory._points(ds, v["n_points"].get(ds))
                                     for ds in dict.fromkeys([*v["datasets"], v["sweep_dataset"]])},
@@ -163,7 +163,7 @@ def dense_threshold(name: str) -> tuple[int | None, dict]:
     size, the server path it takes at its `paper` size, and {tiny points: sparse?}; (None, {}) else."""
     if name not in SERVER_POINTS:
         return None, {}
-    from fedlib.papers.fedtsne.pipelines import DENSE_MAX_POINTS
+    from fedlib.fedtsne.pipelines import DENSE_MAX_POINTS
 
     paper, tiny = SERVER_POINTS[name](values(name)), SERVER_POINTS[name](values(name, TINY[name]["tiny"]))
     expected = {}
@@ -281,7 +281,7 @@ def test_scratch_baselines_on_rgb_images_with_four_stages():
     import numpy as np
 
     from fedlib.data.datasets import Dataset
-    from fedlib.papers import stsa
+    from fedlib.stsa import algorithm as stsa
 
     rng = np.random.default_rng(0)
     y_tr, y_te = np.repeat(np.arange(4), 6), np.repeat(np.arange(4), 2)
@@ -307,7 +307,7 @@ del _tv_cifar
 '''
 
 DENSE_PATCH = '''
-import fedlib.papers.fedtsne.pipelines as _pipes
+import fedlib.fedtsne.pipelines as _pipes
 
 _pipes.DENSE_MAX_POINTS = {threshold}
 

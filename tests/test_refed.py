@@ -1,4 +1,4 @@
-"""Tests for fedlib.papers.refed: Re-Fed cache selection (PIM, Eqs. 3-5) and the replay baselines."""
+"""Tests for fedlib.refed.algorithm: Re-Fed cache selection (PIM, Eqs. 3-5) and the replay baselines."""
 from __future__ import annotations
 
 import copy
@@ -12,7 +12,7 @@ from fedlib.core.persample import grad_sq_norms, last_layer_grad_sq_norms, refer
 from fedlib.federated.gradient import LinearHead, MLPHead
 from fedlib.federated.incremental import make_stream, run_class_incremental
 from fedlib.federated.learner import FixedLearner, GradientLearner, select_top
-from fedlib.papers.refed import (LEARNERS, RefedReplay, importance_scores, make_learner, q_lambda, rounds_to_best,
+from fedlib.refed.algorithm import (LEARNERS, RefedReplay, importance_scores, make_learner, q_lambda, rounds_to_best,
                                  train_pim)
 
 D, C, T, K, SEED = 8, 6, 3, 3, 0
@@ -428,7 +428,7 @@ SETTINGS = dict(model_fn=linear, num_clients=K, batch_size=32, momentum=0.0, par
 
 
 def test_run_scenario_equals_the_direct_run(data):
-    from fedlib.papers.refed import run_scenario
+    from fedlib.refed.algorithm import run_scenario
 
     scen = _scenario(data)
     for method in ["refed", "fedprox_replay", "fedavg"]:
@@ -456,7 +456,7 @@ def test_run_scenario_equals_the_direct_run(data):
 
 
 def test_scenario_runs_cache_tracking_and_proxy(data):
-    from fedlib.papers.refed import PIM_METHODS, REPLAY_METHODS, ScenarioRuns
+    from fedlib.refed.algorithm import PIM_METHODS, REPLAY_METHODS, ScenarioRuns
 
     assert set(PIM_METHODS) <= set(REPLAY_METHODS) and "fedavg" not in REPLAY_METHODS
     runs = ScenarioRuns({"class": _scenario(data)}, **SETTINGS)
@@ -504,7 +504,7 @@ def _same_run(a, b):
 def test_shared_first_stage_is_bit_identical(data, track):
     """ScenarioRuns trains task 1 once for the methods with the plain loss (FirstStageShare) and the
     other runs restore it: every result equals that of runs that each train task 1 themselves."""
-    from fedlib.papers.refed import ScenarioRuns
+    from fedlib.refed.algorithm import ScenarioRuns
 
     scen = {"class": _scenario(data), "domain": {**_scenario(data), "first_rounds": 3}}
     methods = ["refed", "refed_balanced", "refed_proxy", "fedavg_replay", "fedprox_replay", "fedavg", "fixed"]
@@ -542,7 +542,7 @@ def test_shared_first_stage_is_bit_identical(data, track):
 def test_fused_pim_equals_the_two_pass_route(monkeypatch, arch, n, batch_size):
     """train_pim's fused step (norms from the step's own backward, full mini-batches of 2^k samples)
     gives the same G^p, PIM weights, distance and loss as a separate ghost-norm pass per mini-batch."""
-    import fedlib.papers.refed as refed
+    import fedlib.refed.algorithm as refed
     from fedlib.federated.models import SmallCNN
 
     torch.manual_seed(1)

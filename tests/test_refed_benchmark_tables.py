@@ -1,4 +1,4 @@
-"""Tests for the benchmark chapter's tables and evidence in fedlib.papers.refed (paired differences,
+"""Tests for the benchmark chapter's tables and evidence in fedlib.refed.algorithm (paired differences,
 cache diagnostics, curves, the exact / last-layer comparison, the cost and summary sentences), on a
 small ScenarioRuns of the toy data of tests/test_refed.py, each against a direct computation."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from test_refed import SETTINGS, SEED, T, _scenario, data  # noqa: F401  (data: the module fixture)
 from fedlib.evaluation.compare import refed_label
 from fedlib.evaluation.stats import PairedDifference, paired_difference
-from fedlib.papers.refed import (ScenarioRuns, cache_diagnostics, compare_grad_norms, cost_lines, final_task_accuracy,
+from fedlib.refed.algorithm import (ScenarioRuns, cache_diagnostics, compare_grad_norms, cost_lines, final_task_accuracy,
                                  first_task_accuracies, first_task_table, largest_pools, last_task_hypothesis,
                                  last_task_share, make_scenario, paired_differences, replay_verdict, round_curves,
                                  stage_curves, summary_lines)

@@ -15,8 +15,8 @@ from fedlib.federated.incremental import make_stream
 from fedlib.federated.learner import (BALANCING, HerdingReplay, ReservoirReplay, ScoreReplay, SelectionContext,
                                       _quotas, budget_groups, el2n_scores, grand_scores, herding_order,
                                       penultimate_features, reservoir_select, select_top)
-from fedlib.papers.refed import RefedReplay, make_learner
-from fedlib.papers.refed_beyond import (RULES, CacheNoiseAudit, flip_labels, noise_accuracy_table, noise_table,
+from fedlib.refed.algorithm import RefedReplay, make_learner
+from fedlib.refed.beyond import (RULES, CacheNoiseAudit, flip_labels, noise_accuracy_table, noise_table,
                                         rule_table, run_rules)
 
 
@@ -229,7 +229,7 @@ def test_noise_audit_counts_flipped_samples():
 # ---------------------------------------------------------------------------------------------
 def test_experiment_loop_runs_tiny():
     from fedlib.federated.models import make_model
-    from fedlib.papers.refed import make_scenario
+    from fedlib.refed.algorithm import make_scenario
 
     rng = np.random.default_rng(0)
     y_tr, y_te = np.repeat(np.arange(4), 24), np.repeat(np.arange(4), 6)
@@ -259,7 +259,7 @@ def test_experiment_loop_runs_tiny():
 
 def test_workers_give_the_same_rows():
     from fedlib.federated.models import make_model
-    from fedlib.papers.refed import make_scenario
+    from fedlib.refed.algorithm import make_scenario
 
     rng = np.random.default_rng(1)
     y = np.repeat(np.arange(4), 16)

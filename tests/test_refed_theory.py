@@ -1,4 +1,4 @@
-"""Tests for fedlib.papers.refed_theory (Lemma 1 and Theorem 3.1 on quadratics), each against an
+"""Tests for fedlib.refed.theory (Lemma 1 and Theorem 3.1 on quadratics), each against an
 independent reference: optimality conditions, finite differences, gradient-descent iterations,
 Monte Carlo simulation, and the closed-form floors."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from fedlib.core.persample import last_layer_grad_sq_norms, reference_grad_sq_norms
 from fedlib.federated.gradient import LinearHead
 from fedlib.federated.models import MODEL_NAMES, SmallCNN, SmallResNet, make_model
-from fedlib.papers.refed import q_lambda, train_pim
-from fedlib.papers.refed_theory import (Quadratic, exact_pim, g_rate, prototype_images, random_quadratic,
+from fedlib.refed.algorithm import q_lambda, train_pim
+from fedlib.refed.theory import (Quadratic, exact_pim, g_rate, prototype_images, random_quadratic,
                                         repaired_schedule)
 
 DIM, MU, L = 6, 0.5, 2.0

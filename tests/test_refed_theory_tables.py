@@ -1,4 +1,4 @@
-"""Tests for the chapter tables of fedlib.papers.refed_theory (sections 2-7 of the theory chapter):
+"""Tests for the chapter tables of fedlib.refed.theory (sections 2-7 of the theory chapter):
 each table against a direct computation or a known closed-form value."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 from fedlib.core.persample import grad_sq_norms, reference_grad_sq_norms
 from fedlib.federated.gradient import LinearHead
 from fedlib.federated.models import SmallCNN
-from fedlib.papers.refed import q_lambda, train_pim
-from fedlib.papers.refed_theory import (adjacent_violations, bn_resnet, closed_form_table, constant_step_table,
+from fedlib.refed.algorithm import q_lambda, train_pim
+from fedlib.refed.theory import (adjacent_violations, bn_resnet, closed_form_table, constant_step_table,
                                         eq14_table, finite_step_scan, g_rate, lemma1_scan, limit_ratios,
                                         monte_carlo_z, pim_lambda_scan, rank_agreement,
                                         rate_feasibility, repair_table, softmax_pim_table, softmax_problem,

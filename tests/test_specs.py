@@ -5,8 +5,8 @@ import re
 import pytest
 
 from fedlib.runner import profiles, specs
-from fedlib.runner.paths import NOTEBOOK_DIR
-from fedlib.runner.specs import NULL, Choice, Dict, Int, List, Real, Seeds, Spec
+from fedlib.core.paths import NOTEBOOK_DIR
+from fedlib.core.specs import NULL, Choice, Dict, Int, List, Real, Seeds, Spec
 
 CHAPTERS = profiles.notebook_names()
 

@@ -6,7 +6,7 @@ import pytest
 from fedlib.federated.incremental import make_stream
 from conftest import chapter_values
 from fedlib.runner import specs
-from fedlib.runner.specs.refed import check_total_memory
+from fedlib.refed.specs import check_total_memory
 
 
 @pytest.mark.parametrize("chapter, name, bad, message", [

@@ -1,4 +1,4 @@
-"""STSA chapters' typed parameters (fedlib.runner.specs.stsa): every bad value is refused with a message
+"""STSA chapters' typed parameters (fedlib.stsa.specs): every bad value is refused with a message
 naming the parameter; the notebook defaults and every profile's values pass."""
 import pytest
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedlib.papers import stsa
+from fedlib.stsa import algorithm as stsa
 from fedlib.core.linalg import SufficientStats, ridge_fit
 from fedlib.federated.incremental import make_stream, run_class_incremental
 from fedlib.core.messages import Message

@@ -1,4 +1,4 @@
-"""Issue 14, STSA items (fedlib.papers.stsa_beyond): GCV and the ridge path from the aggregated
+"""Issue 14, STSA items (fedlib.stsa.beyond): GCV and the ridge path from the aggregated
 statistics, and the calibrated Gaussian mechanism for the uploads. Each identity is checked against an
 independent reference (SVD / lstsq on the raw rows, scipy's normal CDF for the privacy curve)."""
 import math
@@ -13,8 +13,8 @@ from fedlib.core.messages import Message
 from fedlib.core.seeds import torch_generator
 from fedlib.data.features import Features
 from fedlib.federated.incremental import make_stream, run_class_incremental
-from fedlib.papers import stsa_beyond as sb
-from fedlib.papers.stsa import RandomFeatures, STSALearner
+from fedlib.stsa import beyond as sb
+from fedlib.stsa.algorithm import RandomFeatures, STSALearner
 
 GRID = np.geomspace(10.0, 1e6, 6)
 

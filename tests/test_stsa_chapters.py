@@ -1,4 +1,4 @@
-"""The STSA chapters' checks, studies and tables (fedlib.papers.stsa, moved out of the notebooks), and
+"""The STSA chapters' checks, studies and tables (fedlib.stsa.algorithm, moved out of the notebooks), and
 report.paired_markdown_rows: real values, tolerances a wrong aggregation or estimator fails."""
 from functools import partial
 
@@ -12,7 +12,7 @@ from fedlib.data.features import Features
 from fedlib.data.partition import make_partition
 from fedlib.evaluation.report import paired_markdown_rows
 from fedlib.federated.incremental import make_stream, run_class_incremental
-from fedlib.papers import stsa
+from fedlib.stsa import algorithm as stsa
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +132,7 @@ def test_gram_estimate_rank_and_secure_aggregation(toy):
 
 
 def test_communication_table_curve_and_margins():
-    from fedlib.evaluation import tables
+    from fedlib.stsa import tables
 
     comm = stsa.communication_table(tables.stsa_table5(), np.random.default_rng(0))
     assert list(comm.method) == ["STSA", "STSA-E"] * 2

@@ -73,7 +73,7 @@ def test_forms_keys_senders_and_numbers():
 
 
 def test_a_server_refuses_the_whole_round_before_touching_its_state():
-    from fedlib.papers.afl import client_update, make_server
+    from fedlib.afl.algorithm import client_update, make_server
 
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((60, 5)), rng.integers(0, 3, 60)
@@ -102,7 +102,7 @@ def _rng(seed=0):
 
 
 def _afl(server: str, packed: bool, statistics: bool) -> Case:
-    from fedlib.papers import afl
+    from fedlib.afl import algorithm as afl
 
     rng = _rng(1)
     x, y = rng.standard_normal((90, 6)), rng.integers(0, 4, 90)
@@ -112,7 +112,7 @@ def _afl(server: str, packed: bool, statistics: bool) -> Case:
 
 
 def _stsa(variant: str) -> Case:
-    from fedlib.papers import stsa
+    from fedlib.stsa import algorithm as stsa
 
     rng = _rng(2)
     x, y = rng.standard_normal((90, 5)), rng.integers(0, 3, 90)
@@ -130,8 +130,8 @@ def _stsa(variant: str) -> Case:
 
 
 def _stsa_path() -> Case:
-    from fedlib.papers import stsa
-    from fedlib.papers.stsa_beyond import PathServer, StatsClient
+    from fedlib.stsa import algorithm as stsa
+    from fedlib.stsa.beyond import PathServer, StatsClient
 
     rng = _rng(3)
     x, y = torch.from_numpy(rng.standard_normal((90, 5))), torch.from_numpy(rng.integers(0, 3, 90))
@@ -176,7 +176,7 @@ def _fedewc_stage() -> Case:
 
 
 def _feddl(setup: bool) -> Case:
-    from fedlib.papers.fedtsne.feddl import FedDLClient, FedDLServer
+    from fedlib.fedtsne.feddl import FedDLClient, FedDLServer
 
     rng = _rng(4)
     data = [rng.standard_normal((12, 5)) for _ in range(3)]
@@ -197,7 +197,7 @@ def _feddl(setup: bool) -> Case:
 
 
 def _nystrom(kind: str) -> Case:
-    from fedlib.papers.fedtsne.nystrom import NystromServer, client_kernel, client_sq_distances
+    from fedlib.fedtsne.nystrom import NystromServer, client_kernel, client_sq_distances
 
     rng = _rng(5)
     Y = rng.standard_normal((4, 3))
@@ -210,7 +210,7 @@ def _nystrom(kind: str) -> Case:
 
 
 def _kmeans() -> Case:
-    from fedlib.papers.fedtsne.beyond import KMeansClient, KMeansServer
+    from fedlib.fedtsne.beyond import KMeansClient, KMeansServer
 
     rng = _rng(6)
     C = rng.standard_normal((3, 2))
@@ -220,7 +220,7 @@ def _kmeans() -> Case:
 
 
 def _placement() -> Case:
-    from fedlib.papers.fedtsne.beyond import PlacementServer
+    from fedlib.fedtsne.beyond import PlacementServer
 
     rng = _rng(7)
     honest = [Message(f"client{k}", {"embedding": rng.standard_normal((4 + k, 2))}) for k in range(3)]
@@ -229,7 +229,7 @@ def _placement() -> Case:
 
 
 def _tsqr() -> Case:
-    from fedlib.papers.afl_beyond import TSQRServer, tsqr_client_update
+    from fedlib.afl.beyond import TSQRServer, tsqr_client_update
 
     rng = _rng(8)
     x, y = rng.standard_normal((30, 4)), rng.integers(0, 2, 30)
@@ -238,7 +238,7 @@ def _tsqr() -> Case:
 
 
 def _secure_sum() -> Case:
-    from fedlib.papers.afl_beyond import SecureSumServer, stats_length
+    from fedlib.afl.beyond import SecureSumServer, stats_length
 
     rng = _rng(9)
     length = stats_length(3, 2)
@@ -247,7 +247,7 @@ def _secure_sum() -> Case:
 
 
 def _stats() -> Case:
-    from fedlib.papers.afl_beyond import StatsClient, StatsServer
+    from fedlib.afl.beyond import StatsClient, StatsServer
 
     rng = _rng(10)
     x, y = rng.standard_normal((30, 4)), rng.integers(0, 2, 30)
@@ -470,7 +470,7 @@ FUZZ_COUNTS: dict[str, int] = {}
 
 def test_afl_kernels_check_sizes_before_reading_memory():
     """The compiled AFL loops index without bounds checks: their entry points refuse any size mismatch."""
-    from fedlib.papers import afl
+    from fedlib.afl import algorithm as afl
 
     gram, rhs = torch.zeros(afl.packed_length(4), dtype=torch.float64), torch.zeros(3, 4, dtype=torch.float64)
     with pytest.raises(ValueError, match="cannot add one of shape"):
@@ -484,7 +484,7 @@ def test_afl_kernels_check_sizes_before_reading_memory():
 def test_a_server_with_earlier_uploads_refuses_other_sizes():
     """The crash cases of the report: an upload consistent in itself whose d or C differs from the server's
     sums (it used to kill the process), a head of (d, C+1), W = 1e6 x ones(4, 4)."""
-    from fedlib.papers import afl
+    from fedlib.afl import algorithm as afl
 
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((40, 4)), rng.integers(0, 3, 40)
@@ -509,7 +509,7 @@ def test_the_aggregation_helpers_refuse_arrays_they_would_broadcast_or_truncate(
     """Behind the servers' checks: FedAvg's average and FedDL's axpy never broadcast a (1,) bias or a
     (3, 1) weight, nor update a prefix of a flattened array."""
     from fedlib.federated.gradient import average_states
-    from fedlib.papers.fedtsne.feddl import _add_scaled
+    from fedlib.fedtsne.feddl import _add_scaled
 
     a = {"w": torch.ones(3, 2), "b": torch.ones(3)}
     assert torch.equal(average_states([a, a], [0.5, 0.5])["w"], torch.ones(3, 2))
@@ -522,7 +522,7 @@ def test_the_aggregation_helpers_refuse_arrays_they_would_broadcast_or_truncate(
 
 
 def test_the_flower_page_states_how_many_malformed_uploads_the_fuzz_test_tries():
-    from fedlib.runner.paths import REPO
+    from fedlib.core.paths import REPO
 
     total = 0
     for make in CASES.values():

@@ -32,8 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from fedlib import bench
-from fedlib.runner.paths import BENCHMARK_DIR, EXECUTED_DIR
+from fedlib.evaluation import benchmark as bench
+from fedlib.core.paths import BENCHMARK_DIR, EXECUTED_DIR
 from fedlib.runner.profiles import cell_timings, load_profiles, notebook_names
 
 

@@ -24,7 +24,7 @@ import sys
 import numpy as np
 import torch
 
-from fedlib import bench
+from fedlib.evaluation import benchmark as bench
 
 __all__ = ["main"]
 

@@ -2,7 +2,7 @@
 
 Prints, in one run on this machine, for each method of ``--methods`` (default FedAvg on the linear
 head and MOON on its projection head, the AFL benchmark's two model kinds): the wall-clock of one
-whole job of :func:`fedlib.papers.afl.run_baselines` (its ``run_federated`` call) with
+whole job of :func:`fedlib.afl.algorithm.run_baselines` (its ``run_federated`` call) with
 ``FedConfig(batched_clients=False)`` (the per-client loop, the default) and with
 ``batched_clients=True`` (stacked parameters, one batched forward / backward per mini-batch step
 for all clients), their ratio, and the agreement of the two runs: max relative difference of the
@@ -29,9 +29,9 @@ import sys
 import numpy as np
 import torch
 
-from fedlib import bench
+from fedlib.evaluation import benchmark as bench
 from fedlib.federated.gradient import ALGORITHMS, FedConfig, make_algorithm, run_federated
-from fedlib.papers import afl
+from fedlib.afl import algorithm as afl
 
 
 def features(n_train: int, n_test: int, dim: int, classes: int, seed: int):
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                   participation=1.0, device=args.device, eval_every=1)
 
     def run(method: str, batched: bool):
-        """One job of :func:`fedlib.papers.afl.run_baselines`, as it runs it (partition indexing included)."""
+        """One job of :func:`fedlib.afl.algorithm.run_baselines`, as it runs it (partition indexing included)."""
         parts = partitions(setting, args.clients, 0)
         return run_federated(afl.baseline_model_fn(method, args.dim, args.classes, args.moon_hidden),
                              [(x_tr[p], y_tr[p]) for p in parts], (x_te, y_te), make_algorithm(method),

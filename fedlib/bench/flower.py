@@ -24,7 +24,7 @@ import time
 
 import psutil
 
-from fedlib import bench
+from fedlib.evaluation import benchmark as bench
 from fedlib.flower.engines import run_simulation_engine
 from fedlib.flower.tasks import OPTIONS, Task, parse_options
 

@@ -179,8 +179,8 @@ def _from_fixed_split(name: str, x: np.ndarray, y: np.ndarray, classes: tuple[st
 
 
 def default_data_root() -> Path:
-    """``$FEDLIB_DATA`` if set, else ``<repo>/data/raw`` (:mod:`fedlib.runner.paths`)."""
-    from fedlib.runner.paths import data_root
+    """``$FEDLIB_DATA`` if set, else ``<repo>/data/raw`` (:mod:`fedlib.core.paths`)."""
+    from fedlib.core.paths import data_root
 
     return data_root()
 

@@ -153,8 +153,8 @@ def load_backbone(name: str, device="cpu", root=None) -> tuple[nn.Module, int | 
 # cache
 # ----------------------------------------------------------------------------------------------
 def default_cache_dir() -> Path:
-    """``$FEDLIB_CACHE`` or ``<repo>/data/cache`` (:mod:`fedlib.runner.paths`)."""
-    from fedlib.runner.paths import cache_dir
+    """``$FEDLIB_CACHE`` or ``<repo>/data/cache`` (:mod:`fedlib.core.paths`)."""
+    from fedlib.core.paths import cache_dir
 
     return cache_dir()
 

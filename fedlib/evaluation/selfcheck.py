@@ -191,7 +191,7 @@ def stsa_break_even(answer_kd: int, M: int, c_t: int, *, exercise: str = "STSA d
 
     ``answer_kd``: the student's answer; the reference comes from `stsa.upload_floats`.
     """
-    from fedlib.papers.stsa import upload_floats
+    from fedlib.stsa.algorithm import upload_floats
     if int(M) < 1 or int(c_t) < 1:
         raise ValueError(f"M and c_t must be positive integers, got M={M}, c_t={c_t}")
     if answer_kd is None:
@@ -323,7 +323,7 @@ def fedtsne_reconstruction(x_rec, x_proj, x, span_dim: int, *, tol: float = 1e-6
 def refed_mean_lambda(answer: float, lam_sum: float, n: int, *, rtol: float = 1e-4,
                       exercise: str = "Re-Fed theory, ex. sum versus mean") -> Verdict:
     """lambda' under mean scaling with q(lambda') = q(lambda_sum) / n, i.e. lambda' = 1 / (1 + 2 q / n)."""
-    from fedlib.papers.refed import q_lambda
+    from fedlib.refed.algorithm import q_lambda
     if int(n) < 1:
         raise ValueError(f"n must be a positive integer, got {n}")
     lam = 1.0 / (1.0 + 2.0 * q_lambda(lam_sum) / int(n))
@@ -464,7 +464,7 @@ def fedtsne_budget(my_epsilon, target_sd: float, *, delta: float, sensitivity: f
                    rtol: float = 0.05, exercise: str = "Fed-tSNE derivation, ex. privacy budget") -> Verdict:
     """The epsilon at which the PLD-calibrated gradient noise sd z(eps, delta, rounds) * sensitivity equals
     the gradient's own sd ``target_sd``: the student's epsilon is judged by the sd it buys."""
-    from fedlib.papers.fedtsne import dp_noise_sd
+    from fedlib.fedtsne import dp_noise_sd
     if not (target_sd > 0 and sensitivity > 0):
         raise ValueError(f"target_sd and sensitivity must be positive, got {target_sd}, {sensitivity}")
     if my_epsilon is None:
@@ -487,7 +487,7 @@ def fedsc_splits_differ(my_options, iid_parts, noniid_parts, *, n_landmarks: int
 
     ``iid_parts``, ``noniid_parts``: the clients' arrays of the two splits of one data set.
     """
-    from fedlib.papers.fedtsne import feddl
+    from fedlib.fedtsne import feddl
     if my_options is None:
         return pending("my_options", "a dict of keyword arguments of fedtsne.feddl that make the splits differ",
                        "a short FedDL run with your options on the chapter's IID and non-IID splits: do the "
@@ -702,7 +702,7 @@ def stsa_upload_crossing(my_M, baseline_mib: float, stsa_mib: float, M: int, c_t
                          exercise: str = "STSA benchmark, ex. communication") -> Verdict:
     """The smallest M at which STSA's measured upload, scaled by (M + c_t) M, exceeds the baseline's measured
     upload ``baseline_mib`` (STSA uploaded ``stsa_mib`` at the run's ``M``); answers within 1 are right."""
-    from fedlib.papers.stsa import upload_floats
+    from fedlib.stsa.algorithm import upload_floats
     if not (baseline_mib > 0 and stsa_mib > 0):
         raise ValueError(f"baseline_mib and stsa_mib must be positive, got {baseline_mib}, {stsa_mib}")
     per_float = stsa_mib / upload_floats("stsa", int(M), int(c_t))

@@ -3,7 +3,7 @@
 :class:`GradientLearner` implements :class:`fedlib.federated.incremental.IncrementalLearner` for
 every gradient method of :mod:`fedlib.federated.fcil` (Finetune, FedEWC, FedLwF, FedProx) with or
 without a per-client replay cache (a :class:`Replay` policy: :class:`RandomReplay`, or Re-Fed's
-:class:`fedlib.papers.refed.RefedReplay`). Stage t (0-based), all on the protocol
+:class:`fedlib.refed.algorithm.RefedReplay`). Stage t (0-based), all on the protocol
 (:func:`fedlib.core.protocol.simulate`) with the clients' states kept across stages:
 
 1. replay only: a *cache round*: the server broadcasts the global model (t > 0) and t; every

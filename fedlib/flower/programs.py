@@ -22,11 +22,11 @@ from fedlib.federated.fcil import METHODS as FCIL_METHODS
 from fedlib.federated.gradient import ALGORITHMS, FedAlgorithm, FedConfig, GradientClient
 from fedlib.federated.learner import (CacheClient, HerdingReplay, RandomReplay, ReservoirReplay, ScoreReplay,
                                       StageClient, StateInit)
-from fedlib.papers.afl import AFLClient
-from fedlib.papers.fedtsne.feddl import FedDLClient
-from fedlib.papers.fedtsne.nystrom import NystromClient
-from fedlib.papers.refed import RefedReplay
-from fedlib.papers.stsa import STSAClient
+from fedlib.afl.algorithm import AFLClient
+from fedlib.fedtsne.feddl import FedDLClient
+from fedlib.fedtsne.nystrom import NystromClient
+from fedlib.refed.algorithm import RefedReplay
+from fedlib.stsa.algorithm import STSAClient
 
 #: dataclass client programs, rebuilt from their public fields
 DATACLASSES = {"afl": AFLClient, "stsa": STSAClient, "feddl": FedDLClient, "nystrom": NystromClient}

@@ -3,7 +3,7 @@ holds, and the run itself through fedlib's own orchestration code.
 
 A run is named by a flat configuration (:func:`parse_options`: ``key=value`` pairs, defaults in
 :data:`OPTIONS`), the same on the server and on every node. The server runs the method's in-process
-orchestration (:func:`fedlib.papers.afl.run_afl`, :func:`fedlib.federated.gradient.run_federated`,
+orchestration (:func:`fedlib.afl.algorithm.run_afl`, :func:`fedlib.federated.gradient.run_federated`,
 :func:`fedlib.federated.incremental.run_class_incremental` with the STSA or Re-Fed learner,
 FedDL then the Nystrom step) unchanged: inside ``protocol.transport(FlowerTransport(...))`` every
 ``simulate`` call becomes a Flower round, and each node computes its client's upload from
@@ -39,7 +39,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
               "local-epochs": 1, "batch-size": 32, "lr": 0.05, "pim-epochs": 1},
 }
 PARTITIONS = ("dirichlet", "iid")
-#: AFL's upload beside the packed Gram: the head W_k^r (the paper's) or B_k = X_k^T Y_k (fedlib.papers.afl)
+#: AFL's upload beside the packed Gram: the head W_k^r (the paper's) or B_k = X_k^T Y_k (fedlib.afl.algorithm)
 AFL_UPLOADS = ("weights", "statistics")
 
 
@@ -58,7 +58,7 @@ def parse_options(protocol: str, options: str | dict | None = None) -> dict[str,
         config[key] = _typed(key, value, allowed[key])
     check_choice("partition", config["partition"], PARTITIONS)
     if protocol == "afl":
-        from fedlib.papers.afl import SERVERS
+        from fedlib.afl.algorithm import SERVERS
 
         check_choice("server", config["server"], SERVERS)
         check_choice("upload", config["upload"], AFL_UPLOADS)
@@ -178,14 +178,14 @@ class Task:
         f, c = self.features, self.config
         if self.protocol == "afl":
             from fedlib.core.linalg import as_tensor
-            from fedlib.papers.afl import ClientRows
+            from fedlib.afl.algorithm import ClientRows
 
             return ClientRows(as_tensor(f.x_train, torch.float64, "cpu"), np.asarray(f.y_train), self.parts)
         if self.protocol == "gradient":
             x, y = torch.as_tensor(f.x_train), torch.as_tensor(f.y_train, dtype=torch.long)
             return [(x[p], y[p]) for p in self.parts]
         if self.protocol == "feddl":
-            from fedlib.papers.fedtsne.mmd import split_clients
+            from fedlib.fedtsne.mmd import split_clients
 
             return split_clients(np.asarray(f.x_train, dtype=np.float64), self.parts, c["seed"])[0]
         pos = self.stream.relabel(f.y_train)
@@ -196,7 +196,7 @@ class Task:
     def model(self):
         """A model of this run's architecture (its weights are replaced by the broadcast's)."""
         from fedlib.federated.gradient import LinearHead, MLPHead
-        from fedlib.papers.afl import baseline_model_fn
+        from fedlib.afl.algorithm import baseline_model_fn
 
         f, c = self.features, self.config
         if self.protocol == "gradient":
@@ -216,7 +216,7 @@ class Task:
         return float((np.asarray(pred) == np.asarray(f.y_test)).mean())
 
     def _run_afl(self, progress) -> Outcome:
-        from fedlib.papers.afl import run_afl
+        from fedlib.afl.algorithm import run_afl
 
         c, f = self.config, self.features
         res = run_afl(f.x_train, f.y_train, self.parts, len(f.classes), c["gamma"], c["server"], progress=progress,
@@ -229,7 +229,7 @@ class Task:
 
     def _run_gradient(self, progress) -> Outcome:
         from fedlib.federated.gradient import FedConfig, make_algorithm, run_federated
-        from fedlib.papers.afl import baseline_model_fn
+        from fedlib.afl.algorithm import baseline_model_fn
 
         c, f = self.config, self.features
         config = FedConfig(rounds=c["rounds"], local_epochs=c["local-epochs"], batch_size=c["batch-size"], lr=c["lr"],
@@ -243,8 +243,8 @@ class Task:
 
     def _run_feddl(self, progress) -> Outcome:
         from fedlib.core.protocol import simulate
-        from fedlib.papers.fedtsne.feddl import FedDLRun, feddl
-        from fedlib.papers.fedtsne.nystrom import NystromClient, NystromServer
+        from fedlib.fedtsne.feddl import FedDLRun, feddl
+        from fedlib.fedtsne.nystrom import NystromClient, NystromServer
 
         c = self.config
         data = self.stage_data(0)
@@ -268,7 +268,7 @@ class Task:
         return learner, Outcome({"accuracy_matrix": res.acc}, {"top1": list(map(float, res.top1)), **_cost(total)})
 
     def _run_stsa(self, progress) -> Outcome:
-        from fedlib.papers.stsa import make_fcil_learner
+        from fedlib.stsa.algorithm import make_fcil_learner
 
         c, f = self.config, self.features
         learner = make_fcil_learner(c["method"], f.dim, len(f.classes), c["M"], c["gamma"], c["seed"],
@@ -281,7 +281,7 @@ class Task:
         from functools import partial
 
         from fedlib.federated.gradient import FedConfig, MLPHead
-        from fedlib.papers import refed
+        from fedlib.refed import algorithm as refed
 
         c, f = self.config, self.features
         config = FedConfig(rounds=c["rounds"], local_epochs=c["local-epochs"], batch_size=c["batch-size"], lr=c["lr"],

@@ -154,8 +154,8 @@ def _dense(n: int, count: int, what: str) -> dict[str, float]:
 def _fedtsne_benchmark(v) -> Estimate:
     """Up to ``DENSE_MAX_POINTS`` points a dataset takes the dense path (four n x n matrices); above
     it the kNN path (the points, their neighbour lists and one block of scores, knn.BLOCK_BYTES)."""
-    from fedlib.papers.fedtsne.knn import BLOCK_BYTES
-    from fedlib.papers.fedtsne.pipelines import DENSE_MAX_POINTS
+    from fedlib.fedtsne.knn import BLOCK_BYTES
+    from fedlib.fedtsne.pipelines import DENSE_MAX_POINTS
 
     best: dict[str, float] = {}
     for ds in v["datasets"]:

@@ -33,7 +33,7 @@ import yaml
 from fedlib.core.processes import Family, Stopped, exit_code, stop_on_signals
 from fedlib.runner import memory, schedule, specs
 from fedlib.runner.schedule import minutes
-from fedlib.runner.paths import BENCHMARK_DIR, EXECUTED_DIR, FAILED_DIR, NOTEBOOK_DIR, PROFILE_FILE, REPO  # noqa: F401
+from fedlib.core.paths import BENCHMARK_DIR, EXECUTED_DIR, FAILED_DIR, NOTEBOOK_DIR, PROFILE_FILE, REPO  # noqa: F401
 
 
 class _Loader(yaml.SafeLoader):

@@ -1,0 +1,186 @@
+"""Fed-tSNE at scale: all 70,000 Fashion-MNIST images, the server never holding an n x n matrix.
+
+Prints, in one run on this machine:
+
+1. The data: by default all of Fashion-MNIST (train + test pooled, 70,000 images, pixels / 255,
+   784 features; ``fedlib.fedtsne.load_points``, the rule of the Fed-tSNE chapters), split
+   IID over 10 clients (``fedlib.data.partition.make_partition``), n_y = 200 landmarks: the
+   ``quick`` profile of the fedtsne_benchmark chapter.
+2. FedDL for a fixed 50 rounds (FedDL costs O(S n n_y m), linear in n; it is not what this
+   benchmark is about); ``--rounds plateau`` runs until the chapter's plateau rule holds (tol 0.01,
+   checked every 25 rounds, at most ``--max-rounds``).
+3. Fed-tSNE on the sparse server path (``fed_tsne(..., sparse=True)``): the clients' squared
+   distances to the landmarks, the 90 (= 3 x perplexity) nearest neighbours of every point under
+   the Nystrom estimate B W^+ B^T computed blockwise (``nystrom_knn``; never n x n), openTSNE on
+   their perplexity affinities. The kNN step is also timed alone, and its neighbour lists are
+   compared with the exact 10 nearest neighbours in pixel space (recall = the share of the exact
+   10-NN among the estimate's 10-NN).
+4. Centralized openTSNE on the same points with the same settings and its own neighbour search.
+5. Quality of both embeddings: CA 10-NN (``fedlib.evaluation.embedding.knn_accuracy``, 70/30) and
+   NPA 10-NN (share of each point's exact 10-NN in pixel space kept among its 10-NN in the
+   embedding; exact lists from ``fedlib.evaluation.embedding.neighbour_lists``), and the ratios
+   Fed-tSNE / centralized of times and metrics.
+6. Peak resident memory of the whole process, checked against ``--memory-limit`` GiB (default 8).
+
+    python -m fedlib.fedtsne.bench_scale [--points N] [--rounds 50|plateau] [--threads 2] [--out FILE]
+
+The report goes to ``book/benchmarks/fedtsne_scale.txt`` unless ``--out`` says otherwise
+(``--out -``: print only).
+"""
+from __future__ import annotations
+
+import os
+
+# OpenMP threads wait passively: on a shared machine, spinning threads slow each other down.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import sys  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from fedlib.evaluation import benchmark as bench  # noqa: E402
+from fedlib.evaluation.benchmark import timed  # noqa: E402
+
+__all__ = ["overlap", "main"]
+
+WIDTH = 52
+
+
+def overlap(a, b) -> float:
+    """Mean over rows of |a_i ∩ b_i| / k for two (n, k) neighbour lists."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape or a.ndim != 2:
+        raise ValueError(f"neighbour lists must be (n, k) of the same shape, got {a.shape} and {b.shape}")
+    s = np.sort(np.concatenate([a, b], axis=1), axis=1)
+    return float((s[:, 1:] == s[:, :-1]).sum(axis=1).mean() / a.shape[1])
+
+
+def _rounds(value: str):
+    if value == "plateau":
+        return value
+    try:
+        out = int(value)
+    except ValueError:
+        raise ValueError(f"--rounds must be 'plateau' or an integer >= 1, got {value!r}") from None
+    if out < 1:
+        raise ValueError(f"--rounds must be 'plateau' or an integer >= 1, got {value!r}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = bench.parser(__doc__, "fedtsne_scale", repeats=None)
+    parser.add_argument("--dataset", default="fashion_mnist", help="a fedlib.data.datasets dataset (default fashion_mnist)")
+    parser.add_argument("--points", type=int, default=None, help="stratified subset of train + test (default: all)")
+    parser.add_argument("--clients", type=int, default=10, help="IID clients")
+    parser.add_argument("--landmarks", type=int, default=200, help="n_y")
+    parser.add_argument("--rounds", default="50", help="FedDL rounds: N, or plateau (the chapter rule)")
+    parser.add_argument("--max-rounds", type=int, default=1000, help="plateau: the most rounds")
+    parser.add_argument("--perplexity", type=float, default=30.0)
+    parser.add_argument("--tsne-max-iter", type=int, default=500, help="t-SNE iterations incl. 250 early exaggeration")
+    parser.add_argument("--threads", type=int, default=2, help="BLAS / openTSNE threads")
+    parser.add_argument("--block-mib", type=int, default=256, help="memory budget of one kNN block, MiB")
+    parser.add_argument("--memory-limit", type=float, default=8.0, help="peak resident memory check, GiB")
+    args = parser.parse_args(argv)
+    bench.require_positive(parser, args, "clients", "landmarks", "threads", "block_mib", "max_rounds")
+    try:
+        rounds = _rounds(args.rounds)
+    except ValueError as err:
+        parser.error(str(err))
+    if args.points is not None and args.points < 2 * args.clients:
+        parser.error("--points must be >= 2 x --clients")
+    if args.tsne_max_iter < 250:
+        parser.error("--tsne-max-iter must be >= 250 (the early exaggeration phase)")
+
+    import openTSNE
+    from threadpoolctl import threadpool_limits
+
+    from fedlib.data.partition import make_partition
+    from fedlib.evaluation.embedding import knn_accuracy, neighbour_lists
+    from fedlib import fedtsne as ft
+
+    threadpool_limits(args.threads)
+    k_eval = 10
+    (X, y, _), t_load = timed(lambda: ft.load_points(args.dataset, args.points, seed=args.seed))
+    n, m = X.shape
+    parts = make_partition(y, args.clients, "iid", seed=args.seed)
+    tsne_kw = {"perplexity": args.perplexity, "seed": args.seed, "sparse": True,
+               "tsne_kwargs": {"max_iter": args.tsne_max_iter, "n_jobs": args.threads}}
+
+    # ---- FedDL
+    clients = [X[p] for p in parts]
+    if rounds == "plateau":
+        trace, t_feddl = timed(lambda: ft.feddl_until_plateau(clients, args.landmarks, tol=0.01, check_every=25,
+                                                              max_rounds=args.max_rounds, seed=args.seed))
+        fd, s_run = trace.result, trace.rounds
+        rule = f"plateau rule (tol 0.01, checked every 25 rounds): {s_run} rounds, plateau at round {trace.plateau}"
+    else:
+        fd, t_feddl = timed(lambda: ft.feddl(clients, args.landmarks, rounds=rounds, seed=args.seed))
+        s_run, rule = rounds, f"fixed: {rounds} rounds"
+    del clients
+
+    # ---- Fed-tSNE, sparse server path, end to end from that FedDL run
+    fed, t_fed_embed = timed(lambda: ft.fed_tsne(X, parts, args.landmarks, feddl_result=fd, **tsne_kw))
+
+    # ---- the kNN step alone (same uploads, same estimate), and its recall of the exact 10-NN
+    k_tsne = min(n - 1, int(3 * args.perplexity))
+    block = args.block_mib * 2**20
+
+    def knn_step():
+        order = np.concatenate(parts)
+        B = np.vstack([ft.client_sq_distances(X[p], fd.landmarks)["sq_distances"] for p in parts])
+        nbr, _ = ft.nystrom_knn(B, ft.sq_distances(fd.landmarks), k_tsne, block_bytes=block)
+        out = np.empty_like(nbr)
+        out[order] = order[nbr]
+        return out
+
+    nbr_hat, t_knn = timed(knn_step)
+    nn_exact, t_exact = timed(lambda: neighbour_lists(X, k_eval))
+    recall = overlap(nbr_hat[:, :k_eval], nn_exact)
+
+    # ---- centralized openTSNE with its own kNN
+    central, t_central = timed(lambda: ft.fed_tsne(X, None, centralized=True, **tsne_kw))
+
+    # ---- quality
+    def metrics(Z):
+        return knn_accuracy(Z, y, k_eval, seed=args.seed), overlap(neighbour_lists(Z, k_eval), nn_exact)
+
+    ca_c, npa_c = metrics(central.embedding)
+    ca_f, npa_f = metrics(fed.embedding)
+    t_fed = t_feddl + t_fed_embed
+    peak = bench.peak_memory_gib()
+    dense_gib = n * n * 8 / 2**30
+
+    def row(label: str, value: str) -> str:
+        return bench.row(label, value, WIDTH)
+
+    lines = [
+        bench.machine(openTSNE=openTSNE.__version__, threads_used=args.threads),
+        f"data: {args.dataset}, {n} points x {m} features (train + test pooled"
+        f"{'' if args.points is None else ', stratified subset'}, pixels / 255), loaded in {t_load:.1f} s",
+        f"      {args.clients} IID clients, n_y={args.landmarks} landmarks; t-SNE: openTSNE, perplexity "
+        f"{args.perplexity:g}, {args.tsne_max_iter} iterations (250 early exaggeration), random init, seed {args.seed}",
+        f"      a dense n x n float64 matrix would take {dense_gib:.1f} GiB; the server keeps {k_tsne} neighbours "
+        f"per point ({n * k_tsne * 16 / 2**20:.0f} MiB)",
+        f"FedDL: {rule}, gamma={fd.gamma:.4g}",
+        row("Fed-tSNE total", f"{t_fed:.1f} s"),
+        row("    FedDL, all clients and rounds", f"{t_feddl:.1f} s  ({t_feddl / s_run:.2f} s per round)"),
+        row("    uploads + blockwise kNN + openTSNE", f"{t_fed_embed:.1f} s"),
+        row("    of which uploads + blockwise kNN (separate run)",
+            f"{t_knn:.1f} s  ({k_tsne}-NN, {ft.block_rows(n, block)} rows per block)"),
+        row("centralized openTSNE (own kNN + t-SNE)", f"{t_central:.1f} s"),
+        *bench.ratio_rows({"Fed-tSNE": t_fed, "centralized": t_central}, "centralized", WIDTH, fmt=".2f"),
+        row("exact 10-NN in pixel space (for NPA, recall)", f"{t_exact:.1f} s"),
+        row("10-NN recall of the Nystrom estimate", f"{recall:.4f}  (share of the exact 10-NN found)"),
+        row("CA 10-NN centralized", f"{ca_c:.4f}"),
+        row("CA 10-NN Fed-tSNE", f"{ca_f:.4f}  (ratio {ca_f / ca_c:.3f}, difference {ca_f - ca_c:+.4f})"),
+        row("NPA 10-NN centralized", f"{npa_c:.4f}"),
+        row("NPA 10-NN Fed-tSNE", f"{npa_f:.4f}  (ratio {npa_f / npa_c:.3f}, difference {npa_f - npa_c:+.4f})"),
+        row("upload, all clients", f"{fed.upload_bytes / 2**20:.1f} MiB float64 (FedDL "
+            f"{fd.upload_bytes / 2**20:.1f} MiB + distances {fed.distance_upload_bytes / 2**20:.1f} MiB)"),
+        bench.check_row("peak resident memory, GiB", peak, args.memory_limit, "whole process, ru_maxrss", WIDTH),
+    ]
+    return bench.finish(lines, args.out, peak < args.memory_limit, WIDTH)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
