@@ -81,6 +81,7 @@ import torch
 from IPython.display import Markdown, display
 
 from fedlib.afl import algorithm as afl
+from fedlib.afl import studies as afl_studies
 
 from fedlib.evaluation import claims
 
@@ -106,19 +107,19 @@ print(f"profile={profile}, device={dev}, torch threads={torch.get_num_threads()}
 # method or backbone, $\alpha\le 0$, $\gamma<0$, ...) and every partition is drawn from the labels
 # here (more clients than samples, shards that do not divide the data...), so bad input fails in
 # seconds, before the feature extraction and training. Partitions are drawn once per (setting, $K$,
-# seed) and shared by all methods (`afl.SettingPartitions`); a run that several sections need (the same
-# partition, method and training seed) is computed once and handed on (`afl.RunCache`).
+# seed) and shared by all methods (`afl_studies.SettingPartitions`); a run that several sections need (the same
+# partition, method and training seed) is computed once and handed on (`afl_studies.RunCache`).
 
 # %% tags=["hide-input"]
 data = load_dataset(dataset)
 data = data.subset(n_train, n_test) if (n_train or n_test) else data
-partition, label = afl.SettingPartitions(data.y_train), afl.setting_label
+partition, label = afl_studies.SettingPartitions(data.y_train), afl_studies.setting_label
 settings = [("alpha", a) for a in alphas] + [("shards", s) for s in shards]
 sweep = [("alpha", a) for a in table3_alphas] + [("iid", None)]
 partition.draw_all(settings, [num_clients], [partition_seed, *seeds])
 partition.draw_all([("alpha", invariance_alpha)], sorted(set(client_counts) | set(ri_clients)), [partition_seed])
 partition.draw_all(sweep, [num_clients], [partition_seed])
-runs_cache = afl.RunCache()   # a run that several cells need (same partition, method, seed) is computed once
+runs_cache = afl_studies.RunCache()   # a run that several cells need (same partition, method, seed) is computed once
 print(f"{data.name}: {len(data.y_train)} train / {len(data.y_test)} test images; all partitions valid")
 
 # %% [markdown]
@@ -144,7 +145,7 @@ x_te, y_te = torch.from_numpy(feats.x_test), torch.from_numpy(feats.y_test)
 C = feats.num_classes
 
 # the normal-equations head and the independent reference: Householder QR of X (dead columns get weight 0)
-ref = afl.centralized_reference(feats, dev)
+ref = afl_studies.centralized_reference(feats, dev)
 joint_acc, w_qr, qr_tol = ref["joint_acc"], ref["w_qr"], ref["qr_tol"]
 print("pooled Gram:", {k: f"{v:.3g}" for k, v in ref["report"].items()})
 print(f"normal equations vs QR of X: max rel. difference {ref['qr_error']:.1e} (tolerance 2·κ·eps = {qr_tol:.1e}; "
@@ -177,7 +178,7 @@ plt.show()
 # same for all of them and equals the centralized least-squares head {eq}`afl-eq-joint` of the derivation chapter.
 
 # %%
-afl_runs = afl.afl_setting_runs(feats, partition, settings, num_clients, [partition_seed, *seeds], gamma, dev, w_qr,
+afl_runs = afl_studies.afl_setting_runs(feats, partition, settings, num_clients, [partition_seed, *seeds], gamma, dev, w_qr,
                                 cache=runs_cache)
 afl_summary = summarize(afl_runs, "setting", "accuracy")
 display(afl_summary.style.format({"mean": "{:.6f}", "std": "{:.2e}"}))
@@ -221,19 +222,19 @@ print(f"MOON head: l1 {feats.dim} -> {moon_hidden or feats.dim}"
 
 grid = dict(partitions=partition, num_clients=num_clients, train=(x_tr, y_tr), test=(x_te, y_te), num_classes=C,
             config=config, moon_hidden=moon_hidden, cache=runs_cache, workers=workers)
-runs, curves = afl.run_baselines("fixed partition", [(s, m, sd, partition_seed) for s in settings for m in methods
+runs, curves = afl_studies.run_baselines("fixed partition", [(s, m, sd, partition_seed) for s in settings for m in methods
                                                      for sd in seeds], **grid)
 
 # %%
 afl_acc = afl_summary["mean"]
-table = afl.accuracy_table(runs, [label(s) for s in settings], methods, afl_acc)
+table = afl_studies.accuracy_table(runs, [label(s) for s in settings], methods, afl_acc)
 print(f"Ours: {dataset}, {backbone}@{input_size}px, K={num_clients}, one fixed partition per setting "
       f"(partition seed {partition_seed}), {len(seeds)} training seeds, {rounds} rounds x {local_epochs} local "
       f"epoch(s); test accuracy (%) mean ± sample std over the training seeds (the partition's variance is not in it)")
 display(table)
 
 # paired by training seed: AFL (deterministic) minus each method, and each method minus FedAvg
-paired = afl.paired_against_afl(runs, [label(s) for s in settings], methods, afl_acc)
+paired = afl_studies.paired_against_afl(runs, [label(s) for s in settings], methods, afl_acc)
 print("Paired differences by training seed, 95 % t-interval (pp = percentage points):")
 display(paired.drop(columns="afl_low").set_index(["setting", "method"]))
 
@@ -253,7 +254,7 @@ ax.legend(fontsize=8, loc="lower left")
 plt.show()
 
 # %%
-adv = afl.advantage_summary(runs, afl_acc, paired)   # per setting: AFL above every method's mean?
+adv = afl_studies.advantage_summary(runs, afl_acc, paired)   # per setting: AFL above every method's mean?
 claims.register(
     "afl-beats-baselines", "afl",
     "AFL is more accurate than the gradient-based baselines (FedAvg, FedProx, MOON, FedDyn, FedNTD, FedDisco, "
@@ -285,7 +286,7 @@ for ax, setting in zip(axes[0], settings):
 axes[0][-1].legend(loc="lower right", fontsize=8)
 plt.tight_layout()
 plt.show()
-last_gain, window = afl.final_gain(curves, rounds)
+last_gain, window = afl_studies.final_gain(curves, rounds)
 display(Markdown(
     f"Accuracy gained over the last {window} round(s), median over runs: "
     f"{100 * last_gain.median():+.2f} pp (largest {100 * last_gain.max():+.2f} pp)."))
@@ -299,9 +300,9 @@ display(Markdown(
 
 # %%
 if resample_methods:
-    resampled, _ = afl.run_baselines("new partition per seed", [(s, m, sd, sd) for s in settings
+    resampled, _ = afl_studies.run_baselines("new partition per seed", [(s, m, sd, sd) for s in settings
                                                                 for m in resample_methods for sd in seeds], **grid)
-    spread, std_ratio = afl.protocol_spread(runs, resampled)
+    spread, std_ratio = afl_studies.protocol_spread(runs, resampled)
     print(f"accuracy (%) mean ± sample std over {len(seeds)} seeds, by protocol:")
     display(spread)
     display(Markdown(
@@ -318,7 +319,7 @@ if resample_methods:
 # from its Fig. 2), extrapolated from our measured time per round. Bytes are the measured sizes of the uploads.
 
 # %%
-cost, afl_seconds, afl_bytes = afl.cost_table(runs, afl_runs, partition_seed, paper_rounds)
+cost, afl_seconds, afl_bytes = afl_studies.cost_table(runs, afl_runs, partition_seed, paper_rounds)
 display(cost.style.format({c: "{:.2f}" for c in cost.columns if "rounds until" not in c}))
 print(f"AFL: {afl_seconds:.2f} s for its final head; upload {afl_bytes / 1e6:.2f} MB per client, once "
       f"(float64 statistics, d={feats.dim}, C={C}).")
@@ -327,7 +328,7 @@ print(f"Paper (GPU, CIFAR-100, Fig. 2, incl. 224-px feature extraction): AFL "
       f"{paper_results.AFL_BASELINE_SECONDS['CIFAR-100']} s.")
 
 # %%
-linear_methods, cross_linear, cross_moon = afl.upload_crossings(cost, methods)
+linear_methods, cross_linear, cross_moon = afl_studies.upload_crossings(cost, methods)
 ratio_paper = cost[f"time ratio vs AFL ({paper_rounds} rounds)"]
 paper_ratios = [b / paper_results.AFL_TRAINING_SECONDS[ds] for ds, bounds in paper_results.AFL_BASELINE_SECONDS.items()
                 for b in bounds]
@@ -378,7 +379,7 @@ if cross_linear is not None:
 # paper's Fig. 1 and carries no conclusion about FedAvg. AFL has no seed; its flatness is the claim.
 
 # %%
-knum = afl.afl_vs_fedavg(feats, [(k, partition(("alpha", invariance_alpha), k, partition_seed)) for k in client_counts],
+knum = afl_studies.afl_vs_fedavg(feats, [(k, partition(("alpha", invariance_alpha), k, partition_seed)) for k in client_counts],
                          config, seeds[0], gamma, dev, index="K", desc="client counts", cache=runs_cache,
                          workers=workers)
 fig, ax = plt.subplots(figsize=(5, 3.5))
@@ -402,14 +403,14 @@ claims.register(
              f"{100 * afl_accs.iloc[0]:.2f} %, equal to the centralized least-squares head's {100 * joint_acc:.2f} %")
 
 # %%
-ri = afl.ri_ablation(feats, [(k, partition(("alpha", invariance_alpha), k, partition_seed)) for k in ri_clients],
+ri = afl_studies.ri_ablation(feats, [(k, partition(("alpha", invariance_alpha), k, partition_seed)) for k in ri_clients],
                      gammas, dev, base_gamma=gamma, cache=runs_cache)
 print(f"Ours ({dataset}): accuracy (%) without / with the RI restoration (one-solve server)")
 display(ri.style.format("{:.2f}"))
 with_ri = ri.xs("w/ RI", axis=1, level="RI")
 assert len(np.unique(with_ri.to_numpy())) == 1, "with RI the accuracy must not depend on K or gamma"
 # without RI the head is a joint ridge with lambda = K*gamma: equal K*gamma, equal accuracy (paper Table 4)
-no_ri, same_kgamma = afl.equal_kgamma_cells(ri)
+no_ri, same_kgamma = afl_studies.equal_kgamma_cells(ri)
 display(same_kgamma.rename(columns={"min": "min acc (%)", "max": "max acc (%)", "count": "(K, γ) cells"}))
 assert same_kgamma.empty or (same_kgamma["max"] - same_kgamma["min"]).max() <= 100 / len(feats.y_test) + 1e-9, \
     "cells with the same K·gamma must agree (to one test sample)"
@@ -433,11 +434,11 @@ claims.register(
 # derivation chapter reproduces the breakdown with a pseudo-inverse (Table 1).
 #
 # The table takes the full protocol's run once per $K$, at the chapter's $\gamma_0$ = `gamma`: the
-# client-count cell above ran it on the same partitions, and `afl.RunCache` hands it over. Another
+# client-count cell above ran it on the same partitions, and `afl_studies.RunCache` hands it over. Another
 # $\gamma$ only adds $(\gamma-\gamma_0)I$ to each client's $C_k^r$ and leaves $C_k^r W_k^r = X_k^\top Y_k$
 # unchanged, so the server's state at $\gamma$ is $C^r + K(\gamma-\gamma_0)I$ with the same right-hand
 # side: each cell is the server's solve and restoration at that $\gamma$, without the $K$
-# clients' $d\times d$ work again (`afl.ri_ablation(..., rerun=True)` runs the protocol at every
+# clients' $d\times d$ work again (`afl_studies.ri_ablation(..., rerun=True)` runs the protocol at every
 # $\gamma$; a test checks that both agree).
 
 # %% [markdown]
@@ -459,7 +460,7 @@ display(table)
 # Table 3 it shows a trend and carries no statistical conclusion.
 
 # %%
-table3 = afl.afl_vs_fedavg(feats, [(label(s), partition(s, num_clients, partition_seed)) for s in sweep], config,
+table3 = afl_studies.afl_vs_fedavg(feats, [(label(s), partition(s, num_clients, partition_seed)) for s in sweep], config,
                            seeds[0], gamma, dev, index="setting", desc="heterogeneity sweep", cache=runs_cache,
                            workers=workers)
 print(f"runs reused from earlier cells instead of computed again: {runs_cache.hits}")

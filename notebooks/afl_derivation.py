@@ -60,6 +60,7 @@ import torch
 from IPython.display import Markdown, display
 
 from fedlib.afl import algorithm as afl
+from fedlib.afl import studies as afl_studies
 
 from fedlib.evaluation import claims
 
@@ -128,13 +129,13 @@ print(f"profile={profile}: N={n_samples}, d={dim}, C={num_classes}, K in {client
 # turns the paper's form of the weight into $S^{-1}C_u$.
 # ```
 #
-# The next cell (`afl.two_client_check`) computes both signs of {eq}`afl-eq-aa-printed` and compares
+# The next cell (`afl_studies.two_client_check`) computes both signs of {eq}`afl-eq-aa-printed` and compares
 # each aggregate with the lstsq head {eq}`afl-eq-joint`.
 
 # %%
 x2, y2 = synthetic_features(n_samples, table1_dim, num_classes, "gaussian", seed)
 w_joint2 = lstsq_reference(x2, y2, num_classes)
-two_clients, identities = afl.two_client_check(x2, y2, num_classes, w_joint2)
+two_clients, identities = afl_studies.two_client_check(x2, y2, num_classes, w_joint2)
 display(two_clients)
 print(f"max|W_u - S^-1 C_u| = {identities['max|W_u - S^-1 C_u|']:.2e};  "
       f"max|W_u + W_v - I| = {identities['max|W_u + W_v - I|']:.2e}")
@@ -178,7 +179,7 @@ x, y = synthetic_features(n_samples, dim, num_classes, "gaussian", seed)
 w_joint = lstsq_reference(x, y, num_classes)
 settings = [("iid", {})] + [("dirichlet", {"alpha": a}) for a in dirichlet_alphas] + \
            [("shards", {"shards_per_client": shards_per_client})]
-hetero, servers_agree, hetero_checks = afl.partition_sweep(x, y, num_classes, settings, sweep_clients, seed, w_joint)
+hetero, servers_agree, hetero_checks = afl_studies.partition_sweep(x, y, num_classes, settings, sweep_clients, seed, w_joint)
 display(hetero)
 display(servers_agree.to_frame())
 
@@ -204,14 +205,14 @@ display(Markdown(
 # %%
 for k in (k for k in client_counts if k > n_samples):
     print(f"skip K={k}: more clients than samples")
-client_number = afl.client_count_sweep(x, y, num_classes, client_counts, seed, w_joint, pairwise_max_clients)
+client_number = afl_studies.client_count_sweep(x, y, num_classes, client_counts, seed, w_joint, pairwise_max_clients)
 display(client_number)
 assert client_number.query("server == 'one_solve'")["max rel. error vs joint"].max() < 1e-10
 assert client_number.query("server == 'pairwise'")["max rel. error vs joint"].max() < 1e-6
 
 # %%
 parts = make_partition(y, sweep_clients, "dirichlet", alpha=0.1, seed=seed)
-orders, w_scale = afl.order_sweep(x, y, parts, num_classes, n_orders, rng)
+orders, w_scale = afl_studies.order_sweep(x, y, parts, num_classes, n_orders, rng)
 display(orders)
 assert orders["max |W - W(order 0..K-1)|"].max() < 1e-6 * w_scale
 
@@ -263,13 +264,13 @@ claims.register(
 #
 # Only the **pooled** $X^\top X$ must be invertible; single clients may be rank-deficient or empty.
 #
-# `afl.table1_deviations` computes both columns: $\gamma=0$ without restoration and {eq}`afl-eq-ri-restore`.
+# `afl_studies.table1_deviations` computes both columns: $\gamma=0$ without restoration and {eq}`afl-eq-ri-restore`.
 # The paper's Table 1 measures $\Delta W = \sum|\hat W-\hat W_{\text{agg},K}|$ on 512-d Gaussian
 # dummy data (10,000 samples, equal contiguous split) *without* RI (local Moore-Penrose inverse,
 # $\gamma=0$) and *with* RI ($\gamma=1$ plus eq. 15). Ours uses the same recipe:
 
 # %%
-table1 = afl.table1_deviations(x2, y2, num_classes, table1_clients, w_joint2)
+table1 = afl_studies.table1_deviations(x2, y2, num_classes, table1_clients, w_joint2)
 paper_table1 = paper_results.afl_table1()
 display(table1.join(paper_table1, how="left").style.format("{:.2e}", subset=[c for c in table1.columns] + list(paper_table1.columns)))
 
@@ -312,7 +313,7 @@ claims.register(
 
 # %%
 # independent ridge reference: NumPy lstsq on the augmented system [X; sqrt(K gamma) I] W = [Y; 0]
-kgamma = afl.unrestored_is_ridge(x, y, num_classes, [(10, 10.0), (100, 1.0), (1000, 0.1)], seed, w_joint)
+kgamma = afl_studies.unrestored_is_ridge(x, y, num_classes, [(10, 10.0), (100, 1.0), (1000, 0.1)], seed, w_joint)
 display(kgamma)
 assert kgamma["max rel. |W^r_agg - ridge(λ=Kγ)|"].max() < 1e-10
 
@@ -336,7 +337,7 @@ assert kgamma["max rel. |W^r_agg - ridge(λ=Kγ)|"].max() < 1e-10
 # $\kappa(X^\top X)$ alone; the table reports it against the same yardstick without asserting it.
 
 # %%
-reference_check = afl.conditioning_check(conditions, f32_conditions, reference_samples, reference_dim, num_classes,
+reference_check = afl_studies.conditioning_check(conditions, f32_conditions, reference_samples, reference_dim, num_classes,
                                          sweep_clients, seed)
 display(reference_check.style.format({"cond(XᵀX)": "{:.1e}", "rel. error vs lstsq": "{:.1e}",
                                       "tolerance 2·κ·u": "{:.1e}", "unrestored (wrong) head": "{:.1e}",
@@ -380,7 +381,7 @@ print("pooled Gram:", {k: f"{v:.3g}" for k, v in report_m.items()})
 w_ref = lstsq_reference(xm, ym, num_classes)
 fp_tol = {dt: normal_equations_tolerance(report_m["condition number"], dt) for dt in ["float64", "float32"]}
 print("tolerances 2·κ·u:", {k: f"{v:.1e}" for k, v in fp_tol.items()})
-fp = afl.gamma_precision_sweep(xm, ym, num_classes, make_partition(ym, fp_clients, "iid", seed=seed), gammas, w_ref)
+fp = afl_studies.gamma_precision_sweep(xm, ym, num_classes, make_partition(ym, fp_clients, "iid", seed=seed), gammas, w_ref)
 display(fp.pivot_table(index=["dtype", "gamma"], columns="server",
                        values=["max rel. error", "changed predictions", "rank-deficient solves"]))
 print("rank-deficient solves: ridge_solve calls (clients and server) that found the matrix numerically singular "
@@ -439,7 +440,7 @@ digits = load_dataset("optdigits")
 xd, xt, keep = live_columns_with_bias(digits.x_train, digits.x_test)
 print(f"optdigits: {len(keep) - keep.sum()} of {len(keep)} pixels are constant; kept {keep.sum()}")
 wd_joint = lstsq_reference(xd, digits.y_train, digits.num_classes)
-real = afl.client_count_accuracy(xd, digits.y_train, xt, digits.y_test, digits.num_classes, [1, 10, 100, 500], seed,
+real = afl_studies.client_count_accuracy(xd, digits.y_train, xt, digits.y_test, digits.num_classes, [1, 10, 100, 500], seed,
                                  wd_joint)
 display(real)
 assert real["max rel. error vs joint"].max() < 1e-8

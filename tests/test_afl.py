@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from fedlib.afl import algorithm as afl
+from fedlib.afl import studies as afl_studies
+from fedlib.afl import speed as afl_speed
 from fedlib.core.linalg import (SufficientStats, gram_report, normal_equations_tolerance, relative_error, ridge_fit,
                              ridge_solve, synthetic_features)
 from fedlib.data.partition import make_partition
@@ -59,7 +61,7 @@ def test_packed_upload_is_the_upper_triangle_and_halves_the_bytes_of_c(data):
     packed = afl.client_update(x[:40], y[:40], C, gamma=2.0)   # the default
     assert "C" not in packed.payload and packed["C_packed"].shape == (D * (D + 1) // 2,)
     rows, cols = torch.triu_indices(D, D)
-    # the packed triangle is formed block by block (afl.packed_gram): the full C's upper triangle to round-off
+    # the packed triangle is formed block by block (afl_speed.packed_gram): the full C's upper triangle to round-off
     assert relative_error(packed["C_packed"], full["C"][rows, cols]) < 1e-14 and torch.equal(packed["W"], full["W"])
     restored = afl.upload_gram(packed)
     assert torch.equal(restored, restored.T) and relative_error(restored.triu(), full["C"].triu()) < 1e-14
@@ -71,13 +73,13 @@ def test_packed_upload_is_the_upper_triangle_and_halves_the_bytes_of_c(data):
 def test_pack_unpack_round_trip_and_bad_lengths():
     a = torch.randn(7, 7, dtype=torch.float64)
     s = a + a.T
-    p = afl.pack_symmetric(s)
-    assert p.shape == (28,) and afl.packed_length(7) == 28 and afl.packed_dim(p) == 7
-    assert torch.equal(afl.unpack_symmetric(p), s)
+    p = afl_speed.pack_symmetric(s)
+    assert p.shape == (28,) and afl_speed.packed_length(7) == 28 and afl_speed.packed_dim(p) == 7
+    assert torch.equal(afl_speed.unpack_symmetric(p), s)
     with pytest.raises(ValueError, match="d\\(d\\+1\\)/2 entries, got shape \\(27,\\)"):
-        afl.unpack_symmetric(p[:-1])
+        afl_speed.unpack_symmetric(p[:-1])
     with pytest.raises(ValueError, match="7 x 7 matrix has 28 entries"):
-        afl.unpack_symmetric(p[:21], 7)
+        afl_speed.unpack_symmetric(p[:21], 7)
 
 
 def test_empty_client_uploads_gamma_identity():
@@ -370,24 +372,24 @@ def test_benchmark_helpers(data):
     import pandas as pd
 
     _, y, _ = data
-    parts = afl.SettingPartitions(y)
+    parts = afl_studies.SettingPartitions(y)
     first = parts(("alpha", 0.5), 10, 0)
     assert parts(("alpha", 0.5), 10, 0) is first and sum(len(p) for p in first) == N
     assert sum(len(p) for p in parts(("shards", 2), 10, 0)) == N and len(parts(("iid", None), 7, 1)) == 7
-    assert [afl.setting_label(s) for s in [("alpha", 0.1), ("shards", 2), ("iid", None)]] == ["α=0.1", "s=2", "IID"]
+    assert [afl_studies.setting_label(s) for s in [("alpha", 0.1), ("shards", 2), ("iid", None)]] == ["α=0.1", "s=2", "IID"]
     with pytest.raises(ValueError, match="unknown setting kind 'beta'"):
         parts(("beta", 1.0), 10, 0)
     frame = pd.DataFrame({"setting": ["a"] * 3 + ["b"], "method": ["m"] * 4, "seed": [2, 0, 1, 0],
                           "accuracy": [0.2, 0.0, 0.1, 0.9]})
-    np.testing.assert_array_equal(afl.seed_ordered_accuracies(frame, "a", "m"), [0.0, 0.1, 0.2])
+    np.testing.assert_array_equal(afl_studies.seed_ordered_accuracies(frame, "a", "m"), [0.0, 0.1, 0.2])
 
 
 def test_run_baselines_measures_the_per_round_upload(data):
     x, y, _ = data
     xt, yt = torch.from_numpy(x[:200]).float(), torch.from_numpy(y[:200])
-    parts = afl.SettingPartitions(y)
+    parts = afl_studies.SettingPartitions(y)
     config = dict(rounds=2, local_epochs=1, batch_size=32, lr=0.05, device="cpu", eval_every=1)
-    runs, curves = afl.run_baselines("t", [(("iid", None), "fedavg", 0, 0)], parts, 4,
+    runs, curves = afl_studies.run_baselines("t", [(("iid", None), "fedavg", 0, 0)], parts, 4,
                                      (torch.from_numpy(x).float(), torch.from_numpy(y)), (xt, yt), C, config,
                                      progress=False)
     head = (D * C + C) * 4   # a float32 linear head with bias (+ what the method adds, e.g. the sample count)
@@ -418,7 +420,7 @@ def test_lstsq_reference_with_lam_is_ridge(data):
 def test_table1_recipe_breaks_without_ri_only_when_clients_are_rank_deficient():
     x, y = synthetic_features(400, 16, 3, "gaussian", seed=0)
     ref = torch.from_numpy(np.linalg.lstsq(x, np.eye(3)[y], rcond=None)[0])
-    table = afl.table1_deviations(x, y, 3, [2, 10, 40], ref)
+    table = afl_studies.table1_deviations(x, y, 3, [2, 10, 40], ref)
     assert list(table.index) == [2, 10, 40] and list(table["N_k"]) == [200, 40, 10]
     assert (table["ΔW w/ RI (ours)"] < 1e-8).all()
     assert table.loc[2, "ΔW w/o RI (ours)"] < 1e-8 and table.loc[40, "ΔW w/o RI (ours)"] > 1e-3
@@ -463,7 +465,7 @@ def test_one_solve_server_packed_sums_equal_the_full_ones(data, monkeypatch):
     mixed = afl.OneSolveServer()
     mixed.receive([u if k % 2 else f for k, (u, f) in enumerate(zip(packed, full))])
     assert relative_error(mixed.result()[0], ref.result()[0]) < 1e-12 and mixed.count == 9
-    monkeypatch.setattr(afl, "_KERNELS", {"packed": None, "full": None})   # as without numba, or on a GPU
+    monkeypatch.setattr(afl_speed, "_KERNELS", {"packed": None, "full": None})   # as without numba, or on a GPU
     for uploads, kernel_server in [(packed, srv), (full, ref)]:
         fallback = afl.OneSolveServer()
         fallback.receive(uploads)
@@ -574,12 +576,12 @@ def test_per_round_upload_with_one_round_and_sparse_evaluation(data, method):
     and eval_every > 1 (records several rounds apart) give the per-round upload of every round."""
     x, y, _ = data
     xt, yt = torch.from_numpy(x[:200]).float(), torch.from_numpy(y[:200])
-    parts = afl.SettingPartitions(y)
+    parts = afl_studies.SettingPartitions(y)
     train = (torch.from_numpy(x).float(), torch.from_numpy(y))
     per_round = {}
     for rounds, every in [(1, 1), (3, 1), (3, 2), (4, 3)]:
         config = dict(rounds=rounds, local_epochs=1, batch_size=32, lr=0.05, device="cpu", eval_every=every)
-        runs, _ = afl.run_baselines("t", [(("iid", None), method, 0, 0)], parts, 4, train, (xt, yt), C, config,
+        runs, _ = afl_studies.run_baselines("t", [(("iid", None), method, 0, 0)], parts, 4, train, (xt, yt), C, config,
                                     progress=False)
         per_round[(rounds, every)] = runs.loc[0, "upload bytes/client/round"]
     head = (D * C + C) * 4
@@ -588,20 +590,20 @@ def test_per_round_upload_with_one_round_and_sparse_evaluation(data, method):
 
 
 def test_packed_gram_equals_the_packed_product(data, monkeypatch):
-    """A client's packed upload formed block by block of the triangle (afl.packed_gram) is the packed
+    """A client's packed upload formed block by block of the triangle (afl_speed.packed_gram) is the packed
     BLAS product to round-off, for sizes around the block width, and the same upload as the full C."""
     x, y, _ = data
     for n in (1, 5, 23, 150):
         xt = torch.from_numpy(x[:n])
-        for dim in (D, 3, afl._GRAM_BLOCK + 5):
+        for dim in (D, 3, afl_speed._GRAM_BLOCK + 5):
             xd = torch.randn(n, dim, dtype=torch.float64)
-            expected = afl.pack_symmetric(xd.T @ xd, shift=0.5)
-            got = afl.packed_gram(xd, shift=0.5)
+            expected = afl_speed.pack_symmetric(xd.T @ xd, shift=0.5)
+            got = afl_speed.packed_gram(xd, shift=0.5)
             assert float((got - expected).abs().max()) <= 1e-13 * float(expected.abs().max()), (n, dim)
         packed, full = (afl.client_update(x[:n], y[:n], C, gamma=0.5, packed=pk) for pk in (True, False))
         assert relative_error(afl.upload_gram(packed), full["C"]) < 1e-14 and torch.equal(packed["W"], full["W"])
-    monkeypatch.setattr(afl, "_KERNELS", {"packed": None, "full": None})   # without numba: the product, packed
-    assert torch.equal(afl.packed_gram(xt, 0.5), afl.pack_symmetric(xt.T @ xt, 0.5))
+    monkeypatch.setattr(afl_speed, "_KERNELS", {"packed": None, "full": None})   # without numba: the product, packed
+    assert torch.equal(afl_speed.packed_gram(xt, 0.5), afl_speed.pack_symmetric(xt.T @ xt, 0.5))
 
 
 def test_baselines_in_forked_workers_equal_the_runs_one_by_one(data):
@@ -613,17 +615,17 @@ def test_baselines_in_forked_workers_equal_the_runs_one_by_one(data):
     x, y, _ = data
     train = torch.from_numpy(x).float(), torch.from_numpy(y)
     test = torch.from_numpy(x[:200]).float(), torch.from_numpy(y[:200])
-    parts = afl.SettingPartitions(y)
+    parts = afl_studies.SettingPartitions(y)
     config = dict(rounds=2, local_epochs=1, batch_size=32, lr=0.05, device="cpu", eval_every=1, batched_clients=True)
     jobs = [(("alpha", 0.5), m, s, 0) for m in ("fedavg", "moon", "fedprox") for s in (0, 1)]
     jobs.append(jobs[0])
     threads = torch.get_num_threads()
     torch.set_num_threads(1)   # the workers' setting (fedlib.core.parallel): the same kernels in both
     try:
-        caches = [afl.RunCache(), afl.RunCache()]
-        one, _ = afl.run_baselines("t", jobs, parts, 5, train, test, C, config, moon_hidden=8, progress=False,
+        caches = [afl_studies.RunCache(), afl_studies.RunCache()]
+        one, _ = afl_studies.run_baselines("t", jobs, parts, 5, train, test, C, config, moon_hidden=8, progress=False,
                                    cache=caches[0])
-        two, _ = afl.run_baselines("t", jobs, parts, 5, train, test, C, config, moon_hidden=8, progress=False,
+        two, _ = afl_studies.run_baselines("t", jobs, parts, 5, train, test, C, config, moon_hidden=8, progress=False,
                                    cache=caches[1], workers=2)
     finally:
         torch.set_num_threads(threads)
@@ -661,3 +663,17 @@ def test_numpy_references_run_on_one_blas_thread(data, monkeypatch):
         linalg.lstsq_reference(x, y, C)
         assert {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"} == {2}   # restored
     assert seen == [{1}, {1}]
+
+
+@pytest.mark.parametrize("packed", [True, False])
+@pytest.mark.parametrize("statistics", [True, False])
+def test_the_one_pass_server_equals_the_readable_one(data, packed, statistics):
+    """fedlib.afl.speed (packed uploads, compiled one-pass sums) against the server as the paper writes it
+    (fast=False: sum_k C_k^r and sum_k C_k^r W_k^r by torch): the same sums and heads to round-off."""
+    x, y, w_joint = data
+    parts = make_partition(y, 7, "dirichlet", alpha=0.5, seed=2)
+    fast = afl.run_afl(x, y, parts, C, packed=packed, statistics=statistics)
+    plain = afl.run_afl(x, y, parts, C, packed=packed, statistics=statistics, fast=False)
+    assert relative_error(fast.gram_regularized, plain.gram_regularized) < 1e-14
+    assert relative_error(fast.weights_regularized, plain.weights_regularized) < 1e-12
+    assert relative_error(plain.weights, w_joint) < 1e-10

@@ -82,7 +82,7 @@ def test_a_server_refuses_the_whole_round_before_touching_its_state():
     server = make_server("one_solve", dim=5, num_classes=3)
     with pytest.raises(ValueError, match=r"refused AFL upload from 'client2': entry 'gamma' must be >= 0, got -5.0"):
         server.receive(good[:2] + [bad])
-    assert server.count == 0 and server.gram_packed is None and server.gamma_sum == 0
+    assert server.count == 0 and server.gram is None and server.gamma_sum == 0
 
 
 # ------------------------------------------------------------------------------------------------
@@ -103,6 +103,7 @@ def _rng(seed=0):
 
 def _afl(server: str, packed: bool, statistics: bool) -> Case:
     from fedlib.afl import algorithm as afl
+    from fedlib.afl import speed as afl_speed
 
     rng = _rng(1)
     x, y = rng.standard_normal((90, 6)), rng.integers(0, 4, 90)
@@ -470,15 +471,15 @@ FUZZ_COUNTS: dict[str, int] = {}
 
 def test_afl_kernels_check_sizes_before_reading_memory():
     """The compiled AFL loops index without bounds checks: their entry points refuse any size mismatch."""
-    from fedlib.afl import algorithm as afl
+    from fedlib.afl import speed as afl_speed
 
-    gram, rhs = torch.zeros(afl.packed_length(4), dtype=torch.float64), torch.zeros(3, 4, dtype=torch.float64)
+    gram, rhs = torch.zeros(afl_speed.packed_length(4), dtype=torch.float64), torch.zeros(3, 4, dtype=torch.float64)
     with pytest.raises(ValueError, match="cannot add one of shape"):
-        afl._absorb_packed(gram, rhs, torch.ones(afl.packed_length(5), dtype=torch.float64), torch.ones(4, 3))
+        afl_speed.absorb_packed(gram, rhs, torch.ones(afl_speed.packed_length(5), dtype=torch.float64), torch.ones(4, 3))
     with pytest.raises(ValueError, match="head"):
-        afl._absorb_packed(gram, rhs, torch.ones(afl.packed_length(4), dtype=torch.float64), torch.ones(4, 4))
+        afl_speed.absorb_packed(gram, rhs, torch.ones(afl_speed.packed_length(4), dtype=torch.float64), torch.ones(4, 4))
     with pytest.raises(ValueError, match="cannot add one of shape"):
-        afl._absorb_full(torch.zeros(4, 4, dtype=torch.float64), rhs, torch.ones(5, 5), torch.ones(4, 3))
+        afl_speed.absorb_full(torch.zeros(4, 4, dtype=torch.float64), rhs, torch.ones(5, 5), torch.ones(4, 3))
 
 
 def test_a_server_with_earlier_uploads_refuses_other_sizes():

@@ -35,6 +35,7 @@ from fedlib.core.protocol import EMPTY, Server, simulate
 from fedlib.core.seeds import derive_seed
 from fedlib.core.validate import check_int, check_positive
 from fedlib.afl import algorithm as afl
+from fedlib.afl import speed as afl_speed
 
 DTYPES = {"float64": np.float64, "float32": np.float32}
 
@@ -446,12 +447,12 @@ def stats_vector(x: Array, labels: Array, num_classes: int) -> np.ndarray:
     xn, yn = _check_data(x, labels, num_classes)
     st = SufficientStats.from_data(xn, yn, num_classes) if len(yn) else \
         SufficientStats.zeros(xn.shape[1], num_classes)
-    return np.concatenate([afl.pack_symmetric(st.gram).numpy(), st.xty.numpy().ravel(), [float(st.n)]])
+    return np.concatenate([afl_speed.pack_symmetric(st.gram).numpy(), st.xty.numpy().ravel(), [float(st.n)]])
 
 
 def stats_length(dim: int, num_classes: int) -> int:
     """Length of :func:`stats_vector`: ``d (d + 1) / 2 + d C + 1``."""
-    return afl.packed_length(dim) + dim * num_classes + 1
+    return afl_speed.packed_length(dim) + dim * num_classes + 1
 
 
 def vector_stats(v: np.ndarray, dim: int, num_classes: int) -> SufficientStats:
@@ -459,8 +460,8 @@ def vector_stats(v: np.ndarray, dim: int, num_classes: int) -> SufficientStats:
     if v.ndim != 1 or v.shape[0] != stats_length(dim, num_classes):
         raise ValueError(f"a statistics vector for d={dim}, C={num_classes} has {stats_length(dim, num_classes)} "
                          f"entries, got shape {v.shape}")
-    p = afl.packed_length(dim)
-    gram = afl.unpack_symmetric(torch.from_numpy(np.ascontiguousarray(v[:p])), dim)
+    p = afl_speed.packed_length(dim)
+    gram = afl_speed.unpack_symmetric(torch.from_numpy(np.ascontiguousarray(v[:p])), dim)
     xty = torch.from_numpy(np.ascontiguousarray(v[p:p + dim * num_classes]).reshape(dim, num_classes))
     return SufficientStats(gram, xty, int(round(v[-1])))
 
@@ -658,7 +659,7 @@ class StatsClient:
         xn, yn = _check_data(x, labels, self.num_classes)
         st = SufficientStats.from_data(xn, yn, self.num_classes) if len(yn) else \
             SufficientStats.zeros(xn.shape[1], self.num_classes)
-        return Message(state["name"], {"G_packed": afl.pack_symmetric(st.gram), "B": st.xty, "n": int(st.n)})
+        return Message(state["name"], {"G_packed": afl_speed.pack_symmetric(st.gram), "B": st.xty, "n": int(st.n)})
 
 
 class StatsServer(Server):
@@ -674,7 +675,7 @@ class StatsServer(Server):
     def expects(self) -> uploads.Expected:
         """{B (d, C), G_packed (d(d+1)/2,), n >= 0}, float64, finite; d and C as the first client's."""
         form = {"B": uploads.Tensor(("d", "C"), ("float64",)),
-                "G_packed": uploads.Tensor((lambda dims: afl.packed_length(dims["d"]),), ("float64",)),
+                "G_packed": uploads.Tensor((lambda dims: afl_speed.packed_length(dims["d"]),), ("float64",)),
                 "n": uploads.Number(low=0, integer=True)}
         known = self.clients[0].xty.shape if self.clients else (None, None)
         return uploads.Expected((form,), {"d": known[0], "C": known[1]}, what="statistics upload")
@@ -682,7 +683,7 @@ class StatsServer(Server):
     def absorb(self, messages: Sequence[Message]) -> None:
         for msg in messages:
             xty = msg["B"]
-            self.clients.append(SufficientStats(afl.unpack_symmetric(msg["G_packed"], xty.shape[0]), xty, int(msg["n"])))
+            self.clients.append(SufficientStats(afl_speed.unpack_symmetric(msg["G_packed"], xty.shape[0]), xty, int(msg["n"])))
 
     def result(self) -> list[SufficientStats]:
         return self.clients

@@ -2,7 +2,7 @@
 
 Prints, in one run on this machine, for each method of ``--methods`` (default FedAvg on the linear
 head and MOON on its projection head, the AFL benchmark's two model kinds): the wall-clock of one
-whole job of :func:`fedlib.afl.algorithm.run_baselines` (its ``run_federated`` call) with
+whole job of :func:`fedlib.afl.studies.run_baselines` (its ``run_federated`` call) with
 ``FedConfig(batched_clients=False)`` (the per-client loop, the default) and with
 ``batched_clients=True`` (stacked parameters, one batched forward / backward per mini-batch step
 for all clients), their ratio, and the agreement of the two runs: max relative difference of the
@@ -32,6 +32,7 @@ import torch
 from fedlib.evaluation import benchmark as bench
 from fedlib.federated.gradient import ALGORITHMS, FedConfig, make_algorithm, run_federated
 from fedlib.afl import algorithm as afl
+from fedlib.afl import studies as afl_studies
 
 
 def features(n_train: int, n_test: int, dim: int, classes: int, seed: int):
@@ -66,16 +67,16 @@ def main(argv: list[str] | None = None) -> int:
                            "batch_size", "moon_hidden", "repeats")
     load = os.getloadavg()[0]  # other processes' load (the machine may be shared: it slows both paths)
     (x_tr, y_tr), (x_te, y_te) = features(args.n_train, args.n_test, args.dim, args.classes, args.seed)
-    partitions = afl.SettingPartitions(y_tr.numpy())
+    partitions = afl_studies.SettingPartitions(y_tr.numpy())
     setting = ("alpha", args.alpha)
     sizes = np.array([len(p) for p in partitions(setting, args.clients, 0)])
     config = dict(rounds=args.rounds, local_epochs=args.local_epochs, batch_size=args.batch_size, lr=0.01,
                   participation=1.0, device=args.device, eval_every=1)
 
     def run(method: str, batched: bool):
-        """One job of :func:`fedlib.afl.algorithm.run_baselines`, as it runs it (partition indexing included)."""
+        """One job of :func:`fedlib.afl.studies.run_baselines`, as it runs it (partition indexing included)."""
         parts = partitions(setting, args.clients, 0)
-        return run_federated(afl.baseline_model_fn(method, args.dim, args.classes, args.moon_hidden),
+        return run_federated(afl_studies.baseline_model_fn(method, args.dim, args.classes, args.moon_hidden),
                              [(x_tr[p], y_tr[p]) for p in parts], (x_te, y_te), make_algorithm(method),
                              FedConfig(seed=args.seed, **config, batched_clients=batched), progress=False)
 

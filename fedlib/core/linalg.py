@@ -108,7 +108,7 @@ def _equilibrate(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return a / s[:, None] / s[None, :], s
 
 
-def _smallest_eig_estimate(factor: torch.Tensor, iters: int = 6) -> float:
+def smallest_eig_estimate(factor: torch.Tensor, iters: int = 6) -> float:
     """Upper estimate of lambda_min(A) from A's Cholesky factor: inverse power iteration from a
     fixed random start (the Rayleigh quotient of A^{-1} never exceeds its largest eigenvalue)."""
     gen = torch.Generator(device="cpu").manual_seed(12345)
@@ -166,7 +166,7 @@ def ridge_solve(gram: torch.Tensor, rhs: torch.Tensor, lam: float = 0.0, rcond: 
         return out
     eq, s = _equilibrate(a)
     factor, info = torch.linalg.cholesky_ex(eq)
-    if int(info) == 0 and _smallest_eig_estimate(factor) > 1e3 * tol * eq.shape[0]:
+    if int(info) == 0 and smallest_eig_estimate(factor) > 1e3 * tol * eq.shape[0]:
         # unit diagonal => lambda_max(eq) <= d: clearly well conditioned, skip the eigendecomposition
         return torch.cholesky_solve(rhs / s[:, None], factor) / s[:, None]
     rank, lam_eq = numerical_rank(a, rcond)

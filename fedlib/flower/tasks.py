@@ -196,7 +196,7 @@ class Task:
     def model(self):
         """A model of this run's architecture (its weights are replaced by the broadcast's)."""
         from fedlib.federated.gradient import LinearHead, MLPHead
-        from fedlib.afl.algorithm import baseline_model_fn
+        from fedlib.afl.studies import baseline_model_fn
 
         f, c = self.features, self.config
         if self.protocol == "gradient":
@@ -229,7 +229,7 @@ class Task:
 
     def _run_gradient(self, progress) -> Outcome:
         from fedlib.federated.gradient import FedConfig, make_algorithm, run_federated
-        from fedlib.afl.algorithm import baseline_model_fn
+        from fedlib.afl.studies import baseline_model_fn
 
         c, f = self.config, self.features
         config = FedConfig(rounds=c["rounds"], local_epochs=c["local-epochs"], batch_size=c["batch-size"], lr=c["lr"],
