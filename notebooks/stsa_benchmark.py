@@ -106,7 +106,7 @@ from fedlib.evaluation import claims
 
 from fedlib.stsa import tables as paper_results
 
-from fedlib.stsa import algorithm as stsa
+from fedlib.stsa import studies as stsa_studies
 from fedlib.core.devices import resolve_device
 from fedlib.core.parallel import resolve_workers
 from fedlib.evaluation.report import paired_markdown_rows
@@ -120,7 +120,7 @@ sns.set_theme(style="whitegrid")
 torch.set_num_threads(num_threads)
 
 names = datasets + ([scratch_dataset] if scratch else [])
-data = stsa.benchmark_data(names, subsets, n_train, n_test, num_tasks)
+data = stsa_studies.benchmark_data(names, subsets, n_train, n_test, num_tasks)
 for name in names:  # every dataset's classes divide into num_tasks tasks (checked)
     print(f"{name}: {len(data[name].y_train)} train / {len(data[name].y_test)} test images, "
           f"{len(data[name].classes)} classes, {num_tasks} tasks")
@@ -135,7 +135,7 @@ for name in names:  # every dataset's classes divide into num_tasks tasks (check
 feats = {}
 for name in datasets:
     t0 = time.perf_counter()
-    feats[name] = stsa.benchmark_features(name, subsets, n_train, n_test, backbone=backbone,
+    feats[name] = stsa_studies.benchmark_features(name, subsets, n_train, n_test, backbone=backbone,
                                           input_size=input_size, device=device)  # same draw as data[name]
     assert np.array_equal(feats[name].y_train, data[name].y_train)
     print(f"{feats[name].name}: train {feats[name].x_train.shape}, test {feats[name].x_test.shape} "
@@ -150,15 +150,15 @@ for name in datasets:
 # %%
 fed_kwargs = dict(rounds=rounds_per_task, local_epochs=local_epochs, batch_size=64, lr=lr, weight_decay=0.0,
                   device=device, num_threads=num_threads, eval_every=10**6)   # the gradient baselines' FedConfig
-# one run: run(method, features, beta, seed, setting, M, **changes) -> IncrementalResult (stsa.run_fcil).
+# one run: run(method, features, beta, seed, setting, M, **changes) -> IncrementalResult (stsa_studies.run_fcil).
 # The linear-head baselines train all clients of a round at once (batched_clients: the per-client loop's
 # result up to float round-off); the analytic methods of a seed share one random-feature expansion.
-run = partial(stsa.run_fcil, num_tasks=num_tasks, num_clients=num_clients, gamma=gamma, num_dummy=num_dummy,
+run = partial(stsa_studies.run_fcil, num_tasks=num_tasks, num_clients=num_clients, gamma=gamma, num_dummy=num_dummy,
               head=head, fed_kwargs={**fed_kwargs, "batched_clients": True}, baseline_hparams=baseline_hparams)
 
 results = []
 for name in datasets:  # Joint ignores the partition: one run per seed, listed under every beta
-    results += stsa.pretrained_grid(run, feats[name], f"pretrained / {name}", betas, seeds, baselines,
+    results += stsa_studies.pretrained_grid(run, feats[name], f"pretrained / {name}", betas, seeds, baselines,
                                     baseline_seeds, M, workers=workers)
     print(f"{name}: done")
 
@@ -175,10 +175,10 @@ for name in datasets:  # Joint ignores the partition: one run per seed, listed u
 # %%
 stage1 = []
 if scratch:
-    scratch_results, stage1 = stsa.scratch_grid(run, data[scratch_dataset], f"scratch / {scratch_dataset}", betas,
+    scratch_results, stage1 = stsa_studies.scratch_grid(run, data[scratch_dataset], f"scratch / {scratch_dataset}", betas,
                                                 scratch_seeds, num_tasks, num_clients, fed_kwargs, scratch_rounds,
                                                 scratch_widths, M_scratch)
-    results += scratch_results + stsa.scratch_baseline_runs(
+    results += scratch_results + stsa_studies.scratch_baseline_runs(
         scratch_baselines, data[scratch_dataset], f"scratch / {scratch_dataset}", num_tasks, num_clients, gamma,
         fed_kwargs, scratch_baseline_rounds, baseline_hparams, scratch_widths, min_size=num_dummy)
     print(pd.DataFrame(stage1).to_string(index=False))
@@ -193,7 +193,7 @@ if scratch:
 
 # %%
 summary = pd.DataFrame([r.summary() for r in results])
-table, seeds_per_method = stsa.results_table(summary)
+table, seeds_per_method = stsa_studies.results_table(summary)
 print("Ours: mean ± sample std over seeds (%), A_avg / A_T / F_T as in eqs. 60-62; seeds per method: "
       + ", ".join(f"{m}: {n}" for m, n in seeds_per_method.items()))
 print("Pretrained setting: the gradient baselines are linear heads on the frozen features. Joint = centralized "
@@ -222,7 +222,7 @@ plt.show()
 # excludes 0.
 
 # %%
-paired = stsa.paired_against(summary, "STSA", "A_T")
+paired = stsa_studies.paired_against(summary, "STSA", "A_T")
 display(paired.drop(columns=["mean", "low", "high", "n"]).set_index(["setting", "beta", "STSA minus"]))
 
 # %% [markdown]
@@ -232,7 +232,7 @@ display(paired.drop(columns=["mean", "low", "high", "n"]).set_index(["setting", 
 # pretrained setting, STSA's A_T is identical across $\beta$ for every seed.
 
 # %%
-pre, spread, gap_joint = stsa.exactness_check(summary)
+pre, spread, gap_joint = stsa_studies.exactness_check(summary)
 print("max spread of STSA's A_T across beta (pretrained, per seed):", float(spread.max()))
 assert spread.max() < 1e-9
 print(f"largest |A_T(STSA) - A_T(Joint)| over all runs: {gap_joint:.2e} points")
@@ -328,10 +328,10 @@ abl_name, abl_beta, abl_seed = datasets[0], 0.5, seeds[0]
 f0 = feats[abl_name]
 scratch_abl = None
 if scratch:   # the scratch backbone of (abl_beta, abl_seed), its random-feature widths
-    stream0, f_s, _ = stsa.scratch_features(data[scratch_dataset], num_tasks, num_clients, abl_beta, abl_seed,
+    stream0, f_s, _ = stsa_studies.scratch_features(data[scratch_dataset], num_tasks, num_clients, abl_beta, abl_seed,
                                             fed_kwargs, scratch_rounds, scratch_widths)
     scratch_abl = (stream0, f_s, ablation_M_scratch)
-ablation = stsa.ablation_runs(run, f0, abl_beta, abl_seed, M, ablation_M, ablation_K, ablation_clients_total,
+ablation = stsa_studies.ablation_runs(run, f0, abl_beta, abl_seed, M, ablation_M, ablation_K, ablation_clients_total,
                               ablation_dummy, ablation_gamma, scratch=scratch_abl)
 
 # %%
@@ -359,9 +359,9 @@ assert k_rows.A_T.max() - k_rows.A_T.min() < 1e-9, "STSA is invariant to the num
 
 # %%
 # the noise is q * s * N(0, 1) from each client's own stream (seed, stage, client): equal q*s, same run
-noise_runs, grams = stsa.noise_study(run, f0, abl_beta, noise_seeds, M, noise_grid)
+noise_runs, grams = stsa_studies.noise_study(run, f0, abl_beta, noise_seeds, M, noise_grid)
 # A_T table; how far the noise moves the server's Gram (first seed); paired changes for sd q*s <= 0.1
-noise, moved, changes = stsa.noise_tables(noise_runs, grams, noise_grid, noise_seeds[0])
+noise, moved, changes = stsa_studies.noise_tables(noise_runs, grams, noise_grid, noise_seeds[0])
 print(f"Ours: A_T (%) with upload noise, {abl_name}, pretrained, beta={abl_beta}, mean ± sample std over "
       f"{len(noise_seeds)} seeds")
 display(noise)
@@ -398,7 +398,7 @@ claims.register(
 # seed: the effect of the shifts on each method, and STSA-E minus STSA with and without them.
 
 # %%
-skew_runs = stsa.skew_grid(run, f0, abl_beta, seeds, M, skew_scale)
+skew_runs = stsa_studies.skew_grid(run, f0, abl_beta, seeds, M, skew_scale)
 rows_md, eff = paired_markdown_rows(skew_runs, [0.0, skew_scale], "STSA", "STSA-E (per-class K)")
 display(Markdown(
     f"A_T (%), {abl_name}, {len(seeds)} seeds (mean ± sample std):\n\n| shift scale | STSA | STSA-E (per-class K) | "
@@ -412,7 +412,7 @@ display(Markdown(
 # 50 + 10 x 5 on CIFAR-100). Pretrained features, first dataset, $\beta=0.5$.
 
 # %%
-large = stsa.large_first_task(run, f0, abl_beta, seeds, M, first_task_classes, later_task_classes,
+large = stsa_studies.large_first_task(run, f0, abl_beta, seeds, M, first_task_classes, later_task_classes,
                               ["STSA", "STSA-E"] + [b for b in baselines if b == "fedlwf"])
 print(f"Ours: {abl_name}, {first_task_classes} classes then {later_task_classes} per task, beta={abl_beta}; "
       f"mean ± sample std over {len(seeds)} seeds")
@@ -426,7 +426,7 @@ display(paper_results.stsa_table4())
 # Every sentence below is generated from the tables above (or backed by an assertion).
 
 # %%
-fnd = stsa.benchmark_findings(summary, paired, baselines)
+fnd = stsa_studies.benchmark_findings(summary, paired, baselines)
 kmode_gap, e_vs, afl_vs, ft_mean, stsa_ft = (fnd[k] for k in ["kmode_gap", "e_vs", "afl_vs", "ft_mean", "stsa_ft"])
 lines = [
     f"* **Exactness.** With the frozen pretrained backbone STSA's A_T is the same for every beta (spread "
@@ -497,7 +497,7 @@ else:
 # :label: stsa-bench-ex-communication
 #
 # From the cost table, at which $M$ would STSA's upload exceed FedLwF's in this setting? Use
-# `fedlib.stsa.algorithm.upload_floats` and the baseline's measured bytes. Count with
+# `fedlib.stsa.studies.upload_floats` and the baseline's measured bytes. Count with
 # {eq}`stsa-eq-upload` of the derivation chapter. Fill in your $M$ below: the self-check compares it
 # with the crossing computed from this run's measured bytes.
 # ```

@@ -79,6 +79,7 @@ from fedlib.evaluation import claims
 from fedlib.evaluation.stats import mean_std
 from fedlib.federated.incremental import make_stream
 from fedlib.stsa import algorithm as stsa
+from fedlib.stsa import studies as stsa_studies
 from fedlib.stsa import beyond as sb
 from fedlib.runner import specs
 
@@ -86,7 +87,7 @@ specs.check("stsa_beyond", globals())   # every parameter is checked before any 
 sns.set_theme(style="whitegrid")
 torch.set_num_threads(num_threads)
 dev = "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
-feats = stsa.benchmark_features(dataset, subsets, n_train, n_test, backbone=backbone, input_size=input_size,
+feats = stsa_studies.benchmark_features(dataset, subsets, n_train, n_test, backbone=backbone, input_size=input_size,
                                 device=dev)
 make_stream(feats.y_train, feats.y_test, num_tasks)   # num_tasks must divide the classes
 grid = sb.gamma_grid(gamma_min, gamma_max, gamma_points)
@@ -264,7 +265,7 @@ display(Markdown("**Result.** " + gcv_line))
 # dp-accounting's privacy-loss-distribution accountant, not taken from the formula.
 #
 # **Secure aggregation.** If the server sees only the sum over clients (pairwise masks, as
-# `stsa.pairwise_masked` demonstrates {cite}`bonawitz2017secagg`), each of the $K$ clients can add
+# `stsa_studies.pairwise_masked` demonstrates {cite}`bonawitz2017secagg`), each of the $K$ clients can add
 # noise of standard deviation $\sigma/\sqrt K$, and the sum then carries exactly the $\sigma$ of the
 # calibration. The guarantee then holds against the server only, and only while the other clients
 # do not collude with it (a client that knows its own noise can subtract it). The per-upload variant

@@ -75,6 +75,7 @@ from fedlib.evaluation import claims
 from fedlib.stsa import tables as paper_results
 
 from fedlib.stsa import algorithm as stsa
+from fedlib.stsa import studies as stsa_studies
 from fedlib.core.linalg import synthetic_features
 from fedlib.evaluation.report import paired_markdown_rows
 from fedlib.federated.incremental import make_stream, run_class_incremental
@@ -106,7 +107,7 @@ print(f"profile={profile}: N={n_samples}, d={dim}, M={M}, C={num_classes}, T={nu
 # $$W^*=(X^\top X+\gamma I)^{-1}X^\top Y=(G+\gamma I)^{-1}C :$$ (stsa-eq-ridge)
 #
 # the data enter only through $G=X^\top X$ and $C=X^\top Y$ of {eq}`stsa-eq-stats`, which are sums over samples
-# ($\gamma$ is the {term}`ridge parameter`). The next cell (`stsa.closed_form_checks`) checks
+# ($\gamma$ is the {term}`ridge parameter`). The next cell (`stsa_studies.closed_form_checks`) checks
 # {eq}`stsa-eq-ridge` against its gradient and against scikit-learn's `Ridge`.
 #
 # A solve in float64 is accurate to about $\varepsilon\,\kappa$ in relative terms, where
@@ -116,7 +117,7 @@ print(f"profile={profile}: N={n_samples}, d={dim}, M={M}, C={num_classes}, T={nu
 # difference a wrong aggregation would cause, which is of order one.
 
 # %%
-closed = stsa.closed_form_checks(phi, y_all, num_classes, gamma)   # stats, head, tolerance and the two checks
+closed = stsa_studies.closed_form_checks(phi, y_all, num_classes, gamma)   # stats, head, tolerance and the two checks
 stats, w_star, tol_w, checks = closed["stats"], closed["w_star"], closed["tol_w"], closed["checks"]
 print(f"condition number of G + gamma I: {closed['kappa']:.2e}; tolerance for equal heads: {tol_w:.1e}")
 print(pd.Series(checks).to_string())
@@ -132,7 +133,7 @@ assert checks["max |gradient| / max |X^T Y|"] < tol_w and checks["max |W - W_skl
 # centralized ones.
 
 # %%
-spatial = stsa.spatial_check(x_all, y_all, num_classes, rf, betas + [None], client_counts, seed, stats, w_star,
+spatial = stsa_studies.spatial_check(x_all, y_all, num_classes, rf, betas + [None], client_counts, seed, stats, w_star,
                              rf(x_test), gamma)
 display(spatial.style.format({c: "{:.1e}" for c in spatial.columns if c.startswith("rel")}))
 assert spatial["rel. err. sum G_k"].max() < 1e-12 and spatial["rel. err. sum C_k"].max() < 1e-12
@@ -170,12 +171,12 @@ learner = stsa.STSALearner(dim, num_classes, M, gamma, rf_seed=seed,
                            on_stage_end=[lambda t, lrn: heads.append(lrn.weights.clone())])
 result = run_class_incremental(learner, stream, x_all, y_all, x_test, y_test, num_clients=5, beta=0.1,
                                seed=seed, progress=False)
-temporal = stsa.temporal_check(heads, stream, phi, pos, gamma)
+temporal = stsa_studies.temporal_check(heads, stream, phi, pos, gamma)
 print(temporal.to_string(index=False))
 assert temporal["rel. err. vs joint ridge"].max() < tol_w
 
 # reverse arrival order and sub-stages: the statistics commute and split
-err_rev, err_split = stsa.order_and_split_errors(stream, x_all, pos, rf, M, num_classes, gamma, heads[-1])
+err_rev, err_split = stsa_studies.order_and_split_errors(stream, x_all, pos, rf, M, num_classes, gamma, heads[-1])
 print(f"reverse order: {err_rev:.1e}; two sub-stages per task: {err_split:.1e}")
 assert err_rev < tol_w and err_split < tol_w
 claims.register(
@@ -219,7 +220,7 @@ print({k: round(100 * v, 2) for k, v in result.metrics.items()})
 # So STSA-E keeps the mean term exactly and replaces the within-class scatter $S$ ($n-1$ degrees of
 # freedom) by the scaled between-client scatter ($K-1$ degrees of freedom). This form is positive
 # semidefinite, and `fedlib` computes it for all classes and clients as one product $DD^\top+EE^\top$
-# (`stsa.eq9_identity_checks` compares {eq}`stsa-eq-ghat` with {eq}`stsa-eq-ghat-psd`).
+# (`stsa_studies.eq9_identity_checks` compares {eq}`stsa-eq-ghat` with {eq}`stsa-eq-ghat-psd`).
 #
 # ```{prf:proposition} Unbiased Gram estimate (the paper's Prop. 3.1, under label skew)
 # :label: stsa-prop-unbiased
@@ -248,11 +249,11 @@ print({k: round(100 * v, 2) for k, v in result.metrics.items()})
 cls_idx = np.flatnonzero(y_all == 0)[:60]
 xc = phi[cls_idx]
 counts = np.array([1, 3, 6, 10, 15, 25])
-identity_err, exact_err = stsa.eq9_identity_checks(xc, counts)
+identity_err, exact_err = stsa_studies.eq9_identity_checks(xc, counts)
 print(f"printed eq. 9 vs PSD form: {identity_err:.1e};  one sample per client (K = n): {exact_err:.1e}")
 assert identity_err < 1e-10 and exact_err < 1e-10
 
-mc, mean_ghat = stsa.design_monte_carlo(xc[:, :48], counts, "global", mc_reps, rng)
+mc, mean_ghat = stsa_studies.design_monte_carlo(xc[:, :48], counts, "global", mc_reps, rng)
 slope = np.polyfit(np.log(mc["repetitions"]), np.log(mc["rel. error of the mean"]), 1)[0]
 fig, ax = plt.subplots(figsize=(5, 3.5))
 ax.loglog(mc["repetitions"], mc["rel. error of the mean"], "o-", label=f"Monte Carlo (slope {slope:.2f})")
@@ -282,7 +283,7 @@ assert -0.85 < slope < -0.25
 parts = make_partition(y_all, 5, "dirichlet", alpha=0.1, seed=seed, min_size=max(bias_dummy))
 # class-0 counts of the 5 x K_D dummy clients from one dummy split (many are 0), then the expectation over
 # which class-0 samples land in which dummy client (design-based)
-bias = stsa.dummy_client_bias(phi, y_all, parts, bias_dummy, max(100, mc_reps // 10), rng)
+bias = stsa_studies.dummy_client_bias(phi, y_all, parts, bias_dummy, max(100, mc_reps // 10), rng)
 print(bias.to_string(index=False))
 per_class = bias[bias.k_mode == "per_class"]["covariance ratio"]
 assert (abs(per_class - 1) < 0.15).all(), "the per-class K estimator is unbiased (up to Monte Carlo noise)"
@@ -294,7 +295,7 @@ assert global_low < 0.8
 #
 # Under feature skew client $k$'s samples of class $i$ are $x+\delta_k$: its own shift $\delta_k$ of
 # the backbone features (here $\delta_k=s\,\sigma\odot z_k$, $z_k\sim\mathcal N(0,I)$, $\sigma$
-# the per-dimension std of the features, $s$ the scale; `stsa.client_shifts`). The pooled data and
+# the per-dimension std of the features, $s$ the scale; `stsa_studies.client_shifts`). The pooled data and
 # hence STSA's exact $G$ contain the shifts as well; but the client means $m_k$ now differ by the
 # shifts on top of sampling noise, so $B$ holds the spread of the shifts with weight $n_k$, and the
 # factor $(n-1)/(K-1)$ blows it up: $\hat G$ **overestimates** the within-class scatter. Below: class
@@ -304,7 +305,7 @@ assert global_low < 0.8
 # $E[\operatorname{tr}(\hat G-n\,mm^\top)]/E[\operatorname{tr}S]$ against the shift scale $s$.
 
 # %%
-skew = stsa.feature_skew_study(x_all, y_all, rf, skew_scales, 5, seed, skew_reps, rng)
+skew = stsa_studies.feature_skew_study(x_all, y_all, rf, skew_scales, 5, seed, skew_reps, rng)
 print(skew.to_string(index=False, float_format="%.3f"))
 ratio_col = skew.columns[1]
 unskewed = skew[skew["shift scale s"] == 0]
@@ -317,11 +318,11 @@ assert (skew.loc[skew["shift scale s"] > 0, ratio_col] - 1 > 4 * skew.loc[skew["
 # Does the overestimate cost accuracy? The full protocol on the synthetic features ($T$ tasks,
 # 5 clients, Dirichlet $\beta=0.5$, STSA-E with `skew_dummy` dummy clients each and per-class $K_i$),
 # once with label skew only and once with client shifts of scale `skew_accuracy_scale`
-# (`stsa.FeatureSkewLearner`; the test samples carry the shift of a uniformly drawn client). The
+# (`stsa_studies.FeatureSkewLearner`; the test samples carry the shift of a uniformly drawn client). The
 # runs pair by seed (same data, class order, partition, shifts), so differences are paired.
 
 # %%
-skew_acc = stsa.feature_skew_accuracy(x_all, y_all, x_test, y_test, num_tasks, num_classes, M, gamma, skew_seeds,
+skew_acc = stsa_studies.feature_skew_accuracy(x_all, y_all, x_test, y_test, num_tasks, num_classes, M, gamma, skew_seeds,
                                       skew_accuracy_scale, skew_dummy)
 rows_md, effect = paired_markdown_rows(skew_acc, [0.0, skew_accuracy_scale], "STSA", "STSA-E")
 display(Markdown(
@@ -366,7 +367,7 @@ claims.register(
 # %%
 d_small = 5
 sigma = np.diag(np.arange(1.0, d_small + 1))
-law = stsa.gram_error_table(np.full(d_small, 2.0), sigma, mse_n, mse_clients, mse_reps, rng)
+law = stsa_studies.gram_error_table(np.full(d_small, 2.0), sigma, mse_n, mse_clients, mse_reps, rng)
 print(law.drop(columns="paper shape ((K+1)/(K-1))^2").to_string(index=False, float_format="%.4g"))
 inner = law[law.K < mse_n]
 assert (abs(inner["Monte Carlo"] - inner["exact law"]) < 5 * inner["MC std. error"] + 1e-9).all()
@@ -384,7 +385,7 @@ plt.show()
 # %%
 # Lemma 3.5 by Monte Carlo (d=5, Sigma=diag(1..5), n=10)
 n_l = 10
-lemma = stsa.lemma_3_5_check(sigma, n_l, mse_reps, rng)
+lemma = stsa_studies.lemma_3_5_check(sigma, n_l, mse_reps, rng)
 print(pd.Series(lemma).to_string(float_format="%.1f"))
 assert abs(lemma["Monte Carlo"] / lemma["Wishart (n-1)[n tr S^2 + (tr S)^2]"] - 1) < 0.1
 assert lemma["Monte Carlo"] > 10 * lemma["paper's Lemma 3.5 ((n-1)/n)(tr S)^2"]
@@ -399,7 +400,7 @@ claims.register(
 
 # B is independent of S - B, not of S (Gaussian, one class, K equal clients): correlation of the traces
 n_b, k_b = 12, 4
-corr = stsa.scatter_correlations(n_b, k_b, mse_reps, rng)
+corr = stsa_studies.scatter_correlations(n_b, k_b, mse_reps, rng)
 print(pd.Series(corr).to_string(float_format="%.3f"))
 se_corr = 4 / np.sqrt(mse_reps)
 assert abs(corr["corr(tr B, tr(S - B))"]) < se_corr
@@ -419,7 +420,7 @@ assert abs(corr["corr(tr B, tr S)"] - corr["sqrt((K-1)/(n-1)) (Wishart)"]) < se_
 # first $K=5$ and $n$ from `rate_ns`; then $n$ = `rate_n_fixed` and $K\cdot K_D$ from `rate_clients`.
 
 # %%
-rate, rate_k, slopes, slope_k = stsa.plugin_rate_study(rate_ns, rate_clients, rate_n_fixed, rate_reps)
+rate, rate_k, slopes, slope_k = stsa_studies.plugin_rate_study(rate_ns, rate_clients, rate_n_fixed, rate_reps)
 per_sample = "plug-in, per sample ||X(W_E - W*)||/sqrt(n)"
 print(f"K = 5, against n (mean of {rate_reps} draws):")
 print(rate.drop(columns="K K_D").to_string(float_format="%.3e"))
@@ -463,7 +464,7 @@ claims.register(
 # solvable. The true $G_t$ has rank $\min(n_t, M)$.
 
 # %%
-rk = stsa.gram_estimate_rank(x_all, y_all, parts, num_classes, rf, num_dummy=2)
+rk = stsa_studies.gram_estimate_rank(x_all, y_all, parts, num_classes, rf, num_dummy=2)
 print(f"rank(G_hat) = {rk['rank']} <= sum_i K_i = {rk['bound']} (M = {M}); lambda_min = {rk['lambda_min']:.2e} (PSD)")
 assert rk["rank"] <= rk["bound"] and rk["lambda_min"] > -1e-9 * rk["lambda_max"]
 
@@ -476,7 +477,7 @@ assert rk["rank"] <= rk["bound"] and rk["lambda_min"] > -1e-9 * rk["lambda_max"]
 # is not a sum of the uploads: masked uploads break it.
 
 # %%
-err_sum, err_masked = stsa.secure_aggregation_check(x_all, y_all, parts, num_classes, rf, rng)
+err_sum, err_masked = stsa_studies.secure_aggregation_check(x_all, y_all, parts, num_classes, rf, rng)
 print(f"STSA, sum of masked G_k vs sum of G_k: {err_sum:.1e}")
 print(f"STSA-E, G_hat from masked class sums vs from the true ones: {err_masked:.1e}")
 assert err_sum < 1e-9 and err_masked > 1.0
@@ -494,7 +495,7 @@ assert err_sum < 1e-9 and err_masked > 1.0
 # roughly $c_tK_D<M$.
 
 # %%
-comm = stsa.communication_table(paper_results.stsa_table5(), rng)
+comm = stsa_studies.communication_table(paper_results.stsa_table5(), rng)
 print(comm.to_string(index=False))
 assert np.allclose(comm["formula (MiB)"], comm["paper (MB)"], atol=0.05)
 assert np.allclose(comm["measured messages (MiB)"], comm["formula (MiB)"], atol=0.01)
@@ -508,7 +509,7 @@ claims.register(
         f"{r['method']} {r['setting'].split(',')[0]} {r['formula (MiB)']:.2f} / {r['measured messages (MiB)']:.2f} "
         f"(paper {r['paper (MB)']})" for _, r in comm.iterrows()) + ". Counted as float32, MiB, stage 1 included.")
 
-curve = stsa.communication_curve(comm_M, num_dummy=50)
+curve = stsa_studies.communication_curve(comm_M, num_dummy=50)
 fig, ax = plt.subplots(figsize=(5, 3.5))
 sns.lineplot(data=curve, x="M", y="MiB per client (T=10)", hue="method", marker="o", ax=ax)
 ax.set(xscale="log", yscale="log", xlabel="random features M", ylabel="upload per client (MiB, float32)",
@@ -519,7 +520,7 @@ plt.show()
 # ## 9. The paper's quoted margins, recomputed from its own tables
 
 # %%
-print(stsa.recomputed_margins().to_string(index=False))
+print(stsa_studies.recomputed_margins().to_string(index=False))
 
 # %% [markdown]
 # ## Summary of the checks
@@ -594,7 +595,7 @@ print(selfcheck.stsa_dummy_ratio(my_ratio, bias, max(bias_dummy)))
 # :label: stsa-deriv-ex-break-even
 #
 # For $c_t=10$ and $M=1250$, at which $K_D$ does STSA-E stop saving communication? Use
-# `stsa.communication_mib`. Count with {eq}`stsa-eq-upload`, then fill in your answer below.
+# `stsa_studies.communication_mib`. Count with {eq}`stsa-eq-upload`, then fill in your answer below.
 # ```
 #
 # ````{solution} stsa-deriv-ex-break-even

@@ -282,13 +282,14 @@ def test_scratch_baselines_on_rgb_images_with_four_stages():
 
     from fedlib.data.datasets import Dataset
     from fedlib.stsa import algorithm as stsa
+    from fedlib.stsa import studies as stsa_studies
 
     rng = np.random.default_rng(0)
     y_tr, y_te = np.repeat(np.arange(4), 6), np.repeat(np.arange(4), 2)
     ds = Dataset("toy-rgb", rng.integers(0, 256, (len(y_tr), 8, 8, 3), dtype=np.uint8), y_tr,
                  rng.integers(0, 256, (len(y_te), 8, 8, 3), dtype=np.uint8), y_te, ("a", "b", "c", "d"))
     fed = dict(local_epochs=1, batch_size=8, lr=0.05, device="cpu", eval_every=10**6)
-    base = stsa.scratch_baseline_runs(["finetune"], ds, "scratch / toy", 2, 2, 1.0, fed, 1, {}, (2, 2, 4, 4),
+    base = stsa_studies.scratch_baseline_runs(["finetune"], ds, "scratch / toy", 2, 2, 1.0, fed, 1, {}, (2, 2, 4, 4),
                                       min_size=1, progress=False)
     assert len(base) == 1 and base[0].acc.shape == (2, 2)
 

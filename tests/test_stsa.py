@@ -4,6 +4,9 @@ import pytest
 import torch
 
 from fedlib.stsa import algorithm as stsa
+from fedlib.stsa import speed as stsa_speed
+from fedlib.stsa import noise as stsa_noise
+from fedlib.stsa import studies as stsa_studies
 from fedlib.core.linalg import SufficientStats, ridge_fit
 from fedlib.federated.incremental import make_stream, run_class_incremental
 from fedlib.core.messages import Message
@@ -60,7 +63,7 @@ def _scattered(rng, j=12, m=7, c=4, high=5):
 @pytest.mark.parametrize("k_mode", stsa.K_MODES)
 def test_vectorized_gram_estimate_equals_printed_eq9(k_mode):
     sums, counts = _scattered(np.random.default_rng(0))
-    fast, slow = stsa.gram_estimate(sums, counts, k_mode), stsa.gram_estimate_eq9(sums, counts, k_mode)
+    fast, slow = stsa.gram_estimate(sums, counts, k_mode), stsa_studies.gram_estimate_eq9(sums, counts, k_mode)
     assert float((fast - slow).abs().max() / slow.abs().max()) < 1e-12
     assert float(torch.linalg.eigvalsh(fast)[0]) > -1e-9 * float(fast.abs().max())  # PSD
 
@@ -86,7 +89,7 @@ def test_gram_estimate_with_a_noisy_class_total_below_one_is_finite_and_psd(k_mo
     # continuous at n = 1, where the printed eq. 9 is exact (one sample)
     counts[0, 0] = 1.0
     if not clip:
-        assert torch.allclose(stsa.gram_estimate(sums, counts, k_mode), stsa.gram_estimate_eq9(sums, counts, k_mode),
+        assert torch.allclose(stsa.gram_estimate(sums, counts, k_mode), stsa_studies.gram_estimate_eq9(sums, counts, k_mode),
                               rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="counts must be >= 0"):
         stsa.gram_estimate(sums, -counts, k_mode)
@@ -189,7 +192,7 @@ def _noisy_count_servers(sd, round_counts):
     x, y = rng.random((40, 3)), np.repeat([0, 1], 20)
     rf = stsa.RandomFeatures(3, 3)
     clean = [stsa.stsae_client(x[k::2], y[k::2], 2, rf, num_dummy=4, seed=k) for k in range(2)]
-    noisy = [stsa.add_upload_noise(m, 0.1, sd / 0.1, gen, entries=("n",)) for m in clean]
+    noisy = [stsa_noise.add_upload_noise(m, 0.1, sd / 0.1, gen, entries=("n",)) for m in clean]
     servers = [stsa.STSAServer(3, 2, 1.0, "stsa_e", round_counts=round_counts, noisy_counts=True) for _ in range(2)]
     servers[0].receive_stage(clean, 0, 2)
     servers[1].receive_stage(noisy, 0, 2)
@@ -200,10 +203,10 @@ def test_upload_noise_keeps_g_symmetric_and_scales_with_q_s():
     gen = torch.Generator().manual_seed(0)
     msg = Message("c", {"G": torch.eye(4, dtype=torch.float64), "C": torch.zeros(40, 20, dtype=torch.float64),
                         "n": torch.zeros(3, 2, dtype=torch.float64)})
-    noisy = stsa.add_upload_noise(msg, q=1.0, s=2.0, generator=gen)
+    noisy = stsa_noise.add_upload_noise(msg, q=1.0, s=2.0, generator=gen)
     assert torch.allclose(noisy["G"], noisy["G"].T)
     assert 1.8 < float(noisy["C"].std()) < 2.2
-    assert torch.equal(stsa.add_upload_noise(msg, 0.0, 1.0, gen)["G"], msg["G"])
+    assert torch.equal(stsa_noise.add_upload_noise(msg, 0.0, 1.0, gen)["G"], msg["G"])
 
 
 def test_small_count_noise_reaches_the_gram_estimate_unless_counts_are_rounded():
@@ -239,7 +242,7 @@ def test_afl_stagewise_learner_fits_each_task_alone():
     x, y = _toy()
     xt, yt = _toy(60, seed=1)
     stream = make_stream(y, yt, 3)
-    learner = stsa.AFLStagewiseLearner(5, 6, M=30, gamma=0.5)
+    learner = stsa_studies.AFLStagewiseLearner(5, 6, M=30, gamma=0.5)
     res = run_class_incremental(learner, stream, x, y, xt, yt, 4, 0.5, progress=False)
     idx = stream.tasks[2].train_idx
     # like for like with STSA: the aggregated head carries gamma in total (gamma / K per client)
@@ -248,12 +251,12 @@ def test_afl_stagewise_learner_fits_each_task_alone():
     assert res.bytes_up.min() > 0
 
 
-@pytest.mark.parametrize("solver", stsa.JointRidgeLearner.SOLVERS)
+@pytest.mark.parametrize("solver", stsa_studies.JointRidgeLearner.SOLVERS)
 def test_joint_learner_is_ridge_on_all_data_seen_by_lstsq(solver):
     x, y = _toy()
     xt, yt = _toy(60, seed=1)
     stream = make_stream(y, yt, 3, seed=0)
-    joint = stsa.JointRidgeLearner(5, 6, M=40, gamma=0.5, rf_seed=3, solver=solver)
+    joint = stsa_studies.JointRidgeLearner(5, 6, M=40, gamma=0.5, rf_seed=3, solver=solver)
     res = run_class_incremental(joint, stream, x, y, xt, yt, 4, 0.5, progress=False)
     assert res.bytes_up.sum() == 0
     # independent reference: numpy lstsq of [Phi; sqrt(gamma) I] W = [Y; 0] on the pooled data
@@ -274,7 +277,7 @@ def _skew_covariance_ratio(shift_scale, reps=400, seed=0):
     samples shifted by its own delta_k (feature skew; scale 0 = label skew only)."""
     rng = np.random.default_rng(seed)
     base = rng.standard_normal((60, 3))
-    shifts = stsa.client_shifts(4, 3, shift_scale, np.ones(3), seed=1)
+    shifts = stsa_studies.client_shifts(4, 3, shift_scale, np.ones(3), seed=1)
     est, true = 0.0, 0.0
     for _ in range(reps):
         x = torch.from_numpy(base[rng.permutation(60)] + np.repeat(shifts, 15, axis=0))
@@ -296,16 +299,16 @@ def test_feature_skew_learner_shifts_each_client_and_checks_the_client_count():
     x, y = _toy()
     xt, yt = _toy(60, seed=1)
     stream = make_stream(y, yt, 3, seed=0)
-    shifts = stsa.client_shifts(3, 5, 0.5, x.std(0), seed=0)
+    shifts = stsa_studies.client_shifts(3, 5, 0.5, x.std(0), seed=0)
     assert shifts.shape == (3, 5)
-    joint = stsa.FeatureSkewLearner(stsa.JointRidgeLearner(5, 6, M=20, gamma=0.5), shifts)
+    joint = stsa_studies.FeatureSkewLearner(stsa_studies.JointRidgeLearner(5, 6, M=20, gamma=0.5), shifts)
     run_class_incremental(joint, stream, x, y, xt, yt, 3, 0.5, progress=False)
     parts = [stream.client_partitions(t, y, 3, 0.5) for t in range(3)]
     pooled = np.concatenate([x[p] + shifts[k] for t in range(3) for k, p in enumerate(parts[t])])
     assert np.allclose(np.sort(np.concatenate(joint.learner._x), axis=0),
                        np.sort(joint.learner.features(pooled).numpy(), axis=0))
     with pytest.raises(ValueError, match="num_clients"):
-        run_class_incremental(stsa.FeatureSkewLearner(stsa.JointRidgeLearner(5, 6, 20, 0.5), shifts),
+        run_class_incremental(stsa_studies.FeatureSkewLearner(stsa_studies.JointRidgeLearner(5, 6, 20, 0.5), shifts),
                               stream, x, y, xt, yt, 4, 0.5, progress=False)
 
 
@@ -313,16 +316,16 @@ def test_between_client_scatter_is_independent_of_s_minus_b_not_of_s():
     """The derivation's step: for Gaussian features, B ~ Wishart(Sigma, K-1) and S - B ~ Wishart(Sigma,
     n-K) are independent; B and S = B + (S - B) are not (corr(tr B, tr S) = sqrt((K-1)/(n-1)))."""
     n, k = 12, 4
-    tb, ts = stsa.scatter_traces(n, k, 4000, np.random.default_rng(0))
+    tb, ts = stsa_studies.scatter_traces(n, k, 4000, np.random.default_rng(0))
     assert abs(np.corrcoef(tb, ts - tb)[0, 1]) < 0.06
     assert np.corrcoef(tb, ts)[0, 1] == pytest.approx(np.sqrt((k - 1) / (n - 1)), abs=0.06)
 
 
 def test_communication_formulas_reproduce_table5():
-    assert round(stsa.communication_mib("stsa", 5000, 10), 2) == 955.58
-    assert round(stsa.communication_mib("stsa_e", 5000, 10, num_dummy=50), 2) == 95.39
-    assert round(stsa.communication_mib("stsa", 1250, 10), 2) == 60.08
-    assert round(stsa.communication_mib("stsa_e", 1250, 10, num_dummy=10), 2) == 4.77
+    assert round(stsa_studies.communication_mib("stsa", 5000, 10), 2) == 955.58
+    assert round(stsa_studies.communication_mib("stsa_e", 5000, 10, num_dummy=50), 2) == 95.39
+    assert round(stsa_studies.communication_mib("stsa", 1250, 10), 2) == 60.08
+    assert round(stsa_studies.communication_mib("stsa_e", 1250, 10, num_dummy=10), 2) == 4.77
 
 
 def test_measured_message_bytes_match_the_formula():
@@ -330,8 +333,8 @@ def test_measured_message_bytes_match_the_formula():
     rf = stsa.RandomFeatures(5, 20)
     full = stsa.stsa_client(x, y, 3, rf, upload_dtype=torch.float32)
     est = stsa.stsae_client(x, y, 3, rf, num_dummy=5, upload_dtype=torch.float32)
-    assert full.nbytes == stsa.upload_floats("stsa", 20, 3) * 4
-    assert est.nbytes == stsa.upload_floats("stsa_e", 20, 3, 5) * 4
+    assert full.nbytes == stsa_studies.upload_floats("stsa", 20, 3) * 4
+    assert est.nbytes == stsa_studies.upload_floats("stsa_e", 20, 3, 5) * 4
 
 
 def test_stsae_refuses_a_partition_with_clients_smaller_than_k_d_before_any_work():
@@ -350,8 +353,8 @@ def test_stsae_refuses_a_partition_with_clients_smaller_than_k_d_before_any_work
     (lambda: stsa.STSALearner(5, 2, 10, 1.0, variant="stsa_x"), "variant"),
     (lambda: stsa.STSALearner(5, 2, 10, 1.0, head="softmax"), "head"),
     (lambda: stsa.STSALearner(5, 2, 10, 1.0, num_dummy=0), "K_D"),
-    (lambda: stsa.JointRidgeLearner(5, 2, 10, 1.0, solver="qr"), "solver"),
-    (lambda: stsa.client_shifts(3, 2, -1.0, 1.0), "scale"),
+    (lambda: stsa_studies.JointRidgeLearner(5, 2, 10, 1.0, solver="qr"), "solver"),
+    (lambda: stsa_studies.client_shifts(3, 2, -1.0, 1.0), "scale"),
 ])
 def test_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
@@ -405,7 +408,7 @@ def test_upload_noise_is_drawn_per_client_from_its_own_stream():
     data = (torch.from_numpy(x[:50]), torch.from_numpy(y[:50]))
     clean = stsa.STSAClient("stsa").step(data, {"k": 1, "name": "client1", "features": None}, server.broadcast())
     noisy = client.step(data, client.init_state(1), server.broadcast())
-    expect = stsa.add_upload_noise(clean, 0.1, 1.0, torch_generator(7, "upload_noise", 2, 1), entries=("C",))
+    expect = stsa_noise.add_upload_noise(clean, 0.1, 1.0, torch_generator(7, "upload_noise", 2, 1), entries=("C",))
     assert torch.equal(noisy["C"], expect["C"]) and torch.equal(noisy["G"], clean["G"])
     other = client.step(data, client.init_state(2), server.broadcast())
     assert not torch.equal(other["C"], noisy["C"])   # another client, another stream
@@ -413,9 +416,9 @@ def test_upload_noise_is_drawn_per_client_from_its_own_stream():
     for q, s in [(0.2, 0.5), (0.1, 5.0)]:
         level = stsa.STSAClient("stsa", seed=7, noise=(q, s), noise_entries=("G", "C"))
         got = level.step(data, level.init_state(1), server.broadcast())
-        ref = stsa.add_upload_noise(clean, q, s, torch_generator(7, "upload_noise", 2, 1), entries=("G", "C"))
+        ref = stsa_noise.add_upload_noise(clean, q, s, torch_generator(7, "upload_noise", 2, 1), entries=("G", "C"))
         assert torch.equal(got["G"], ref["G"]) and torch.equal(got["C"], ref["C"])
-    assert {key[0] for key in stsa._UNIT_NOISE} == {7}
+    assert {key[0] for key in stsa_noise._UNIT_NOISE} == {7}
 
 
 def test_on_stage_end_callbacks_see_every_stage_head():
@@ -434,7 +437,7 @@ def test_afl_stagewise_learner_runs_on_the_protocol_with_its_cost():
     x, y = _toy()
     xt, yt = _toy(60, seed=1)
     stream = make_stream(y, yt, 3, seed=0)
-    learner = stsa.AFLStagewiseLearner(5, 6, M=16, gamma=2.0)
+    learner = stsa_studies.AFLStagewiseLearner(5, 6, M=16, gamma=2.0)
     res = run_class_incremental(learner, stream, x, y, xt, yt, 4, 0.5, progress=False)
     # each client: W (M, c_t), C (M, M), gamma; broadcast adds the per-client gamma (6 numbers)
     assert int(res.bytes_up.sum()) == learner.cost.bytes_up == 3 * 4 * ((16 * 2 + 16 * 16) * 8 + 8)
@@ -459,11 +462,11 @@ def test_run_fcil_and_the_learner_factory():
     xt, yt = _toy(60, seed=1)
     feats = Features("toy", x.astype(np.float32), y, xt.astype(np.float32), yt, tuple(range(6)))
     kw = dict(num_tasks=3, num_clients=3, gamma=1.0, num_dummy=2)
-    for method in list(stsa.ANALYTIC) + [stsa.JOINT]:
-        res, lrn = stsa.run_fcil(method, feats, 0.5, 0, "toy", 16, return_learner=True, **kw)
+    for method in list(stsa_studies.ANALYTIC) + [stsa_studies.JOINT]:
+        res, lrn = stsa_studies.run_fcil(method, feats, 0.5, 0, "toy", 16, return_learner=True, **kw)
         assert res.method == method and res.acc.shape == (3, 3) and lrn.cost.bytes_up == int(res.bytes_up.sum())
-    skewed = stsa.run_fcil("STSA", feats, 0.5, 0, "toy", 16, skew=0.5, **kw)
-    plain = stsa.run_fcil("STSA", feats, 0.5, 0, "toy", 16, **kw)
+    skewed = stsa_studies.run_fcil("STSA", feats, 0.5, 0, "toy", 16, skew=0.5, **kw)
+    plain = stsa_studies.run_fcil("STSA", feats, 0.5, 0, "toy", 16, **kw)
     assert not np.array_equal(skewed.acc, plain.acc)   # the features arrive shifted per client
 
 
@@ -474,22 +477,22 @@ def test_shared_expansion_and_final_only_equal_the_per_client_path():
     xt, yt = _toy(90, seed=1)
     feats = Features("toy", x.astype(np.float32), y, xt.astype(np.float32), yt, tuple(range(6)))
     kw = dict(num_tasks=3, num_clients=3, gamma=1.0, num_dummy=2)
-    for method in list(stsa.ANALYTIC) + [stsa.JOINT]:
-        (own, lo), (shared, ls) = (stsa.run_fcil(method, feats, 0.5, 1, "toy", 24, return_learner=True,
+    for method in list(stsa_studies.ANALYTIC) + [stsa_studies.JOINT]:
+        (own, lo), (shared, ls) = (stsa_studies.run_fcil(method, feats, 0.5, 1, "toy", 24, return_learner=True,
                                                  share_expansion=flag, **kw) for flag in (False, True))
         assert np.array_equal(own.acc, shared.acc, equal_nan=True), method
         assert torch.allclose(ls.weights, lo.weights, rtol=1e-9, atol=1e-12), method
         assert np.array_equal(own.bytes_up, shared.bytes_up) and (shared.wall_s > 0).all()
-        if method != stsa.JOINT:   # feature skew: each client's rows moved by its own delta_k, then expanded once
-            own, shared = (stsa.run_fcil(method, feats, 0.5, 1, "toy", 24, skew=0.5, share_expansion=flag, **kw)
+        if method != stsa_studies.JOINT:   # feature skew: each client's rows moved by its own delta_k, then expanded once
+            own, shared = (stsa_studies.run_fcil(method, feats, 0.5, 1, "toy", 24, skew=0.5, share_expansion=flag, **kw)
                            for flag in (False, True))
             assert np.array_equal(own.acc, shared.acc, equal_nan=True), method
-    phi, per_row = stsa.expanded_features(feats, 1, 24)
-    assert stsa.expanded_features(feats, 1, 24)[0] is phi and per_row >= 0   # computed once
+    phi, per_row = stsa_speed.expanded_features(feats, 1, 24)
+    assert stsa_speed.expanded_features(feats, 1, 24)[0] is phi and per_row >= 0   # computed once
     assert np.allclose(phi.x_train, stsa.RandomFeatures(5, 24, seed=1)(feats.x_train).numpy(), rtol=1e-12)
     # final_only: one evaluation, after the last stage; STSA solves once, for the same head
-    full = stsa.run_fcil("STSA-E", feats, 0.5, 1, "toy", 24, **kw)
-    last, lrn = stsa.run_fcil("STSA-E", feats, 0.5, 1, "toy", 24, final_only=True, return_learner=True, **kw)
+    full = stsa_studies.run_fcil("STSA-E", feats, 0.5, 1, "toy", 24, **kw)
+    last, lrn = stsa_studies.run_fcil("STSA-E", feats, 0.5, 1, "toy", 24, final_only=True, return_learner=True, **kw)
     assert np.array_equal(last.acc[-1], full.acc[-1]) and np.isnan(last.acc[:-1]).all()
     assert last.summary()["A_T"] == full.summary()["A_T"] and np.isnan(last.summary()["A_avg"])
     assert not lrn.solve_every_stage
@@ -499,12 +502,12 @@ def test_shared_expansion_and_final_only_equal_the_per_client_path():
 
 def test_derivation_helpers():
     x = torch.from_numpy(np.random.default_rng(0).standard_normal((30, 4)))
-    errors, mean = stsa.design_monte_carlo(x, [10, 10, 10], "global", 50, np.random.default_rng(1))
+    errors, mean = stsa_studies.design_monte_carlo(x, [10, 10, 10], "global", 50, np.random.default_rng(1))
     assert list(errors.columns) == ["repetitions", "rel. error of the mean"] and mean.shape == (4, 4)
-    row = stsa.plugin_errors(200, 5, 0)
+    row = stsa_studies.plugin_errors(200, 5, 0)
     assert row["n"] == 200 and row["K K_D"] == 5 and row["plug-in (1/n)||X(W_E - W*)||"] > 0
     tensors = [torch.ones(3, 3) * k for k in range(4)]
-    masked = stsa.pairwise_masked([t.double() for t in tensors], np.random.default_rng(0))
+    masked = stsa_studies.pairwise_masked([t.double() for t in tensors], np.random.default_rng(0))
     assert torch.allclose(sum(masked), sum(t.double() for t in tensors), atol=1e-9)
     assert float((masked[0] - tensors[0]).abs().max()) > 1.0
 
@@ -515,16 +518,16 @@ def test_validators_name_the_parameter():
     with pytest.raises(ValueError, match="M must be an integer >= 1"):
         stsa.RandomFeatures(5, 0)
     with pytest.raises(ValueError, match="num_clients must be an integer >= 1"):
-        stsa.client_shifts(True, 3, 0.1, 1.0)
+        stsa_studies.client_shifts(True, 3, 0.1, 1.0)
 
 
 def test_gram_error_law_matches_monte_carlo_and_vanishes_at_k_equal_n():
     sigma = np.diag([1.0, 2.0, 3.0])
-    mean, se = stsa.gram_error_monte_carlo(np.ones(3), sigma, 20, 4, 800, np.random.default_rng(0))
-    assert abs(mean - stsa.gram_error_law(20, 4, sigma)) < 5 * se
-    assert stsa.gram_error_law(20, 20, sigma) == 0.0
+    mean, se = stsa_studies.gram_error_monte_carlo(np.ones(3), sigma, 20, 4, 800, np.random.default_rng(0))
+    assert abs(mean - stsa_studies.gram_error_law(20, 4, sigma)) < 5 * se
+    assert stsa_studies.gram_error_law(20, 20, sigma) == 0.0
     with pytest.raises(ValueError, match="k must be an integer >= 2"):
-        stsa.gram_error_law(20, 1, sigma)
+        stsa_studies.gram_error_law(20, 1, sigma)
 
 
 def test_feature_skew_scatter_ratio_is_one_without_shifts_and_above_with_them():
@@ -532,16 +535,16 @@ def test_feature_skew_scatter_ratio_is_one_without_shifts_and_above_with_them():
     x = rng.standard_normal((60, 4))
     rf = stsa.RandomFeatures(4, 4)
     sizes = np.array([15, 15, 15, 15])
-    flat, se = stsa.feature_skew_scatter_ratio(x, rf, sizes, np.zeros((4, 4)), 300, rng)
+    flat, se = stsa_studies.feature_skew_scatter_ratio(x, rf, sizes, np.zeros((4, 4)), 300, rng)
     assert abs(flat - 1) < 4 * se
-    skewed, se2 = stsa.feature_skew_scatter_ratio(x, rf, sizes, stsa.client_shifts(4, 4, 1.0, 1.0), 300, rng)
+    skewed, se2 = stsa_studies.feature_skew_scatter_ratio(x, rf, sizes, stsa_studies.client_shifts(4, 4, 1.0, 1.0), 300, rng)
     assert skewed - 1 > 4 * se2
 
 
 def test_lemma_3_5_quantity_follows_the_wishart_law_not_the_paper():
     sigma = np.diag([1.0, 2.0])
-    value = stsa.centred_scatter_sq_norm_monte_carlo(sigma, 6, 3000, np.random.default_rng(0))
+    value = stsa_studies.centred_scatter_sq_norm_monte_carlo(sigma, 6, 3000, np.random.default_rng(0))
     tr1, tr2 = 3.0, 5.0
     assert value == pytest.approx(5 * (6 * tr2 + tr1 ** 2), rel=0.1)   # (n-1)[n tr S^2 + (tr S)^2]
     with pytest.raises(ValueError, match="n = 10 must be a multiple of k = 4"):
-        stsa.scatter_traces(10, 4, 5, np.random.default_rng(0))
+        stsa_studies.scatter_traces(10, 4, 5, np.random.default_rng(0))

@@ -268,7 +268,7 @@ class Task:
         return learner, Outcome({"accuracy_matrix": res.acc}, {"top1": list(map(float, res.top1)), **_cost(total)})
 
     def _run_stsa(self, progress) -> Outcome:
-        from fedlib.stsa.algorithm import make_fcil_learner
+        from fedlib.stsa.studies import make_fcil_learner
 
         c, f = self.config, self.features
         learner = make_fcil_learner(c["method"], f.dim, len(f.classes), c["M"], c["gamma"], c["seed"],

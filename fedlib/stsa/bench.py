@@ -20,7 +20,7 @@ Timed in one process, k_mode = "global" (the paper / authors' code):
 (a) ``fedlib.stsa.algorithm.gram_estimate`` (one (M, #non-empty) matrix product) + ``ridge_solve``;
 (b) :func:`gram_per_class`: a Python loop over classes, each class's between-client scatter plus
     its mean term as one matrix product over its non-empty dummy clients;
-(c) ``fedlib.stsa.algorithm.gram_estimate_eq9``: eq. 9 as printed, one M x M outer product per non-empty
+(c) ``fedlib.stsa.studies.gram_estimate_eq9``: eq. 9 as printed, one M x M outer product per non-empty
     (dummy, class) term. At full size it takes far longer than (a), so it is timed on the first N
     classes (N chosen from a one-class pilot so the run takes about ``--eq9-seconds``) and the
     full-size time is printed as a labelled linear extrapolation in the number of classes.
@@ -42,7 +42,8 @@ from fedlib.evaluation.benchmark import relative_difference, timed
 from fedlib.core.linalg import ridge_solve
 from fedlib.core.seeds import derive_seed
 from fedlib.data.partition import make_partition
-from fedlib.stsa.algorithm import K_MODES, dummy_split, gram_estimate, gram_estimate_eq9, upload_floats
+from fedlib.stsa.algorithm import K_MODES, dummy_split, gram_estimate
+from fedlib.stsa.studies import gram_estimate_eq9, upload_floats
 
 __all__ = ["make_uploads", "gram_per_class", "relative_difference", "main"]
 

@@ -46,8 +46,8 @@ from fedlib.core.protocol import ClientStates, Server, simulate
 from fedlib.core.seeds import torch_generator
 from fedlib.core.validate import check_choice, check_int, check_positive
 from fedlib.federated.incremental import accuracy_matrix_metrics, make_stream
-from fedlib.stsa.algorithm import (RandomFeatures, STSAClient, STSAServer, _StagewiseLearner, add_upload_noise,
-                                predict)
+from fedlib.stsa.algorithm import RandomFeatures, STSAClient, STSAServer, StagewiseLearner, predict
+from fedlib.stsa.noise import add_upload_noise
 
 __all__ = ["GAMMA_RULES", "AGGREGATIONS", "check_gamma_grid", "gamma_grid", "RidgePath", "gcv_bruteforce",
            "clip_features", "privatize_upload", "upload_sigmas", "upload_epsilon", "composed_gaussian_epsilon",
@@ -186,7 +186,7 @@ def upload_sigmas(noise_multiplier: float, clip_norm: float) -> dict[str, float]
 def privatize_upload(msg: Message, noise_multiplier: float, clip_norm: float, generator: torch.Generator) -> Message:
     """The Gaussian mechanism on one {G, C, n} upload (rows already clipped to B): N(0, sigma^2) with
     the sigmas of :func:`upload_sigmas`, drawn by the paper's noise routine
-    :func:`fedlib.stsa.algorithm.add_upload_noise` (q = sigma, s = 1). G's noise is symmetric:
+    :func:`fedlib.stsa.noise.add_upload_noise` (q = sigma, s = 1). G's noise is symmetric:
     (E + E^T)/sqrt(2), sd sigma off the diagonal and sqrt(2) sigma on it, i.e. the release of G's
     upper triangle with at least sd sigma per entry (whose sensitivity is <= ||phi phi^T||_F <= B^2)."""
     out = msg
@@ -315,7 +315,7 @@ class PathServer(STSAServer):
         return self.path.weights(gamma)
 
 
-class PathLearner(_StagewiseLearner):
+class PathLearner(StagewiseLearner):
     """STSA on :class:`StatsClient` / :class:`PathServer` as an
     :class:`~fedlib.federated.incremental.IncrementalLearner`: gamma fixed or by GCV per stage,
     optional clipping to ``clip_norm`` and calibrated noise of multiplier ``noise_multiplier``
