@@ -76,7 +76,12 @@ from IPython.display import Markdown
 from threadpoolctl import threadpool_limits
 
 from fedlib.evaluation import claims, report
-from fedlib import fedtsne as ft
+from fedlib.fedtsne import algorithm as ft
+from fedlib.fedtsne import checks as ft_checks
+from fedlib.fedtsne import feddl as ft_feddl
+from fedlib.fedtsne import mmd as ft_mmd
+from fedlib.fedtsne import nystrom as ft_nystrom
+from fedlib.fedtsne import studies as ft_studies
 from fedlib.fedtsne import tables as paper_results
 from fedlib.runner import specs
 
@@ -152,10 +157,10 @@ rng = np.random.default_rng(0)
 m_syn, n_syn = derivation_dim, derivation_points
 X_syn = rng.standard_normal((n_syn, m_syn))
 Y_pool = rng.standard_normal((max(40, (m_syn + 1) * (m_syn + 2) // 2 + 10), m_syn))
-gamma_syn = ft.median_kernel_width(X_syn)        # 1 / median pairwise squared distance
-kernels = ft.exact_rank_kernels(m_syn, gamma_syn)   # name -> (k(A, B), exact rank or None)
-syn = ft.nystrom_rank_table(kernels, X_syn, Y_pool)
-spectra = ft.kernel_spectra(kernels, np.vstack([Y_pool, X_syn]))
+gamma_syn = ft_mmd.median_kernel_width(X_syn)        # 1 / median pairwise squared distance
+kernels = ft_checks.exact_rank_kernels(m_syn, gamma_syn)   # name -> (k(A, B), exact rank or None)
+syn = ft_checks.nystrom_rank_table(kernels, X_syn, Y_pool)
+spectra = ft_checks.kernel_spectra(kernels, np.vstack([Y_pool, X_syn]))
 
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
 for kname, g in syn.groupby("kernel", sort=False):
@@ -169,10 +174,10 @@ axes[1].set(xlabel="eigenvalue index", ylabel="|eigenvalue| / largest (log)", ti
 plt.tight_layout()
 plt.show()
 
-display(ft.rank_summary(syn))
+display(ft_checks.rank_summary(syn))
 # low rank: exact from n_y = rank on, a spectral cliff after eigenvalue rank; the Gaussian: never exact, no
 # cliff among the first 60 eigenvalues; nested landmarks: the error never grows
-rank_checks = ft.rank_study_holds(syn, spectra, kernels)
+rank_checks = ft_checks.rank_study_holds(syn, spectra, kernels)
 assert all(rank_checks.values()), rank_checks
 print("exact once rank H = rank W (squared distances, polynomial); the Gaussian kernel never: checked")
 
@@ -187,9 +192,9 @@ print("exact once rank H = rank W (squared distances, polynomial); the Gaussian 
 # We also check that the Gaussian Nyström error is PSD, as derived ($\hat K\preceq K$):
 
 # %%
-Kg = ft.gaussian_kernel(X_syn, None, gamma_syn)
+Kg = ft_mmd.gaussian_kernel(X_syn, None, gamma_syn)
 Yl = Y_pool[:20]
-E = Kg - ft.nystrom(ft.gaussian_kernel(X_syn, Yl, gamma_syn), ft.gaussian_kernel(Yl, None, gamma_syn))
+E = Kg - ft_nystrom.nystrom(ft_mmd.gaussian_kernel(X_syn, Yl, gamma_syn), ft_mmd.gaussian_kernel(Yl, None, gamma_syn))
 lam_E = np.linalg.eigvalsh(E)
 print(f"eigenvalues of K - K_hat (n_y=20): min {lam_E.min():.2e}, max {lam_E.max():.2e}; "
       f"max diagonal of K_hat {np.diag(Kg - E).max():.4f}")
@@ -198,7 +203,7 @@ assert lam_E.min() > -1e-9 * lam_E.max() and np.diag(Kg - E).max() <= 1 + 1e-12
 # %% [markdown]
 # ## 2. Data, kernel width and client splits
 #
-# One rule for both Fed-tSNE chapters (`fedlib.fedtsne.load_points`, `fedlib.fedtsne.client_split`):
+# One rule for both Fed-tSNE chapters (`fedlib.fedtsne.chapters.load_points`, `fedlib.fedtsne.chapters.client_split`):
 # images are flattened and scaled to $[0,1]$, train and test splits pooled (clustering uses no
 # labels) and a stratified draw of `max_points` points kept (seed 0, the same for every run). The
 # kernel width is $\gamma=1/(2\sum_f\widehat{\operatorname{var}}_f)=1/\mathbb E\|x-x'\|^2$, computed by
@@ -210,7 +215,7 @@ assert lam_E.min() > -1e-9 * lam_E.max() and np.diag(Kg - E).max() <= 1 + 1e-12
 # when it divides them. Partitions are drawn per seed, all before any training.
 
 # %%
-data, splits, info = ft.speclust_data(list(dict.fromkeys(datasets + [sweep_dataset])), max_points, num_clients, seeds,
+data, splits, info = ft_studies.speclust_data(list(dict.fromkeys(datasets + [sweep_dataset])), max_points, num_clients, seeds,
                                       n_landmarks=n_landmarks, **{"max(landmark_grid)": max(landmark_grid)})
 display(info)
 
@@ -219,7 +224,7 @@ display(info)
 #
 # For every dataset and seed: centralized spectral clustering of the exact Gaussian kernel, and
 # Fed-SpeClust(+) with $n_y$ FedDL landmarks, on the IID and the non-IID split. All use
-# `fedlib.fedtsne.fed_spectral_clustering`, i.e. scikit-learn's
+# `fedlib.fedtsne.pipelines.fed_spectral_clustering`, i.e. scikit-learn's
 # `SpectralClustering(n_clusters=classes, affinity="precomputed", random_state=seed)` (normalized
 # Laplacian embedding, then k-means). The seed changes the partition, the landmark initialisation,
 # the noise and the k-means start; the data subset is fixed. We record NMI and ARI against the true
@@ -245,9 +250,9 @@ display(info)
 # decrease; checked every 5 rounds), found once per dataset on the first seed's IID split and then
 # used by every run of it. That search is itself the first seed's noise-free IID run (one FedDL run,
 # fedtsne.plateau_run), so it is reused there (and in section 5) rather than run again.
-first_runs = {name: (ft.plateau_run(clients, n_landmarks, gamma=gamma_rule, max_rounds=max_rounds, check_every=5,
+first_runs = {name: (ft_feddl.plateau_run(clients, n_landmarks, gamma=gamma_rule, max_rounds=max_rounds, check_every=5,
                                     seed=seeds[0], dtype=feddl_dtype) if rounds == "plateau" else
-                     ft.feddl(clients, n_landmarks, rounds=rounds, gamma=gamma_rule, seed=seeds[0], dtype=feddl_dtype))
+                     ft_feddl.feddl(clients, n_landmarks, rounds=rounds, gamma=gamma_rule, seed=seeds[0], dtype=feddl_dtype))
               for name in datasets for clients in [[data[name][0][p] for p in splits[name][seeds[0]]["IID"]]]}
 rounds_for = {name: first_runs[name].rounds for name in datasets}
 print("FedDL rounds per dataset" + (" (run until the objective plateaus)" if rounds == "plateau" else "") + ":",
@@ -255,14 +260,14 @@ print("FedDL rounds per dataset" + (" (run until the objective plateaus)" if rou
 
 VARIANTS = [("Fed", "IID", "none"), ("Fed+", "IID", "heuristic"), ("Fed", "non-IID", "none"),
             ("Fed+", "non-IID", "heuristic")]
-runs, landmarks_kept, objectives = ft.speclust_runs({name: data[name] for name in datasets}, splits, seeds, VARIANTS,
+runs, landmarks_kept, objectives = ft_studies.speclust_runs({name: data[name] for name in datasets}, splits, seeds, VARIANTS,
                                                     n_landmarks=n_landmarks, gamma_rule=gamma_rule, rounds=rounds_for,
                                                     beta=beta, feddl_results={(name, seeds[0], "Fed", "IID"): res
                                                                               for name, res in first_runs.items()},
                                                     split_check_seeds=seeds[:1], dtype=feddl_dtype)
 # one kernel width per dataset, whatever the split or the noise; noise-free FedDL in gradient mode with size
 # weights: identical landmarks for IID and non-IID
-spread, landmark_gap, nmi_gap = ft.split_invariance(runs, landmarks_kept)
+spread, landmark_gap, nmi_gap = ft_studies.split_invariance(runs, landmarks_kept)
 print(f"gamma identical across settings (max relative spread {spread.max():.1e}); noise-free landmarks IID vs "
       f"non-IID (seed {seeds[0]}, both run) differ by at most {landmark_gap:.1e}; NMI IID - non-IID: max {nmi_gap:.1e}")
 # float32 FedDL: the two splits sum their clients' float32 gradients in another order, and the rounding
@@ -284,8 +289,8 @@ COL_NAMES = ["SpeClust (central)", "Fed IID", "Fed+ IID", "Fed non-IID", "Fed+ n
 STAND_IN = {"optdigits": "COIL-20", "mnist5k": "MNIST", "animal_mnist": "Mice-Protein"}
 LABEL = {name: f"{name} (for {STAND_IN.get(name, '-')})" for name in datasets}
 # the per-seed values of one (dataset, setting, metric), in seed order: what the paired differences pair
-cells = ft.setting_cells(runs, datasets, COLS, ("NMI", "ARI"))
-ours = ft.cells_table(cells, datasets, COLS, COL_NAMES, ("NMI", "ARI"), LABEL)
+cells = ft_studies.setting_cells(runs, datasets, COLS, ("NMI", "ARI"))
+ours = ft_studies.cells_table(cells, datasets, COLS, COL_NAMES, ("NMI", "ARI"), LABEL)
 paper = paper_results.fedtsne_table5()
 paper_fmt = report.pm_table(paper, COLS).set_axis(COL_NAMES, axis=1)
 print("PAPER, Table 5 (its datasets; mean ± std over an unstated number of runs):")
@@ -306,7 +311,7 @@ PAIRS = [("Fed IID - central", ("Fed", "IID"), ("central", "pooled")),
          ("Fed non-IID - central", ("Fed", "non-IID"), ("central", "pooled")),
          ("Fed+ IID - Fed IID", ("Fed+", "IID"), ("Fed", "IID")),
          ("Fed+ non-IID - Fed non-IID", ("Fed+", "non-IID"), ("Fed", "non-IID"))]
-pdiff, paired_table = ft.paired_cells(cells, paper, datasets, PAIRS, ("NMI", "ARI"), LABEL)
+pdiff, paired_table = ft_studies.paired_cells(cells, paper, datasets, PAIRS, ("NMI", "ARI"), LABEL)
 display(paired_table)
 paper_worst = min(paper.loc[idx, (v, s, "mean")] - paper.loc[idx, ("central", "pooled", "mean")]
                   for idx in paper.index if idx[1] == "NMI" for v, s in (("Fed", "IID"), ("Fed", "non-IID")))
@@ -327,7 +332,7 @@ _ = claims.register(
 # runs:
 
 # %%
-deltas = ft.change_table(cells, paper, datasets, COLS, COL_NAMES, ("NMI", "ARI"), LABEL)
+deltas = ft_studies.change_table(cells, paper, datasets, COLS, COL_NAMES, ("NMI", "ARI"), LABEL)
 display(deltas.style.format("{:+.4f}"))
 diag = runs[runs["variant"] != "central"].groupby(["dataset", "variant", "split"])[
     ["kernel rel. error", "final F(Y)", "mean noise sd", "FedDL upload (MB)", "kernel upload (MB)", "seconds"]].mean()
@@ -382,7 +387,7 @@ for name in datasets:
 still = {name: bool(objectives[name, seeds[0], "Fed", "IID"][-1] < objectives[name, seeds[0], "Fed", "IID"][-2])
          for name in datasets}
 print(f"F(Y) still decreasing at the last of {rounds_for} rounds (noise-free, IID, first seed): {still}")
-plateau_shares = {name: ft.plateau_share(objectives[name, seeds[0], "Fed", "IID"]) for name in datasets}
+plateau_shares = {name: ft_feddl.plateau_share(objectives[name, seeds[0], "Fed", "IID"]) for name in datasets}
 print("share of F's total decrease made in the last 10 % of the rounds (plateau rule of the benchmark chapter: "
       "at most 0.01):", {k: round(v, 4) for k, v in plateau_shares.items()})
 not_flat = [name for name, v in plateau_shares.items() if not v <= 0.01]
@@ -409,7 +414,7 @@ print("noise-free F(Y): non-IID minus IID is constant over the rounds (to 1e-10)
 #   the classical Nyström choice, which a federated server cannot make (nested draws);
 # * **untrained**: FedDL's initial landmarks $Y^0\sim\mathcal N(\hat\mu,\operatorname{diag}\hat v)$.
 #
-# For each we form $\hat K=\operatorname{clip}_0(CW^{+}C^\top)$ (`fedlib.fedtsne.nystrom_kernel`) and
+# For each we form $\hat K=\operatorname{clip}_0(CW^{+}C^\top)$ (`fedlib.fedtsne.algorithm.nystrom_kernel`) and
 # report $\|\hat K-K\|_F/\|K\|_F$ and the NMI of spectral clustering on $\hat K$ (same
 # `SpectralClustering` call as above). For FedDL we also check that the server's matrix assembled
 # from the clients' uploads (`fed_spectral_clustering`) equals the formula.
@@ -419,12 +424,12 @@ X, y, n_classes = data[sweep_dataset]
 seed0 = seeds[0]
 parts0 = splits[sweep_dataset][seed0]["IID"]
 sweep_rounds = rounds_for[sweep_dataset] if sweep_dataset in rounds_for else (
-    ft.plateau_rounds([X[p] for p in parts0], n_landmarks, gamma=gamma_rule, max_rounds=max_rounds, check_every=5,
+    ft_feddl.plateau_rounds([X[p] for p in parts0], n_landmarks, gamma=gamma_rule, max_rounds=max_rounds, check_every=5,
                       seed=seed0, dtype=feddl_dtype) if rounds == "plateau" else rounds)
 t0 = time.perf_counter()
 # the main runs' first-seed IID FedDL run and centralized clustering are reused at n_y = n_landmarks
 reuse = sweep_dataset in first_runs and n_landmarks in landmark_grid
-sweep, study = ft.kernel_landmark_sweep(
+sweep, study = ft_studies.kernel_landmark_sweep(
     X, y, parts0, landmark_grid, n_classes, gamma_rule=gamma_rule, rounds=sweep_rounds, seed=seed0, dtype=feddl_dtype,
     feddl_results={n_landmarks: first_runs[sweep_dataset]} if reuse else None,
     central_nmi=runs.query("dataset == @sweep_dataset and seed == @seed0 and variant == 'central'")["NMI"].item()
@@ -464,7 +469,7 @@ print(f"FedDL beats its own initialisation at every n_y: {feddl_vs_init}; oracle
 assert feddl_vs_init and oracle_decreasing
 # the PSD structure of the error (section 1) for the FedDL landmarks at the largest n_y
 L = res.feddl.landmarks
-lam = np.linalg.eigvalsh(K - ft.nystrom(ft.gaussian_kernel(X, L, gamma_s), ft.gaussian_kernel(L, None, gamma_s)))
+lam = np.linalg.eigvalsh(K - ft_nystrom.nystrom(ft_mmd.gaussian_kernel(X, L, gamma_s), ft_mmd.gaussian_kernel(L, None, gamma_s)))
 print(f"eigenvalues of K - C W^+ C^T (FedDL, n_y={landmark_grid[-1]}): min {lam.min():.1e}, max {lam.max():.1e}")
 assert lam.min() > -1e-8 * lam.max()
 
@@ -484,7 +489,7 @@ assert lam.min() > -1e-8 * lam.max()
 #
 # The server knows $Y$ and $\gamma$, so each uploaded entry gives a squared distance,
 # $\|x_i-y_j\|^2=-\log k(x_i,y_j)/\gamma$, and from squared distances to known points it can
-# multilaterate (`fedlib.fedtsne.reconstruct_from_sq_distances`). It recovers the component of every
+# multilaterate (`fedlib.fedtsne.checks.reconstruct_from_sq_distances`). It recovers the component of every
 # $x_i$ in the affine span of the landmarks: all of $x_i$ when $n_y\ge m+1$ landmarks are in general
 # position. We check this on the first client of the landmark study (largest $n_y$): the
 # reconstruction equals the orthogonal projection of the client's data onto that span, computed
@@ -493,8 +498,8 @@ assert lam.min() > -1e-8 * lam.max()
 # %%
 Xp = X[parts0[0]]
 upload = ft.client_kernel(Xp, L, gamma_s)["kernel"]
-X_rec = ft.reconstruct_from_sq_distances(-np.log(upload) / gamma_s, L)
-X_proj, span_dim = ft.affine_projection(Xp, L)
+X_rec = ft_checks.reconstruct_from_sq_distances(-np.log(upload) / gamma_s, L)
+X_proj, span_dim = ft_checks.affine_projection(Xp, L)
 gap = np.linalg.norm(X_rec - X_proj) / np.linalg.norm(Xp)
 print(f"{sweep_dataset}, client 0 ({len(Xp)} points, m={X.shape[1]}, n_y={len(L)}, span dim {span_dim}): "
 
@@ -550,7 +555,7 @@ print(f"total run time {time.perf_counter() - t_start:.0f} s (profile={profile})
 # %%
 from fedlib.evaluation import selfcheck
 
-my_options = None  # your answer: a dict of keyword arguments of ft.feddl, e.g. {"option": value}
+my_options = None  # your answer: a dict of keyword arguments of ft_feddl.feddl, e.g. {"option": value}
 print(selfcheck.fedsc_splits_differ(my_options, [X[p] for p in splits[sweep_dataset][seed0]["IID"]],
                                     [X[p] for p in splits[sweep_dataset][seed0]["non-IID"]]))
 

@@ -39,7 +39,7 @@
 # pixels / 255. The paper's tables are shown beside ours and labelled as the paper's numbers on the
 # paper's data, never as reproduced.
 #
-# **Scale.** Up to `fedlib.fedtsne.DENSE_MAX_POINTS` points a dataset takes the dense path
+# **Scale.** Up to `fedlib.fedtsne.pipelines.DENSE_MAX_POINTS` points a dataset takes the dense path
 # (the server's $n\times n$ estimate, as in Algorithm 2). Above it (the `paper` profile's 40,000
 # Fashion-MNIST images) no $n\times n$ matrix is formed: each point's nearest neighbours under the
 # Nyström estimate are computed in row blocks from the landmark factors, t-SNE runs on them
@@ -114,7 +114,9 @@ from threadpoolctl import threadpool_limits
 
 from fedlib.evaluation import claims, report
 from fedlib.evaluation import embedding as em
-from fedlib import fedtsne as ft
+from fedlib.fedtsne import chapters as ft_chapters
+from fedlib.fedtsne import pipelines as ft_pipelines
+from fedlib.fedtsne import studies as ft_studies
 from fedlib.fedtsne import tables as paper_results
 from fedlib.core.parallel import resolve_workers
 from fedlib.evaluation.stats import mean_std
@@ -137,9 +139,9 @@ T_START = time.perf_counter()
 timings = {}
 
 # %% tags=["hide-input"]
-METHOD_NAMES, FED_NAMES = ft.METHOD_NAMES, ft.FED_NAMES
+METHOD_NAMES, FED_NAMES = ft_pipelines.METHOD_NAMES, ft_pipelines.FED_NAMES
 
-SPLIT_NAMES = ft.SPLIT_LABELS
+SPLIT_NAMES = ft_studies.SPLIT_LABELS
 
 METRICS = paper_results.FEDTSNE_METRICS
 PLATEAU_WINDOW = 0.1       # the rule's window: the last 10 % of the rounds, at least 10 rounds
@@ -147,7 +149,7 @@ PLATEAU_MIN_WINDOW = 10
 FED_PLUS_LABEL = "paper's heuristic noise (no formal DP guarantee; see the privacy chapter)"
 
 CLIENT_RUNS = [("iid", k) for k in iid_client_counts] + [("non_iid", k) for k in noniid_client_counts]
-# the chapter's t-SNE / UMAP settings, for every ft.embed call (centralized when no FedDL run is given)
+# the chapter's t-SNE / UMAP settings, for every ft_pipelines.embed call (centralized when no FedDL run is given)
 EMBED = dict(perplexity=perplexity, tsne_max_iter=tsne_max_iter, umap_neighbors=umap_neighbors,
              umap_min_dist=umap_min_dist, umap_epochs=umap_epochs)
 if len(seeds) < 5:
@@ -157,7 +159,7 @@ if len(seeds) < 5:
 # %% [markdown]
 # ## 1. Data and client splits
 #
-# One rule for both Fed-tSNE chapters (`fedlib.fedtsne.load_points`, `fedlib.fedtsne.client_split`):
+# One rule for both Fed-tSNE chapters (`fedlib.fedtsne.chapters.load_points`, `fedlib.fedtsne.chapters.client_split`):
 # a dataset's train and test images are pooled and, when `n_points` is smaller, a stratified draw
 # of exactly `n_points` is kept (seed 0, the same for every run). IID is a random split; non-IID
 # (`label_skew_parts`) gives each client one class when the number of clients $k$ is a multiple of
@@ -167,33 +169,33 @@ if len(seeds) < 5:
 
 # %% tags=["hide-input"]
 t0 = time.perf_counter()
-data = {name: ft.load_points(name, n_points[name], seed=0) for name in datasets}
+data = {name: ft_chapters.load_points(name, n_points[name], seed=0) for name in datasets}
 # checks that need the data, still before the long work
 for name, (X, y, _) in data.items():
-    ft.check_splits(y, [(split, num_clients) for split in SPLIT_NAMES], seeds[0])
-    ft.check_fits(name, len(y), n_landmarks=n_landmarks, perplexity=perplexity, **{"max(KS) / 0.7": max(em.PAPER_KS) / 0.7})
+    ft_studies.check_splits(y, [(split, num_clients) for split in SPLIT_NAMES], seeds[0])
+    ft_chapters.check_fits(name, len(y), n_landmarks=n_landmarks, perplexity=perplexity, **{"max(KS) / 0.7": max(em.PAPER_KS) / 0.7})
 sweep_X, sweep_y, _ = data[sweep_dataset]
-ft.check_splits(sweep_y, CLIENT_RUNS, sweep_seeds[0])
-ft.check_fits(sweep_dataset, len(sweep_y), **{"max(landmark_counts)": max(landmark_counts, default=None)})
+ft_studies.check_splits(sweep_y, CLIENT_RUNS, sweep_seeds[0])
+ft_chapters.check_fits(sweep_dataset, len(sweep_y), **{"max(landmark_counts)": max(landmark_counts, default=None)})
 
-display(ft.data_sizes(data, seeds))
+display(ft_studies.data_sizes(data, seeds))
 print(f"{num_clients} clients, n_y = {n_landmarks}; t-SNE {tsne_max_iter} iterations; FedDL rounds: {rounds}")
 timings["data"] = time.perf_counter() - t0
-scorers = {name: ft.EmbeddingScorer(X, y) for name, (X, y, _) in data.items()}
+scorers = {name: ft_chapters.EmbeddingScorer(X, y) for name, (X, y, _) in data.items()}
 
 # %% [markdown]
 # ## 2. How many FedDL rounds? The objective against the rounds (paper Figs. 2, 3, 5)
 #
 # FedDL minimizes $F(Y)=\sum_pw_p\,\mathrm{MMD}^2_u(X_p,Y)$ (Eq. 11) by gradient descent. Stopping
 # it early hands the Nyström step landmarks close to their random start. **Plateau rule**
-# (`fedlib.fedtsne.plateau_round`): FedDL has plateaued at round $S$ when the last
+# (`fedlib.fedtsne.feddl.plateau_round`): FedDL has plateaued at round $S$ when the last
 # $w=\max(\lceil 0.1S\rceil,10)$ rounds made at most `plateau_tol` of the total decrease,
 #
 # $$\frac{F(Y^{S-w})-F(Y^{S})}{F(Y^{0})-F(Y^{S})}\le \texttt{plateau\_tol}.$$
 #
 # ($F$ is an unbiased estimate and can be negative, so the change is measured against the total
 # decrease, not against $|F|$.) With `rounds="plateau"` every noise-free FedDL run (every dataset,
-# split and seed) runs until the rule holds (`fedlib.fedtsne.feddl_until_plateau`; the rule is
+# split and seed) runs until the rule holds (`fedlib.fedtsne.feddl.feddl_until_plateau`; the rule is
 # asserted for every run below). It is checked every `plateau_check` rounds: a run stops at the first
 # checked round $S$ at which the rule holds at $S-1$, from the values of $F$ the clients report with
 # each round (they lag one round behind the landmarks), and at $S$, with $F(Y^S)$ evaluated then; so
@@ -213,7 +215,7 @@ scorers = {name: ft.EmbeddingScorer(X, y) for name, (X, y, _) in data.items()}
 t0 = time.perf_counter()
 LIMIT = max_rounds if rounds == "plateau" else rounds          # the most rounds a noise-free run may take
 CHECKPOINTS = [c for c in (10, 25, 50, 75, 100, 150, 200, 300, 400, 600, 800, 1600) if c <= LIMIT]
-conv_plan = ft.convergence_study(data, scorers, seeds, num_clients, n_landmarks, tol=plateau_tol,
+conv_plan = ft_studies.convergence_study(data, scorers, seeds, num_clients, n_landmarks, tol=plateau_tol,
                                  window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW, check_every=plateau_check,
                                  max_rounds=LIMIT, stop_at_plateau=rounds == "plateau", checkpoints=CHECKPOINTS,
                                  dtype=feddl_dtype, plan=True)
@@ -227,22 +229,22 @@ sweep_scorer = scorers[sweep_dataset]
 # the sweep's k = num_clients runs of the main seeds ARE main runs of Sec. 3 (same data, clients, seed and rule)
 REUSED = {(split, k, seed) for split, k in CLIENT_RUNS if k == num_clients and "tsne" in methods
           for seed in sweep_seeds if seed in seeds}
-client_plan = ft.client_sweep(sweep_X, sweep_y, CLIENT_RUNS, sweep_seeds, sweep_scorer, n_landmarks=n_landmarks,
+client_plan = ft_studies.client_sweep(sweep_X, sweep_y, CLIENT_RUNS, sweep_seeds, sweep_scorer, n_landmarks=n_landmarks,
                               rounds=rounds, beta=beta, embed_kwargs=EMBED, plateau=PLATEAU, skip=REUSED,
                               dtype=feddl_dtype, plan=True)
 m_dim = sweep_X.shape[1]
-step_plan = ft.step_study(data, scorers, seeds[0], num_clients, n_landmarks, step_scales, tol=plateau_tol,
+step_plan = ft_studies.step_study(data, scorers, seeds[0], num_clients, n_landmarks, step_scales, tol=plateau_tol,
                           window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW, check_every=plateau_check,
                           max_rounds=LIMIT, stop_at_plateau=rounds == "plateau", checkpoints=CHECKPOINTS,
                           dtype=feddl_dtype, plan=True)
-landmark_plan = ft.landmark_sweep(
+landmark_plan = ft_studies.landmark_sweep(
     sweep_X, sweep_y, landmark_splits, landmark_counts, landmark_variants, landmark_methods, sweep_seeds, sweep_scorer,
     num_clients=num_clients, rounds=rounds, beta=beta, window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW,
     embed_kwargs=EMBED, plateau=PLATEAU, dtype=feddl_dtype, plan=True)
-(traces, conv), (step_traces, step_conv), clients_made, (landmarks_df, quality_df) = ft.run_sweeps(
+(traces, conv), (step_traces, step_conv), clients_made, (landmarks_df, quality_df) = ft_studies.run_sweeps(
     [conv_plan, step_plan, client_plan, landmark_plan], workers, progress=False)
 timings["FedDL noise-free (convergence) and the sweeps"] = time.perf_counter() - t0
-study = ft.plateau_study(traces, window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW)
+study = ft_studies.plateau_study(traces, window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW)
 if rounds == "plateau":
     missing = study[study["plateau round"].isna()]
     if len(missing):
@@ -250,7 +252,7 @@ if rounds == "plateau":
     assert (study["share of decrease in last 10 %"] <= plateau_tol).all()
 print(f"rounds run by the noise-free FedDL (stopping rule: {'plateau, tol ' + str(plateau_tol) if rounds == 'plateau' else 'fixed'}), "
       "mean ± sample std over seeds:")
-display(ft.plateau_summary(study).style.format(
+display(ft_studies.plateau_summary(study).style.format(
     {"largest share in last 10 %": "{:.4f}", "F(Y^0)": "{:.5f}", "F(Y^S)": "{:.5f}", "FedDL seconds": "{:.1f}"}))
 # per dataset, the most rounds any of its noise-free runs needed
 rounds_used = {name: int(study[study.dataset == name]["rounds run"].max()) for name in datasets}
@@ -288,7 +290,7 @@ plt.show()
 #
 # **The step.** The paper sets FedDL's step to "the reverse of the Lipschitz constant of gradient if
 # possible" and gives no value of that constant. We use $1/L$ with $L$ the data-free bound of
-# `fedlib.fedtsne.lipschitz_bound`. It bounds the constant from above, so a larger step can
+# `fedlib.fedtsne.algorithm.lipschitz_bound`. It bounds the constant from above, so a larger step can
 # still descend, and how many rounds FedDL needs (and the claim below) depends on this choice. The step
 # study runs the first seed's noise-free FedDL on every dataset and split at the steps $c/L$, $c$ in
 # `step_scales`, under the same plateau rule. The table gives the rounds, $F(Y^S)$, the largest rise of
@@ -302,11 +304,11 @@ plt.show()
 # the overlap of $\hat D$ (one seed: orientation, not a conclusion).
 
 # %%
-steps = ft.step_table(traces, conv, step_traces, step_conv, seeds[0], at=50)
+steps = ft_studies.step_table(traces, conv, step_traces, step_conv, seeds[0], at=50)
 display(steps.style.format({"F(Y^S)": "{:.5f}", "largest rise of F": "{:.1e}", "D-hat 10-NN at 0": "{:.3f}",
                             "at 50": "{:.3f}", "at the end": "{:.3f}", "gain after 50": "{:+.3f}",
                             "step (x 1/L)": "{:g}"}, na_rep="-"))
-per_step = ft.step_summary(steps, at=50)
+per_step = ft_studies.step_summary(steps, at=50)
 for c, row in per_step.iterrows():
     print(f"step {c:g}/L: {'F descends in every run' if row.descends else 'F rises in some run'}; mean rounds "
           f"{row.rounds:.0f}, mean D-hat 10-NN overlap at the end {row.end:.3f}, largest gain after round 50 "
@@ -344,11 +346,11 @@ plt.show()
 # verdict says whether it holds at a larger step of the study at which $F$ still descends in every run.
 
 # %%
-gain_after_50, late = ft.gain_after(traces, wide_conv, seeds[0], at=50)
-evidence = ft.late_gain_evidence(late)
+gain_after_50, late = ft_studies.gain_after(traces, wide_conv, seeds[0], at=50)
+evidence = ft_studies.late_gain_evidence(late)
 if late:
     at_main = bool(gain_after_50 <= 0.02)
-    converging = ft.converging_step(per_step, gain=0.02)
+    converging = ft_studies.converging_step(per_step, gain=0.02)
     step_evidence = "; ".join(f"{c:g}/L: {row.largest_gain:+.3f}" + ("" if row.descends else " (F rises: no descent)")
                               for c, row in per_step.iterrows())
     claims.register(
@@ -372,15 +374,15 @@ if late:
 # and the seed, not the split, which is asserted). Every federated run also records how good the
 # server's distance matrix is before any embedding: the relative Frobenius error
 # $\lVert\hat D-D\rVert_F/\lVert D\rVert_F$ and the 10-NN overlap of $\hat D$ with the exact
-# neighbours ("D-hat 10-NN"). The metrics come from `fedlib.fedtsne.EmbeddingScorer` (high-dimensional
+# neighbours ("D-hat 10-NN"). The metrics come from `fedlib.fedtsne.chapters.EmbeddingScorer` (high-dimensional
 # neighbours computed once per dataset; checked equal to `embedding_report` on the first embedding).
 # The centralized embeddings depend on no federated parameter: like backbone features they are kept on
-# disk (`fedlib.fedtsne.central_embedding`, keyed by the points, seed, settings and library
+# disk (`fedlib.fedtsne.pipelines.central_embedding`, keyed by the points, seed, settings and library
 # versions), so a re-run with other federated parameters reads them back instead of running t-SNE again.
 
 # %%
 t0 = time.perf_counter()
-bench_plan = ft.benchmark_runs(
+bench_plan = ft_studies.benchmark_runs(
     data, scorers, traces, seeds, methods, num_clients=num_clients, n_landmarks=n_landmarks, beta=beta,
     window=PLATEAU_WINDOW, min_window=PLATEAU_MIN_WINDOW, embed_kwargs=EMBED, dtype=feddl_dtype, plan=True)
 # Sec. 4's figure of the embedding as FedDL trains (first dataset, IID, first seed): rounds 0 and S are the
@@ -390,11 +392,11 @@ first_trace = traces[first, "iid", seeds[0]]
 SHOW_ROUNDS = sorted({0, min(10, first_trace.rounds), min(50, first_trace.rounds), first_trace.rounds}
                      & set(first_trace.landmarks))
 X, y, _ = data[first]
-snapshot_plan = ft.trace_embeddings(
-    X, ft.client_split(y, num_clients, "iid", seeds[0]), first_trace,
+snapshot_plan = ft_studies.trace_embeddings(
+    X, ft_chapters.client_split(y, num_clients, "iid", seeds[0]), first_trace,
     [s for s in SHOW_ROUNDS if s not in (0, first_trace.rounds) or "tsne" not in methods], seeds[0], n_landmarks,
     embed_kwargs=EMBED, plan=True)
-(results, dist_q, costs, keep_Z, run_checks), show_Z = ft.run_sweeps([bench_plan, snapshot_plan], workers,
+(results, dist_q, costs, keep_Z, run_checks), show_Z = ft_studies.run_sweeps([bench_plan, snapshot_plan], workers,
                                                                      progress=False)
 if "tsne" in methods:
     show_Z.update({0: keep_Z[first, "tsne", "untrained", "any", seeds[0]],
@@ -485,7 +487,7 @@ for name, (X, y, classes) in data.items():
 ROW_ORDER = [(METHOD_NAMES[m], k) for m in methods for k in METRICS]
 PAPER_TABLES = {"mnist5k": (paper_results.fedtsne_table1, "paper Table 1: MNIST, 40,000 points"),
                 "fashion_mnist": (paper_results.fedtsne_table2, "paper Table 2: Fashion-MNIST, 40,000 points")}
-for title, table in ft.metric_tables(results, data, seeds, METRICS, ROW_ORDER, SETTING_ORDER, PAPER_TABLES).values():
+for title, table in ft_studies.metric_tables(results, data, seeds, METRICS, ROW_ORDER, SETTING_ORDER, PAPER_TABLES).values():
     print(title)
     display(table)
 
@@ -522,7 +524,7 @@ COMPARISONS = [("Fed IID - central", ("Fed", "IID"), ("central", "pooled")),
                ("Fed+ IID - Fed IID", ("Fed+", "IID"), ("Fed", "IID")),
                ("Fed+ non-IID - Fed non-IID", ("Fed+", "non-IID"), ("Fed", "non-IID"))]
 DIFF_METRICS = ["CA 10-NN", "NPA 10-NN", "NMI"]
-pdiff, diff_table = ft.paired_metric_table(results, COMPARISONS, datasets, [METHOD_NAMES[m] for m in methods],
+pdiff, diff_table = ft_studies.paired_metric_table(results, COMPARISONS, datasets, [METHOD_NAMES[m] for m in methods],
                                            DIFF_METRICS, {name: fn for name, (fn, _) in PAPER_TABLES.items()})
 display(diff_table.style.format({"paper: difference of means": "{:+.4f}"}, na_rep="-"))
 
@@ -540,11 +542,11 @@ display(diff_table.style.format({"paper: difference of means": "{:+.4f}"}, na_re
 display(report.mean_std_table(dist_q, ["D-hat rel. error", "D-hat 10-NN"],
                               ["dataset"], ["variant", "split"], column_order=SETTING_ORDER[1:])
         .rename_axis(index={"metric": "quantity"}).rename_axis(columns=[None, None]))
-dq_diffs = {name: ft.paired_differences(dist_q, COMPARISONS[2:], "D-hat 10-NN", dataset=name) for name in datasets}
+dq_diffs = {name: ft_studies.paired_differences(dist_q, COMPARISONS[2:], "D-hat 10-NN", dataset=name) for name in datasets}
 train_gain = {name: d["Fed IID - untrained"] for name, d in dq_diffs.items()}
 display(pd.DataFrame([{"dataset": name, "comparison": label, "D-hat 10-NN: mean [95% CI]": d.format(4)}
                       for name, diffs in dq_diffs.items() for label, d in diffs.items()]).set_index(["dataset", "comparison"]))
-verdicts = ft.distance_verdicts(dist_q, data, n_landmarks, train_gain)   # exact for n_y >= m + 2, else trained > Y^0
+verdicts = ft_studies.distance_verdicts(dist_q, data, n_landmarks, train_gain)   # exact for n_y >= m + 2, else trained > Y^0
 print("\n".join(message for message, _ in verdicts))
 assert all(ok for _, ok in verdicts), verdicts
 
@@ -567,7 +569,7 @@ ratio = gam["non-IID"] / gam["IID"]
 print(f"gamma non-IID / gamma IID: from {ratio.min():.2f} to {ratio.max():.2f} over datasets and seeds")
 assert (gam["non-IID"] > gam["IID"]).all()
 ctl_rounds = min(20, rounds_used[datasets[0]])
-ctl_gap = ft.gamma_control(*data[datasets[0]][:2], num_clients, n_landmarks, ctl_rounds,
+ctl_gap = ft_studies.gamma_control(*data[datasets[0]][:2], num_clients, n_landmarks, ctl_rounds,
                            float(gam.loc[(datasets[0], seeds[0]), "IID"]), seeds[0])
 print(f"{datasets[0]}, seed {seeds[0]}, {ctl_rounds} rounds with the IID gamma for both splits: "
       f"largest landmark difference {ctl_gap:.1e}")
@@ -605,7 +607,7 @@ display(costs.groupby(["dataset", "variant", "split"])[["rounds", "FedDL s", "Fe
 
 # %%
 # the runs of this sweep made in Sec. 2's cell, and the k = num_clients rows from the main runs of Sec. 3
-clients_df = pd.concat([clients_made, ft.main_run_rows(results, costs, sweep_dataset, REUSED)], ignore_index=True)
+clients_df = pd.concat([clients_made, ft_studies.main_run_rows(results, costs, sweep_dataset, REUSED)], ignore_index=True)
 print(f"{int(clients_df['reused'].sum())} of {len(clients_df)} sweep runs are main runs of Sec. 3, reused; "
       "FedDL rounds per run:")
 display(clients_df.pivot_table(index=["split", "method"], columns="clients", values="rounds", aggfunc="max")
@@ -703,13 +705,13 @@ else:
 # %%
 first_emb = METHOD_NAMES[methods[0]]
 paper_tables = (paper_results.fedtsne_table1(), paper_results.fedtsne_table2())
-paper_fed_drop = ft.paper_drop(paper_tables, "CA 10-NN", [(("Fed", s), ("central", "pooled")) for s in ("IID", "non-IID")])
-paper_plus_drop = ft.paper_drop(paper_tables, "CA 10-NN", [(("Fed+", s), ("Fed", s)) for s in ("IID", "non-IID")])
+paper_fed_drop = ft_studies.paper_drop(paper_tables, "CA 10-NN", [(("Fed", s), ("central", "pooled")) for s in ("IID", "non-IID")])
+paper_plus_drop = ft_studies.paper_drop(paper_tables, "CA 10-NN", [(("Fed+", s), ("Fed", s)) for s in ("IID", "non-IID")])
 
 emb_names = [METHOD_NAMES[m] for m in methods]
-fed_vs_central = ft.select_differences(pdiff, datasets, emb_names, "CA 10-NN", ("Fed IID - central", "Fed non-IID - central"))
+fed_vs_central = ft_studies.select_differences(pdiff, datasets, emb_names, "CA 10-NN", ("Fed IID - central", "Fed non-IID - central"))
 split_gap = {(n, e): pdiff[n, e, "CA 10-NN", "Fed IID - Fed non-IID"] for n in datasets for e in emb_names}
-plus_cost = ft.select_differences(pdiff, datasets, emb_names, "CA 10-NN", ("Fed+ IID - Fed IID", "Fed+ non-IID - Fed non-IID"))
+plus_cost = ft_studies.select_differences(pdiff, datasets, emb_names, "CA 10-NN", ("Fed+ IID - Fed IID", "Fed+ non-IID - Fed non-IID"))
 worst_fed = min(d.mean for d in fed_vs_central.values())
 worst_split = max(abs(d.mean) for d in split_gap.values())
 worst_plus = min(d.mean for d in plus_cost.values())
@@ -757,7 +759,7 @@ lines.append(f"* **Kernel width per split**: gamma non-IID / IID from {ratio.min
 lines.append(f"* **Fed+**, the {FED_PLUS_LABEL}: largest mean CA 10-NN change Fed+ - Fed "
              f"{worst_plus:+.4f} (paper: {paper_plus_drop:+.4f}). The noise is no privacy guarantee either: the final "
              "distance upload reveals every sample's projection on the landmarks' span "
-             "(`fedlib.fedtsne.reconstruct_from_sq_distances`).")
+             "(`fedlib.fedtsne.checks.reconstruct_from_sq_distances`).")
 if largest_descending is not None and largest_descending > 1:
     lines.append(f"* **FedDL's step** (Sec. 2, seed {seeds[0]} only: orientation, no conclusion): the runs use 1/L "
                  f"of the data-free bound. F still descends at {largest_descending:g}/L in every run of the step "

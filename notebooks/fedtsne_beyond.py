@@ -72,7 +72,11 @@ from threadpoolctl import threadpool_limits
 
 from fedlib.evaluation import claims, report
 from fedlib.evaluation.stats import mean_std, paired_difference
-from fedlib import fedtsne as ft
+from fedlib.fedtsne import algorithm as ft
+from fedlib.fedtsne import chapters as ft_chapters
+from fedlib.fedtsne import checks as ft_checks
+from fedlib.fedtsne import mmd as ft_mmd
+from fedlib.fedtsne import nystrom as ft_nystrom
 from fedlib.fedtsne import beyond as bd
 from fedlib.runner import specs
 
@@ -84,12 +88,12 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 T_START = time.perf_counter()
 timings = {}
 
-X, y, classes = ft.load_points(dataset, n_points, seed=0)
+X, y, classes = ft_chapters.load_points(dataset, n_points, seed=0)
 n, m = X.shape
 COMBOS = bd.parse_combos(metric_combos)
 bd.check_beyond_inputs(X, landmark_grid, [e for _, e in COMBOS])
-parts_of_seed = partial(ft.client_split, y, num_clients, "iid")   # parts_of_seed(seed): the benchmark's IID split
-scorer = ft.EmbeddingScorer(X, y)
+parts_of_seed = partial(ft_chapters.client_split, y, num_clients, "iid")   # parts_of_seed(seed): the benchmark's IID split
+scorer = ft_chapters.EmbeddingScorer(X, y)
 EMBED = dict(perplexity=perplexity, tsne_max_iter=tsne_max_iter, umap_neighbors=umap_neighbors,
              umap_min_dist=umap_min_dist, umap_epochs=umap_epochs)
 print(f"profile={profile}: {dataset}, {n} points in R^{m}, {num_clients} IID clients, seeds {seeds}, "
@@ -166,7 +170,7 @@ if len(seeds) < 5:
 # estimate $BW^{+}B^\top$ (`fedlib.fedtsne.nystrom`) to a relative $10^{-10}$;
 # {eq}`ftsb-kappa` against a linear solve; the projection rebuilt from the upload by
 # {eq}`ftsb-decompose` against the orthogonal projection of the true points computed from them by an
-# SVD (`fedlib.fedtsne.affine_projection`), and $\rho$ against the true distance to the hull; and
+# SVD (`fedlib.fedtsne.checks.affine_projection`), and $\rho$ against the true distance to the hull; and
 # points moved around the hull ({eq}`ftsb-split` with another $h$ of the same length) upload the same
 # numbers.
 
@@ -182,21 +186,21 @@ check_rows = []
 for kind, Y in sets0.items():
     B = np.vstack([ft.client_sq_distances(x, Y)["sq_distances"] for x in data0])      # the uploads, stacked
     dec = bd.decompose_upload(B, Y)                                                    # server side, Eq. ftsb-decompose
-    W = ft.sq_distances(Y)
-    ref = ft.nystrom(B, W)                                                             # fedlib: B W^+ B^T
-    P_true, hull_dim = ft.affine_projection(X[order0], Y)                              # from the points (SVD)
+    W = ft_mmd.sq_distances(Y)
+    ref = ft_nystrom.nystrom(B, W)                                                             # fedlib: B W^+ B^T
+    P_true, hull_dim = ft_checks.affine_projection(X[order0], Y)                              # from the points (SVD)
     rho_true = np.linalg.norm(X[order0] - P_true, axis=1)
     moved = bd.points_with_same_upload(X[order0], Y, np.random.default_rng(seed0))
     check_rows.append({
         "landmarks": bd.LANDMARK_NAMES[kind], "n_y": ny_top, "hull dimension": hull_dim,
-        "closed form vs B W+ B^T (rel.)": ft.rel_error(bd.nystrom_closed_form(dec), ref),
+        "closed form vs B W+ B^T (rel.)": ft_checks.rel_error(bd.nystrom_closed_form(dec), ref),
         "1'W^-1 1 vs 1/(2a^2) (rel.)": abs(np.ones(ny_top) @ np.linalg.solve(W, np.ones(ny_top))
                                            * 2 * dec.geometry.radius2 - 1),
-        "projection from upload (rel.)": ft.rel_error(dec.projection, P_true),
-        "barycentric -> projection (rel.)": ft.rel_error(dec.barycentric @ Y, P_true),
+        "projection from upload (rel.)": ft_checks.rel_error(dec.projection, P_true),
+        "barycentric -> projection (rel.)": ft_checks.rel_error(dec.barycentric @ Y, P_true),
         "residual from upload (max abs)": float(np.abs(dec.residual - rho_true).max()),
-        "moved points: upload change (rel.)": ft.rel_error(ft.sq_distances(moved, Y), B),
-        "moved points: distance moved (rel.)": ft.rel_error(moved, X[order0]),
+        "moved points: upload change (rel.)": ft_checks.rel_error(ft_mmd.sq_distances(moved, Y), B),
+        "moved points: distance moved (rel.)": ft_checks.rel_error(moved, X[order0]),
         "variance revealed": 1 - float((dec.residual ** 2).sum() / ((X - X.mean(0)) ** 2).sum()),
     })
 checks = pd.DataFrame(check_rows).set_index("landmarks")
@@ -291,7 +295,7 @@ t0 = time.perf_counter()
 init_check = X[np.random.default_rng(seed0).choice(n, 50, replace=False)]
 fed_km = bd.federated_kmeans(data0, init_check, 10)
 sk_km = KMeans(50, init=init_check, n_init=1, max_iter=fed_km.rounds, tol=0.0, algorithm="lloyd").fit(X)
-km_gap = ft.rel_error(fed_km.centers, sk_km.cluster_centers_)
+km_gap = ft_checks.rel_error(fed_km.centers, sk_km.cluster_centers_)
 print(f"federated Lloyd ({fed_km.rounds} rounds, {num_clients} clients) vs scikit-learn's Lloyd: relative difference "
       f"{km_gap:.1e}; empty cells {fed_km.empty[-1]}; upload per round {fed_km.cost.bytes_up / fed_km.rounds / 2**20:.2f} MiB "
       f"(measured), = {num_clients} x 50 x ({m} + 1) float64")
@@ -306,7 +310,7 @@ assert fed_km.cost.bytes_up == fed_km.rounds * num_clients * 50 * (m + 1) * 8
 # estimator; and, where `metric_grid` and `metric_combos` say, t-SNE on the estimate's nearest
 # neighbours (openTSNE on the perplexity affinities of the $3\times$perplexity nearest neighbours,
 # the server path of the benchmark's large runs) scored with the paper's metrics (CA, NPA, NMI, SC;
-# `fedlib.fedtsne.EmbeddingScorer`).
+# `fedlib.fedtsne.chapters.EmbeddingScorer`).
 
 # %%
 t0 = time.perf_counter()

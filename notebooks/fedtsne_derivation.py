@@ -48,13 +48,18 @@ import seaborn as sns
 
 from fedlib.data.partition import make_partition
 from fedlib.evaluation import claims
-from fedlib import fedtsne as ft
+from fedlib.fedtsne import algorithm as ft
+from fedlib.fedtsne import chapters as ft_chapters
+from fedlib.fedtsne import checks as ft_checks
+from fedlib.fedtsne import dp as ft_dp
+from fedlib.fedtsne import feddl as ft_feddl
+from fedlib.fedtsne import mmd as ft_mmd
 from fedlib.runner import specs
 
 specs.check("fedtsne_derivation", globals())
 sns.set_theme(style="whitegrid")
 rng = np.random.default_rng(seed)
-x_all, y_all, _ = ft.load_points("optdigits")     # train and test pooled, pixels / 255
+x_all, y_all, _ = ft_chapters.load_points("optdigits")     # train and test pooled, pixels / 255
 keep = rng.choice(len(x_all), min(n_points, len(x_all)), replace=False)
 X, labels = x_all[keep], y_all[keep]
 n, m = X.shape
@@ -80,18 +85,18 @@ print(f"profile={profile}: optdigits {n} points in R^{m}, {num_clients} clients,
 # $$\nabla_Y f_p=-\frac{4\gamma}{n_pn_y}\big[K_{XY}^\top X_p-\mathrm{diag}(\mathbf 1^\top K_{XY})Y\big]
 #   +\frac{4\gamma}{n_y(n_y-1)}\big[K_{YY}Y-\mathrm{diag}(\mathbf 1^\top K_{YY})Y\big].$$ (fedtsne-eq-grad)
 #
-# The next cell checks that the mean of {eq}`fedtsne-eq-mmd` is the exact MMD² (`ft.mmd_unbiasedness`) and
-# {eq}`fedtsne-eq-grad` against finite differences (`ft.gradient_fd_error`).
+# The next cell checks that the mean of {eq}`fedtsne-eq-mmd` is the exact MMD² (`ft_checks.mmd_unbiasedness`) and
+# {eq}`fedtsne-eq-grad` against finite differences (`ft_checks.gradient_fd_error`).
 
 # %%
-mc = ft.mmd_unbiasedness(rng, mc_reps, dim=3, gamma=0.5, shift=0.7)   # V-statistic: diagonal kept, biased
+mc = ft_checks.mmd_unbiasedness(rng, mc_reps, dim=3, gamma=0.5, shift=0.7)   # V-statistic: diagonal kept, biased
 print(f"exact MMD^2 {mc['exact']:.5f}; U-statistic mean {mc['u_mean']:.5f} (se {mc['u_se']:.5f}); "
       f"V-statistic mean {mc['v_mean']:.5f}")
 assert abs(mc["u_mean"] - mc["exact"]) < 4 * mc["u_se"] and abs(mc["v_mean"] - mc["exact"]) > 4 * mc["u_se"]
 
 # gradient against central finite differences
 xs, ys = rng.standard_normal((15, 4)), rng.standard_normal((6, 4))
-grad_err = ft.gradient_fd_error(xs, ys, 0.3)
+grad_err = ft_checks.gradient_fd_error(xs, ys, 0.3)
 print(f"Eq. 13 vs finite differences: relative error {grad_err:.1e}")
 assert grad_err < 1e-7
 
@@ -112,15 +117,15 @@ assert grad_err < 1e-7
 # %%
 parts = {"IID": make_partition(labels, num_clients, "iid", seed=seed),
          "one class per client": make_partition(labels, num_clients, "one_class", seed=seed)}
-gamma = ft.median_kernel_width(X)                # 1 / median pairwise squared distance
+gamma = ft_mmd.median_kernel_width(X)                # 1 / median pairwise squared distance
 Y0 = X.mean(0) + rng.standard_normal((n_landmarks, m)) * X.std(0)
-identity = ft.gradient_identity_table(X, parts, Y0, gamma)
+identity = ft_checks.gradient_identity_table(X, parts, Y0, gamma)
 print(identity.to_string(index=False, float_format="%.1e"))
 assert identity[identity.weights == "n_p/n"]["rel. error vs pooled gradient"].max() < 1e-12
 assert identity[(identity.weights == "1/P") & (identity.split != "IID")]["rel. error vs pooled gradient"].max() > 1e-3
 
 # whole runs: FedDL (gradient mode, n_p/n) with 10 clients vs one client holding everything
-runs, landmark_gap = ft.split_runs(X, parts, n_landmarks, feddl_rounds, init=Y0, gamma=gamma, seed=seed)
+runs, landmark_gap = ft_checks.split_runs(X, parts, n_landmarks, feddl_rounds, init=Y0, gamma=gamma, seed=seed)
 for name, gap in landmark_gap.items():
     print(f"FedDL landmarks, {name} vs pooled: max rel. difference {gap:.1e}")
 assert max(landmark_gap.values()) < 1e-9
@@ -148,13 +153,13 @@ claims.register(
 # ($Q=1$) and for model averaging with $Q=5$ local steps, IID vs one class per client.
 
 # %%
-curves = ft.objective_curves(X, parts, n_landmarks, feddl_rounds, init=Y0, gamma=gamma, seed=seed)
+curves = ft_checks.objective_curves(X, parts, n_landmarks, feddl_rounds, init=Y0, gamma=gamma, seed=seed)
 g = sns.relplot(data=curves, x="gradient steps", y="objective F (MMD^2)", hue="mode", col="split", kind="line",
                 height=3.2, aspect=1.2)
 g.set(yscale="log")
 g.figure.suptitle("FedDL objective vs local gradient steps", y=1.04)
 plt.show()
-denominators = {q: ft.theorem1_denominator(q) for q in [1, 2, 5]}
+denominators = {q: ft_checks.theorem1_denominator(q) for q in [1, 2, 5]}
 print("Theorem 1 denominator at its most favourable (rho_L = max L_p^2/L^2 = 1):", denominators)
 assert all(v < 0 for q, v in denominators.items() if q >= 2)
 claims.register(
@@ -199,7 +204,7 @@ claims.register(
 # %%
 small_m = 5
 z = rng.standard_normal((300, small_m))
-exactness = ft.nystrom_exactness_table(z, rng, [4, 6, 7, 10, 20])
+exactness = ft_checks.nystrom_exactness_table(z, rng, [4, 6, 7, 10, 20])
 print(exactness.to_string(index=False, float_format="%.1e"))
 assert exactness[exactness["landmarks n_y"] >= small_m + 2]["rel. error, squared distances"].max() < 1e-8
 assert exactness["rel. error, plain distances"].min() > 1e-3
@@ -223,7 +228,7 @@ claims.register(
 # error of $\hat D$ and the overlap of each point's 10 nearest neighbours under $\hat D$ and under $D$.
 
 # %%
-sweep = ft.landmark_quality_sweep(X, parts, landmark_grid, feddl_rounds, gamma=gamma, rng=rng, seed=seed)
+sweep = ft_checks.landmark_quality_sweep(X, parts, landmark_grid, feddl_rounds, gamma=gamma, rng=rng, seed=seed)
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
 sns.lineplot(data=sweep, x="n_y", y="rel. error of D_hat", hue="landmarks", marker="o", ax=axes[0])
 sns.lineplot(data=sweep, x="n_y", y="10-NN overlap", hue="landmarks", marker="o", ax=axes[1], legend=False)
@@ -249,7 +254,7 @@ assert big[big.landmarks.str.startswith("FedDL")]["rel. error of D_hat"].max() <
 # apply to $\hat D$ at all.)
 
 # %%
-thm2 = ft.theorem2_table(rng, n=1000, dim=10, columns=[20, 50, 100, 200])
+thm2 = ft_checks.theorem2_table(rng, n=1000, dim=10, columns=[20, 50, 100, 200])
 print(thm2.to_string(index=False, float_format="%.2f"))
 assert (thm2["||H - H_hat||_F"] > thm2["stated bound"]).any(), "a counterexample to the stated Frobenius bound"
 worst_thm2 = thm2.iloc[int(np.argmax(thm2["||H - H_hat||_F"] - thm2["stated bound"]))]
@@ -270,9 +275,9 @@ claims.register(
 # FedDL landmarks on our data (the kernel error itself is studied in the spectral-clustering chapter).
 
 # %%
-K = ft.gaussian_kernel(X, X, gamma)
+K = ft_mmd.gaussian_kernel(X, X, gamma)
 for name in parts:
-    lhs = ft.kernel_nystrom_error(X, runs[name].landmarks, gamma, K)
+    lhs = ft_checks.kernel_nystrom_error(X, runs[name].landmarks, gamma, K)
     print(f"{name}: ||K_hat - K||_2 = {lhs:.2f}  <=  n_x = {n}  <  2 n_x = {2 * n} (one term of the bound)")
     assert lhs <= n
 
@@ -321,11 +326,11 @@ for name in parts:
 yl = runs["IID"].landmarks
 client0 = X[parts["IID"][0]]
 n0 = len(client0)
-tau_x, tau_y, upsilon = ft.theorem6_inputs(X, yl)   # used only to evaluate Theorem 6's bound on these data
-delta_thm6 = ft.gradient_sensitivity(n0, n_landmarks, gamma, tau_x, tau_y, upsilon)
-delta_kern = ft.kernel_gradient_sensitivity(n0, n_landmarks, gamma)
+tau_x, tau_y, upsilon = ft_checks.theorem6_inputs(X, yl)   # used only to evaluate Theorem 6's bound on these data
+delta_thm6 = ft_dp.gradient_sensitivity(n0, n_landmarks, gamma, tau_x, tau_y, upsilon)
+delta_kern = ft_dp.kernel_gradient_sensitivity(n0, n_landmarks, gamma)
 g_ref = ft.mmd2_u_grad(client0, yl, gamma)
-audit = ft.sensitivity_audit(client0, X, yl, gamma, rng, mc_reps // 4,
+audit = ft_checks.sensitivity_audit(client0, X, yl, gamma, rng, mc_reps // 4,
                              {"kernel bound": delta_kern, "Theorem 6 bound": delta_thm6})
 worst, ratio = audit["largest change"].max(), delta_thm6 / delta_kern
 print(f"client 0: n_p={n0}, n_y={n_landmarks}, gamma={gamma:.3f}; Theorem 6 Delta={delta_thm6:.3e} "
@@ -354,12 +359,12 @@ claims.register(
 # $\varepsilon$ that its $\sigma$ actually achieves at the same $\delta$.
 
 # %%
-calib = ft.calibration_table(sorted(set(epsilons) | {0.5, 1.0, 8.0, 16.0, 64.0}), delta, tau_x, delta_thm6,
+calib = ft_checks.calibration_table(sorted(set(epsilons) | {0.5, 1.0, 8.0, 16.0, 64.0}), delta, tau_x, delta_thm6,
                              delta_kern, feddl_rounds)
 calib["gradient sd"] = g_ref.std()
 print(f"delta={delta}, S={feddl_rounds} rounds; data sd per feature {X.std():.3f}")
 print(calib.to_string(index=False, float_format="%.3g"))
-dr_ok, first_fail, fail_eps = ft.theorem4_validity(calib)
+dr_ok, first_fail, fail_eps = ft_checks.theorem4_validity(calib)
 assert (calib["analytic Gaussian sd"] > 0).all()
 claims.register(
     "fedtsne-thm4-calibration", "fedtsne",
@@ -381,7 +386,7 @@ claims.register(
 
 # %%
 n_rep = min(600, n)
-rep = ft.feddl([X[: n_rep // 2], X[n_rep // 2: n_rep]], 30, rounds=20, noise="dp_gradient", epsilon=1.0,
+rep = ft_feddl.feddl([X[: n_rep // 2], X[n_rep // 2: n_rep]], 30, rounds=20, noise="dp_gradient", epsilon=1.0,
                delta=1e-5, gamma=gamma, init="uniform", seed=seed)
 print("\n".join(rep.privacy_ledger))
 print(f"noise sd per round (client 0): min {rep.noise_sd[:, 0].min():.4g}, max {rep.noise_sd[:, 0].max():.4g}; "
@@ -403,14 +408,14 @@ assert np.ptp(rep.noise_sd) == 0
 # and then attacks the distance upload of client 0.
 
 # %%
-dp_run = ft.feddl([X[p] for p in parts["IID"]], n_landmarks, rounds=feddl_rounds, noise="dp_gradient",
+dp_run = ft_feddl.feddl([X[p] for p in parts["IID"]], n_landmarks, rounds=feddl_rounds, noise="dp_gradient",
                   epsilon=min(epsilons), delta=delta, gamma=gamma, init="uniform", seed=seed)
 upload = ft.client_sq_distances(client0, dp_run.landmarks)["sq_distances"]
-rebuilt = ft.reconstruct_from_sq_distances(upload, dp_run.landmarks)
-rec_err = ft.rel_error(rebuilt, client0)
+rebuilt = ft_checks.reconstruct_from_sq_distances(upload, dp_run.landmarks)
+rec_err = ft_checks.rel_error(rebuilt, client0)
 
 print(f"FedDL with gradient noise: epsilon spent {dp_run.epsilon:.3g} at delta={delta:g}; n_y={n_landmarks} "
-      f"(m + 2 = {m + 2}); end-to-end epsilon {ft.end_to_end_epsilon(dp_run)}")
+      f"(m + 2 = {m + 2}); end-to-end epsilon {ft_dp.end_to_end_epsilon(dp_run)}")
 print(f"server's reconstruction of client 0's {n0} points from its distance upload: relative error {rec_err:.1e}")
 if n_landmarks >= m + 2:
     assert rec_err < 1e-6
@@ -428,7 +433,7 @@ claims.register(
 # perturbed data, for several $n_y$:
 
 # %%
-recon = ft.reconstruction_table(client0, X, rng, [10, 40, 65, 100], noise_sd=0.5)
+recon = ft_checks.reconstruction_table(client0, X, rng, [10, 40, 65, 100], noise_sd=0.5)
 print(recon.to_string(index=False, float_format="%.2e"))
 clean = recon[recon["upload from"].str.startswith("clean")]
 assert clean[clean.n_y >= m + 1]["rel. reconstruction error"].max() < 1e-8
@@ -436,7 +441,7 @@ assert recon[recon["upload from"].str.startswith("perturbed")]["rel. reconstruct
 
 fig, axes = plt.subplots(2, 6, figsize=(9, 3.2))
 yl = X.mean(0) + rng.standard_normal((40, m)) * X.std(0)
-proj = ft.reconstruct_from_sq_distances(ft.sq_distances(client0[:3], yl), yl)
+proj = ft_checks.reconstruct_from_sq_distances(ft_mmd.sq_distances(client0[:3], yl), yl)
 exact_rec = rebuilt[:3]
 for i in range(3):
     for j, (img, title) in enumerate([(client0[i], "client sample"), (exact_rec[i], f"server, DP n_y={n_landmarks}")]):

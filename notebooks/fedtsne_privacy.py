@@ -70,7 +70,12 @@ from IPython.display import Markdown, display
 from threadpoolctl import threadpool_limits
 
 from fedlib.evaluation import claims
-from fedlib import fedtsne as ft
+from fedlib.fedtsne import chapters as ft_chapters
+from fedlib.fedtsne import checks as ft_checks
+from fedlib.fedtsne import dp as ft_dp
+from fedlib.fedtsne import feddl as ft_feddl
+from fedlib.fedtsne import mmd as ft_mmd
+from fedlib.fedtsne import studies as ft_studies
 from fedlib.runner import specs
 
 
@@ -81,18 +86,18 @@ threadpool_limits(num_threads)
 threadpool_limits(1, user_api="blas")       # many small products: a second BLAS thread only spins (benchmark chapter)
 rng = np.random.default_rng(seed)
 # the Fed-tSNE chapters' one rule for "n points of a dataset"; the public sample is a random part of it
-X_both, y_both, _ = ft.load_points("optdigits", n_points + public_points, seed=seed)
+X_both, y_both, _ = ft_chapters.load_points("optdigits", n_points + public_points, seed=seed)
 order = rng.permutation(len(X_both))
 X, labels = X_both[np.sort(order[:n_points])], y_both[np.sort(order[:n_points])]
 X_pub = X_both[order[n_points:]]
 n, m = X.shape
-parts = ft.client_split(labels, num_clients, "iid", seed=seed)
+parts = ft_chapters.client_split(labels, num_clients, "iid", seed=seed)
 
 # public choices, from the public sample only
-gamma = ft.median_kernel_width(X_pub)                 # 1 / median pairwise squared distance
+gamma = ft_mmd.median_kernel_width(X_pub)                 # 1 / median pairwise squared distance
 tau_x = float(np.linalg.norm(X_pub, axis=1).max())
 clipped = float(np.mean(np.linalg.norm(X, axis=1) > tau_x))
-# Y^0 of seed s: ft.public_landmarks(X_pub, n_landmarks, s), Gaussian with the public sample's moments, in [0, 1]
+# Y^0 of seed s: ft_feddl.public_landmarks(X_pub, n_landmarks, s), Gaussian with the public sample's moments, in [0, 1]
 print(f"profile={profile}: optdigits, {n} client points in R^{m}, {num_clients} IID clients, n_y={n_landmarks}, "
       f"{rounds} rounds, {len(seeds)} seeds; public sample of {len(X_pub)}: gamma={gamma:.4f}, "
       f"tau_X={tau_x:.3f} ({100 * clipped:.1f}% of client rows get clipped under data perturbation)")
@@ -106,9 +111,9 @@ print(f"profile={profile}: optdigits, {n} client points in R^{m}, {num_clients} 
 # k-means on it.
 
 # %%
-# every FedDL run of this chapter (ft.public_feddl): the public gamma, the pixel box, the public Y^0 of its seed
-variants = ft.privacy_variants(betas, epsilons, delta, tau_x, accountant)
-runs = ft.privacy_runs(X, labels, parts, X_pub, variants, seeds, methods, n_landmarks=n_landmarks, rounds=rounds,
+# every FedDL run of this chapter (ft_studies.public_feddl): the public gamma, the pixel box, the public Y^0 of its seed
+variants = ft_studies.privacy_variants(betas, epsilons, delta, tau_x, accountant)
+runs = ft_studies.privacy_runs(X, labels, parts, X_pub, variants, seeds, methods, n_landmarks=n_landmarks, rounds=rounds,
                        gamma=gamma, tsne_max_iter=tsne_max_iter)
 assert (runs[runs.noise.str.startswith("dp")]["FedDL epsilon"] <= runs[runs.noise.str.startswith("dp")].level).all()
 print(f"{len(runs)} embeddings")
@@ -124,8 +129,8 @@ print(f"{len(runs)} embeddings")
 NAMES = {"tsne": "Fed-tSNE+", "umap": "Fed-UMAP+"}
 MECHANISMS = {"dp_data": "data perturbation", "dp_gradient": "gradient perturbation (FedDL only)"}
 
-ca_table = ft.privacy_table(runs, "CA 10-NN")
-nmi_table = ft.privacy_table(runs, "NMI")
+ca_table = ft_chapters.privacy_table(runs, "CA 10-NN")
+nmi_table = ft_chapters.privacy_table(runs, "NMI")
 with pd.option_context("display.max_colwidth", 60, "display.width", 250):
     print(ca_table.to_string(index=False))
     print()
@@ -152,7 +157,7 @@ plt.show()
 # %%
 lowest = min(epsilons)
 verdict_rows = [(method, noise, d) for method in methods for noise in ("dp_data", "dp_gradient")
-                if (d := ft.paired_vs_reference(runs, "CA 10-NN", method, noise, lowest)) is not None]
+                if (d := ft_studies.paired_vs_reference(runs, "CA 10-NN", method, noise, lowest)) is not None]
 worst_dp = min(d.mean for _, _, d in verdict_rows) if verdict_rows else float("nan")
 display(Markdown(
     f"At the smallest $\\varepsilon$ = {lowest:g} the change of CA 10-NN against Fed without noise is: "
@@ -178,11 +183,11 @@ if verdict_rows:
 # $\varepsilon$ the protocol spends.
 
 # %%
-beta_runs = ft.beta_runs(runs)
-nominal = {b: ft.nominal_epsilon(ft.public_feddl(X, parts, X_pub, n_landmarks, rounds, gamma, seeds[0],
+beta_runs = ft_studies.beta_runs(runs)
+nominal = {b: ft_studies.nominal_epsilon(ft_studies.public_feddl(X, parts, X_pub, n_landmarks, rounds, gamma, seeds[0],
                                                  noise="heuristic", beta=b), parts, gamma, delta)
            for b in betas if b > 0}
-print(ft.beta_table(beta_runs, methods, nominal).to_string(index=False))
+print(ft_studies.beta_table(beta_runs, methods, nominal).to_string(index=False))
 g = sns.relplot(data=beta_runs, x="beta", y="NMI", hue="method", kind="line", marker="o", errorbar="sd",
                 height=3.2, aspect=1.4)
 g.figure.suptitle(f"NMI vs beta (Figure 7 analogue; optdigits, mean ± sample std over {len(seeds)} seeds)",
@@ -190,10 +195,10 @@ g.figure.suptitle(f"NMI vs beta (Figure 7 analogue; optdigits, mean ± sample st
 plt.show()
 
 # %%
-trend = ft.beta_trend(beta_runs, methods)
+trend = ft_studies.beta_trend(beta_runs, methods)
 b_max = max(betas)
 diffs = {method: d for method in methods
-         if b_max > 0 and (d := ft.paired_vs_reference(runs, "NMI", method, "heuristic", b_max)) is not None}
+         if b_max > 0 and (d := ft_studies.paired_vs_reference(runs, "NMI", method, "heuristic", b_max)) is not None}
 print("Spearman correlation of beta and NMI over all runs:", {k: round(v, 3) for k, v in trend.items()})
 if diffs:
     claims.register(
@@ -216,15 +221,15 @@ if diffs:
 
 # %%
 ny_full = m + 6
-res_dp = ft.feddl([X[p] for p in parts], ny_full, rounds=rounds, gamma=gamma, noise="dp_gradient",
+res_dp = ft_feddl.feddl([X[p] for p in parts], ny_full, rounds=rounds, gamma=gamma, noise="dp_gradient",
                   epsilon=lowest, delta=delta, init="uniform", landmark_bounds=(0.0, 1.0), seed=seeds[0])
-err_d, err_x = ft.upload_leak(X, parts, res_dp.landmarks)
+err_d, err_x = ft_checks.upload_leak(X, parts, res_dp.landmarks)
 display(Markdown(
     f"FedDL with gradient noise at $\\varepsilon$ = {res_dp.epsilon:.3g} (spent, $\\delta$ = {delta:g}), "
     f"$n_y$ = {ny_full} $\\ge m+2$ = {m + 2}: the server's distance matrix equals the true one up to "
     f"{err_d:.1e} (relative), and it rebuilds all {n} client points with relative error {err_x:.1e}. "
     "The protocol is then equivalent to uploading the data, whatever FedDL's noise: its end-to-end "
-    f"$\\varepsilon$ is {ft.end_to_end_epsilon(res_dp)}."))
+    f"$\\varepsilon$ is {ft_dp.end_to_end_epsilon(res_dp)}."))
 assert err_d < 1e-6 and err_x < 1e-6
 
 # %% [markdown]
@@ -238,7 +243,7 @@ assert err_d < 1e-6 and err_x < 1e-6
 lines = []
 for noise, label in (("dp_data", "data perturbation"), ("dp_gradient", "gradient perturbation")):
     for method in methods:
-        ok = ft.recovery_epsilon(runs, method, noise, epsilons, "CA 10-NN", threshold=-0.05)
+        ok = ft_studies.recovery_epsilon(runs, method, noise, epsilons, "CA 10-NN", threshold=-0.05)
         e2e = "inf (the distance upload is not covered)" if noise == "dp_gradient" else "the same"
         lines.append(f"* {NAMES[method]}, {label}: "
                      + (f"recovers from epsilon = {ok:g} on; end-to-end epsilon: {e2e}." if ok is not None
@@ -270,9 +275,9 @@ from fedlib.evaluation import selfcheck
 
 # one FedDL run with gradient noise at the smallest epsilon and this chapter's n_landmarks: is the server's
 # distance matrix exact, whatever the noise?
-res_ex = ft.public_feddl(X, parts, X_pub, n_landmarks, rounds, gamma, seeds[0], noise="dp_gradient",
+res_ex = ft_studies.public_feddl(X, parts, X_pub, n_landmarks, rounds, gamma, seeds[0], noise="dp_gradient",
                          epsilon=lowest, delta=delta, dp_accountant=accountant)
-print(selfcheck.fedtsne_nystrom_exact([ft.upload_leak(X, parts, res_ex.landmarks)[0]], n_landmarks, X,
+print(selfcheck.fedtsne_nystrom_exact([ft_checks.upload_leak(X, parts, res_ex.landmarks)[0]], n_landmarks, X,
                                       exercise="Fed-tSNE privacy, ex. landmarks"))
 
 # %% [markdown]

@@ -5,11 +5,9 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 from fedlib.core.linalg import live_columns_with_bias, lstsq_reference, normal_equations_tolerance, synthetic_features
 from fedlib.data.partition import make_partition
-from fedlib.afl import algorithm as afl
 from fedlib.afl import studies as afl_studies
 
 N, D, C = 600, 12, 4

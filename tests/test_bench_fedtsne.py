@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
-from fedlib import fedtsne as ft
+from fedlib.fedtsne import algorithm as ft
 from fedlib.fedtsne import bench_speed as fedtsne_speed
 
 TINY = ["--dataset", "optdigits", "--points", "300", "--clients", "3", "--landmarks", "12", "--rounds", "2",

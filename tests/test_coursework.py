@@ -412,7 +412,7 @@ def test_fedtsne_weights():
 
 
 def test_fedtsne_budget():
-    from fedlib.fedtsne import dp_noise_sd
+    from fedlib.fedtsne.dp import dp_noise_sd
     target = dp_noise_sd(2.0, 1e-5, 0.01, "dp_gradient", compositions=10)
     kw = dict(delta=1e-5, sensitivity=0.01, rounds=10)
     _pending(selfcheck.fedtsne_budget(None, target, **kw))

@@ -12,7 +12,15 @@ from sklearn.model_selection import cross_val_score
 from sklearn.neighbors import KNeighborsClassifier
 from threadpoolctl import threadpool_limits
 
-from fedlib import fedtsne as ft
+from fedlib.fedtsne import algorithm as ft
+from fedlib.fedtsne import chapters as ft_chapters
+from fedlib.fedtsne import checks as ft_checks
+from fedlib.fedtsne import dp as ft_dp
+from fedlib.fedtsne import feddl as ft_feddl
+from fedlib.fedtsne import mmd as ft_mmd
+from fedlib.fedtsne import nystrom as ft_nystrom
+from fedlib.fedtsne import pipelines as ft_pipelines
+from fedlib.fedtsne import studies as ft_studies
 from fedlib.data.partition import make_partition
 
 
@@ -81,9 +89,9 @@ def test_feddl_steps_up_to_two_over_the_bound_never_raise_the_objective():
     X, y = _blobs(90, 4)
     data = [X[ix] for ix in make_partition(y, 3, "iid", seed=0)]
     for c in (1.0, 2.0):
-        F = ft.feddl(data, 6, rounds=60, lr_scale=c).objective
+        F = ft_feddl.feddl(data, 6, rounds=60, lr_scale=c).objective
         assert np.diff(F).max() <= 1e-9 * (F[0] - F.min()), c
-    F = ft.feddl(data, 6, rounds=60, lr_scale=64.0).objective
+    F = ft_feddl.feddl(data, 6, rounds=60, lr_scale=64.0).objective
     assert np.diff(F).max() > 1e-3 * abs(F[0] - F.min())
 
 
@@ -103,9 +111,9 @@ def test_feddl_gradient_mode_is_centralized_gd_and_q1_averaging_equals_it(scheme
     parts = make_partition(y, 3, scheme, seed=0)
     Y0 = np.random.default_rng(3).standard_normal((8, 5))
     kw = dict(rounds=15, init=Y0, gamma=0.05, weights="size")
-    central = ft.feddl([X], 8, **kw)
-    grad = ft.feddl([X[ix] for ix in parts], 8, mode="gradient", **kw)
-    avg = ft.feddl([X[ix] for ix in parts], 8, mode="average", local_steps=1, **kw)
+    central = ft_feddl.feddl([X], 8, **kw)
+    grad = ft_feddl.feddl([X[ix] for ix in parts], 8, mode="gradient", **kw)
+    avg = ft_feddl.feddl([X[ix] for ix in parts], 8, mode="average", local_steps=1, **kw)
     assert np.allclose(grad.landmarks, central.landmarks, atol=1e-10)
     assert np.allclose(avg.landmarks, central.landmarks, atol=1e-10)
     # F(Y^s) = MMD_u(pooled, Y^s) + a constant, so the objective curves differ by a constant
@@ -117,7 +125,7 @@ def test_feddl_gradient_mode_is_centralized_gd_and_q1_averaging_equals_it(scheme
 def test_feddl_result_bytes_and_shapes():
     X, y = _blobs(90, 4)
     data = [X[ix] for ix in make_partition(y, 3, "iid", seed=0)]
-    res = ft.feddl(data, 6, rounds=4)
+    res = ft_feddl.feddl(data, 6, rounds=4)
     m, P = 4, 3
     setup = P * (8 + 2 * m * 8 + 8)              # n, sum, sumsq, median_sqdist
     assert res.setup_upload_bytes == setup
@@ -125,11 +133,11 @@ def test_feddl_result_bytes_and_shapes():
     assert res.landmarks.shape == (6, 4) and res.objective.shape == (5,) and res.rounds == 4
     assert res.lr == pytest.approx(1 / ft.lipschitz_bound(res.gamma, 6))
     # lr_scale c: the step c/L, the same run as the explicit lr = c/L (server and clients)
-    scaled = ft.feddl(data, 6, rounds=4, lr_scale=2.5)
+    scaled = ft_feddl.feddl(data, 6, rounds=4, lr_scale=2.5)
     assert scaled.lr == scaled.server_lr == pytest.approx(2.5 / ft.lipschitz_bound(res.gamma, 6))
-    np.testing.assert_array_equal(scaled.landmarks, ft.feddl(data, 6, rounds=4, lr=scaled.lr).landmarks)
+    np.testing.assert_array_equal(scaled.landmarks, ft_feddl.feddl(data, 6, rounds=4, lr=scaled.lr).landmarks)
     assert not np.allclose(scaled.landmarks, res.landmarks)
-    avg = ft.feddl(data, 6, rounds=4, mode="average", local_steps=3)
+    avg = ft_feddl.feddl(data, 6, rounds=4, mode="average", local_steps=3)
     assert avg.upload_bytes == setup + 4 * P * 6 * m * 8  # one landmark matrix per client per round
     assert avg.objective[-1] < avg.objective[0] and res.objective[-1] < res.objective[0]
 
@@ -137,10 +145,10 @@ def test_feddl_result_bytes_and_shapes():
 def test_median_gamma_is_weighted_mean_of_client_medians():
     X, y = _blobs(90, 4)
     data = [X[ix] for ix in make_partition(y, 3, "one_class", seed=0)]
-    meds = [ft.client_median_sqdist(x) for x in data]
-    res = ft.feddl(data, 4, rounds=1, weights="uniform")
+    meds = [ft_mmd.client_median_sqdist(x) for x in data]
+    res = ft_feddl.feddl(data, 4, rounds=1, weights="uniform")
     assert res.gamma == pytest.approx(1 / np.mean(meds))
-    mom = ft.feddl(data, 4, rounds=1, gamma="moments")
+    mom = ft_feddl.feddl(data, 4, rounds=1, gamma="moments")
     assert mom.gamma == pytest.approx(1 / (2 * X.var(0, ddof=1).sum()))
 
 
@@ -152,24 +160,24 @@ def test_nystrom_on_squared_distances_exact_with_m_plus_2_landmarks_and_improvin
     m = 6
     X = rng.standard_normal((60, m))
     Yall = rng.standard_normal((12, m)) * 1.5
-    D = np.sqrt(ft.sq_distances(X))
+    D = np.sqrt(ft_mmd.sq_distances(X))
     errs = []
     for ny in (2, 4, 6, 7, 8, 12):
         Y = Yall[:ny]
-        Dh = ft.nystrom_distances(ft.sq_distances(X, Y), ft.sq_distances(Y))
+        Dh = ft.nystrom_distances(ft_mmd.sq_distances(X, Y), ft_mmd.sq_distances(Y))
         errs.append(np.linalg.norm(Dh - D) / np.linalg.norm(D))
     assert errs[-2] < 1e-10 and errs[-1] < 1e-10          # n_y >= m + 2
     assert all(a > b for a, b in zip(errs[:4], errs[1:5]))  # decreasing below
     assert errs[3] > 0.05
     # plain (non-squared) distances are never exact
     Y = Yall
-    plain = ft.nystrom(np.sqrt(ft.sq_distances(X, Y)), np.sqrt(ft.sq_distances(Y)))
+    plain = ft_nystrom.nystrom(np.sqrt(ft_mmd.sq_distances(X, Y)), np.sqrt(ft_mmd.sq_distances(Y)))
     assert np.linalg.norm(plain - D) / np.linalg.norm(D) > 0.05
 
 
 def test_distances_from_squared_symmetrizes_clips_and_takes_sqrt():
     D2 = np.array([[0.3, 4.0, -1.0], [4.0, 0.1, 9.0], [-3.0, 9.0, 0.0]])
-    D = ft.distances_from_squared(D2)
+    D = ft_nystrom.distances_from_squared(D2)
     assert np.array_equal(D, D.T)
     assert np.allclose(D, [[0, 2, 0], [2, 0, 3], [0, 3, 0]])
 
@@ -177,12 +185,12 @@ def test_distances_from_squared_symmetrizes_clips_and_takes_sqrt():
 def test_landmark_pinv_rank_and_ridge():
     rng = np.random.default_rng(0)
     Y = rng.standard_normal((6, 2))
-    W = ft.sq_distances(Y)                         # indefinite, rank 4
+    W = ft_mmd.sq_distances(Y)                         # indefinite, rank 4
     lam, V = np.linalg.eigh(W)
     top = np.argsort(-np.abs(lam))[:2]
-    assert np.allclose(ft.landmark_pinv(W, rank=2), (V[:, top] / lam[top]) @ V[:, top].T)
-    assert np.allclose(ft.landmark_pinv(W), np.linalg.pinv(W, rcond=1e-10, hermitian=True), atol=1e-10)
-    assert np.allclose(ft.landmark_pinv(W, inverse="ridge", ridge=0.5), np.linalg.inv(W + 0.5 * np.eye(6)))
+    assert np.allclose(ft_nystrom.landmark_pinv(W, rank=2), (V[:, top] / lam[top]) @ V[:, top].T)
+    assert np.allclose(ft_nystrom.landmark_pinv(W), np.linalg.pinv(W, rcond=1e-10, hermitian=True), atol=1e-10)
+    assert np.allclose(ft_nystrom.landmark_pinv(W, inverse="ridge", ridge=0.5), np.linalg.inv(W + 0.5 * np.eye(6)))
     K = ft.nystrom_kernel(rng.uniform(-1, 1, (5, 6)), W)
     assert K.min() >= 0 and np.array_equal(K, K.T)
 
@@ -194,11 +202,11 @@ def test_federated_distances_are_returned_in_the_row_order_of_x():
     X, y = X[perm], y[perm]
     parts = make_partition(y, 3, "one_class", seed=0)
     data = [X[ix] for ix in parts]
-    res = ft.feddl(data, 8, rounds=5, init="gaussian")  # 8 >= m + 2 landmarks: exact Nystrom
+    res = ft_feddl.feddl(data, 8, rounds=5, init="gaussian")  # 8 >= m + 2 landmarks: exact Nystrom
     from fedlib.fedtsne.pipelines import _federated_matrix
 
     D, fres, cost = _federated_matrix(X, parts, 8, "distances", None, {}, res, 0, False, {})
-    assert np.allclose(D, np.sqrt(ft.sq_distances(X)), atol=1e-6)
+    assert np.allclose(D, np.sqrt(ft_mmd.sq_distances(X)), atol=1e-6)
     assert cost.bytes_up == len(X) * 8 * 8 and cost.bytes_down == 3 * res.landmarks.nbytes   # Y^S to 3 clients
 
 
@@ -210,9 +218,9 @@ def test_reconstruction_exact_with_m_plus_1_landmarks_else_projection():
     m = 5
     X = rng.standard_normal((20, m))
     Y = rng.standard_normal((m + 1, m))
-    assert np.allclose(ft.reconstruct_from_sq_distances(ft.sq_distances(X, Y), Y), X, atol=1e-9)
+    assert np.allclose(ft_checks.reconstruct_from_sq_distances(ft_mmd.sq_distances(X, Y), Y), X, atol=1e-9)
     Y3 = Y[:3]
-    Xh, r = ft.reconstruct_from_sq_distances(ft.sq_distances(X, Y3), Y3, return_residual=True)
+    Xh, r = ft_checks.reconstruct_from_sq_distances(ft_mmd.sq_distances(X, Y3), Y3, return_residual=True)
     Q, _ = np.linalg.qr((Y3[1:] - Y3[0]).T)       # basis of the affine span's directions
     proj = Y3[0] + (X - Y3[0]) @ Q @ Q.T
     assert np.allclose(Xh, proj, atol=1e-9)
@@ -223,14 +231,14 @@ def test_reconstruction_exact_with_m_plus_1_landmarks_else_projection():
 # the "+" variants: sensitivities, calibration by the accountant, enforced bounds, epsilon spent
 # ------------------------------------------------------------------------------------------------
 def test_sensitivity_formulas_against_hand_values():
-    assert ft.data_sensitivity(1.0) == 2.0
+    assert ft_dp.data_sensitivity(1.0) == 2.0
     # Theorem 6: Delta = 8 sqrt(n_y) gamma tau_X / (n_p n_y) {1 + 2 gamma (tau_X + tau_Y)(tau_X + Upsilon)}
-    assert ft.gradient_sensitivity(10, 4, 0.5, 1.0, 2.0, 3.0) == pytest.approx(8 * 2 * 0.5 / 40 * (1 + 12), rel=1e-12)
+    assert ft_dp.gradient_sensitivity(10, 4, 0.5, 1.0, 2.0, 3.0) == pytest.approx(8 * 2 * 0.5 / 40 * (1 + 12), rel=1e-12)
     # kernel bound: 4 sqrt(2 gamma / e) / (n_p sqrt(n_y))
-    assert ft.kernel_gradient_sensitivity(10, 4, 0.5) == pytest.approx(4 * math.sqrt(1 / math.e) / 20, rel=1e-12)
+    assert ft_dp.kernel_gradient_sensitivity(10, 4, 0.5) == pytest.approx(4 * math.sqrt(1 / math.e) / 20, rel=1e-12)
     # the paper's printed calibrations (comparison only)
-    assert ft.paper_noise_sd(0.5, 1e-5, 2.0, "dp_data") == pytest.approx(4.844805 * 2 / 0.5, rel=1e-6)
-    assert ft.paper_noise_sd(2.0, 1e-3, 0.1, "dp_gradient", compositions=10) == pytest.approx(
+    assert ft_dp.paper_noise_sd(0.5, 1e-5, 2.0, "dp_data") == pytest.approx(4.844805 * 2 / 0.5, rel=1e-6)
+    assert ft_dp.paper_noise_sd(2.0, 1e-3, 0.1, "dp_gradient", compositions=10) == pytest.approx(
         0.1 * math.sqrt(80 * math.log(math.e + 2000)) / 2.0, rel=1e-12)
 
 
@@ -247,7 +255,7 @@ def test_kernel_sensitivity_bounds_every_replacement_and_is_tight_for_one_landma
     for n_y in (2, 7):
         X = rng.standard_normal((n_p, m)) * 2
         Y = rng.standard_normal((n_y, m)) * 2
-        bound = ft.kernel_gradient_sensitivity(n_p, n_y, gamma)
+        bound = ft_dp.kernel_gradient_sensitivity(n_p, n_y, gamma)
         worst = 0.0
         for _ in range(300):
             Xn = X.copy()
@@ -266,7 +274,7 @@ def test_kernel_sensitivity_bounds_every_replacement_and_is_tight_for_one_landma
     change = np.linalg.norm(ft.mmd2_u_grad(X1, Y, gamma) - ft.mmd2_u_grad(X2, Y, gamma))
     per_landmark = 4 * gamma / (n_p * 2) * 2 / math.sqrt(2 * math.e * gamma)
     assert change == pytest.approx(per_landmark, rel=1e-6)
-    assert change <= ft.kernel_gradient_sensitivity(n_p, 2, gamma)
+    assert change <= ft_dp.kernel_gradient_sensitivity(n_p, 2, gamma)
 
 
 @pytest.fixture(scope="module")
@@ -282,31 +290,31 @@ def test_dp_gradient_20_rounds_stays_finite_and_spends_at_most_epsilon(optdigits
     """The issue's reproduction (600 optdigits points, 2 clients, 30 landmarks, 20 rounds, epsilon=1,
     delta=1e-5) used to diverge and crash; the noise sd must not feed on the noisy iterates."""
     X = optdigits600
-    gamma = 1.0 / np.median(ft.sq_distances(X[:100]))
+    gamma = 1.0 / np.median(ft_mmd.sq_distances(X[:100]))
     for acc in ("pld", "rdp"):
-        res = ft.feddl([X[:300], X[300:]], 30, rounds=20, noise="dp_gradient", epsilon=1.0, delta=1e-5,
+        res = ft_feddl.feddl([X[:300], X[300:]], 30, rounds=20, noise="dp_gradient", epsilon=1.0, delta=1e-5,
                        gamma=gamma, init="uniform", dp_accountant=acc)
         assert np.all(np.isfinite(res.landmarks))
         assert res.epsilon <= 1.0 and res.epsilon > 0.95      # spent, from the accountant, and not wasted
         assert res.noise_sd.shape == (20, 2)
         assert np.all(res.noise_sd == res.noise_sd[0])       # fixed sd: no feedback from noisy landmarks
-        sens = ft.kernel_gradient_sensitivity(300, 30, gamma)
+        sens = ft_dp.kernel_gradient_sensitivity(300, 30, gamma)
         assert res.noise_sd[0, 0] == pytest.approx(res.noise_multiplier * sens)
         assert res.setup_upload_bytes <= 2 * 64                # sizes only
-        assert math.isinf(ft.end_to_end_epsilon(res))           # the distance upload is not covered
+        assert math.isinf(ft_dp.end_to_end_epsilon(res))           # the distance upload is not covered
 
 
 def test_dp_gradient_theorem6_enforces_its_bounds():
     X, y = _blobs(60, 4)
     data = [X[:30], X[30:]]
-    res = ft.feddl(data, 5, rounds=20, noise="dp_gradient", epsilon=1.0, delta=1e-5, gamma=0.05, init="gaussian",
+    res = ft_feddl.feddl(data, 5, rounds=20, noise="dp_gradient", epsilon=1.0, delta=1e-5, gamma=0.05, init="gaussian",
                    dp_sensitivity="theorem6", tau_x=2.0, tau_y=3.0)
     assert np.all(np.linalg.norm(res.client_data[0], axis=1) <= 2.0 + 1e-12)     # rows clipped
     assert np.linalg.norm(res.landmarks, 2) <= 3.0 + 1e-9                         # landmarks projected
-    assert res.sensitivity[0] == pytest.approx(ft.gradient_sensitivity(30, 5, 0.05, 2.0, 3.0, 5.0))
+    assert res.sensitivity[0] == pytest.approx(ft_dp.gradient_sensitivity(30, 5, 0.05, 2.0, 3.0, 5.0))
     assert res.epsilon <= 1.0
     # Theorem 6's Delta / the kernel bound = sqrt(2 e gamma) tau_X {1 + 2 gamma (tau_X + tau_Y)(tau_X + Upsilon)}
-    ratio = res.sensitivity[0] / ft.kernel_gradient_sensitivity(30, 5, 0.05)
+    ratio = res.sensitivity[0] / ft_dp.kernel_gradient_sensitivity(30, 5, 0.05)
     assert ratio == pytest.approx(math.sqrt(2 * math.e * 0.05) * 2.0 * (1 + 2 * 0.05 * 5.0 * 7.0), rel=1e-12)
     assert ratio > 4
 
@@ -319,14 +327,14 @@ def test_dp_data_clips_to_public_tau_and_uses_the_analytic_gaussian():
     tau = 3.0
     assert max(np.linalg.norm(x, axis=1).max() for x in data) > tau      # clipping is active
     for eps in (0.5, 4.0):                                                # valid for epsilon >= 1 too
-        dd = ft.feddl(data, 5, rounds=3, noise="dp_data", epsilon=eps, delta=1e-5, tau_x=tau, gamma=0.05,
+        dd = ft_feddl.feddl(data, 5, rounds=3, noise="dp_data", epsilon=eps, delta=1e-5, tau_x=tau, gamma=0.05,
                       init="gaussian", seed=1)
         sd = privacy.analytic_gaussian_sigma(eps, 1e-5, 2 * tau)
         assert np.allclose(dd.noise_sd, sd)
         assert dd.epsilon <= eps and dd.epsilon == pytest.approx(eps, rel=1e-6)
         # the perturbation is applied to the CLIPPED rows
         rng = ft.client_rng(1, 0)                                         # client 0's own stream
-        assert np.allclose(dd.client_data[0], ft.clip_rows(data[0], tau) + sd * rng.standard_normal((30, 4)))
+        assert np.allclose(dd.client_data[0], ft_dp.clip_rows(data[0], tau) + sd * rng.standard_normal((30, 4)))
     assert sd < privacy.dwork_roth_sigma(4.0, 1e-5, 2 * tau)
 
 
@@ -334,7 +342,7 @@ def test_heuristic_noise_is_beta_times_gradient_sd_and_has_no_epsilon():
     X, y = _blobs(60, 4)
     data = [X[ix] for ix in make_partition(y, 2, "iid", seed=0)]
     Y0 = np.random.default_rng(0).standard_normal((5, 4))
-    h = ft.feddl(data, 5, rounds=3, init=Y0, gamma=0.05, noise="heuristic", beta=0.5)
+    h = ft_feddl.feddl(data, 5, rounds=3, init=Y0, gamma=0.05, noise="heuristic", beta=0.5)
     assert h.noise_sd[0, 1] == pytest.approx(0.5 * ft.mmd2_u_grad(data[1], Y0, 0.05).std())
     assert math.isinf(h.epsilon)
 
@@ -343,34 +351,34 @@ def test_heuristic_noise_is_beta_times_gradient_sd_and_has_no_epsilon():
 def test_entry_sd_equals_numpy_std_and_guards_cancellation(dtype):
     """The heuristic noise's sd(g) from BLAS passes equals np.std; a mean far above the spread (where
     g.g/n - mean^2 cancels) falls back to np.std."""
-    from fedlib.fedtsne.feddl import _entry_sd
+    from fedlib.fedtsne.speed import entry_sd
 
     z = np.random.default_rng(0).standard_normal((40, 30))
     g = (1e-3 * z + 2e-4).astype(dtype)
-    assert _entry_sd(g) == pytest.approx(float(g.astype(np.float64).std()), rel=1e-5)
+    assert entry_sd(g) == pytest.approx(float(g.astype(np.float64).std()), rel=1e-5)
     g = (1e4 + 1e-5 * z).astype(dtype)
     naive = float(np.dot(g.ravel(), g.ravel())) / g.size - float(g.mean()) ** 2
     assert not naive == pytest.approx(float(g.var()), rel=0.5)      # the difference cancels here
-    assert _entry_sd(g) == float(g.std())
+    assert entry_sd(g) == float(g.std())
 
 
 def test_dp_variants_reject_data_dependent_releases():
     with pytest.raises(ValueError, match="gamma"):
-        ft.feddl(_DATA, 4, noise="dp_gradient", epsilon=1.0, delta=1e-5, init="gaussian")      # gamma="median"
+        ft_feddl.feddl(_DATA, 4, noise="dp_gradient", epsilon=1.0, delta=1e-5, init="gaussian")      # gamma="median"
     with pytest.raises(ValueError, match="init"):
-        ft.feddl(_DATA, 4, noise="dp_gradient", epsilon=1.0, delta=1e-5, gamma=0.1)            # init="moments"
+        ft_feddl.feddl(_DATA, 4, noise="dp_gradient", epsilon=1.0, delta=1e-5, gamma=0.1)            # init="moments"
     with pytest.raises(ValueError, match="tau_x"):
-        ft.feddl(_DATA, 4, noise="dp_data", epsilon=1.0, delta=1e-5)                           # no public bound
+        ft_feddl.feddl(_DATA, 4, noise="dp_data", epsilon=1.0, delta=1e-5)                           # no public bound
     with pytest.raises(ValueError, match="theorem6"):
-        ft.feddl(_DATA, 4, noise="dp_gradient", epsilon=1.0, delta=1e-5, gamma=0.1, init="gaussian",
+        ft_feddl.feddl(_DATA, 4, noise="dp_gradient", epsilon=1.0, delta=1e-5, gamma=0.1, init="gaussian",
                  dp_sensitivity="theorem6")
 
 
 def test_fed_tsne_reports_end_to_end_epsilon(blobs50):
     X, y = blobs50
     kw = dict(rounds=5, gamma=0.01, init="gaussian", epsilon=2.0, delta=1e-5, tsne_kwargs={"max_iter": 250})
-    r_data = ft.fed_tsne(X, 3, 12, noise="dp_data", tau_x=float(np.linalg.norm(X, axis=1).max()), **kw)
-    r_grad = ft.fed_tsne(X, 3, 12, noise="dp_gradient", **kw)
+    r_data = ft_pipelines.fed_tsne(X, 3, 12, noise="dp_data", tau_x=float(np.linalg.norm(X, axis=1).max()), **kw)
+    r_grad = ft_pipelines.fed_tsne(X, 3, 12, noise="dp_gradient", **kw)
     assert r_data.epsilon == r_data.feddl.epsilon <= 2.0
     assert r_grad.feddl.epsilon <= 2.0 and math.isinf(r_grad.epsilon)
 
@@ -378,10 +386,10 @@ def test_fed_tsne_reports_end_to_end_epsilon(blobs50):
 def test_distance_upload_reveals_the_data_whatever_feddl_noise():
     """With n_y >= m + 2 noisy (dp_gradient) landmarks, the server rebuilds every client sample."""
     X, y = _blobs(60, 4)
-    res = ft.feddl([X[:30], X[30:]], 8, rounds=5, noise="dp_gradient", epsilon=0.1, delta=1e-5, gamma=0.05,
+    res = ft_feddl.feddl([X[:30], X[30:]], 8, rounds=5, noise="dp_gradient", epsilon=0.1, delta=1e-5, gamma=0.05,
                    init="gaussian")
     up = ft.client_sq_distances(X[:30], res.landmarks)["sq_distances"]
-    assert np.abs(ft.reconstruct_from_sq_distances(up, res.landmarks) - X[:30]).max() < 1e-8
+    assert np.abs(ft_checks.reconstruct_from_sq_distances(up, res.landmarks) - X[:30]).max() < 1e-8
 
 
 # ------------------------------------------------------------------------------------------------
@@ -396,7 +404,7 @@ def blobs50():
 def test_fed_tsne_keeps_blobs_separated(blobs50, scheme):
     X, y = blobs50
     parts = make_partition(y, 3, scheme, seed=0)
-    res = ft.fed_tsne(X, parts, 20, rounds=30, tsne_kwargs={"max_iter": 300})
+    res = ft_pipelines.fed_tsne(X, parts, 20, rounds=30, tsne_kwargs={"max_iter": 300})
     assert res.embedding.shape == (len(X), 2)
     assert _knn_acc(res.embedding, y) > 0.9
     assert res.distance_upload_bytes == len(X) * 20 * 8
@@ -405,7 +413,7 @@ def test_fed_tsne_keeps_blobs_separated(blobs50, scheme):
 
 def test_centralized_tsne_baseline(blobs50):
     X, y = blobs50
-    res = ft.fed_tsne(X, None, centralized=True, tsne_kwargs={"max_iter": 300})
+    res = ft_pipelines.fed_tsne(X, None, centralized=True, tsne_kwargs={"max_iter": 300})
     assert res.feddl is None and res.upload_bytes == 0 and not res.federated
     assert _knn_acc(res.embedding, y) > 0.9
 
@@ -413,8 +421,8 @@ def test_centralized_tsne_baseline(blobs50):
 def test_fed_speclust_recovers_blobs_and_matches_centralized(blobs50):
     X, y = blobs50
     parts = make_partition(y, 3, "one_class", seed=0)
-    fed = ft.fed_spectral_clustering(X, parts, 3, 20, rounds=30)
-    cen = ft.fed_spectral_clustering(X, parts, 3, centralized=True)
+    fed = ft_pipelines.fed_spectral_clustering(X, parts, 3, 20, rounds=30)
+    cen = ft_pipelines.fed_spectral_clustering(X, parts, 3, centralized=True)
     assert adjusted_rand_score(y, fed.labels) > 0.9
     assert adjusted_rand_score(y, cen.labels) > 0.9
     assert cen.gamma == pytest.approx(fed.gamma)       # same gamma rule on the same parts
@@ -423,21 +431,21 @@ def test_fed_speclust_recovers_blobs_and_matches_centralized(blobs50):
 
 def test_fed_tsne_plus_variants_run(blobs50):
     X, y = blobs50
-    res = ft.fed_tsne(X, 3, 12, rounds=5, noise="heuristic", tsne_kwargs={"max_iter": 250})
+    res = ft_pipelines.fed_tsne(X, 3, 12, rounds=5, noise="heuristic", tsne_kwargs={"max_iter": 250})
     assert res.feddl.noise == "heuristic" and res.feddl.noise_sd.shape == (5, 3)
 
 
 def test_fed_umap_missing_package_message(monkeypatch, blobs50):
     monkeypatch.setitem(sys.modules, "umap", None)
     with pytest.raises(ImportError, match="pip install umap-learn"):
-        ft.fed_umap(blobs50[0], 3, 10)
+        ft_pipelines.fed_umap(blobs50[0], 3, 10)
 
 
 def test_fed_umap_keeps_blobs_separated(blobs50):
     pytest.importorskip("umap")
     X, y = blobs50
-    fed = ft.fed_umap(X, make_partition(y, 3, "iid", seed=0), 20, rounds=30, umap_kwargs={"n_epochs": 100})
-    cen = ft.fed_umap(X, None, centralized=True, umap_kwargs={"n_epochs": 100})
+    fed = ft_pipelines.fed_umap(X, make_partition(y, 3, "iid", seed=0), 20, rounds=30, umap_kwargs={"n_epochs": 100})
+    cen = ft_pipelines.fed_umap(X, None, centralized=True, umap_kwargs={"n_epochs": 100})
     assert fed.embedding.shape == cen.embedding.shape == (len(X), 2)
     assert _knn_acc(fed.embedding, y) > 0.9 and _knn_acc(cen.embedding, y) > 0.9
 
@@ -450,47 +458,47 @@ _DATA = [_X[:15], _X[15:]]
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda: ft.feddl(_DATA, 1), "n_landmarks"),
-    (lambda: ft.feddl(_DATA, 4, gamma=0.0), "gamma"),
-    (lambda: ft.feddl(_DATA, 4, gamma=-1.0), "gamma"),
-    (lambda: ft.feddl(_DATA, 4, gamma="silverman"), "gamma"),
-    (lambda: ft.feddl(_DATA, 4, mode="sgd"), "mode"),
-    (lambda: ft.feddl(_DATA, 4, init="pca"), "init"),
-    (lambda: ft.feddl(_DATA, 4, init=np.zeros((3, 3))), "init"),
-    (lambda: ft.feddl(_DATA, 4, noise="laplace"), "noise"),
-    (lambda: ft.feddl(_DATA, 4, weights="random"), "weights"),
-    (lambda: ft.feddl(_DATA, 4, local_steps=3), "local_steps"),
-    (lambda: ft.feddl(_DATA, 4, lr=0.0), "lr"),
-    (lambda: ft.feddl(_DATA, 4, lr_scale=-2.0), "lr_scale"),
-    (lambda: ft.feddl(_DATA, 4, lr=0.5, lr_scale=2.0), "lr_scale"),
-    (lambda: ft.feddl(_DATA, 4, rounds=0), "rounds"),
-    (lambda: ft.feddl(_DATA, 4, noise="dp_data"), "epsilon"),
-    (lambda: ft.feddl(_DATA, 4, noise="dp_gradient", epsilon=0.0, delta=1e-5), "epsilon"),
-    (lambda: ft.feddl(_DATA, 4, noise="dp_gradient", epsilon=1.0, delta=1.0), "delta"),
-    (lambda: ft.feddl(_DATA, 4, noise="heuristic", beta=-1.0), "beta"),
-    (lambda: ft.feddl([_X[:1], _X[1:]], 4), "needs >= 2"),
-    (lambda: ft.feddl([_X, _X[:, :2]], 4), "features"),
-    (lambda: ft.dp_noise_sd(-1.0, 1e-5, 1.0), "epsilon"),
-    (lambda: ft.feddl(_DATA, 4, noise="dp_gradient", epsilon=1.0, delta=1e-5, gamma=0.1, init="gaussian",
+    (lambda: ft_feddl.feddl(_DATA, 1), "n_landmarks"),
+    (lambda: ft_feddl.feddl(_DATA, 4, gamma=0.0), "gamma"),
+    (lambda: ft_feddl.feddl(_DATA, 4, gamma=-1.0), "gamma"),
+    (lambda: ft_feddl.feddl(_DATA, 4, gamma="silverman"), "gamma"),
+    (lambda: ft_feddl.feddl(_DATA, 4, mode="sgd"), "mode"),
+    (lambda: ft_feddl.feddl(_DATA, 4, init="pca"), "init"),
+    (lambda: ft_feddl.feddl(_DATA, 4, init=np.zeros((3, 3))), "init"),
+    (lambda: ft_feddl.feddl(_DATA, 4, noise="laplace"), "noise"),
+    (lambda: ft_feddl.feddl(_DATA, 4, weights="random"), "weights"),
+    (lambda: ft_feddl.feddl(_DATA, 4, local_steps=3), "local_steps"),
+    (lambda: ft_feddl.feddl(_DATA, 4, lr=0.0), "lr"),
+    (lambda: ft_feddl.feddl(_DATA, 4, lr_scale=-2.0), "lr_scale"),
+    (lambda: ft_feddl.feddl(_DATA, 4, lr=0.5, lr_scale=2.0), "lr_scale"),
+    (lambda: ft_feddl.feddl(_DATA, 4, rounds=0), "rounds"),
+    (lambda: ft_feddl.feddl(_DATA, 4, noise="dp_data"), "epsilon"),
+    (lambda: ft_feddl.feddl(_DATA, 4, noise="dp_gradient", epsilon=0.0, delta=1e-5), "epsilon"),
+    (lambda: ft_feddl.feddl(_DATA, 4, noise="dp_gradient", epsilon=1.0, delta=1.0), "delta"),
+    (lambda: ft_feddl.feddl(_DATA, 4, noise="heuristic", beta=-1.0), "beta"),
+    (lambda: ft_feddl.feddl([_X[:1], _X[1:]], 4), "needs >= 2"),
+    (lambda: ft_feddl.feddl([_X, _X[:, :2]], 4), "features"),
+    (lambda: ft_dp.dp_noise_sd(-1.0, 1e-5, 1.0), "epsilon"),
+    (lambda: ft_feddl.feddl(_DATA, 4, noise="dp_gradient", epsilon=1.0, delta=1e-5, gamma=0.1, init="gaussian",
                       dp_accountant="moments"), "dp_accountant"),
-    (lambda: ft.feddl(_DATA, 4, noise="dp_gradient", epsilon=1.0, delta=1e-5, gamma=0.1, init="gaussian",
+    (lambda: ft_feddl.feddl(_DATA, 4, noise="dp_gradient", epsilon=1.0, delta=1e-5, gamma=0.1, init="gaussian",
                       dp_sensitivity="exact"), "dp_sensitivity"),
-    (lambda: ft.feddl(_DATA, 4, landmark_bounds=(1.0, 0.0)), "landmark_bounds"),
-    (lambda: ft.dp_noise_sd(0.5, 0.0, 1.0), "delta"),
-    (lambda: ft.dp_noise_sd(0.5, 1.5, 1.0), "delta"),
-    (lambda: ft.dp_noise_sd(0.5, 1e-5, 1.0, "renyi"), "mechanism"),
-    (lambda: ft.gaussian_kernel(_X, None, 0.0), "gamma"),
-    (lambda: ft.fed_tsne(_X, 3, 4, perplexity=30.0), "perplexity"),
-    (lambda: ft.fed_tsne(_X, 3, 1), "n_landmarks"),
-    (lambda: ft.fed_tsne(_X, 40, 4, perplexity=5.0), "more clients than samples"),
-    (lambda: ft.fed_tsne(_X, [np.arange(10), np.arange(5, 30)], 4, perplexity=5.0), "partition"),
-    (lambda: ft.fed_tsne(_X, 3, 4, perplexity=5.0, inverse="svd"), "inverse"),
-    (lambda: ft.fed_tsne(_X, 3, 4, perplexity=5.0, rank=9), "rank"),
-    (lambda: ft.fed_tsne(_X, 3, 4, perplexity=5.0, noise="gauss"), "noise"),
-    (lambda: ft.fed_spectral_clustering(_X, 3, 3, 4, affinity_gamma=-2.0), "affinity_gamma"),
-    (lambda: ft.fed_spectral_clustering(_X, 3, 1, 4), "n_clusters"),
-    (lambda: ft.landmark_pinv(np.eye(3), inverse="pinv", ridge=1.0), "ridge"),
-    (lambda: ft.reconstruct_from_sq_distances(np.ones((2, 3)), np.ones((4, 3))), "sq_dists"),
+    (lambda: ft_feddl.feddl(_DATA, 4, landmark_bounds=(1.0, 0.0)), "landmark_bounds"),
+    (lambda: ft_dp.dp_noise_sd(0.5, 0.0, 1.0), "delta"),
+    (lambda: ft_dp.dp_noise_sd(0.5, 1.5, 1.0), "delta"),
+    (lambda: ft_dp.dp_noise_sd(0.5, 1e-5, 1.0, "renyi"), "mechanism"),
+    (lambda: ft_mmd.gaussian_kernel(_X, None, 0.0), "gamma"),
+    (lambda: ft_pipelines.fed_tsne(_X, 3, 4, perplexity=30.0), "perplexity"),
+    (lambda: ft_pipelines.fed_tsne(_X, 3, 1), "n_landmarks"),
+    (lambda: ft_pipelines.fed_tsne(_X, 40, 4, perplexity=5.0), "more clients than samples"),
+    (lambda: ft_pipelines.fed_tsne(_X, [np.arange(10), np.arange(5, 30)], 4, perplexity=5.0), "partition"),
+    (lambda: ft_pipelines.fed_tsne(_X, 3, 4, perplexity=5.0, inverse="svd"), "inverse"),
+    (lambda: ft_pipelines.fed_tsne(_X, 3, 4, perplexity=5.0, rank=9), "rank"),
+    (lambda: ft_pipelines.fed_tsne(_X, 3, 4, perplexity=5.0, noise="gauss"), "noise"),
+    (lambda: ft_pipelines.fed_spectral_clustering(_X, 3, 3, 4, affinity_gamma=-2.0), "affinity_gamma"),
+    (lambda: ft_pipelines.fed_spectral_clustering(_X, 3, 1, 4), "n_clusters"),
+    (lambda: ft_nystrom.landmark_pinv(np.eye(3), inverse="pinv", ridge=1.0), "ridge"),
+    (lambda: ft_checks.reconstruct_from_sq_distances(np.ones((2, 3)), np.ones((4, 3))), "sq_dists"),
 ])
 def test_bad_input_raises_value_error(call, match):
     with pytest.raises(ValueError, match=match):
@@ -499,7 +507,7 @@ def test_bad_input_raises_value_error(call, match):
 
 def test_unknown_feddl_keyword_is_rejected_before_work():
     with pytest.raises(TypeError, match="unknown FedDL keyword"):
-        ft.fed_tsne(_X, 3, 4, perplexity=5.0, round=3)
+        ft_pipelines.fed_tsne(_X, 3, 4, perplexity=5.0, round=3)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -507,48 +515,48 @@ def test_unknown_feddl_keyword_is_rejected_before_work():
 # the cached scorer
 # ------------------------------------------------------------------------------------------------
 def test_load_points_is_a_stratified_deterministic_draw_of_exactly_n():
-    X, y, classes = ft.load_points("optdigits", 500, seed=0)
-    Xa, ya, _ = ft.load_points("optdigits")
+    X, y, classes = ft_chapters.load_points("optdigits", 500, seed=0)
+    Xa, ya, _ = ft_chapters.load_points("optdigits")
     assert X.shape == (500, 64) and len(classes) == 10 and len(ya) == 1797
     assert X.min() >= 0 and X.max() <= 1
     full = np.bincount(ya, minlength=10) / len(ya)
     assert np.abs(np.bincount(y, minlength=10) - 500 * full).max() <= 1.0   # stratified
-    X2, y2, _ = ft.load_points("optdigits", 500, seed=0)
+    X2, y2, _ = ft_chapters.load_points("optdigits", 500, seed=0)
     assert np.array_equal(X, X2) and np.array_equal(y, y2)
-    X3, _, _ = ft.load_points("optdigits", 500, seed=1)
+    X3, _, _ = ft_chapters.load_points("optdigits", 500, seed=1)
     assert not np.array_equal(X, X3)
     # every drawn row is a row of the pooled data
     rows = {r.tobytes() for r in Xa}
     assert all(r.tobytes() in rows for r in X)
     with pytest.raises(ValueError, match="n_points"):
-        ft.load_points("optdigits", 5000)
+        ft_chapters.load_points("optdigits", 5000)
 
 
 def test_label_skew_parts_one_rule_for_multiples_and_divisors_of_the_classes():
     y = np.repeat(np.arange(10), 30)
-    one = ft.label_skew_parts(y, 10, seed=0)
+    one = ft_chapters.label_skew_parts(y, 10, seed=0)
     assert [len(np.unique(y[p])) for p in one] == [1] * 10
-    two = ft.label_skew_parts(y, 5, seed=0)             # paper Table 3, k = 5
+    two = ft_chapters.label_skew_parts(y, 5, seed=0)             # paper Table 3, k = 5
     assert [sorted(np.unique(y[p])) for p in two] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
-    twenty = ft.label_skew_parts(y, 20, seed=0)         # two clients per class
+    twenty = ft_chapters.label_skew_parts(y, 20, seed=0)         # two clients per class
     assert sorted(int(np.unique(y[p])[0]) for p in twenty) == sorted(list(range(10)) * 2)
     for parts in (one, two, twenty):
         assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(len(y)))
     with pytest.raises(ValueError, match="multiple or a divisor"):
-        ft.label_skew_parts(y, 3)
-    assert ft.client_split(y, 10, "non_iid", seed=0)[0].tolist() == one[0].tolist()
+        ft_chapters.label_skew_parts(y, 3)
+    assert ft_chapters.client_split(y, 10, "non_iid", seed=0)[0].tolist() == one[0].tolist()
     with pytest.raises(ValueError, match="split"):
-        ft.client_split(y, 10, "one_class")
+        ft_chapters.client_split(y, 10, "one_class")
 
 
 def test_median_gamma_differs_between_iid_and_label_skew():
     """The kernel width of the median rule depends on the split: FedDL is NOT the same gradient
     descent for IID and non-IID data (only for a fixed gamma)."""
     X, y = _blobs(150, 6)
-    iid = ft.feddl([X[p] for p in ft.client_split(y, 3, "iid", seed=0)], 5, rounds=1)
-    skew = ft.feddl([X[p] for p in ft.client_split(y, 3, "non_iid", seed=0)], 5, rounds=1)
+    iid = ft_feddl.feddl([X[p] for p in ft_chapters.client_split(y, 3, "iid", seed=0)], 5, rounds=1)
+    skew = ft_feddl.feddl([X[p] for p in ft_chapters.client_split(y, 3, "non_iid", seed=0)], 5, rounds=1)
     assert skew.gamma > 2 * iid.gamma          # within-class medians are much smaller
-    fixed = [ft.feddl([X[p] for p in ft.client_split(y, 3, s, seed=0)], 5, rounds=5, gamma=iid.gamma).landmarks
+    fixed = [ft_feddl.feddl([X[p] for p in ft_chapters.client_split(y, 3, s, seed=0)], 5, rounds=5, gamma=iid.gamma).landmarks
              for s in ("iid", "non_iid")]
     assert np.allclose(fixed[0], fixed[1], atol=1e-10)
 
@@ -557,15 +565,15 @@ def test_plateau_share_and_round_on_known_curves():
     F = 1.0 / (1.0 + np.arange(201.0))                  # F_s = 1/(1+s)
     s = 100
     w = max(math.ceil(0.1 * s), 10)
-    assert ft.plateau_share(F, s) == pytest.approx((F[s - w] - F[s]) / (F[0] - F[s]))
-    r = ft.plateau_round(F, tol=0.01)
-    assert r is not None and ft.plateau_share(F, r) <= 0.01 < ft.plateau_share(F, r - 1)
-    assert ft.plateau_round(np.linspace(1.0, 0.0, 300), tol=0.01) is None   # a straight line never plateaus
-    assert math.isnan(ft.plateau_share(F, 5))           # fewer rounds than the window
-    assert ft.plateau_share(np.ones(30)) == math.inf    # no decrease at all
+    assert ft_feddl.plateau_share(F, s) == pytest.approx((F[s - w] - F[s]) / (F[0] - F[s]))
+    r = ft_feddl.plateau_round(F, tol=0.01)
+    assert r is not None and ft_feddl.plateau_share(F, r) <= 0.01 < ft_feddl.plateau_share(F, r - 1)
+    assert ft_feddl.plateau_round(np.linspace(1.0, 0.0, 300), tol=0.01) is None   # a straight line never plateaus
+    assert math.isnan(ft_feddl.plateau_share(F, 5))           # fewer rounds than the window
+    assert ft_feddl.plateau_share(np.ones(30)) == math.inf    # no decrease at all
     # a pause after 1 round is not a plateau: the window is at least 10 rounds
     early = np.r_[1.0, 0.5, np.full(8, 0.5), np.linspace(0.5, 0.0, 50)]
-    assert ft.plateau_round(early, tol=0.01) is None
+    assert ft_feddl.plateau_round(early, tol=0.01) is None
 
 
 def test_feddl_until_plateau_stops_only_where_the_rule_holds_at_the_last_round(monkeypatch):
@@ -576,10 +584,10 @@ def test_feddl_until_plateau_stops_only_where_the_rule_holds_at_the_last_round(m
     import importlib
     from types import SimpleNamespace
 
-    feddl_module = importlib.import_module("fedlib.fedtsne.feddl")    # the module, not ft.feddl
+    feddl_module = importlib.import_module("fedlib.fedtsne.feddl")    # the module, not ft_feddl.feddl
 
     F = np.exp(-np.arange(1001) / 15.0)
-    share = {e: ft.plateau_share(F, e) for e in range(10, 1000)}
+    share = {e: ft_feddl.plateau_share(F, e) for e in range(10, 1000)}
     e0 = next(e for e in range(10, 999) if share[e + 1] > share[e] and share[e] < min(share[d] for d in range(10, e)))
     tol = share[e0]                       # the rule first holds at e0 and fails at e0 + 1
 
@@ -605,54 +613,54 @@ def test_feddl_until_plateau_stops_only_where_the_rule_holds_at_the_last_round(m
             return SimpleNamespace(objective=self.objective())
 
     monkeypatch.setattr(feddl_module, "FedDLRun", ReplayedRun)
-    tr = ft.feddl_until_plateau([np.zeros((4, 2))], 2, tol=tol, check_every=1, max_rounds=1000)
+    tr = ft_feddl.feddl_until_plateau([np.zeros((4, 2))], 2, tol=tol, check_every=1, max_rounds=1000)
     assert tr.plateau == e0 and tr.rounds > e0 + 1
-    assert ft.plateau_share(tr.objective) <= tol and ft.plateau_share(tr.objective, tr.rounds - 1) <= tol
+    assert ft_feddl.plateau_share(tr.objective) <= tol and ft_feddl.plateau_share(tr.objective, tr.rounds - 1) <= tol
 
 
 def test_feddl_until_plateau_evaluates_the_last_objective_once(monkeypatch):
     """F(Y^S) is evaluated by the clients only where the rule held at S - 1 (a plateau check), and the
     check at the last round and the result share that evaluation."""
     X, y = _blobs(90, 5)
-    data = [X[p] for p in ft.client_split(y, 3, "iid", seed=0)]
+    data = [X[p] for p in ft_chapters.client_split(y, 3, "iid", seed=0)]
     calls = []
     original = ft.FedDLClient.objective
     monkeypatch.setattr(ft.FedDLClient, "objective", lambda self, *a: calls.append(1) or original(self, *a))
-    tr = ft.feddl_until_plateau(data, 8, tol=0.01, check_every=1, max_rounds=400, seed=1)
-    checks = sum(1 for s in range(2, tr.rounds + 1) if ft.plateau_share(tr.objective, s - 1) <= 0.01)
+    tr = ft_feddl.feddl_until_plateau(data, 8, tol=0.01, check_every=1, max_rounds=400, seed=1)
+    checks = sum(1 for s in range(2, tr.rounds + 1) if ft_feddl.plateau_share(tr.objective, s - 1) <= 0.01)
     assert checks >= 1 and len(calls) == 3 * checks
 
 
 def test_feddl_until_plateau_equals_one_long_run_and_stops_at_the_plateau():
     X, y = _blobs(90, 5)
-    data = [X[p] for p in ft.client_split(y, 3, "iid", seed=0)]
-    tr = ft.feddl_until_plateau(data, 8, tol=0.01, check_every=20, max_rounds=400, checkpoints=[5], seed=1)
+    data = [X[p] for p in ft_chapters.client_split(y, 3, "iid", seed=0)]
+    tr = ft_feddl.feddl_until_plateau(data, 8, tol=0.01, check_every=20, max_rounds=400, checkpoints=[5], seed=1)
     # checked every 20 rounds: the rule holds at the last round and the one before, not at the check before
     assert tr.plateau is not None and tr.plateau < tr.rounds <= tr.plateau + 20
     assert tr.rounds % 20 == 0 and len(tr.objective) == tr.rounds + 1
-    assert ft.plateau_share(tr.objective) <= 0.01 and ft.plateau_share(tr.objective, tr.rounds - 1) <= 0.01
-    assert ft.plateau_round(tr.objective[:tr.rounds - 19], 0.01) is None
-    one = ft.feddl(data, 8, rounds=tr.rounds, seed=1)
+    assert ft_feddl.plateau_share(tr.objective) <= 0.01 and ft_feddl.plateau_share(tr.objective, tr.rounds - 1) <= 0.01
+    assert ft_feddl.plateau_round(tr.objective[:tr.rounds - 19], 0.01) is None
+    one = ft_feddl.feddl(data, 8, rounds=tr.rounds, seed=1)
     # one run of the protocol advanced in chunks: bit for bit the long run
     assert np.array_equal(tr.objective, one.objective)
     assert np.array_equal(tr.landmarks[tr.rounds], one.landmarks)
     assert np.array_equal(tr.landmarks[0], one.init_landmarks) and 5 in tr.landmarks
-    assert tr.plateau == ft.plateau_round(one.objective, 0.01)
+    assert tr.plateau == ft_feddl.plateau_round(one.objective, 0.01)
     # the joined result is the long run, bytes included
     assert np.array_equal(tr.result.step_sq_norms, one.step_sq_norms)
     assert np.array_equal(tr.result.init_landmarks, one.init_landmarks) and tr.result.rounds == tr.rounds
     assert (tr.result.upload_bytes, tr.result.setup_upload_bytes, tr.result.broadcast_bytes) == \
         (one.upload_bytes, one.setup_upload_bytes, one.broadcast_bytes)
-    fixed = ft.feddl_until_plateau(data, 8, tol=0.01, check_every=20, max_rounds=tr.rounds + 40,
+    fixed = ft_feddl.feddl_until_plateau(data, 8, tol=0.01, check_every=20, max_rounds=tr.rounds + 40,
                                    stop_at_plateau=False, seed=1)
     assert fixed.rounds == tr.rounds + 40 and fixed.plateau == tr.plateau
     assert set(fixed.landmarks) == {0, fixed.rounds}           # no checkpoints: Y^0 and the last round only
     # checked after every round: the run stops one round after its plateau round, the same run as a long one
-    every = ft.feddl_until_plateau(data, 8, tol=0.01, check_every=1, max_rounds=400, seed=1)
+    every = ft_feddl.feddl_until_plateau(data, 8, tol=0.01, check_every=1, max_rounds=400, seed=1)
     assert every.rounds == every.plateau + 1 == tr.plateau + 1
     assert np.array_equal(every.objective, one.objective[:every.rounds + 1])
     with pytest.raises(ValueError, match="noise"):
-        ft.feddl_until_plateau(data, 8, noise="heuristic")
+        ft_feddl.feddl_until_plateau(data, 8, noise="heuristic")
 
 
 def test_embedding_scorer_equals_embedding_report_and_distance_quality():
@@ -660,11 +668,11 @@ def test_embedding_scorer_equals_embedding_report_and_distance_quality():
 
     X, y = _blobs(240, 8)
     Z = X[:, :2] + 0.1 * np.random.default_rng(0).standard_normal((len(X), 2))
-    sc = ft.EmbeddingScorer(X, y)
+    sc = ft_chapters.EmbeddingScorer(X, y)
     ours, ref = sc(Z, seed=3), em.embedding_report(X, Z, y, seed=3)
     assert set(ours) <= set(ref)
     assert all(abs(ours[k] - ref[k]) < 1e-12 for k in ours)
-    D = np.sqrt(ft.sq_distances(X))
+    D = np.sqrt(ft_mmd.sq_distances(X))
     q = sc.distance_quality(D)
     assert q["D-hat rel. error"] == 0.0 and q["D-hat 10-NN"] == 1.0
     q2 = sc.distance_quality(D + np.random.default_rng(1).uniform(0, 3, D.shape))
@@ -682,15 +690,15 @@ def test_both_fedtsne_chapters_draw_points_and_split_clients_by_the_one_rule():
     # the chapters' study loops (fedtsne.studies) split the clients by the one rule too
     from fedlib.fedtsne.studies import _plateau_job     # the runs of convergence_study and step_study
 
-    for helper in (ft.speclust_data, _plateau_job, ft.benchmark_runs, ft.check_splits, ft.client_sweep,
-                   ft.landmark_sweep, ft.gamma_control):
+    for helper in (ft_studies.speclust_data, _plateau_job, ft_studies.benchmark_runs, ft_studies.check_splits, ft_studies.client_sweep,
+                   ft_studies.landmark_sweep, ft_studies.gamma_control):
         code = inspect.getsource(helper)
         assert "client_split(" in code, helper.__name__
         assert not any(rule in code for rule in ("make_partition", "train_test_split", ".subset(", "dirichlet"))
-    assert "load_points(" in inspect.getsource(ft.speclust_data)
+    assert "load_points(" in inspect.getsource(ft_studies.speclust_data)
     for chapter in ("fedtsne_benchmark", "fedspeclust"):
         src = (root / f"{chapter}.py").read_text()
-        assert "ft.load_points(" in src or "ft.speclust_data(" in src, chapter
+        assert "ft_chapters.load_points(" in src or "ft_studies.speclust_data(" in src, chapter
         for own_rule in ("make_partition", "train_test_split", ".subset(", "dirichlet"):
             assert own_rule not in src, (chapter, own_rule)
 
@@ -707,19 +715,19 @@ def test_benchmark_runs_feddl_until_its_objective_plateaus():
     assert (load_profiles()["quick"] or {}).get("fedspeclust", {}).get("rounds", "plateau") == "plateau"
     # and the rule tells 10 rounds from a plateau on a small problem
     X, y = _blobs(120, 10)
-    data = [X[p] for p in ft.client_split(y, 3, "iid", seed=0)]
-    short = ft.feddl(data, 6, rounds=10)
-    assert not ft.plateau_share(short.objective) <= 0.01
-    assert ft.feddl_until_plateau(data, 6, max_rounds=2000).plateau is not None
-    s = ft.plateau_rounds(data, 6, max_rounds=2000)
-    assert ft.plateau_share(ft.feddl(data, 6, rounds=s).objective) <= 0.01
+    data = [X[p] for p in ft_chapters.client_split(y, 3, "iid", seed=0)]
+    short = ft_feddl.feddl(data, 6, rounds=10)
+    assert not ft_feddl.plateau_share(short.objective) <= 0.01
+    assert ft_feddl.feddl_until_plateau(data, 6, max_rounds=2000).plateau is not None
+    s = ft_feddl.plateau_rounds(data, 6, max_rounds=2000)
+    assert ft_feddl.plateau_share(ft_feddl.feddl(data, 6, rounds=s).objective) <= 0.01
     # the plateau search is one FedDL run: its result is the run of its S rounds (reused by Fed-SpeClust)
-    run = ft.plateau_run(data, 6, max_rounds=2000, check_every=5)
-    again = ft.feddl(data, 6, rounds=run.rounds)
+    run = ft_feddl.plateau_run(data, 6, max_rounds=2000, check_every=5)
+    again = ft_feddl.feddl(data, 6, rounds=run.rounds)
     assert np.array_equal(run.landmarks, again.landmarks) and np.array_equal(run.objective, again.objective)
-    assert run.rounds <= s and run.rounds % 5 == 0 and ft.plateau_share(run.objective) <= 0.01
+    assert run.rounds <= s and run.rounds % 5 == 0 and ft_feddl.plateau_share(run.objective) <= 0.01
     with pytest.raises(RuntimeError, match="max_rounds=20"):
-        ft.plateau_rounds(data, 6, max_rounds=20)
+        ft_feddl.plateau_rounds(data, 6, max_rounds=20)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -729,16 +737,16 @@ def test_feddl_is_reproducible_and_its_cost_is_measured():
     X, y = _blobs(90, 4)
     data = [X[ix] for ix in make_partition(y, 3, "iid", seed=0)]
     kw = dict(rounds=4, noise="heuristic", beta=0.5, seed=7)
-    a, b = ft.feddl(data, 6, **kw), ft.feddl(data, 6, **kw)
+    a, b = ft_feddl.feddl(data, 6, **kw), ft_feddl.feddl(data, 6, **kw)
     assert np.array_equal(a.landmarks, b.landmarks) and np.array_equal(a.noise_sd, b.noise_sd)
-    other = ft.feddl(data, 6, **{**kw, "seed": 8})
+    other = ft_feddl.feddl(data, 6, **{**kw, "seed": 8})
     assert not np.array_equal(a.landmarks, other.landmarks)
     P, ny, m = 3, 6, 4
     assert (a.cost.bytes_up, a.cost.bytes_down, a.cost.seconds) == (a.upload_bytes, a.broadcast_bytes, a.seconds)
     # each round broadcasts Y, gamma and the step to every client (Y^S goes out with the Nystrom step)
     assert a.cost.bytes_down == 4 * P * (ny * m * 8 + 16)
     assert a.cost.seconds > 0
-    emb = ft.fed_tsne(X, [np.arange(30), np.arange(30, 60), np.arange(60, 90)], 6, feddl_result=a, perplexity=5.0,
+    emb = ft_pipelines.fed_tsne(X, [np.arange(30), np.arange(30, 60), np.arange(60, 90)], 6, feddl_result=a, perplexity=5.0,
                       tsne_kwargs={"max_iter": 250})
     assert emb.cost.bytes_up == emb.upload_bytes == a.upload_bytes + 90 * 6 * 8
     assert emb.cost.bytes_down == a.cost.bytes_down + P * a.landmarks.nbytes
@@ -775,7 +783,7 @@ def test_feddl_step_many_equals_the_per_client_steps(dtype, noise):
         simulate(server, _OneByOne(client) if one_by_one else client, data, 6, states=states,
                  participants=lambda r: who.get(r, range(4)))
         runs.append((server.result()[0], [states[k]["objective"] for k in range(4)],
-                     [states[k]["noise_sd"] for k in range(4)], client._stacked[0] is not None))
+                     [states[k]["noise_sd"] for k in range(4)], client.cache.stacked is not None))
     (Y, obj, sd, stacked), (Y1, obj1, sd1, stacked1) = runs
     assert stacked and not stacked1            # the first run went through step_many's stacked product
     rtol = 1e-12 if dtype == "float64" else 1e-5
@@ -815,11 +823,11 @@ def test_nystrom_step_is_a_client_upload_and_a_server_assembly():
     server = ft.NystromServer(Y)
     cost = simulate(server, ft.NystromClient(), data)
     X = np.vstack(data)
-    assert np.allclose(server.result(), np.sqrt(ft.sq_distances(X)), atol=1e-6)   # 6 >= m + 2: exact
+    assert np.allclose(server.result(), np.sqrt(ft_mmd.sq_distances(X)), atol=1e-6)   # 6 >= m + 2: exact
     assert cost.bytes_up == 21 * 6 * 8 and cost.bytes_down == 3 * Y.nbytes
     ks = ft.NystromServer(Y, "kernel", 0.5)
     simulate(ks, ft.NystromClient("kernel"), data)
-    assert np.allclose(ks.result(), ft.nystrom_kernel(ft.gaussian_kernel(X, Y, 0.5), ft.gaussian_kernel(Y, None, 0.5)))
+    assert np.allclose(ks.result(), ft.nystrom_kernel(ft_mmd.gaussian_kernel(X, Y, 0.5), ft_mmd.gaussian_kernel(Y, None, 0.5)))
     with pytest.raises(ValueError, match="kind"):
         ft.NystromServer(Y, "cosine")
 
@@ -830,19 +838,19 @@ def test_nystrom_step_is_a_client_upload_and_a_server_assembly():
 def test_kernel_width_rule_is_one_function_with_the_zero_median_guard():
     dup = np.ones((12, 3))                       # duplicated points: median (and variance) 0
     with pytest.raises(ValueError, match="median kernel-width rule.*pass gamma explicitly"):
-        ft.feddl([dup[:6], dup[6:]], 3, rounds=1)
+        ft_feddl.feddl([dup[:6], dup[6:]], 3, rounds=1)
     # the centralized Fed-SpeClust baseline resolves gamma by the same rule: same guard (it once divided by 0)
     with pytest.raises(ValueError, match="median kernel-width rule"):
-        ft.fed_spectral_clustering(dup, 2, 2, 3, centralized=True)
+        ft_pipelines.fed_spectral_clustering(dup, 2, 2, 3, centralized=True)
     with pytest.raises(ValueError, match="moments kernel-width rule"):
-        ft.fed_spectral_clustering(dup, 2, 2, 3, centralized=True, gamma="moments")
+        ft_pipelines.fed_spectral_clustering(dup, 2, 2, 3, centralized=True, gamma="moments")
     with pytest.raises(ValueError, match="median kernel-width rule"):
-        ft.median_kernel_width(dup)
+        ft_mmd.median_kernel_width(dup)
     X, _ = _blobs(30, 3)
-    assert ft.median_kernel_width(X) == 1.0 / np.median(ft.sq_distances(X)[np.triu_indices(30, 1)])
+    assert ft_mmd.median_kernel_width(X) == 1.0 / np.median(ft_mmd.sq_distances(X)[np.triu_indices(30, 1)])
     # federated and centralized resolution agree
-    res = ft.feddl([X[:15], X[15:]], 4, rounds=1, gamma="moments")
-    cen = ft.fed_spectral_clustering(X, [np.arange(15), np.arange(15, 30)], 3, centralized=True, gamma="moments")
+    res = ft_feddl.feddl([X[:15], X[15:]], 4, rounds=1, gamma="moments")
+    cen = ft_pipelines.fed_spectral_clustering(X, [np.arange(15), np.arange(15, 30)], 3, centralized=True, gamma="moments")
     assert res.gamma == cen.gamma == pytest.approx(1.0 / (2.0 * X.var(0, ddof=1).sum()))
 
 
@@ -853,32 +861,32 @@ def test_expected_gaussian_kernel_matches_monte_carlo():
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((20000, 2)), rng.standard_normal((20000, 2)) * 0.5 + 1.0
     mc = np.exp(-0.3 * ((x - y) ** 2).sum(1)).mean()
-    assert ft.expected_gaussian_kernel(1.25, 2.0, 0.3, 2) == pytest.approx(mc, rel=0.02)
+    assert ft_mmd.expected_gaussian_kernel(1.25, 2.0, 0.3, 2) == pytest.approx(mc, rel=0.02)
 
 
 def test_nystrom_estimate_squared_is_exact_and_plain_is_not():
     rng = np.random.default_rng(1)
     X, Y = rng.standard_normal((30, 3)), rng.standard_normal((6, 3))
-    D = np.sqrt(ft.sq_distances(X))
-    assert np.allclose(ft.nystrom_estimate(X, Y), D, atol=1e-6)
-    plain = ft.nystrom_estimate(X, Y, squared=False)
+    D = np.sqrt(ft_mmd.sq_distances(X))
+    assert np.allclose(ft_checks.nystrom_estimate(X, Y), D, atol=1e-6)
+    plain = ft_checks.nystrom_estimate(X, Y, squared=False)
     assert np.all(np.diag(plain) == 0) and plain.min() >= 0 and np.abs(plain - D).max() > 1e-3
 
 
 def test_embed_and_learn_landmarks_are_the_pipelines_calls(blobs50):
     X, y = blobs50
-    parts = ft.client_split(y, 2, "iid", 0)
-    fd = ft.learn_landmarks(X, parts, "Fed+", 6, 3, beta=0.5, seed=1)
+    parts = ft_chapters.client_split(y, 2, "iid", 0)
+    fd = ft_pipelines.learn_landmarks(X, parts, "Fed+", 6, 3, beta=0.5, seed=1)
     assert fd.noise == "heuristic" and fd.rounds == 3
-    assert ft.learn_landmarks(X, parts, "Fed", 6, 3, seed=1).noise == "none"
-    fed = ft.embed("tsne", X, parts, 6, seed=0, feddl_result=fd, perplexity=5.0, tsne_max_iter=250)
-    direct = ft.fed_tsne(X, parts, 6, feddl_result=fd, perplexity=5.0, tsne_kwargs={"max_iter": 250}, seed=0)
+    assert ft_pipelines.learn_landmarks(X, parts, "Fed", 6, 3, seed=1).noise == "none"
+    fed = ft_pipelines.embed("tsne", X, parts, 6, seed=0, feddl_result=fd, perplexity=5.0, tsne_max_iter=250)
+    direct = ft_pipelines.fed_tsne(X, parts, 6, feddl_result=fd, perplexity=5.0, tsne_kwargs={"max_iter": 250}, seed=0)
     assert fed.federated and np.array_equal(fed.embedding, direct.embedding)
-    assert not ft.embed("tsne", X, None, seed=0, perplexity=5.0, tsne_max_iter=250).federated
+    assert not ft_pipelines.embed("tsne", X, None, seed=0, perplexity=5.0, tsne_max_iter=250).federated
     with pytest.raises(ValueError, match="method"):
-        ft.embed("pca", X, parts)
+        ft_pipelines.embed("pca", X, parts)
     with pytest.raises(ValueError, match="variant"):
-        ft.learn_landmarks(X, parts, "Fed++", 6, 3)
+        ft_pipelines.learn_landmarks(X, parts, "Fed++", 6, 3)
 
 
 def test_central_embedding_is_kept_on_disk_keyed_by_its_inputs(blobs50, tmp_path, monkeypatch):
@@ -889,38 +897,38 @@ def test_central_embedding_is_kept_on_disk_keyed_by_its_inputs(blobs50, tmp_path
     monkeypatch.setenv("FEDLIB_CACHE", str(tmp_path))
     X, _ = blobs50
     kw = dict(perplexity=5.0, tsne_max_iter=250)
-    first = ft.central_embedding("tsne", X, seed=0, **kw)
+    first = ft_pipelines.central_embedding("tsne", X, seed=0, **kw)
     assert not first.federated
-    assert np.array_equal(first.embedding, ft.embed("tsne", X, None, seed=0, **kw).embedding)
+    assert np.array_equal(first.embedding, ft_pipelines.embed("tsne", X, None, seed=0, **kw).embedding)
     assert list((tmp_path / "central_embeddings").rglob("output.pkl"))
     calls, real = [], pipelines.embed
     monkeypatch.setattr(pipelines, "embed", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
-    again = ft.central_embedding("tsne", X, seed=0, **kw)
+    again = ft_pipelines.central_embedding("tsne", X, seed=0, **kw)
     assert calls == [] and np.array_equal(again.embedding, first.embedding) and again.seconds == first.seconds
-    ft.central_embedding("tsne", X, seed=1, **kw)
-    ft.central_embedding("tsne", X[::-1], seed=0, **kw)
-    ft.central_embedding("tsne", X, seed=0, perplexity=6.0, tsne_max_iter=250)
-    ft.central_embedding("tsne", X, seed=0, cache=False, **kw)
+    ft_pipelines.central_embedding("tsne", X, seed=1, **kw)
+    ft_pipelines.central_embedding("tsne", X[::-1], seed=0, **kw)
+    ft_pipelines.central_embedding("tsne", X, seed=0, perplexity=6.0, tsne_max_iter=250)
+    ft_pipelines.central_embedding("tsne", X, seed=0, cache=False, **kw)
     assert calls == ["tsne"] * 4
     # a UMAP setting does not key a t-SNE embedding
-    assert np.array_equal(ft.central_embedding("tsne", X, seed=0, umap_epochs=7, **kw).embedding, first.embedding)
+    assert np.array_equal(ft_pipelines.central_embedding("tsne", X, seed=0, umap_epochs=7, **kw).embedding, first.embedding)
     assert calls == ["tsne"] * 4
     with pytest.raises(ValueError, match="method"):
-        ft.central_embedding("pca", X)
+        ft_pipelines.central_embedding("pca", X)
 
 
 def test_public_landmarks_and_check_fits():
     rng = np.random.default_rng(0)
     pub = rng.random((40, 5))
-    Y = ft.public_landmarks(pub, 7, seed=2)
+    Y = ft_feddl.public_landmarks(pub, 7, seed=2)
     assert Y.shape == (7, 5) and Y.min() >= 0 and Y.max() <= 1
-    assert np.array_equal(Y, ft.public_landmarks(pub, 7, seed=2)) and not np.array_equal(Y, ft.public_landmarks(pub, 7, 3))
-    ft.check_fits("d", 100, n_landmarks=99, k=None)
+    assert np.array_equal(Y, ft_feddl.public_landmarks(pub, 7, seed=2)) and not np.array_equal(Y, ft_feddl.public_landmarks(pub, 7, 3))
+    ft_chapters.check_fits("d", 100, n_landmarks=99, k=None)
     with pytest.raises(ValueError, match="d: n_landmarks = 100 must be < its 100 points"):
-        ft.check_fits("d", 100, n_landmarks=100)
-    ft.check_fits("d", 100, strict=False, n_landmarks=100)
+        ft_chapters.check_fits("d", 100, n_landmarks=100)
+    ft_chapters.check_fits("d", 100, strict=False, n_landmarks=100)
     with pytest.raises(ValueError, match="n_landmarks = 101 must be <="):
-        ft.check_fits("d", 100, strict=False, n_landmarks=101)
+        ft_chapters.check_fits("d", 100, strict=False, n_landmarks=101)
 
 
 def test_privacy_table_pairs_each_variant_with_the_noise_free_run():
@@ -930,7 +938,7 @@ def test_privacy_table_pairs_each_variant_with_the_noise_free_run():
              "CA 10-NN": base + d}
             for v, nz, e, e2, d in [("Fed", "none", math.inf, math.inf, 0.0), ("dp", "dp_data", 1.0, 1.0, -0.1)]
             for s, base in [(0, 0.8), (1, 0.6)]]
-    t = ft.privacy_table(pd.DataFrame(rows), "CA 10-NN")
+    t = ft_chapters.privacy_table(pd.DataFrame(rows), "CA 10-NN")
     assert list(t.variant) == ["Fed", "dp"]
     assert t["FedDL epsilon spent"].tolist() == ["inf (no guarantee)", "1"] and t["end-to-end epsilon"].tolist() == ["inf", "1"]
     assert t["paired diff vs Fed"].iloc[0] == "-" and t["paired diff vs Fed"].iloc[1].startswith("-0.100")
@@ -949,8 +957,8 @@ def test_feddl_float64_default_gives_exactly_the_old_landmarks():
     old = {"none": (177.64435122514368, 118.66517500004768), "heuristic": (176.9378402280475, 117.73237570194667)}
     for noise, rounds in [("none", 15), ("heuristic", 10)]:
         kw = dict(rounds=rounds, noise=noise, seed=7, beta=0.5 if noise == "heuristic" else 1.0)
-        r = ft.feddl(parts, 12, **kw)
-        r64 = ft.feddl(parts, 12, dtype="float64", **kw)
+        r = ft_feddl.feddl(parts, 12, **kw)
+        r64 = ft_feddl.feddl(parts, 12, dtype="float64", **kw)
         assert r.landmarks.dtype == np.float64
         np.testing.assert_array_equal(r.landmarks, r64.landmarks)
         np.testing.assert_array_equal(r.objective, r64.objective)
@@ -960,8 +968,8 @@ def test_feddl_float64_default_gives_exactly_the_old_landmarks():
 
 def test_feddl_float32_is_float64_up_to_rounding():
     parts = _dtype_problem()
-    r64 = ft.feddl(parts, 12, rounds=30, seed=7)
-    r32 = ft.feddl(parts, 12, rounds=30, seed=7, dtype="float32")
+    r64 = ft_feddl.feddl(parts, 12, rounds=30, seed=7)
+    r32 = ft_feddl.feddl(parts, 12, rounds=30, seed=7, dtype="float32")
     assert r32.landmarks.dtype == np.float64 and r32.init_landmarks.dtype == np.float64
     # Y^0: the same float64 draw, rounded to float32
     np.testing.assert_array_equal(r32.init_landmarks, r64.init_landmarks.astype(np.float32).astype(np.float64))
@@ -975,18 +983,33 @@ def test_feddl_float32_is_float64_up_to_rounding():
     grad_bytes = lambda r: r.upload_bytes - r.setup_upload_bytes
     assert grad_bytes(r32) * 2 == grad_bytes(r64)
     # float32 noise: from the client's own stream, reproducible, same sd scale as float64's
-    h1 = ft.feddl(parts, 12, rounds=10, seed=7, noise="heuristic", dtype="float32")
-    h2 = ft.feddl(parts, 12, rounds=10, seed=7, noise="heuristic", dtype="float32")
-    h64 = ft.feddl(parts, 12, rounds=10, seed=7, noise="heuristic")
+    h1 = ft_feddl.feddl(parts, 12, rounds=10, seed=7, noise="heuristic", dtype="float32")
+    h2 = ft_feddl.feddl(parts, 12, rounds=10, seed=7, noise="heuristic", dtype="float32")
+    h64 = ft_feddl.feddl(parts, 12, rounds=10, seed=7, noise="heuristic")
     np.testing.assert_array_equal(h1.landmarks, h2.landmarks)
     np.testing.assert_allclose(h1.noise_sd.mean(), h64.noise_sd.mean(), rtol=0.2)
     # the MMD terms in float32 against float64
-    from fedlib.fedtsne.mmd import _cross_terms, _yy_terms
+    from fedlib.fedtsne.mmd import cross_terms, yy_terms
     X, Y = parts[0], r64.landmarks
-    for f32, f64 in [(_cross_terms(X.astype(np.float32), Y.astype(np.float32), 0.3), _cross_terms(X, Y, 0.3)),
-                     (_yy_terms(Y.astype(np.float32), 0.3), _yy_terms(Y, 0.3))]:
+    for f32, f64 in [(cross_terms(X.astype(np.float32), Y.astype(np.float32), 0.3), cross_terms(X, Y, 0.3)),
+                     (yy_terms(Y.astype(np.float32), 0.3), yy_terms(Y, 0.3))]:
         assert f32[1].dtype == np.float32
         assert abs(f32[0] - f64[0]) < 1e-6 * abs(f64[0]) + 1e-9
         assert np.linalg.norm(f32[1] - f64[1]) < 1e-5 * np.linalg.norm(f64[1])
     with pytest.raises(ValueError, match="dtype"):
-        ft.feddl(parts, 12, rounds=2, dtype="float16")
+        ft_feddl.feddl(parts, 12, rounds=2, dtype="float16")
+
+
+@pytest.mark.parametrize("options", [dict(mode="gradient"), dict(mode="average", local_steps=3),
+                                     dict(noise="heuristic", beta=0.5), dict(mode="gradient", weights="uniform")])
+def test_feddl_speed_path_equals_the_equations_as_written(options):
+    """fedlib.fedtsne.speed (kept norms, cached Y-Y terms, in-place kernels, stacked rounds, axpy sums and
+    noise) against FedDLClient / FedDLServer(fast=False), which compute Eqs. 10, 13, 15-16 as written."""
+    rng = np.random.default_rng(3)
+    data = [rng.standard_normal((n, 4)) + k for k, n in enumerate((15, 22, 18))]
+    fast = ft_feddl.feddl(data, 6, rounds=25, seed=1, **options)
+    plain = ft_feddl.feddl(data, 6, rounds=25, seed=1, fast=False, **options)
+    assert np.allclose(fast.landmarks, plain.landmarks, rtol=1e-9, atol=1e-11)
+    assert np.allclose(fast.objective, plain.objective, rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match="needs fast=True"):
+        ft_feddl.feddl(data, 6, rounds=2, dtype="float32", fast=False)

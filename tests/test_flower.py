@@ -54,7 +54,7 @@ def test_client_programs_travel_as_data_and_nodes_build_only_fedlib_programs():
     from fedlib.federated.gradient import FedConfig, FedProx, GradientClient, MLPHead
     from fedlib.federated.learner import CacheClient, RandomReplay, StageClient, StateInit
     from fedlib.afl.algorithm import AFLClient
-    from fedlib.fedtsne.feddl import FedDLClient
+    from fedlib.fedtsne.algorithm import FedDLClient
     from fedlib.refed.algorithm import RefedReplay
 
     task = Task(parse_options("refed", ""))

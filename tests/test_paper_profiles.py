@@ -281,7 +281,6 @@ def test_scratch_baselines_on_rgb_images_with_four_stages():
     import numpy as np
 
     from fedlib.data.datasets import Dataset
-    from fedlib.stsa import algorithm as stsa
     from fedlib.stsa import studies as stsa_studies
 
     rng = np.random.default_rng(0)

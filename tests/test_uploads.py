@@ -177,7 +177,7 @@ def _fedewc_stage() -> Case:
 
 
 def _feddl(setup: bool) -> Case:
-    from fedlib.fedtsne.feddl import FedDLClient, FedDLServer
+    from fedlib.fedtsne.algorithm import FedDLClient, FedDLServer
 
     rng = _rng(4)
     data = [rng.standard_normal((12, 5)) for _ in range(3)]
@@ -198,7 +198,7 @@ def _feddl(setup: bool) -> Case:
 
 
 def _nystrom(kind: str) -> Case:
-    from fedlib.fedtsne.nystrom import NystromServer, client_kernel, client_sq_distances
+    from fedlib.fedtsne.algorithm import NystromServer, client_kernel, client_sq_distances
 
     rng = _rng(5)
     Y = rng.standard_normal((4, 3))
@@ -510,7 +510,7 @@ def test_the_aggregation_helpers_refuse_arrays_they_would_broadcast_or_truncate(
     """Behind the servers' checks: FedAvg's average and FedDL's axpy never broadcast a (1,) bias or a
     (3, 1) weight, nor update a prefix of a flattened array."""
     from fedlib.federated.gradient import average_states
-    from fedlib.fedtsne.feddl import _add_scaled
+    from fedlib.fedtsne.speed import add_scaled
 
     a = {"w": torch.ones(3, 2), "b": torch.ones(3)}
     assert torch.equal(average_states([a, a], [0.5, 0.5])["w"], torch.ones(3, 2))
@@ -519,7 +519,7 @@ def test_the_aggregation_helpers_refuse_arrays_they_would_broadcast_or_truncate(
         with pytest.raises(ValueError, match="state 1 does not match state 0"):
             average_states([a, bad], [0.5, 0.5])
     with pytest.raises(ValueError, match=r"cannot add an array of shape \(2, 3\) to one of shape \(3, 2\)"):
-        _add_scaled(np.zeros((3, 2)), np.ones((2, 3)), 1.0)
+        add_scaled(np.zeros((3, 2)), np.ones((2, 3)), 1.0)
 
 
 def test_the_flower_page_states_how_many_malformed_uploads_the_fuzz_test_tries():

@@ -31,7 +31,6 @@ import torch
 
 from fedlib.evaluation import benchmark as bench
 from fedlib.federated.gradient import ALGORITHMS, FedConfig, make_algorithm, run_federated
-from fedlib.afl import algorithm as afl
 from fedlib.afl import studies as afl_studies
 
 

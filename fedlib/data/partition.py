@@ -47,7 +47,7 @@ def _as_labels(labels) -> np.ndarray:
     return y.astype(np.int64, copy=False)
 
 
-def _check_clients(y: np.ndarray, num_clients) -> int:
+def check_clients(y: np.ndarray, num_clients) -> int:
     k = check_int("num_clients", num_clients, 1)
     if k > len(y):
         raise ValueError(f"num_clients={k} is larger than the number of samples ({len(y)}): more clients than samples")
@@ -75,7 +75,7 @@ def iid_partition(labels, num_clients: int, seed: int = 0) -> list[np.ndarray]:
     labels: (N,) ints. Returns ``num_clients`` sorted int64 index arrays.
     """
     y = _as_labels(labels)
-    k = _check_clients(y, num_clients)
+    k = check_clients(y, num_clients)
     rng = np.random.default_rng(seed)
     return _finish(np.array_split(rng.permutation(len(y)), k))
 
@@ -97,7 +97,7 @@ def dirichlet_partition(labels, num_clients: int, alpha: float, seed: int = 0,
     labels: (N,) ints. Returns ``num_clients`` sorted int64 index arrays.
     """
     y = _as_labels(labels)
-    k = _check_clients(y, num_clients)
+    k = check_clients(y, num_clients)
     alpha = _check_alpha(alpha)
     min_size = check_int("min_size", min_size, 0)
     max_tries = check_int("max_tries", max_tries, 1)
@@ -144,7 +144,7 @@ def shard_partition(labels, num_clients: int, shards_per_client: int, seed: int 
     labels: (N,) ints. Returns ``num_clients`` sorted int64 index arrays of N/K samples each.
     """
     y = _as_labels(labels)
-    k = _check_clients(y, num_clients)
+    k = check_clients(y, num_clients)
     s = check_int("shards_per_client", shards_per_client, 1)
     n = len(y)
     total = k * s
@@ -169,7 +169,7 @@ def one_class_partition(labels, num_clients: int, seed: int = 0) -> list[np.ndar
     equally among them (sizes differ by <= 1). labels: (N,) ints.
     """
     y = _as_labels(labels)
-    k = _check_clients(y, num_clients)
+    k = check_clients(y, num_clients)
     classes = np.unique(y)
     c = len(classes)
     if k % c != 0:
@@ -192,7 +192,7 @@ def make_partition(labels, num_clients: int, scheme: str, *, alpha: float | None
     """
     check_choice("scheme", scheme, SCHEMES)
     y = _as_labels(labels)
-    _check_clients(y, num_clients)
+    check_clients(y, num_clients)
     if scheme == "iid":
         return iid_partition(y, num_clients, seed)
     if scheme == "dirichlet":

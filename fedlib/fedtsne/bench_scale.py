@@ -3,7 +3,7 @@
 Prints, in one run on this machine:
 
 1. The data: by default all of Fashion-MNIST (train + test pooled, 70,000 images, pixels / 255,
-   784 features; ``fedlib.fedtsne.load_points``, the rule of the Fed-tSNE chapters), split
+   784 features; ``fedlib.fedtsne.chapters.load_points``, the rule of the Fed-tSNE chapters), split
    IID over 10 clients (``fedlib.data.partition.make_partition``), n_y = 200 landmarks: the
    ``quick`` profile of the fedtsne_benchmark chapter.
 2. FedDL for a fixed 50 rounds (FedDL costs O(S n n_y m), linear in n; it is not what this
@@ -96,11 +96,17 @@ def main(argv: list[str] | None = None) -> int:
 
     from fedlib.data.partition import make_partition
     from fedlib.evaluation.embedding import knn_accuracy, neighbour_lists
-    from fedlib import fedtsne as ft
+    from fedlib.fedtsne import algorithm as ft
+    from fedlib.fedtsne import chapters as ft_chapters
+    from fedlib.fedtsne import feddl as ft_feddl
+    from fedlib.fedtsne import knn as ft_knn
+    from fedlib.fedtsne import mmd as ft_mmd
+    from fedlib.fedtsne import nystrom as ft_nystrom
+    from fedlib.fedtsne import pipelines as ft_pipelines
 
     threadpool_limits(args.threads)
     k_eval = 10
-    (X, y, _), t_load = timed(lambda: ft.load_points(args.dataset, args.points, seed=args.seed))
+    (X, y, _), t_load = timed(lambda: ft_chapters.load_points(args.dataset, args.points, seed=args.seed))
     n, m = X.shape
     parts = make_partition(y, args.clients, "iid", seed=args.seed)
     tsne_kw = {"perplexity": args.perplexity, "seed": args.seed, "sparse": True,
@@ -109,17 +115,17 @@ def main(argv: list[str] | None = None) -> int:
     # ---- FedDL
     clients = [X[p] for p in parts]
     if rounds == "plateau":
-        trace, t_feddl = timed(lambda: ft.feddl_until_plateau(clients, args.landmarks, tol=0.01, check_every=25,
+        trace, t_feddl = timed(lambda: ft_feddl.feddl_until_plateau(clients, args.landmarks, tol=0.01, check_every=25,
                                                               max_rounds=args.max_rounds, seed=args.seed))
         fd, s_run = trace.result, trace.rounds
         rule = f"plateau rule (tol 0.01, checked every 25 rounds): {s_run} rounds, plateau at round {trace.plateau}"
     else:
-        fd, t_feddl = timed(lambda: ft.feddl(clients, args.landmarks, rounds=rounds, seed=args.seed))
+        fd, t_feddl = timed(lambda: ft_feddl.feddl(clients, args.landmarks, rounds=rounds, seed=args.seed))
         s_run, rule = rounds, f"fixed: {rounds} rounds"
     del clients
 
     # ---- Fed-tSNE, sparse server path, end to end from that FedDL run
-    fed, t_fed_embed = timed(lambda: ft.fed_tsne(X, parts, args.landmarks, feddl_result=fd, **tsne_kw))
+    fed, t_fed_embed = timed(lambda: ft_pipelines.fed_tsne(X, parts, args.landmarks, feddl_result=fd, **tsne_kw))
 
     # ---- the kNN step alone (same uploads, same estimate), and its recall of the exact 10-NN
     k_tsne = min(n - 1, int(3 * args.perplexity))
@@ -128,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     def knn_step():
         order = np.concatenate(parts)
         B = np.vstack([ft.client_sq_distances(X[p], fd.landmarks)["sq_distances"] for p in parts])
-        nbr, _ = ft.nystrom_knn(B, ft.sq_distances(fd.landmarks), k_tsne, block_bytes=block)
+        nbr, _ = ft_nystrom.nystrom_knn(B, ft_mmd.sq_distances(fd.landmarks), k_tsne, block_bytes=block)
         out = np.empty_like(nbr)
         out[order] = order[nbr]
         return out
@@ -138,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     recall = overlap(nbr_hat[:, :k_eval], nn_exact)
 
     # ---- centralized openTSNE with its own kNN
-    central, t_central = timed(lambda: ft.fed_tsne(X, None, centralized=True, **tsne_kw))
+    central, t_central = timed(lambda: ft_pipelines.fed_tsne(X, None, centralized=True, **tsne_kw))
 
     # ---- quality
     def metrics(Z):
@@ -166,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         row("    FedDL, all clients and rounds", f"{t_feddl:.1f} s  ({t_feddl / s_run:.2f} s per round)"),
         row("    uploads + blockwise kNN + openTSNE", f"{t_fed_embed:.1f} s"),
         row("    of which uploads + blockwise kNN (separate run)",
-            f"{t_knn:.1f} s  ({k_tsne}-NN, {ft.block_rows(n, block)} rows per block)"),
+            f"{t_knn:.1f} s  ({k_tsne}-NN, {ft_knn.block_rows(n, block)} rows per block)"),
         row("centralized openTSNE (own kNN + t-SNE)", f"{t_central:.1f} s"),
         *bench.ratio_rows({"Fed-tSNE": t_fed, "centralized": t_central}, "centralized", WIDTH, fmt=".2f"),
         row("exact 10-NN in pixel space (for NPA, recall)", f"{t_exact:.1f} s"),

@@ -11,7 +11,7 @@ Prints, in one run on this machine:
    the Nystrom step alone), the time ratio, and CA 10-NN (k-NN accuracy in the embedding, 70/30
    split; ``fedlib.evaluation.embedding.knn_accuracy``) of both embeddings.
 2. The clients' work in one FedDL round at the paper's scale: every client computes the gradient
-   of its MMD^2 term (Eq. 13) at the current landmarks. ``fedlib.fedtsne.mmd2_u_grad`` (vectorized:
+   of its MMD^2 term (Eq. 13) at the current landmarks. ``fedlib.fedtsne.algorithm.mmd2_u_grad`` (vectorized:
    two matrix products and an elementwise exp) against :func:`mmd2_u_grad_loop`, the same gradient
    as a Python loop over landmarks and points, one m-vector per (landmark, point) pair. Default:
    40,000 images (a second stratified subset) split IID over 10 clients of 4,000 (the paper's
@@ -58,7 +58,7 @@ def mmd2_u_grad_loop(X, Y, gamma: float) -> np.ndarray:
 
     k(a, b) = exp(-gamma ||a - b||^2). One Python iteration per (landmark, point) and per
     (landmark, landmark) pair, numpy only for the m-vector arithmetic. X (n, m), Y (n_y, m) ->
-    (n_y, m), float64. The naive reference for ``fedlib.fedtsne.mmd2_u_grad``."""
+    (n_y, m), float64. The naive reference for ``fedlib.fedtsne.algorithm.mmd2_u_grad``."""
     X = np.asarray(X, dtype=np.float64)
     Y = np.asarray(Y, dtype=np.float64)
     n, ny = len(X), len(Y)
@@ -108,7 +108,10 @@ def feddl_dtype_rows(X, y, clients: int = 10, landmarks: int = 200, rounds: int 
 
     from fedlib.data.partition import make_partition
     from fedlib.evaluation.embedding import knn_accuracy
-    from fedlib import fedtsne as ft
+    from fedlib.fedtsne import algorithm as ft
+    from fedlib.fedtsne import feddl as ft_feddl
+    from fedlib.fedtsne import mmd as ft_mmd
+    from fedlib.fedtsne import pipelines as ft_pipelines
 
     parts = make_partition(y, clients, "iid", seed=seed)
     data = [X[p] for p in parts]
@@ -116,12 +119,12 @@ def feddl_dtype_rows(X, y, clients: int = 10, landmarks: int = 200, rounds: int 
     for noise in ("none", "heuristic"):
         for dtype in ("float64", "float32", "float64", "float32"):
             t0 = time.process_time()
-            runs[noise, dtype] = ft.feddl(data, landmarks, rounds=rounds, noise=noise, seed=seed, dtype=dtype)
+            runs[noise, dtype] = ft_feddl.feddl(data, landmarks, rounds=rounds, noise=noise, seed=seed, dtype=dtype)
             t = (time.process_time() - t0) / rounds
             cpu[noise, dtype] = min(t, cpu.get((noise, dtype), math.inf))
     a, b = runs["none", "float64"].landmarks, runs["none", "float32"].landmarks
     rel = float(np.linalg.norm(b - a) / np.linalg.norm(a))
-    ca = {key: knn_accuracy(ft.fed_tsne(X, parts, landmarks, feddl_result=fd, perplexity=30.0,
+    ca = {key: knn_accuracy(ft_pipelines.fed_tsne(X, parts, landmarks, feddl_result=fd, perplexity=30.0,
                                         tsne_kwargs={"max_iter": 500}, seed=seed).embedding, y, 10, seed=seed)
           for key, fd in runs.items()}
     tol = 1e-4
@@ -176,8 +179,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import sklearn
 
-    from fedlib import fedtsne as ft
     from fedlib.evaluation.embedding import knn_accuracy
+    from fedlib.fedtsne import algorithm as ft
+    from fedlib.fedtsne import feddl as ft_feddl
+    from fedlib.fedtsne import mmd as ft_mmd
+    from fedlib.fedtsne import pipelines as ft_pipelines
     from fedlib.data.partition import make_partition
     from fedlib.core.seeds import derive_seed
 
@@ -187,14 +193,14 @@ def main(argv: list[str] | None = None) -> int:
     tsne_kw = {"perplexity": args.perplexity, "tsne_kwargs": {"max_iter": args.tsne_max_iter}, "seed": args.seed}
 
     # ---- 1. centralized and federated t-SNE, same points, same t-SNE settings
-    central, t_central = timed(lambda: ft.fed_tsne(X, None, centralized=True, **tsne_kw))
-    fd, t_feddl = timed(lambda: ft.feddl([X[p] for p in parts], args.landmarks, rounds=args.rounds, seed=args.seed))
-    fed, t_fed_embed = timed(lambda: ft.fed_tsne(X, parts, args.landmarks, feddl_result=fd, **tsne_kw))
+    central, t_central = timed(lambda: ft_pipelines.fed_tsne(X, None, centralized=True, **tsne_kw))
+    fd, t_feddl = timed(lambda: ft_feddl.feddl([X[p] for p in parts], args.landmarks, rounds=args.rounds, seed=args.seed))
+    fed, t_fed_embed = timed(lambda: ft_pipelines.fed_tsne(X, parts, args.landmarks, feddl_result=fd, **tsne_kw))
     Y = fd.landmarks
 
     def nystrom_step():
         B = np.vstack([ft.client_sq_distances(X[p], Y)["sq_distances"] for p in parts])
-        return ft.nystrom_distances(B, ft.sq_distances(Y))
+        return ft.nystrom_distances(B, ft_mmd.sq_distances(Y))
 
     _, t_nystrom = timed(nystrom_step)
     t_fed = t_feddl + t_fed_embed

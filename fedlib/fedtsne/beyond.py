@@ -52,8 +52,8 @@ from fedlib.core.validate import check_choice, check_int, check_positive
 from fedlib.fedtsne.chapters import _list_overlap
 from fedlib.fedtsne.feddl import feddl, plateau_share
 from fedlib.fedtsne.knn import blockwise_knn, check_k, exact_sq_knn
-from fedlib.fedtsne.mmd import _as_matrix, _check_clients, sq_distances
-from fedlib.fedtsne.nystrom import client_sq_distances
+from fedlib.fedtsne.mmd import as_matrix, check_clients, sq_distances
+from fedlib.fedtsne.algorithm import client_sq_distances
 from fedlib.fedtsne.pipelines import METHOD_NAMES, _opentsne_runner
 
 ESTIMATORS = ("nystrom", "projection", "residual_sum", "residual_gap")
@@ -88,7 +88,7 @@ class HullGeometry:
 def hull_geometry(landmarks) -> HullGeometry:
     """:class:`HullGeometry` of landmarks Y (n_y, m). ValueError (naming ``n_landmarks``) unless
     2 <= n_y <= m + 1 and the landmarks are affinely independent (then W = D_YY is invertible)."""
-    Y = _as_matrix("landmarks", landmarks)
+    Y = as_matrix("landmarks", landmarks)
     ny, m = Y.shape
     if ny < 2:
         raise ValueError(f"n_landmarks must be >= 2, got {ny}")
@@ -156,7 +156,7 @@ def nystrom_closed_form(dec: UploadDecomposition) -> np.ndarray:
 def points_with_same_upload(X, landmarks, rng: np.random.Generator) -> np.ndarray:
     """Other points with the SAME upload: each x (n, m) moved to p + rho u, u a random unit vector
     orthogonal to the hull (the points the server cannot tell from x). Needs n_y <= m."""
-    X = _as_matrix("X", X)
+    X = as_matrix("X", X)
     g = hull_geometry(landmarks)
     if g.dim >= X.shape[1]:
         raise ValueError(f"n_landmarks = {g.dim + 1} = m + 1: the hull is the whole space, x is determined")
@@ -264,7 +264,7 @@ class KMeansServer(Server):
     client's points is that point (counted in ``singleton_cells``)."""
 
     def __init__(self, init):
-        self.C = _as_matrix("init", init).copy()
+        self.C = as_matrix("init", init).copy()
         self.shifts: list[float] = []
         self.empty: list[int] = []
         self.singleton_cells: list[int] = []
@@ -315,9 +315,9 @@ def federated_kmeans(client_data: Sequence, init, rounds: int = 100, *, progress
     (:class:`KMeansClient` uploads, :class:`KMeansServer` update) from the centres ``init`` (n_y, m),
     stopping after the first round that leaves the centres unchanged (then the assignments are
     stable: Lloyd has converged). Equals centralized Lloyd on the pooled data to round-off."""
-    data = _check_clients(client_data)
+    data = check_clients(client_data)
     rounds = check_int("rounds", rounds, 1)
-    init = _as_matrix("init", init, data[0].shape[1])
+    init = as_matrix("init", init, data[0].shape[1])
     check_int("n_landmarks", len(init), 2)
     server, client = KMeansServer(init), KMeansClient()
     states = ClientStates(client)
@@ -365,7 +365,7 @@ def landmark_embedding(landmarks, method: str = "tsne", *, seed: int = 0, perple
     umap-learn (n_neighbors <= n_y - 1); centred at the midpoint of its bounding box (what
     ``TSNEEmbedding.transform`` does to its reference first)."""
     check_choice("method", method, PLACEMENT_METHODS)
-    Y = _as_matrix("landmarks", landmarks)
+    Y = as_matrix("landmarks", landmarks)
     check_int("n_landmarks", len(Y), 4)
     if method == "tsne":
         from openTSNE import TSNEEmbedding
@@ -428,8 +428,8 @@ class PlacementServer(Server):
     uploaded positions, one (n_p, 2) array per client (empty list when clients keep them)."""
 
     def __init__(self, landmarks, landmark_embedding):
-        self.Y = _as_matrix("landmarks", landmarks)
-        self.Z_Y = _as_matrix("landmark_embedding", landmark_embedding)
+        self.Y = as_matrix("landmarks", landmarks)
+        self.Z_Y = as_matrix("landmark_embedding", landmark_embedding)
         if self.Z_Y.shape != (len(self.Y), 2):
             raise ValueError(f"landmark_embedding must be (n_landmarks, 2) = ({len(self.Y)}, 2), got {self.Z_Y.shape}")
         self.embeddings: list[np.ndarray] = []
@@ -466,8 +466,8 @@ def local_placement(client_data: Sequence, landmarks, method: str = "tsne", *, s
     (:class:`PlacementServer`, :class:`PlacementClient`) places every client's points locally.
     Deterministic for a given ``seed``. Returns a :class:`PlacementResult`."""
     check_choice("method", method, PLACEMENT_METHODS)
-    data = _check_clients(client_data)
-    Y = _as_matrix("landmarks", landmarks, data[0].shape[1])
+    data = check_clients(client_data)
+    Y = as_matrix("landmarks", landmarks, data[0].shape[1])
     check_positive("perplexity", perplexity)
     Z_Y = landmark_embedding(Y, method, seed=seed, perplexity=perplexity, tsne_max_iter=tsne_max_iter,
                              umap_neighbors=umap_neighbors, umap_min_dist=umap_min_dist, umap_epochs=umap_epochs)
@@ -520,7 +520,7 @@ def neighbours_needed(n: int, methods: Sequence[str], perplexity: float, umap_ne
 def check_beyond_inputs(X, n_landmarks: Sequence[int], estimators: Sequence[str]) -> None:
     """The chapter's checks before any work: every n_y in [2, min(n, m + 1)] (ValueError naming
     ``n_landmarks``), every estimator known (naming ``estimator``)."""
-    n, m = _as_matrix("X", X).shape
+    n, m = as_matrix("X", X).shape
     for ny in n_landmarks:
         check_int("n_landmarks", ny, 2)
         if ny > n:
@@ -567,11 +567,11 @@ def landmark_study(X, y, parts_of_seed, grid: Sequence[int], seeds: Sequence[int
     both landmark sets (:func:`learn_landmark_sets`), the Nystrom upload decomposed
     (:func:`decompose_upload`), and per estimator the ``knn_k``-NN recall against the exact neighbours;
     for n_y in ``metric_grid`` and each (landmark kind, estimator) of ``metric_combos`` the embeddings of
-    ``methods`` (:func:`embed_knn`) scored by ``scorer`` (an :class:`~fedlib.fedtsne.EmbeddingScorer`).
+    ``methods`` (:func:`embed_knn`) scored by ``scorer`` (an :class:`~fedlib.fedtsne.chapters.EmbeddingScorer`).
     ``known``: {(seed, n_y): :func:`learn_landmark_sets` output} already computed (reused, not rerun).
     Returns (recall frame, metrics frame, costs frame, kept: {(seed, n_y, kind): landmarks, ...,
     ("embedding", seed, n_y, kind, estimator, method): Z})."""
-    X = _as_matrix("X", X)
+    X = as_matrix("X", X)
     embed_kwargs = dict(embed_kwargs or {})
     metric_combos = parse_combos(metric_combos)
     check_beyond_inputs(X, list(grid) + list(metric_grid), [e for _, e in metric_combos])
@@ -619,7 +619,7 @@ def landmark_study(X, y, parts_of_seed, grid: Sequence[int], seeds: Sequence[int
 def central_runs(X, scorer, seeds: Sequence[int], methods: Sequence[str], *, embed_kwargs: dict | None = None):
     """The centralized reference: the same embedding call (:func:`embed_knn`) on the exact neighbours.
     Returns (frame: seed, method, metrics; {(seed, method): Z})."""
-    X = _as_matrix("X", X)
+    X = as_matrix("X", X)
     embed_kwargs = dict(embed_kwargs or {})
     k = neighbours_needed(len(X), methods, embed_kwargs.get("perplexity", 30.0), embed_kwargs.get("umap_neighbors", 15), 1)
     idx, d2 = exact_sq_knn(X, k)
@@ -639,7 +639,7 @@ def placement_study(X, parts_of_seed, landmark_sets: dict, n_landmarks: int, see
     clients against ``landmark_sets[seed, n_landmarks, kind]``, scored on all points by ``scorer``.
     Returns (frame: seed, landmarks, method, bytes, metrics; {(seed, kind, method): (Z in X's row order,
     landmark embedding)})."""
-    X = _as_matrix("X", X)
+    X = as_matrix("X", X)
     kw = dict(embed_kwargs or {})
     rows, kept = [], {}
     jobs = [(s, kind, m) for s in seeds for kind in kinds for m in methods]

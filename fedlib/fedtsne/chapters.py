@@ -10,7 +10,7 @@ import numpy as np
 
 from fedlib.core.validate import check_choice, check_int
 from fedlib.data.partition import make_partition
-from fedlib.fedtsne.mmd import _as_matrix, sq_distances
+from fedlib.fedtsne.mmd import as_matrix, sq_distances
 
 
 SPLITS = ("iid", "non_iid")
@@ -107,7 +107,7 @@ class EmbeddingScorer:
         from fedlib.evaluation import embedding as em
 
         self._em = em
-        self.X = _as_matrix("X", X)
+        self.X = as_matrix("X", X)
         self.y = np.asarray(labels).ravel()
         if len(self.y) != len(self.X):
             raise ValueError(f"labels has {len(self.y)} entries, X has {len(self.X)} rows")
@@ -130,7 +130,7 @@ class EmbeddingScorer:
         from sklearn.metrics import silhouette_score
 
         em = self._em
-        Z = _as_matrix("Z", Z)
+        Z = as_matrix("Z", Z)
         out = {f"CA {k}-NN": em.knn_accuracy(Z, self.y, k, seed=seed) for k in self.ks}
         nz = _knn_lists(Z, max(self.ks))
         out.update({f"NPA {k}-NN": _list_overlap(self.nn[:, :k], nz[:, :k]) for k in self.ks})
@@ -149,7 +149,7 @@ class EmbeddingScorer:
         from fedlib.fedtsne.knn import BLOCK_BYTES, _select, block_rows
         from fedlib.fedtsne.nystrom import landmark_pinv_factors
 
-        Y = _as_matrix("landmarks", landmarks)
+        Y = as_matrix("landmarks", landmarks)
         if Y.shape[1] != self.X.shape[1]:
             raise ValueError(f"landmarks must have {self.X.shape[1]} columns, got {Y.shape[1]}")
         n = len(self.X)

@@ -11,10 +11,10 @@ import pandas as pd
 
 from fedlib.core import privacy
 from fedlib.fedtsne.dp import data_sensitivity, dp_noise_sd, paper_noise_sd
+from fedlib.fedtsne.algorithm import mmd2_u, mmd2_u_grad, nystrom_distances
 from fedlib.fedtsne.feddl import feddl
-from fedlib.fedtsne.mmd import (
-    expected_gaussian_kernel, gaussian_kernel, mmd2_u, mmd2_u_grad, sq_distances)
-from fedlib.fedtsne.nystrom import nystrom, nystrom_estimate, reconstruct_from_sq_distances
+from fedlib.fedtsne.mmd import as_matrix, expected_gaussian_kernel, gaussian_kernel, sq_distances
+from fedlib.fedtsne.nystrom import nystrom
 
 
 def rel_error(estimate, exact) -> float:
@@ -258,7 +258,7 @@ def upload_leak(X, parts, landmarks) -> tuple[float, float]:
     """What Algorithm 2's distance upload gives the server: (max |D_hat - D| / max D of its Nystrom estimate
     (Eqs. 21-22), relative error of its reconstruction of every client point), for the clients
     ``[X[p] for p in parts]`` and the landmarks (n_y, m)."""
-    from fedlib.fedtsne.nystrom import client_sq_distances, nystrom_distances
+    from fedlib.fedtsne.algorithm import client_sq_distances, nystrom_distances
 
     B = np.vstack([client_sq_distances(X[p], landmarks)["sq_distances"] for p in parts])
     order = np.concatenate(parts)
@@ -346,3 +346,46 @@ def affine_projection(X, landmarks, tol: float = 1e-10) -> tuple[np.ndarray, int
     _, sv, Vt = np.linalg.svd(landmarks - ybar, full_matrices=False)
     basis = Vt[sv > tol * sv[0]]
     return ybar + (X - ybar) @ basis.T @ basis, len(basis)
+
+
+def reconstruct_from_sq_distances(sq_dists, landmarks, return_residual: bool = False):
+    """Multilateration: recover samples from their squared distances (n, n_y) to known landmarks (n_y, m).
+
+    With c_j = y_j - y_bar and u = x - y_bar, ||x - y_j||^2 = ||u||^2 - 2 u^T c_j + ||c_j||^2; subtracting
+    the mean over j removes ||u||^2 and leaves the linear system
+
+        C u = (||c_j||^2 - mean_j ||c_j||^2 - (d_j - mean_j d_j)) / 2,     C = [c_1; ...; c_{n_y}] (n_y, m).
+
+    Its least-squares minimum-norm solution is the component of u in span{y_j - y_bar}, so
+    x_hat = y_bar + P(x - y_bar): exact when n_y >= m + 1 landmarks are in general position, the
+    orthogonal projection of x onto the landmarks' affine span otherwise. ``return_residual`` also
+    gives the distance of each x from that span, sqrt(max(d_j - ||x_hat - y_j||^2, 0)) averaged over j,
+    which the uploads reveal as well. Returns x_hat (n, m) [, residual (n,)]."""
+    Y = as_matrix("landmarks", landmarks)
+    D = np.asarray(sq_dists, dtype=np.float64)
+    if D.ndim != 2 or D.shape[1] != len(Y):
+        raise ValueError(f"sq_dists must have shape (n, n_landmarks={len(Y)}), got {D.shape}")
+    if len(Y) < 2:
+        raise ValueError(f"n_landmarks must be >= 2, got {len(Y)}")
+    ybar = Y.mean(0)
+    C = Y - ybar
+    c2 = np.einsum("ij,ij->i", C, C)
+    rhs = 0.5 * ((c2 - c2.mean())[None, :] - (D - D.mean(1, keepdims=True)))       # (n, n_y)
+    U = np.linalg.lstsq(C, rhs.T, rcond=None)[0].T                                   # (n, m)
+    Xhat = ybar + U
+    if not return_residual:
+        return Xhat
+    resid = np.sqrt(np.maximum(D - sq_distances(Xhat, Y), 0.0).mean(1))
+    return Xhat, resid
+
+
+def nystrom_estimate(X, landmarks, squared: bool = True) -> np.ndarray:
+    """The server's distance estimate (n, n) from landmarks Y (n_y, m), in the row order of X (n, m):
+    ``squared=True`` is Eqs. 21-22 on squared distances (:func:`nystrom_distances`, the method);
+    ``squared=False`` is Eq. 22 read literally on plain distances, symmetrized, clipped at 0, zero
+    diagonal (an ablation: never exact)."""
+    if squared:
+        return nystrom_distances(sq_distances(X, landmarks), sq_distances(landmarks))
+    H = np.maximum(nystrom(np.sqrt(sq_distances(X, landmarks)), np.sqrt(sq_distances(landmarks))), 0.0)
+    np.fill_diagonal(H, 0.0)
+    return H

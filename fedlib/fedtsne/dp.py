@@ -11,7 +11,7 @@ import numpy as np
 
 from fedlib.core import privacy
 from fedlib.core.validate import check_choice, check_int, check_positive
-from fedlib.fedtsne.mmd import _as_matrix
+from fedlib.fedtsne.mmd import as_matrix
 
 if TYPE_CHECKING:
     from fedlib.fedtsne.feddl import FedDLResult
@@ -31,7 +31,7 @@ def _check_epsilon_delta(epsilon, delta) -> tuple[float, float]:
 def clip_rows(X, tau_x: float) -> np.ndarray:
     """Scale every row of X (n, m) with ||x|| > tau_x down to norm tau_x (a public bound): after it,
     replacing one row moves the data by at most 2 tau_x in l2 (Theorem 4's Delta)."""
-    X = _as_matrix("X", X)
+    X = as_matrix("X", X)
     tau_x = check_positive("tau_x", tau_x)
     norms = np.sqrt(np.einsum("ij,ij->i", X, X))
     return X * np.minimum(1.0, tau_x / np.maximum(norms, 1e-300))[:, None]

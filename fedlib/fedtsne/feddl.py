@@ -12,22 +12,18 @@ from typing import Sequence
 
 import numpy as np
 
-from fedlib.core import privacy, seeds, uploads
-from fedlib.core.messages import Cost, Message
-from fedlib.core.protocol import EMPTY, ClientStates, Server, simulate
+from fedlib.core import privacy, seeds
+from fedlib.core.messages import Cost
+from fedlib.core.protocol import EMPTY, ClientStates, simulate
 from fedlib.core.validate import check_choice, check_fraction, check_int, check_positive
+from fedlib.fedtsne.algorithm import DTYPES, MODES, FedDLClient, FedDLServer
 from fedlib.fedtsne.dp import (
-    DP_MECHANISMS, DP_SENSITIVITIES, _check_epsilon_delta, _privacy_ledger, clip_rows, data_sensitivity,
-    gradient_sensitivity, kernel_gradient_sensitivity, project_spectral)
-from fedlib.fedtsne.mmd import (
-    GAMMA_RULES, WEIGHTS, _as_matrix, _check_clients, _client_weights, _cross_terms, _pooled_moments, _sq_distances,
-    _xx_term, _yy_terms, client_median_sqdist, kernel_width, lipschitz_bound)
+    DP_MECHANISMS, DP_SENSITIVITIES, _check_epsilon_delta, _privacy_ledger, data_sensitivity)
+from fedlib.fedtsne.mmd import GAMMA_RULES, WEIGHTS, as_matrix, check_clients, kernel_width
 
 
-MODES = ("gradient", "average")
 INITS = ("moments", "gaussian", "uniform")
 NOISES = ("none", "dp_data", "dp_gradient", "heuristic")
-DTYPES = ("float64", "float32")
 
 
 @dataclass
@@ -77,347 +73,6 @@ class FedDLResult:
         return len(self.step_sq_norms)
 
 
-def _post(Y: np.ndarray, landmark_bounds, tau_y) -> np.ndarray:
-    """Public post-processing of landmarks: clip into the box ``landmark_bounds``, then (Theorem 6)
-    project into ||Y||_2 <= ``tau_y`` (None: skipped)."""
-    if landmark_bounds is not None:
-        Y = np.clip(Y, *landmark_bounds)
-    if tau_y is not None:
-        Y = project_spectral(Y, tau_y)
-    return Y
-
-
-def _add_scaled(target: np.ndarray, x: np.ndarray, a: float) -> np.ndarray:
-    """target + a x, written into ``target`` (an array the caller owns) by one BLAS axpy pass; x is read
-    in target's dtype. Returns the sum (target itself when it is C-contiguous)."""
-    from scipy.linalg.blas import get_blas_funcs
-
-    if np.shape(x) != np.shape(target):   # BLAS would update a prefix of the flat arrays
-        raise ValueError(f"cannot add an array of shape {np.shape(x)} to one of shape {np.shape(target)}")
-    target = np.ascontiguousarray(target)
-    flat = target.reshape(-1)
-    x = np.ascontiguousarray(x, dtype=target.dtype).reshape(-1)
-    return get_blas_funcs("axpy", (flat,))(x, flat, a=a).reshape(target.shape)
-
-
-def _weighted_sum(arrays: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
-    """sum_p weights[p] arrays[p] (arrays of one shape and dtype) into one new array, one axpy pass over each
-    upload and no temporaries (:func:`_add_scaled`; the server's aggregation of Eqs. 15-16)."""
-    total = np.multiply(arrays[0], weights[0])
-    for a, wp in zip(arrays[1:], weights[1:]):
-        total = _add_scaled(total, a, wp)
-    return total
-
-
-def _entry_sd(g: np.ndarray) -> float:
-    """The standard deviation of g's entries (as ``g.std()``) from two BLAS passes, sqrt(g.g/n - mean^2);
-    ``g.std()`` itself when the variance is below 1e-6 mean^2, where that difference would cancel."""
-    flat = g.reshape(-1)
-    mean = float(flat.sum()) / flat.size
-    var = float(np.dot(flat, flat)) / flat.size - mean * mean
-    return math.sqrt(var) if var > 1e-6 * mean * mean else float(g.std())
-
-
-def _float32_normals(state: dict, seed: int, shape) -> np.ndarray:
-    """float32 N(0, 1) draws of client ``state["k"]`` for ``dtype="float32"``: from its own CPU torch
-    generator, stream ("feddl", p) of ``seed`` (as :func:`client_rng`; torch draws float32 normals
-    ~2.5x faster than numpy), made on the first draw and kept in ``state``."""
-    import torch
-
-    gen = state.get("torch_rng")
-    if gen is None:
-        gen = state["torch_rng"] = seeds.torch_generator(seed, "feddl", state["k"])
-    return torch.randn(tuple(shape), generator=gen, dtype=torch.float32).numpy()
-
-
-def client_rng(seed: int, p: int) -> np.random.Generator:
-    """Client p's private generator in a FedDL run of ``seed`` (its noise draws): stream ("feddl", p)."""
-    return seeds.rng(seed, "feddl", p)
-
-
-def median_seed(seed: int, p: int) -> int:
-    """Seed of client p's subsample for the median rule: stream ("median", p) of ``seed``."""
-    return seeds.derive_seed(seed, "median", p)
-
-
-@dataclass(frozen=True)
-class FedDLClient:
-    """Client program of FedDL (Algorithm 1), :class:`fedlib.core.protocol.Client`. Holds only the
-    run's PUBLIC configuration; client p's memory is its ``state`` dict (its generator, the data it
-    holds after clipping / perturbation, its sensitivity, its diagnostics).
-
-    ``step(X_p, state, broadcast)``:
-
-    * set-up (empty broadcast): clip rows to ``tau_x`` ("dp_data", "theorem6") and, under "dp_data",
-      add N(0, ``data_sd``^2) once (Theorem 4); upload {"n": n_p} plus what ``setup`` names ("moments":
-      "sum", "sumsq" (m,); "median": "median_sqdist", on <= ``median_points`` rows);
-    * round (broadcast {"landmarks" Y (n_y, m), "gamma", "lr"}): grad f_p(Y) (Eq. 13) plus this
-      client's noise; "gradient" mode uploads {"gradient" (n_y, m)} (Eq. 16), "average" mode runs Q
-      local steps Y_p <- post(Y_p - lr grad f_p(Y_p)) (Eq. 14) and uploads {"landmarks" (n_y, m)}.
-      f_p(Y) (Eq. 10) and the noise sd are kept in ``state`` as diagnostics, never uploaded;
-    * ``step_many`` (the in-process simulator's round): the same uploads, the distance products of a
-      "gradient" round's clients computed as one product (:meth:`step_many`).
-    """
-
-    seed: int = 0
-    mode: str = "gradient"
-    local_steps: int = 1
-    noise: str = "none"
-    beta: float = 1.0
-    data_sd: float = 0.0
-    noise_multiplier: float = 0.0
-    tau_x: float | None = None
-    tau_y: float | None = None
-    dp_sensitivity: str = "kernel"
-    landmark_bounds: tuple | None = None
-    setup: tuple = ()
-    median_points: int = 1000
-    dtype: str = "float64"
-    _yy: list = field(default_factory=lambda: [None], repr=False, compare=False)
-    _ysq: list = field(default_factory=lambda: [None], repr=False, compare=False)
-    _stacked: list = field(default_factory=lambda: [None], repr=False, compare=False)
-
-    def init_state(self, k: int) -> dict:
-        return {"k": k, "rng": client_rng(self.seed, k), "data": None, "objective": [], "noise_sd": []}
-
-    def step(self, data, state: dict, broadcast: Message) -> Message:
-        if "landmarks" not in broadcast.payload:
-            return Message(f"client{state['k']}", self._setup(self._held(data, state), state))
-        return self._round(state, broadcast)
-
-    def step_many(self, datas: Sequence, states: Sequence[dict], broadcast: Message) -> list[Message]:
-        """The uploads of several clients in one process, ``[step(d, s, broadcast) ...]`` up to float
-        round-off. A "gradient" round computes the squared distances of every client's rows to the
-        landmarks by ONE product over the clients' stacked rows (kept while the same clients come back)
-        instead of one small product per client; each client then finishes its round from its own
-        rows of it, with its own data, state and noise stream. Otherwise it is the per-client loop."""
-        Y = broadcast.payload.get("landmarks")
-        xs = [state.get("x32", state["data"]) for state in states]     # None before the set-up round
-        if Y is None or self.mode != "gradient" or len(states) < 2 or any(x is None for x in xs):
-            return [self.step(d, s, broadcast) for d, s in zip(datas, states)]
-        for state in states:
-            self._prepare(state, len(Y), broadcast["gamma"])
-        xs = [state.get("x32", state["data"]) for state in states]     # the float32 copies _prepare made
-        if any(x.dtype != Y.dtype for x in xs):    # mixed dtypes: _cross_terms computes each in float64
-            return [self._round(state, broadcast) for state in states]
-        stacked = self._stacked[0]
-        if stacked is None or len(stacked[0]) != len(xs) or any(a is not b for a, b in zip(stacked[0], xs)):
-            bounds = np.cumsum([0] + [len(x) for x in xs])
-            x_sq = np.concatenate([state["x_sq"] for state in states])
-            self._stacked[0] = stacked = (xs, np.concatenate(xs), x_sq, bounds)
-        _, x_all, x_sq, bounds = stacked
-        d2 = _sq_distances(x_all, Y, x_sq, self._y_sq(Y))
-        return [self._round(state, broadcast, d2[a:b]) for state, a, b in zip(states, bounds[:-1], bounds[1:])]
-
-    def _prepare(self, state: dict, ny: int, gamma: float) -> None:
-        """At the client's first round: its constant f_p term, squared row norms, sensitivity and (float32)
-        the copy it computes its gradients from."""
-        if "xx" in state:
-            return
-        x = state["data"]
-        state["xx"] = _xx_term(x, gamma)        # constant part of f_p (diagnostic only)
-        state["x_sq"] = np.einsum("ij,ij->i", x, x)   # the client's squared row norms, kept
-        state["sensitivity"] = self._sensitivity(len(x), ny, gamma)
-        if self.dtype == "float32":       # the client's copy it computes its gradients from
-            state["x32"] = x.astype(np.float32)
-            state["x_sq"] = state["x_sq"].astype(np.float32)
-
-    def _round(self, state: dict, broadcast: Message, sq_dist: np.ndarray | None = None) -> Message:
-        """One round's upload (Eq. 13 plus noise; Eq. 14's local steps in "average" mode); ``sq_dist``:
-        this client's rows of the squared distances to the broadcast landmarks when already computed."""
-        sender = f"client{state['k']}"
-        Y, gamma, lr = broadcast["landmarks"], broadcast["gamma"], broadcast["lr"]
-        self._prepare(state, len(Y), gamma)
-        x = state.get("x32", state["data"])
-        yy_val, yy_grad = self._yy_terms(Y, gamma)
-        cross_val, cross_grad = _cross_terms(x, Y, gamma, state["x_sq"], self._y_sq(Y), sq_dist)
-        state["objective"].append(state["xx"] + cross_val + yy_val)
-        cross_grad += yy_grad        # the client's own fresh array: Eq. 13 summed in place
-        g, sd_sum = self._noisy(state, cross_grad)
-        if self.mode == "gradient":
-            state["noise_sd"].append(sd_sum)
-            return Message(sender, {"gradient": g})
-        tau_y = self.tau_y if self._theorem6 else None
-        Yp = _post(Y - lr * g, self.landmark_bounds, tau_y)
-        for _ in range(self.local_steps - 1):
-            g, sd = self._noisy(state, _cross_terms(x, Yp, gamma, state["x_sq"])[1] + _yy_terms(Yp, gamma)[1])
-            sd_sum += sd
-            Yp = _post(Yp - lr * g, self.landmark_bounds, tau_y)
-        state["noise_sd"].append(sd_sum / self.local_steps)
-        return Message(sender, {"landmarks": Yp})
-
-    def objective(self, state: dict, Y: np.ndarray, gamma: float) -> float:
-        """f_p(Y) (Eq. 10) on the data the client holds: a diagnostic, not an upload."""
-        return state["xx"] + _cross_terms(state["data"], Y, gamma)[0] + _yy_terms(Y, gamma)[0]
-
-    @property
-    def _theorem6(self) -> bool:
-        return self.noise == "dp_gradient" and self.dp_sensitivity == "theorem6"
-
-    def _held(self, data, state: dict) -> np.ndarray:
-        """The data this client computes from: clipped (and perturbed once under dp_data, Thm 4)."""
-        if state["data"] is None:
-            x = data
-            if self.noise == "dp_data" or self._theorem6:
-                x = clip_rows(x, self.tau_x)
-            if self.noise == "dp_data":
-                x = x + self.data_sd * state["rng"].standard_normal(x.shape)
-            state["data"] = x
-        return state["data"]
-
-    def _setup(self, x: np.ndarray, state: dict) -> dict:
-        payload: dict = {"n": len(x)}
-        if "moments" in self.setup:
-            payload["sum"] = x.sum(0)
-            payload["sumsq"] = np.einsum("ij,ij->j", x, x)
-        if "median" in self.setup:
-            payload["median_sqdist"] = client_median_sqdist(x, self.median_points, median_seed(self.seed, state["k"]))
-        return payload
-
-    def _sensitivity(self, n_p: int, ny: int, gamma: float) -> float:
-        """Delta_p of this client's releases: 2 tau_x (dp_data), Thm 6's or the kernel bound (dp_gradient)."""
-        if self.noise == "dp_data":
-            return data_sensitivity(self.tau_x)
-        if self._theorem6:
-            return gradient_sensitivity(n_p, ny, gamma, self.tau_x, self.tau_y, self.tau_x + self.tau_y)
-        if self.noise == "dp_gradient":
-            return kernel_gradient_sensitivity(n_p, ny, gamma)
-        return 0.0
-
-    def _noisy(self, state: dict, g: np.ndarray) -> tuple[np.ndarray, float]:
-        """g + sd z with z ~ N(0, I) from the client's own stream, written into g (the client's own fresh
-        gradient, :func:`_add_scaled`); sd of the noise kind."""
-        if self.noise == "heuristic":
-            sd = self.beta * _entry_sd(g)
-        elif self.noise == "dp_gradient":
-            sd = self.noise_multiplier * state["sensitivity"]
-        else:
-            return g, 0.0
-        if g.dtype == np.float32:         # dtype="float32": float32 normals from the client's own torch stream
-            z = _float32_normals(state, self.seed, g.shape)
-        else:
-            z = state["rng"].standard_normal(g.shape)
-        return _add_scaled(g, z, sd), sd
-
-    def _y_sq(self, Y: np.ndarray) -> np.ndarray:
-        """Squared row norms of the broadcast landmarks, computed once per broadcast (as :meth:`_yy_terms`)."""
-        cached = self._ysq[0]
-        if cached is None or cached[0] is not Y:
-            self._ysq[0] = cached = (Y, np.einsum("ij,ij->i", Y, Y))    # in Y's dtype
-        return cached[1]
-
-    def _yy_terms(self, Y: np.ndarray, gamma: float):
-        """Y-Y terms of Eqs. 10 and 13: a pure function of the broadcast, computed once per broadcast
-        in this simulation (every client would compute the same values)."""
-        cached = self._yy[0]
-        if cached is None or cached[0] is not Y or cached[1] != gamma:
-            self._yy[0] = cached = (Y, gamma, _yy_terms(Y, gamma))
-        return cached[2]
-
-
-class FedDLServer(Server):
-    """Server of FedDL (Algorithm 1), :class:`fedlib.core.protocol.Server`.
-
-    Round 1 is the set-up: an empty broadcast; from the uploads the server takes the weights w_p,
-    gamma (:func:`kernel_width` or the given number), Y^0 ("moments": N(mean, diag var) of the pooled
-    moments; "gaussian"; "uniform"; or an (n_y, m) array; drawn from ``default_rng(seed)``) and the step
-    (``lr="auto"``: ``lr_scale``/L, :func:`lipschitz_bound`). Every later round broadcasts {"landmarks", "gamma",
-    "lr"} and updates Y <- post(Y - server_lr sum_p w_p g_p) (Eq. 16) or post(sum_p w_p Y_p) (Eq. 15).
-    ``result()`` = (Y^S, Y^0, step norms ||Y^s - Y^{s-1}||_F^2).
-
-    Every upload is checked first (:meth:`expects`): the set-up's n_p an integer >= 1 and the moments or
-    median its rules need; a round's (n_y, m) array in the run's dtype, finite, from a client of the
-    set-up. A round that some set-up client misses (left out over Flower) weighs the others by their
-    w_p renormalized to sum 1."""
-
-    def __init__(self, n_landmarks: int, dim: int, *, mode: str = "gradient", weights: str = "size",
-                 init="moments", gamma="median", lr="auto", lr_scale: float = 1.0, server_lr=None,
-                 landmark_bounds=None, tau_y: float | None = None, seed: int = 0, dtype: str = "float64"):
-        self.ny, self.dim, self.mode, self.weights_rule = n_landmarks, dim, mode, weights
-        check_choice("dtype", dtype, DTYPES)
-        self.dtype = dtype
-        self.init, self.gamma, self.lr, self.lr_scale, self.server_lr = init, gamma, lr, lr_scale, server_lr
-        self.landmark_bounds, self.tau_y = landmark_bounds, tau_y
-        self.rng = np.random.default_rng(seed)
-        self.Y = self.Y0 = None
-        self.steps: list[float] = []
-        self.setup_bytes = 0
-        self.clients: list[str] = []   # the set-up round's senders, in the order of ``w``
-
-    def broadcast(self) -> Message:
-        if self.Y is None:
-            return EMPTY
-        return Message("server", {"landmarks": self.Y, "gamma": self.gamma, "lr": self.lr})
-
-    def expects(self) -> uploads.Expected:
-        if self.Y is None:
-            form: dict = {"n": uploads.Number(low=1, integer=True)}
-            if (isinstance(self.init, str) and self.init == "moments") or self.gamma == "moments":
-                form.update(sum=uploads.Tensor(("m",), array="numpy"),
-                            sumsq=uploads.Tensor(("m",), array="numpy", low=0.0))
-            if isinstance(self.gamma, str) and self.gamma == "median":
-                form["median_sqdist"] = uploads.Number(low=0.0)
-            return uploads.Expected((form,), {"m": self.dim}, what="FedDL set-up upload")
-        entry = uploads.Tensor((self.ny, self.dim), (self.dtype,), array="numpy")
-        return uploads.Expected(({"gradient" if self.mode == "gradient" else "landmarks": entry},),
-                                senders=set(self.clients), what="FedDL upload")
-
-    def absorb(self, messages: list[Message]) -> None:
-        if self.Y is None:
-            self._setup(messages)
-            return
-        w = self._round_weights(messages)
-        w = w if self.dtype == "float64" else [float(wp) for wp in w]   # float32: stays float32
-        if self.mode == "gradient":
-            Y_new = _weighted_sum([msg["gradient"] for msg in messages], [-float(self.server_lr) * wp for wp in w])
-            Y_new += self.Y
-        else:
-            Y_new = _weighted_sum([msg["landmarks"] for msg in messages], w)
-        Y_new = _post(Y_new, self.landmark_bounds, self.tau_y)
-        if self.dtype == "float64":
-            self.steps.append(float(((Y_new - self.Y) ** 2).sum()))
-        else:
-            Y_new = Y_new.astype(np.float32, copy=False)
-            self.steps.append(float(np.square(Y_new - self.Y).sum(dtype=np.float64)))
-        self.Y = Y_new
-
-    def result(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(Y^S, Y^0, step norms); landmarks as float64 whatever ``dtype`` (the Nystrom step computes in float64)."""
-        return np.asarray(self.Y, dtype=np.float64), np.asarray(self.Y0, dtype=np.float64), np.array(self.steps)
-
-    def _round_weights(self, messages: list[Message]):
-        """w_p of this round's senders: ``w`` itself when every set-up client answered (in order), else
-        their w_p renormalized to sum 1."""
-        if [m.sender for m in messages] == self.clients:
-            return self.w
-        index = {name: p for p, name in enumerate(self.clients)}
-        w = np.array([self.w[index[m.sender]] for m in messages])
-        return w / w.sum()
-
-    def _setup(self, messages: list[Message]) -> None:
-        self.clients = [msg.sender for msg in messages]
-        self.setup_bytes = sum(msg.nbytes for msg in messages)
-        self.w = _client_weights(np.array([msg["n"] for msg in messages], dtype=np.float64), self.weights_rule)
-        if isinstance(self.gamma, str):
-            self.gamma = kernel_width(self.gamma, messages, self.weights_rule)
-        ny, m = self.ny, self.dim
-        if isinstance(self.init, np.ndarray):
-            Y = self.init.copy()
-        elif self.init == "moments":
-            mean, var = _pooled_moments(messages)
-            Y = mean + np.sqrt(var) * self.rng.standard_normal((ny, m))
-        elif self.init == "gaussian":
-            Y = self.rng.standard_normal((ny, m))
-        else:
-            Y = self.rng.uniform(0.0, 1.0, (ny, m))
-        self.Y = _post(Y, self.landmark_bounds, self.tau_y)
-        if self.dtype == "float32":       # Y^0 drawn in float64 (the same draw as float64), then rounded
-            self.Y = self.Y.astype(np.float32)
-        self.Y0 = self.Y.copy()
-        self.lr = self.lr_scale / lipschitz_bound(self.gamma, ny) if self.lr == "auto" else self.lr
-        self.server_lr = self.lr if self.server_lr is None else self.server_lr
-
-
 def _check_dp_options(noise, init, gamma, tau_x, tau_y, dp_sensitivity, dp_accountant, landmark_bounds):
     """The DP-specific checks of :func:`feddl` (all before any work)."""
     check_choice("dp_sensitivity", dp_sensitivity, DP_SENSITIVITIES)
@@ -455,7 +110,7 @@ def _check_feddl_args(client_data, n_landmarks, rounds, local_steps, mode, lr, s
                       median_points, dtype="float64", lr_scale=1.0) -> dict:
     """Every check of :func:`feddl`, before any work; returns the checked values."""
     check_choice("dtype", dtype, DTYPES)
-    data = _check_clients(client_data)
+    data = check_clients(client_data)
     m = data[0].shape[1]
     ny = check_int("n_landmarks", n_landmarks, 2)
     Q = check_int("local_steps", local_steps, 1)
@@ -468,7 +123,7 @@ def _check_feddl_args(client_data, n_landmarks, rounds, local_steps, mode, lr, s
     if isinstance(init, str):
         check_choice("init", init, INITS)
     else:
-        init = _as_matrix("init", init, m)
+        init = as_matrix("init", init, m)
         if init.shape != (ny, m):
             raise ValueError(f"init array must have shape (n_landmarks, m) = {(ny, m)}, got {init.shape}")
     if isinstance(gamma, str):
@@ -501,7 +156,7 @@ def feddl(client_data: Sequence, n_landmarks: int = 500, *, rounds: int = 100, l
           noise: str = "none", beta: float = 1.0, epsilon: float | None = None, delta: float | None = None,
           tau_x: float | None = None, tau_y: float | None = None, dp_sensitivity: str = "kernel",
           dp_accountant: str = "pld", landmark_bounds: tuple | None = None, median_points: int = 1000,
-          seed: int = 0, progress: bool = False, dtype: str = "float64") -> FedDLResult:
+          seed: int = 0, progress: bool = False, dtype: str = "float64", fast: bool = True) -> FedDLResult:
     """Federated distribution learning (Algorithm 1): fit n_y landmarks to the union of the clients'
     data by minimizing F(Y) = sum_p w_p MMD_u^2(X_p, Y) (Eqs. 8-16), run as :class:`FedDLClient` and
     :class:`FedDLServer` by :func:`fedlib.core.protocol.simulate` (one set-up round, then ``rounds``).
@@ -550,14 +205,17 @@ def feddl(client_data: Sequence, n_landmarks: int = 500, *, rounds: int = 100, l
     Randomness: Y^0 from ``default_rng(seed)`` (the server), client p's noise from
     :func:`client_rng` (float32: its torch stream) and its median subsample from :func:`median_seed`. ``progress`` shows a tqdm bar
     over the rounds. Returns a :class:`FedDLResult` (landmarks (n_y, m), per-round objective, measured
-    :class:`~fedlib.core.messages.Cost`, epsilon spent).
+    :class:`~fedlib.core.messages.Cost`, epsilon spent). ``fast=False``: the clients and the server compute as
+    :mod:`fedlib.fedtsne.algorithm` writes the equations, without :mod:`fedlib.fedtsne.speed` (float64 only).
     """
+    if not fast and dtype != "float64":
+        raise ValueError("dtype='float32' is a speed path: it needs fast=True")
     run = FedDLRun.start(client_data, n_landmarks, rounds=rounds, local_steps=local_steps, mode=mode, lr=lr,
                           lr_scale=lr_scale, server_lr=server_lr, weights=weights, init=init, gamma=gamma,
                           noise=noise, beta=beta,
                           epsilon=epsilon, delta=delta, tau_x=tau_x, tau_y=tau_y, dp_sensitivity=dp_sensitivity,
                           dp_accountant=dp_accountant, landmark_bounds=landmark_bounds, median_points=median_points,
-                          seed=seed, dtype=dtype)
+                          seed=seed, dtype=dtype, fast=fast)
     run.advance(run.planned, progress)
     return run.result()
 
@@ -580,7 +238,7 @@ class FedDLRun:
     @classmethod
     def start(cls, client_data, n_landmarks, *, rounds, local_steps, mode, lr, server_lr, weights, init, gamma,
               noise, beta, epsilon, delta, tau_x, tau_y, dp_sensitivity, dp_accountant, landmark_bounds,
-              median_points, seed, dtype="float64", lr_scale=1.0) -> "FedDLRun":
+              median_points, seed, dtype="float64", lr_scale=1.0, fast=True) -> "FedDLRun":
         a = _check_feddl_args(client_data, n_landmarks, rounds, local_steps, mode, lr, server_lr, weights, init,
                               gamma, noise, beta, epsilon, delta, tau_x, tau_y, dp_sensitivity, dp_accountant,
                               landmark_bounds, median_points, dtype, lr_scale)
@@ -598,11 +256,11 @@ class FedDLRun:
         client = FedDLClient(seed=seed, mode=mode, local_steps=Q, noise=noise, beta=a["beta"], data_sd=data_sd,
                              noise_multiplier=z_mult, tau_x=a["tau_x"], tau_y=a["tau_y"],
                              dp_sensitivity=dp_sensitivity, landmark_bounds=a["landmark_bounds"], setup=need,
-                             median_points=a["median_points"], dtype=dtype)
+                             median_points=a["median_points"], dtype=dtype, fast=fast)
         server = FedDLServer(a["ny"], data[0].shape[1], mode=mode, weights=weights, init=a["init"], gamma=a["gamma"],
                              lr=a["lr"], lr_scale=a["lr_scale"], server_lr=a["server_lr"],
                              landmark_bounds=a["landmark_bounds"],
-                             tau_y=a["tau_y"] if theorem6 else None, seed=seed, dtype=dtype)
+                             tau_y=a["tau_y"] if theorem6 else None, seed=seed, dtype=dtype, fast=fast)
         options = dict(noise=noise, mode=mode, Q=Q, data_sd=data_sd, z_mult=z_mult, delta=delta, tau_x=a["tau_x"],
                        dp_sensitivity=dp_sensitivity, dp_accountant=dp_accountant)
         return cls(data, client, server, ClientStates(client), S, options)
@@ -802,7 +460,7 @@ def plateau_rounds(client_data: Sequence, n_landmarks: int, *, max_rounds: int =
 def public_landmarks(X_public, n_landmarks: int, seed: int, low: float = 0.0, high: float = 1.0) -> np.ndarray:
     """Data-free Y^0 (n_y, m) from a PUBLIC sample (n_pub, m): N(mean, diag sd^2) of the public rows,
     clipped into [low, high] (pixels), drawn from stream ("public_landmarks",) of ``seed``."""
-    X_public = _as_matrix("X_public", X_public)
+    X_public = as_matrix("X_public", X_public)
     r = seeds.rng(seed, "public_landmarks")
     return np.clip(X_public.mean(0) + X_public.std(0) * r.standard_normal((check_int("n_landmarks", n_landmarks, 2),
                                                                            X_public.shape[1])), low, high)

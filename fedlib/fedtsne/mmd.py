@@ -7,14 +7,13 @@ rule (:func:`kernel_width`, with its zero-scale guard). Samples are ROWS: X (n, 
 """
 from __future__ import annotations
 
-import math
 from numbers import Integral
 from typing import Sequence
 
 import numpy as np
 
 from fedlib.core.messages import Message
-from fedlib.core.validate import check_choice, check_int, check_positive
+from fedlib.core.validate import check_choice, check_positive
 from fedlib.data.partition import make_partition
 
 
@@ -22,7 +21,7 @@ WEIGHTS = ("size", "uniform")
 GAMMA_RULES = ("median", "moments")
 
 
-def _as_matrix(name: str, x, dim: int | None = None) -> np.ndarray:
+def as_matrix(name: str, x, dim: int | None = None) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 2:
         raise ValueError(f"{name} must be a 2-D array (samples, features), got shape {x.shape}")
@@ -33,10 +32,10 @@ def _as_matrix(name: str, x, dim: int | None = None) -> np.ndarray:
     return x
 
 
-def _check_clients(client_data) -> list[np.ndarray]:
+def check_clients(client_data) -> list[np.ndarray]:
     if isinstance(client_data, np.ndarray) or len(client_data) == 0:
         raise ValueError("client_data must be a non-empty list of (n_p, m) arrays, one per client")
-    data = [_as_matrix(f"client_data[{p}]", x) for p, x in enumerate(client_data)]
+    data = [as_matrix(f"client_data[{p}]", x) for p, x in enumerate(client_data)]
     dim = data[0].shape[1]
     for p, x in enumerate(data):
         if x.shape[1] != dim:
@@ -47,7 +46,7 @@ def _check_clients(client_data) -> list[np.ndarray]:
     return data
 
 
-def _resolve_parts(n: int, parts, seed: int) -> list[np.ndarray]:
+def resolve_parts(n: int, parts, seed: int) -> list[np.ndarray]:
     """``parts``: an int P (IID split by :func:`fedlib.data.partition.make_partition`) or P index arrays that
     partition range(n) (disjoint, covering every row)."""
     if isinstance(parts, (Integral, np.integer)) and not isinstance(parts, bool):
@@ -71,8 +70,8 @@ def _resolve_parts(n: int, parts, seed: int) -> list[np.ndarray]:
 
 def split_clients(X, parts, seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """X (n, m), parts (int P or P index arrays) -> (client arrays [X[ix] ...], index arrays)."""
-    X = _as_matrix("X", X)
-    idx = _resolve_parts(len(X), parts, seed)
+    X = as_matrix("X", X)
+    idx = resolve_parts(len(X), parts, seed)
     return [X[ix] for ix in idx], idx
 
 
@@ -82,13 +81,13 @@ def sq_distances(A, B=None) -> np.ndarray:
     With B omitted: the (a, a) self-distances with an exact zero diagonal."""
     A = np.asarray(A, dtype=np.float64)
     same = B is None
-    d2 = _sq_distances(A, A if same else np.asarray(B, dtype=np.float64))
+    d2 = sq_distances_from_norms(A, A if same else np.asarray(B, dtype=np.float64))
     if same:
         np.fill_diagonal(d2, 0.0)
     return d2
 
 
-def _sq_distances(A: np.ndarray, B: np.ndarray, a_sq: np.ndarray | None = None,
+def sq_distances_from_norms(A: np.ndarray, B: np.ndarray, a_sq: np.ndarray | None = None,
                   b_sq: np.ndarray | None = None) -> np.ndarray:
     """||a_i||^2 - 2 a_i.b_j + ||b_j||^2, clipped at 0, in the dtype of A and B (one dtype: FedDL's
     float32 rounds stay float32); ``a_sq`` / ``b_sq``: their squared row norms when already known."""
@@ -109,7 +108,7 @@ def gaussian_kernel(A, B=None, gamma: float = 1.0) -> np.ndarray:
     return np.exp(-gamma * sq_distances(A, B))
 
 
-def _xx_term(X: np.ndarray, gamma: float, chunk: int = 2048) -> float:
+def xx_term(X: np.ndarray, gamma: float, chunk: int = 2048) -> float:
     """(1^T K_XX 1 - n) / (n (n-1)): the Y-independent first term of Eq. 10, in row blocks."""
     n = len(X)
     total = 0.0
@@ -119,11 +118,11 @@ def _xx_term(X: np.ndarray, gamma: float, chunk: int = 2048) -> float:
     return (total - n) / (n * (n - 1))
 
 
-def _yy_terms(Y: np.ndarray, gamma: float) -> tuple[float, np.ndarray]:
+def yy_terms(Y: np.ndarray, gamma: float) -> tuple[float, np.ndarray]:
     """Y-Y term of Eq. 10 and of Eq. 13 (the repulsion part of the gradient, (n_y, m)), in Y's dtype
     (float32 under FedDL's ``dtype="float32"``; the value summed in float64)."""
     ny, gamma = len(Y), float(gamma)   # a Python float keeps float32 arrays float32
-    d2 = _sq_distances(Y, Y)
+    d2 = sq_distances_from_norms(Y, Y)
     np.fill_diagonal(d2, 0.0)
     kyy = np.exp(-gamma * d2)
     value = (kyy.sum(dtype=np.float64) - ny) / (ny * (ny - 1))
@@ -131,17 +130,17 @@ def _yy_terms(Y: np.ndarray, gamma: float) -> tuple[float, np.ndarray]:
     return float(value), grad
 
 
-def _cross_terms(X: np.ndarray, Y: np.ndarray, gamma: float, x_sq: np.ndarray | None = None,
+def cross_terms(X: np.ndarray, Y: np.ndarray, gamma: float, x_sq: np.ndarray | None = None,
                  y_sq: np.ndarray | None = None, sq_dist: np.ndarray | None = None) -> tuple[float, np.ndarray]:
     """Cross term of Eq. 10 (-2 1^T K_XY 1/(n_p n_y)) and of Eq. 13 (the attraction part, (n_y, m)),
     in the inputs' dtype when X and Y share one (float32 under FedDL's ``dtype="float32"``; the value
     summed in float64), else in float64. ``x_sq`` / ``y_sq``: the squared row norms of X / Y when
-    already known (FedDL's clients keep theirs); ``sq_dist``: :func:`_sq_distances` (X, Y) (n, n_y)
+    already known (FedDL's clients keep theirs); ``sq_dist``: :func:`sq_distances_from_norms` (X, Y) (n, n_y)
     when already computed, overwritten."""
     n, ny, gamma = len(X), len(Y), float(gamma)   # a Python float keeps float32 arrays float32
     if X.dtype != Y.dtype:
         X, Y = np.asarray(X, dtype=np.float64), np.asarray(Y, dtype=np.float64)
-    kxy = _sq_distances(X, Y, x_sq, y_sq) if sq_dist is None else sq_dist
+    kxy = sq_distances_from_norms(X, Y, x_sq, y_sq) if sq_dist is None else sq_dist
     kxy *= -gamma
     np.exp(kxy, out=kxy)
     value = -2.0 * kxy.sum(dtype=np.float64) / (n * ny)
@@ -156,36 +155,10 @@ def _cross_terms(X: np.ndarray, Y: np.ndarray, gamma: float, x_sq: np.ndarray | 
     return float(value), grad
 
 
-def mmd2_u(X, Y, gamma: float) -> float:
-    """Unbiased MMD^2 estimate f(Y) of Eq. 10 between X (n, m) and Y (n_y, m); n, n_y >= 2."""
-    check_positive("gamma", gamma)
-    X, Y = _as_matrix("X", X), _as_matrix("Y", Y)
-    if len(X) < 2 or len(Y) < 2:
-        raise ValueError(f"mmd2_u needs >= 2 rows in X and in Y, got {len(X)} and {len(Y)}")
-    return _xx_term(X, gamma) + _cross_terms(X, Y, gamma)[0] + _yy_terms(Y, gamma)[0]
-
-
-def mmd2_u_grad(X, Y, gamma: float) -> np.ndarray:
-    """Gradient of Eq. 10 w.r.t. the landmarks Y (Eq. 13): X (n, m), Y (n_y, m) -> (n_y, m)."""
-    check_positive("gamma", gamma)
-    X, Y = _as_matrix("X", X), _as_matrix("Y", Y, X.shape[1])
-    if len(Y) < 2:
-        raise ValueError(f"n_landmarks must be >= 2, got {len(Y)}")
-    return _cross_terms(X, Y, gamma)[1] + _yy_terms(Y, gamma)[1]
-
-
-def lipschitz_bound(gamma: float, n_landmarks: int) -> float:
-    """Data-free bound L = (4 gamma/n_y)(n_y/(n_y-1) + 2 e^{-3/2}) on the Lipschitz constant of
-    grad F (module docstring); ``lr="auto"`` is 1/L."""
-    check_positive("gamma", gamma)
-    ny = check_int("n_landmarks", n_landmarks, 2)
-    return 4.0 * gamma / ny * (ny / (ny - 1) + 2.0 * math.exp(-1.5))
-
-
 def client_median_sqdist(X, max_points: int = 1000, seed: int = 0) -> float:
     """What one client reveals for ``gamma="median"``: the median of its own pairwise squared distances
     (pairs i < j; on a random subset of ``max_points`` rows when n_p is larger). X (n_p, m) -> float."""
-    X = _as_matrix("X", X)
+    X = as_matrix("X", X)
     if len(X) > max_points:
         X = X[np.random.default_rng(seed).choice(len(X), max_points, replace=False)]
     d2 = sq_distances(X)
@@ -210,29 +183,29 @@ def kernel_width(rule: str, setup: Sequence[Message], weights: str = "size") -> 
 
     w_p from ``weights`` ("size": n_p / n, "uniform": 1/P). A zero scale raises ValueError."""
     check_choice("gamma", rule, GAMMA_RULES)
-    w = _client_weights(np.array([msg["n"] for msg in setup], dtype=np.float64), weights)
+    w = client_weights(np.array([msg["n"] for msg in setup], dtype=np.float64), weights)
     if rule == "median":
         return _width("median", float(np.dot(w, [msg["median_sqdist"] for msg in setup])))
-    _, var = _pooled_moments(setup)
+    _, var = pooled_moments(setup)
     return _width("moments", 2.0 * float(var.sum()))
 
 
 def median_kernel_width(X) -> float:
     """The median rule on one data set X (n, m), n >= 2: 1 / median of its pairwise squared distances
     (pairs i < j; every pair, no subsampling). Duplicated points (median 0) raise ValueError."""
-    X = _as_matrix("X", X)
+    X = as_matrix("X", X)
     if len(X) < 2:
         raise ValueError(f"the median kernel width needs >= 2 rows, got {len(X)}")
     return _width("median", float(np.median(sq_distances(X)[np.triu_indices(len(X), 1)])))
 
 
-def _client_weights(n_p: np.ndarray, weights: str) -> np.ndarray:
+def client_weights(n_p: np.ndarray, weights: str) -> np.ndarray:
     """w_p (P,): n_p / n ("size", Thm 1) or 1/P ("uniform", Alg. 1)."""
     check_choice("weights", weights, WEIGHTS)
     return n_p / n_p.sum() if weights == "size" else np.full(len(n_p), 1.0 / len(n_p))
 
 
-def _pooled_moments(setup: Sequence[Message]) -> tuple[np.ndarray, np.ndarray]:
+def pooled_moments(setup: Sequence[Message]) -> tuple[np.ndarray, np.ndarray]:
     """Exact pooled mean and unbiased variance (m,) from the clients' sums and sums of squares."""
     n = float(sum(msg["n"] for msg in setup))
     mean = sum(msg["sum"] for msg in setup) / n

@@ -26,10 +26,10 @@ from fedlib.core.protocol import simulate
 from fedlib.core.validate import check_choice, check_int, check_positive
 from fedlib.fedtsne.dp import end_to_end_epsilon
 from fedlib.fedtsne.feddl import FedDLResult, _resolve_gamma_only, feddl
-from fedlib.fedtsne.mmd import (
-    GAMMA_RULES, _as_matrix, _resolve_parts, gaussian_kernel, split_clients, sq_distances)
+from fedlib.fedtsne.mmd import GAMMA_RULES, as_matrix, resolve_parts, gaussian_kernel, split_clients, sq_distances
 from fedlib.fedtsne.knn import check_k, exact_sq_knn, knn_graph
-from fedlib.fedtsne.nystrom import NystromClient, NystromServer, _check_inverse
+from fedlib.fedtsne.algorithm import NystromClient, NystromServer
+from fedlib.fedtsne.nystrom import _check_inverse
 
 
 @dataclass(kw_only=True)
@@ -111,7 +111,7 @@ def _federated_matrix(X, parts, n_landmarks, kind: str, gamma_kernel, inverse_kw
 
 
 def _check_pipeline(X, parts, centralized: bool, inverse: str, rank, ridge, n_landmarks, feddl_kwargs):
-    X = _as_matrix("X", X)
+    X = as_matrix("X", X)
     _check_inverse(inverse, rank, ridge)
     if not centralized:
         check_int("n_landmarks", n_landmarks, 2)
@@ -120,7 +120,7 @@ def _check_pipeline(X, parts, centralized: bool, inverse: str, rank, ridge, n_la
         if parts is None:
             raise ValueError("the federated run needs parts (a number of clients or index arrays)")
     if parts is not None:
-        _resolve_parts(len(X), parts, 0)
+        resolve_parts(len(X), parts, 0)
     unknown = set(feddl_kwargs) - (set(inspect.signature(feddl).parameters) - {"client_data", "n_landmarks"})
     if unknown:
         raise TypeError(f"unknown FedDL keyword(s): {sorted(unknown)}")
@@ -368,7 +368,7 @@ def central_embedding(method: str, X, *, seed: int = 0, cache: bool = True, **se
     from fedlib.core.paths import cache_dir
 
     check_choice("method", method, METHOD_NAMES)
-    X = _as_matrix("X", X)
+    X = as_matrix("X", X)
     settings = {k: v for k, v in settings.items() if k not in _OTHER_METHOD_SETTINGS[method]}
     if not cache:
         return _central_embedding(method, X, seed, settings, {})

@@ -8,10 +8,10 @@ from fedlib.data.datasets import DATASETS
 from fedlib.core.specs import NULL, Choice, Dict, Int, List, Real, Seeds, Spec, Str
 
 METHODS = ("tsne", "umap")
-SPLITS = ("iid", "non_iid")          # fedlib.fedtsne.SPLITS
+SPLITS = ("iid", "non_iid")          # fedlib.fedtsne.chapters.SPLITS
 VARIANTS = ("Fed", "Fed+")
-GAMMA_RULES = ("median", "moments")  # fedlib.fedtsne.GAMMA_RULES
-PLATEAU_MIN_WINDOW = 10              # fedlib.fedtsne.plateau_share's default min_window
+GAMMA_RULES = ("median", "moments")  # fedlib.fedtsne.mmd.GAMMA_RULES
+PLATEAU_MIN_WINDOW = 10              # fedlib.fedtsne.feddl.plateau_share's default min_window
 ROUNDS = Choice(("plateau",)) | Int(1)
 
 

@@ -184,7 +184,8 @@ def speclust_runs(data: dict, splits: dict, seeds: Sequence[int], variants: Sequ
     from tqdm import tqdm
 
     from fedlib.evaluation.embedding import clustering_ari, clustering_nmi
-    from fedlib.fedtsne.mmd import _client_weights, gaussian_kernel, mmd2_u
+    from fedlib.fedtsne.mmd import client_weights, gaussian_kernel
+    from fedlib.fedtsne.algorithm import mmd2_u
     from fedlib.fedtsne.pipelines import fed_spectral_clustering
 
     check = set(seeds if split_check_seeds is None else split_check_seeds)
@@ -225,7 +226,7 @@ def speclust_runs(data: dict, splits: dict, seeds: Sequence[int], variants: Sequ
                 if noise == "none" and seed not in check and (variant, split) != noise_free[0] and given is None:
                     ref = made[noise_free[0]]
                     clients = [X[p] for p in parts]
-                    w = _client_weights(np.array([len(c) for c in clients], dtype=np.float64), "size")
+                    w = client_weights(np.array([len(c) for c in clients], dtype=np.float64), "size")
                     F = float(np.dot(w, [mmd2_u(c, ref.landmarks, ref.gamma) for c in clients]))
                     given = replace(ref, client_data=clients, weights=w, objective=np.array([F]), seconds=np.nan)
                     source = "landmarks of " + " ".join(noise_free[0])
@@ -339,7 +340,7 @@ def kernel_landmark_sweep(X, y, parts, grid: Sequence[int], n_classes: int, *, g
     from fedlib.evaluation.embedding import clustering_nmi
     from fedlib.fedtsne.feddl import _resolve_gamma_only
     from fedlib.fedtsne.mmd import gaussian_kernel
-    from fedlib.fedtsne.nystrom import nystrom_kernel
+    from fedlib.fedtsne.algorithm import nystrom_kernel
     from fedlib.fedtsne.pipelines import fed_spectral_clustering
 
     feddl_results = feddl_results or {}

@@ -23,8 +23,8 @@ from fedlib.federated.gradient import ALGORITHMS, FedAlgorithm, FedConfig, Gradi
 from fedlib.federated.learner import (CacheClient, HerdingReplay, RandomReplay, ReservoirReplay, ScoreReplay,
                                       StageClient, StateInit)
 from fedlib.afl.algorithm import AFLClient
-from fedlib.fedtsne.feddl import FedDLClient
-from fedlib.fedtsne.nystrom import NystromClient
+from fedlib.fedtsne.algorithm import FedDLClient
+from fedlib.fedtsne.algorithm import NystromClient
 from fedlib.refed.algorithm import RefedReplay
 from fedlib.stsa.algorithm import STSAClient
 

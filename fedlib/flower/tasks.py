@@ -244,7 +244,7 @@ class Task:
     def _run_feddl(self, progress) -> Outcome:
         from fedlib.core.protocol import simulate
         from fedlib.fedtsne.feddl import FedDLRun, feddl
-        from fedlib.fedtsne.nystrom import NystromClient, NystromServer
+        from fedlib.fedtsne.algorithm import NystromClient, NystromServer
 
         c = self.config
         data = self.stage_data(0)
