@@ -123,15 +123,12 @@ from fedlib.evaluation import claims
 from fedlib.evaluation.report import mean_std_by
 from fedlib.federated.incremental import make_stream
 from fedlib.federated.models import make_model
-from fedlib.refed.algorithm import (REPLAY_METHODS, ScenarioRuns, cache_diagnostics, compare_grad_norms, cost_lines,
-                                 final_task_accuracy, first_task_accuracies, first_task_table, largest_pools,
-                                 last_task_hypothesis, last_task_share, make_scenario, paired_differences, prefetch_summary,
-                                 replay_verdict, round_curves, stage_curves, summary_lines)
+from fedlib.refed.studies import (REPLAY_METHODS, ScenarioRuns, cache_diagnostics, compare_grad_norms, cost_lines, final_task_accuracy, first_task_accuracies, first_task_table, largest_pools, last_task_hypothesis, last_task_share, make_scenario, paired_differences, prefetch_summary, replay_verdict, round_curves, stage_curves, summary_lines)
 from fedlib.runner import specs
 from fedlib.refed.specs import check_total_memory
 
 # "refed_proxy" is Re-Fed with the last-layer closed form instead of Eq. 4's exact norms (a learner
-# option, not a method of its own: fedlib.refed.algorithm.PIM_METHODS); every other name is a method of
+# option, not a method of its own: fedlib.refed.studies.PIM_METHODS); every other name is a method of
 # fedlib.refed.algorithm.LEARNERS (fedlib.refed.specs.METHOD_NAMES)
 specs.check("refed_benchmark", globals())   # the runner ran the same checks before executing
 sns.set_theme(style="whitegrid")
@@ -184,7 +181,7 @@ display(paper1)
 # %% [markdown]
 # ## The runs
 #
-# `fedlib.refed.algorithm.run_scenario` runs one method through one stream and returns its metrics row;
+# `fedlib.refed.studies.run_scenario` runs one method through one stream and returns its metrics row;
 # `ScenarioRuns` caches the runs by their settings. Every learner gets the same `FedConfig`
 # (plain SGD as Eqs. 3 and 6, [D7]). The run's seed drives the model initialisation, the class
 # order and the partitions; every task draws its own participating clients and mini-batch orders
@@ -381,7 +378,7 @@ plt.show()
 # ## Rounds to the best accuracy (the paper's Table 3)
 #
 # Per task, the first round at which the global model reaches that task's best accuracy on the
-# seen test data (`fedlib.refed.algorithm.rounds_to_best`), summed over tasks. Our tasks have `rounds`
+# seen test data (`fedlib.refed.studies.rounds_to_best`), summed over tasks. Our tasks have `rounds`
 # (class-incremental) or `rounds_domain` rounds each (`first_rounds_domain` for the first
 # domain), the paper's 150, so only the ordering of methods can be compared. Fixed trains task 1
 # only and counts 0 afterwards.

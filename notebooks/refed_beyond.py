@@ -29,7 +29,7 @@
 #    the cache with them?
 #
 # Every rule is a replay policy of `fedlib.federated.learner.GradientLearner`, run by
-# `fedlib.refed.algorithm.run_scenario`, the same runner the benchmark uses. The rules are listed in
+# `fedlib.refed.studies.run_scenario`, the same runner the benchmark uses. The rules are listed in
 # `fedlib.refed.beyond.RULES`. Runs of one seed share the class order, the partitions, the
 # client draws and the initialisation, so rules are compared by paired differences with 95 %
 # confidence intervals (`fedlib.evaluation.stats.paired_difference`).
@@ -85,7 +85,8 @@ from fedlib.data.datasets import load_dataset
 from fedlib.evaluation import claims
 from fedlib.federated.incremental import make_stream
 from fedlib.federated.models import make_model
-from fedlib.refed.algorithm import make_scenario, q_lambda
+from fedlib.refed.studies import make_scenario
+from fedlib.refed.algorithm import q_lambda
 from fedlib.refed.beyond import (noise_accuracy_table, noise_table, paired_rows, rule_table, run_rules,
                                         summary_lines)
 from fedlib.runner import specs

@@ -81,7 +81,8 @@ from fedlib.evaluation.compare import CheckLog, relative_difference, states_equa
 from fedlib.federated.gradient import FedConfig
 from fedlib.federated.incremental import make_stream
 from fedlib.federated.models import SmallCNN
-from fedlib.refed.algorithm import importance_scores, q_lambda, run_methods, train_pim
+from fedlib.refed.algorithm import importance_scores, q_lambda, train_pim
+from fedlib.refed.studies import run_methods
 from fedlib.refed.theory import (adjacent_violations, bn_resnet, closed_form_table, constant_step_table,
                                         eq14_table, finite_step_scan, lemma1_scan, limit_ratios, monte_carlo_z,
                                         pim_lambda_scan, prototype_images, random_quadratic, rank_agreement,

@@ -90,7 +90,7 @@ def test_layer_kinds_match_loop(make, shape):
     model = randomize_norms(make().double())
     x = torch.randn(7, *shape, dtype=torch.float64)
     y = torch.randint(0, 5, (7,))
-    assert persample._ghost_layers(model, persample.default_names(model)) is not None   # the ghost path runs
+    assert persample.ghost_layers(model, persample.default_names(model)) is not None   # the ghost path runs
     ref = reference_grad_sq_norms(model, x, y, 5)
     assert close(grad_sq_norms(model, x, y, 5, batch_size=3), ref)
     half = [n for i, (n, _) in enumerate(model.named_parameters()) if i % 2]
@@ -167,12 +167,12 @@ def test_unsupported_layers_fall_back_to_vmap_and_stay_exact(kind):
     x, y = torch.randn(6, *shape, dtype=torch.float64), torch.randint(0, 3, (6,))
     names = persample.default_names(model)
     if kind in ("module called twice", "in-place ReLU on a conv output"):   # detected during the forward
-        layers = persample._ghost_layers(model, names)
+        layers = persample.ghost_layers(model, names)
         assert layers is not None
         with persample._eval_mode(model), persample._trainable(model, names), torch.enable_grad():
             assert persample._ghost_chunk(model, layers, x, y, 3) is None
     else:                                                                      # detected from the modules
-        assert persample._ghost_layers(model, names) is None
+        assert persample.ghost_layers(model, names) is None
     assert close(grad_sq_norms(model, x, y, 3, batch_size=4), reference_grad_sq_norms(model, x, y, 3))
 
 
@@ -181,6 +181,6 @@ def test_frozen_unsupported_layer_keeps_the_ghost_path():
     model = nn.Sequential(nn.Linear(4, 5), Scale(5), nn.Tanh(), nn.Linear(5, 3)).double()
     model[1].s.requires_grad_(False)
     names = persample.default_names(model)
-    assert "1.s" not in names and persample._ghost_layers(model, names) is not None
+    assert "1.s" not in names and persample.ghost_layers(model, names) is not None
     x, y = torch.randn(6, 4, dtype=torch.float64), torch.randint(0, 3, (6,))
     assert close(grad_sq_norms(model, x, y, 3), reference_grad_sq_norms(model, x, y, 3, names))

@@ -12,8 +12,8 @@ from fedlib.core.persample import grad_sq_norms, last_layer_grad_sq_norms, refer
 from fedlib.federated.gradient import LinearHead, MLPHead
 from fedlib.federated.incremental import make_stream, run_class_incremental
 from fedlib.federated.learner import FixedLearner, GradientLearner, select_top
-from fedlib.refed.algorithm import (LEARNERS, RefedReplay, importance_scores, make_learner, q_lambda, rounds_to_best,
-                                 train_pim)
+from fedlib.refed.algorithm import LEARNERS, RefedReplay, importance_scores, make_learner, q_lambda, train_pim
+from fedlib.refed.studies import rounds_to_best
 
 D, C, T, K, SEED = 8, 6, 3, 3, 0
 
@@ -428,7 +428,7 @@ SETTINGS = dict(model_fn=linear, num_clients=K, batch_size=32, momentum=0.0, par
 
 
 def test_run_scenario_equals_the_direct_run(data):
-    from fedlib.refed.algorithm import run_scenario
+    from fedlib.refed.studies import run_scenario
 
     scen = _scenario(data)
     for method in ["refed", "fedprox_replay", "fedavg"]:
@@ -456,7 +456,7 @@ def test_run_scenario_equals_the_direct_run(data):
 
 
 def test_scenario_runs_cache_tracking_and_proxy(data):
-    from fedlib.refed.algorithm import PIM_METHODS, REPLAY_METHODS, ScenarioRuns
+    from fedlib.refed.studies import PIM_METHODS, REPLAY_METHODS, ScenarioRuns
 
     assert set(PIM_METHODS) <= set(REPLAY_METHODS) and "fedavg" not in REPLAY_METHODS
     runs = ScenarioRuns({"class": _scenario(data)}, **SETTINGS)
@@ -504,7 +504,7 @@ def _same_run(a, b):
 def test_shared_first_stage_is_bit_identical(data, track):
     """ScenarioRuns trains task 1 once for the methods with the plain loss (FirstStageShare) and the
     other runs restore it: every result equals that of runs that each train task 1 themselves."""
-    from fedlib.refed.algorithm import ScenarioRuns
+    from fedlib.refed.studies import ScenarioRuns
 
     scen = {"class": _scenario(data), "domain": {**_scenario(data), "first_rounds": 3}}
     methods = ["refed", "refed_balanced", "refed_proxy", "fedavg_replay", "fedprox_replay", "fedavg", "fixed"]
@@ -542,7 +542,7 @@ def test_shared_first_stage_is_bit_identical(data, track):
 def test_fused_pim_equals_the_two_pass_route(monkeypatch, arch, n, batch_size):
     """train_pim's fused step (norms from the step's own backward, full mini-batches of 2^k samples)
     gives the same G^p, PIM weights, distance and loss as a separate ghost-norm pass per mini-batch."""
-    import fedlib.refed.algorithm as refed
+    import fedlib.refed.speed as refed_speed
     from fedlib.federated.models import SmallCNN
 
     torch.manual_seed(1)
@@ -553,11 +553,11 @@ def test_fused_pim_equals_the_two_pass_route(monkeypatch, arch, n, batch_size):
     y = torch.randint(0, 4, (n,))
     kw = dict(lam=0.6, epochs=2, lr=0.1, batch_size=batch_size, momentum=0.5, grad_norm="exact")
     calls = []
-    real = refed._fused_pim_step
-    monkeypatch.setattr(refed, "_fused_pim_step", lambda *a: calls.append(1) or real(*a))
+    real = refed_speed.fused_pim_step
+    monkeypatch.setattr(refed_speed, "fused_pim_step", lambda *a: calls.append(1) or real(*a))
     fused = train_pim(model, x, y, 4, generator=torch.Generator().manual_seed(3), **kw)
     assert len(calls) == 2 * (n // batch_size)   # the full mini-batches (b = batch_size, a power of two)
-    monkeypatch.setattr(refed, "FUSED_PIM", False)
+    monkeypatch.setattr(refed_speed, "FUSED_PIM", False)
     plain = train_pim(model, x, y, 4, generator=torch.Generator().manual_seed(3), **kw)
     assert len(calls) == 2 * (n // batch_size)
     assert torch.equal(fused.grad_sq, plain.grad_sq) and fused.dist_sq == plain.dist_sq and fused.loss == plain.loss

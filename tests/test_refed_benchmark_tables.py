@@ -11,10 +11,7 @@ import torch
 from test_refed import SETTINGS, SEED, T, _scenario, data  # noqa: F401  (data: the module fixture)
 from fedlib.evaluation.compare import refed_label
 from fedlib.evaluation.stats import PairedDifference, paired_difference
-from fedlib.refed.algorithm import (ScenarioRuns, cache_diagnostics, compare_grad_norms, cost_lines, final_task_accuracy,
-                                 first_task_accuracies, first_task_table, largest_pools, last_task_hypothesis,
-                                 last_task_share, make_scenario, paired_differences, replay_verdict, round_curves,
-                                 stage_curves, summary_lines)
+from fedlib.refed.studies import (ScenarioRuns, cache_diagnostics, compare_grad_norms, cost_lines, final_task_accuracy, first_task_accuracies, first_task_table, largest_pools, last_task_hypothesis, last_task_share, make_scenario, paired_differences, replay_verdict, round_curves, stage_curves, summary_lines)
 
 METHODS = ["refed", "fedavg_replay", "fedavg"]
 SEEDS = [0, 1]

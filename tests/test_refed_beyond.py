@@ -229,7 +229,7 @@ def test_noise_audit_counts_flipped_samples():
 # ---------------------------------------------------------------------------------------------
 def test_experiment_loop_runs_tiny():
     from fedlib.federated.models import make_model
-    from fedlib.refed.algorithm import make_scenario
+    from fedlib.refed.studies import make_scenario
 
     rng = np.random.default_rng(0)
     y_tr, y_te = np.repeat(np.arange(4), 24), np.repeat(np.arange(4), 6)
@@ -259,7 +259,7 @@ def test_experiment_loop_runs_tiny():
 
 def test_workers_give_the_same_rows():
     from fedlib.federated.models import make_model
-    from fedlib.refed.algorithm import make_scenario
+    from fedlib.refed.studies import make_scenario
 
     rng = np.random.default_rng(1)
     y = np.repeat(np.arange(4), 16)

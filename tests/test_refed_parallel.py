@@ -13,7 +13,7 @@ import torch
 from conftest import states_equal
 from fedlib.federated.incremental import make_stream
 from fedlib.federated.models import SmallCNN
-from fedlib.refed.algorithm import ScenarioRuns
+from fedlib.refed.studies import ScenarioRuns
 
 C, T, K, SIZE = 6, 3, 3, 12
 MODEL_FN = partial(SmallCNN, 1, C, SIZE, width=4, hidden=8)
@@ -139,7 +139,7 @@ def test_chapter_spec_checks_workers():
 
 
 def test_prefetch_summary_names_runs_groups_processes_and_cpu():
-    from fedlib.refed.algorithm import prefetch_summary
+    from fedlib.refed.studies import prefetch_summary
 
     line = prefetch_summary({"runs": 7, "groups": 3, "processes": 2, "seconds": 12.4, "cpu_seconds": [10.0, 8.2, 3.9]},
                             "main runs")

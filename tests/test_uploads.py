@@ -103,7 +103,6 @@ def _rng(seed=0):
 
 def _afl(server: str, packed: bool, statistics: bool) -> Case:
     from fedlib.afl import algorithm as afl
-    from fedlib.afl import speed as afl_speed
 
     rng = _rng(1)
     x, y = rng.standard_normal((90, 6)), rng.integers(0, 4, 90)

@@ -113,7 +113,7 @@ def grad_sq_norms(model: nn.Module, x: Tensor, y: Tensor, num_seen: int, names: 
     batch_size = check_int("batch_size", batch_size, 1)
     names = _names(model, names)
     n = int(x.shape[0])
-    layers = _ghost_layers(model, names)
+    layers = ghost_layers(model, names)
     if layers is not None and n > 0:
         with _eval_mode(model), _trainable(model, names), torch.enable_grad():
             out = []
@@ -153,7 +153,7 @@ def _ghost_supported(m: nn.Module) -> bool:
     return True
 
 
-def _ghost_layers(model: nn.Module, names: Sequence[str]) -> dict[nn.Module, tuple[bool, bool]] | None:
+def ghost_layers(model: nn.Module, names: Sequence[str]) -> dict[nn.Module, tuple[bool, bool]] | None:
     """{module: (its weight is in ``names``, its bias is in ``names``)} for the modules holding the
     parameters ``names``, or None when one of them is not the weight or bias of a supported layer
     (:func:`_ghost_supported`) or is registered twice (shared)."""

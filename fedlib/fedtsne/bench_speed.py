@@ -108,9 +108,7 @@ def feddl_dtype_rows(X, y, clients: int = 10, landmarks: int = 200, rounds: int 
 
     from fedlib.data.partition import make_partition
     from fedlib.evaluation.embedding import knn_accuracy
-    from fedlib.fedtsne import algorithm as ft
     from fedlib.fedtsne import feddl as ft_feddl
-    from fedlib.fedtsne import mmd as ft_mmd
     from fedlib.fedtsne import pipelines as ft_pipelines
 
     parts = make_partition(y, clients, "iid", seed=seed)

@@ -1,7 +1,7 @@
 """Re-Fed, beyond the paper (issue 14): what the PIM adds, budget shares, label noise.
 
 Every cache rule here is a replay policy of :class:`fedlib.federated.learner.GradientLearner`, run by
-:func:`fedlib.refed.algorithm.run_scenario` on the benchmark's data, model and seeds under the same
+:func:`fedlib.refed.studies.run_scenario` on the benchmark's data, model and seeds under the same
 memory budget (:data:`RULES` maps a rule to a method of :data:`fedlib.refed.algorithm.LEARNERS` and its
 overrides):
 
@@ -133,7 +133,7 @@ class CacheNoiseAudit:
 
 def _run_one(job: tuple[int, str], *, scenario: dict, settings: dict, noise: float, lam_local: float) -> dict:
     """One (seed, rule) run of :func:`run_rules`; returns its row."""
-    from fedlib.refed.algorithm import run_scenario
+    from fedlib.refed.studies import run_scenario
 
     seed, r = job
     sc, audit = scenario, None
@@ -164,7 +164,7 @@ def _run_one(job: tuple[int, str], *, scenario: dict, settings: dict, noise: flo
 def run_rules(scenario: dict, rules: Sequence[str], seeds: Sequence[int], *, settings: dict, lam_local: float,
               noise: float = 0.0, workers: int | None = 1, progress: bool = True) -> pd.DataFrame:
     """Run every rule of ``rules`` (:data:`RULES`) for every seed on ``scenario`` (a scenario dict of
-    :func:`fedlib.refed.algorithm.make_scenario`), class-incremental, with :func:`fedlib.refed.algorithm.run_scenario`'s
+    :func:`fedlib.refed.studies.make_scenario`), class-incremental, with :func:`fedlib.refed.studies.run_scenario`'s
     ``settings`` (model_fn, num_clients, ... as the benchmark's ScenarioRuns). ``noise`` > 0 flips that
     fraction of the old tasks' labels of each seed's stream (:func:`flip_labels`, seed = the run's
     seed) and audits the caches (:class:`CacheNoiseAudit`). ``workers`` > 1 runs the (seed, rule)

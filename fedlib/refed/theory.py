@@ -482,7 +482,7 @@ def constant_step_table(quad: Quadratic, lams, zeta: np.ndarray, *, eta: float, 
 # ----------------------------------------------------------------------------------------------
 def task1_identity(kept: dict, num_tasks: int) -> pd.DataFrame:
     """Per stage, bit-identity of the global weights kept (``KeepWeights`` of
-    :func:`fedlib.refed.algorithm.run_methods`) by the runs ``refed``, ``fedavg``, ``fedavg_replay``,
+    :func:`fedlib.refed.studies.run_methods`) by the runs ``refed``, ``fedavg``, ``fedavg_replay``,
     ``refed (memory holds all)`` and ``fedavg_replay (memory holds all)``: Re-Fed is FedAvg on task 1
     (nothing cached yet), and random replay when the memory holds every pool."""
     rows = []
