@@ -500,7 +500,7 @@ display(ri.style.format("{:.2f}"))
 # ````
 
 # %%
-from fedlib.evaluation import selfcheck
+from fedlib.afl import selfcheck
 
 selfcheck.afl_accuracy_invariance(afl_runs["accuracy"], joint_acc,
                                   exercise="AFL benchmark, ex. heterogeneity")

@@ -73,8 +73,8 @@ import matplotlib.pyplot as plt
 import torch
 from IPython.display import Markdown, display
 
-from fedlib.core.linalg import (SufficientStats, head_accuracy, lstsq_reference, qr_reference, relative_error,
-                                synthetic_features)
+from fedlib.core.linalg import SufficientStats, lstsq_reference, qr_reference, relative_error, synthetic_features
+from fedlib.evaluation.metrics import head_accuracy
 from fedlib.data.datasets import load_dataset
 from fedlib.data.features import extract_features
 from fedlib.data.partition import make_partition

@@ -65,8 +65,7 @@ from fedlib.afl import studies as afl_studies
 from fedlib.evaluation import claims
 
 from fedlib.afl import tables as paper_results
-from fedlib.core.linalg import (SufficientStats, gram_report, live_columns_with_bias, lstsq_reference,
-                                normal_equations_tolerance, synthetic_features)
+from fedlib.core.linalg import (SufficientStats, gram_report, live_columns_with_bias, lstsq_reference, normal_equations_tolerance, synthetic_features)
 from fedlib.data.partition import make_partition
 from fedlib.data.datasets import load_dataset
 from fedlib.runner import specs
@@ -485,7 +484,7 @@ assert real["test accuracy"].nunique() == 1, "identical accuracy for every K"
 # ````
 
 # %%
-from fedlib.evaluation import selfcheck
+from fedlib.afl import selfcheck
 
 selfcheck.afl_printed_sign(two_clients)
 

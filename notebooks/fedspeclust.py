@@ -553,7 +553,7 @@ print(f"total run time {time.perf_counter() - t_start:.0f} s (profile={profile})
 # ````
 
 # %%
-from fedlib.evaluation import selfcheck
+from fedlib.fedtsne import selfcheck
 
 my_options = None  # your answer: a dict of keyword arguments of ft_feddl.feddl, e.g. {"option": value}
 print(selfcheck.fedsc_splits_differ(my_options, [X[p] for p in splits[sweep_dataset][seed0]["IID"]],
@@ -639,7 +639,7 @@ print(selfcheck.fedsc_noise_column(my_column, diag))
 # ````
 
 # %%
-from fedlib.evaluation import selfcheck
+from fedlib.fedtsne import selfcheck
 
 selfcheck.fedtsne_reconstruction(X_rec, X_proj, Xp, span_dim)
 

@@ -798,7 +798,7 @@ display(pd.Series(timings, name="seconds").to_frame().style.format("{:.0f}"))
 # ````
 
 # %%
-from fedlib.evaluation import selfcheck
+from fedlib.fedtsne import selfcheck
 
 print(selfcheck.fedtsne_early_rounds(wide_conv))
 
@@ -822,7 +822,7 @@ print(selfcheck.fedtsne_early_rounds(wide_conv))
 # ````
 
 # %%
-from fedlib.evaluation import selfcheck
+from fedlib.fedtsne import selfcheck
 
 selfcheck.fedtsne_plain_vs_squared(quality_df, m_dim)
 

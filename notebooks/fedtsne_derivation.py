@@ -496,7 +496,7 @@ plt.show()
 # ````
 
 # %%
-from fedlib.evaluation import selfcheck
+from fedlib.fedtsne import selfcheck
 
 print(selfcheck.fedtsne_weights(identity))
 
@@ -518,7 +518,7 @@ print(selfcheck.fedtsne_weights(identity))
 # ````
 
 # %%
-from fedlib.evaluation import selfcheck
+from fedlib.fedtsne import selfcheck
 
 selfcheck.fedtsne_exact_landmarks(sweep, X)
 

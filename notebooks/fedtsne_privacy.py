@@ -271,7 +271,7 @@ display(Markdown("\n".join(lines)))
 # ````
 
 # %%
-from fedlib.evaluation import selfcheck
+from fedlib.fedtsne import selfcheck
 
 # one FedDL run with gradient noise at the smallest epsilon and this chapter's n_landmarks: is the server's
 # distance matrix exact, whatever the noise?

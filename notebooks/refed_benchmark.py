@@ -121,7 +121,7 @@ from fedlib.data.datasets import load_dataset
 from fedlib.data.domains import digit_domains, make_domain_stream
 from fedlib.evaluation import claims
 from fedlib.evaluation.report import mean_std_by
-from fedlib.federated.incremental import make_stream
+from fedlib.data.streams import make_stream
 from fedlib.federated.models import make_model
 from fedlib.refed.studies import (REPLAY_METHODS, ScenarioRuns, cache_diagnostics, compare_grad_norms, cost_lines, final_task_accuracy, first_task_accuracies, first_task_table, largest_pools, last_task_hypothesis, last_task_share, make_scenario, paired_differences, prefetch_summary, replay_verdict, round_curves, stage_curves, summary_lines)
 from fedlib.runner import specs
@@ -576,7 +576,7 @@ print(f"\nnotebook compute time: {time.perf_counter() - T_START:.0f} s (profile 
 # ````
 
 # %%
-from fedlib.evaluation import selfcheck
+from fedlib.refed import selfcheck
 
 # Lemma 1 at the first task boundary (the same global model and pools for every lambda): mean ||v - w||^2
 # over the clients of the lambda sweep's runs
@@ -637,7 +637,7 @@ else:
 # ````
 
 # %%
-from fedlib.evaluation import selfcheck
+from fedlib.refed import selfcheck
 
 if {"refed", "fedavg_replay"} <= set(sweep_methods):
     M_big, seed0 = max(m_grid), sweep_seeds[0]

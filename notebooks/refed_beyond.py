@@ -83,7 +83,7 @@ from IPython.display import Markdown, display
 from fedlib.core.parallel import resolve_workers
 from fedlib.data.datasets import load_dataset
 from fedlib.evaluation import claims
-from fedlib.federated.incremental import make_stream
+from fedlib.data.streams import make_stream
 from fedlib.federated.models import make_model
 from fedlib.refed.studies import make_scenario
 from fedlib.refed.algorithm import q_lambda

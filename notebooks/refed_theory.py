@@ -79,7 +79,7 @@ from fedlib.core.persample import grad_sq_norms, last_layer_grad_sq_norms
 from fedlib.evaluation import claims
 from fedlib.evaluation.compare import CheckLog, relative_difference, states_equal
 from fedlib.federated.gradient import FedConfig
-from fedlib.federated.incremental import make_stream
+from fedlib.data.streams import make_stream
 from fedlib.federated.models import SmallCNN
 from fedlib.refed.algorithm import importance_scores, q_lambda, train_pim
 from fedlib.refed.studies import run_methods
@@ -703,7 +703,7 @@ print(f"{len(summary_checks)} checks passed; profile={profile}; {time.perf_count
 # ````
 
 # %%
-from fedlib.evaluation import selfcheck
+from fedlib.refed import selfcheck
 
 my_lambda = None  # your answer: lambda under "mean" equivalent to lambda = 0.8 under "sum" for n = 500
 print(selfcheck.refed_mean_lambda(my_lambda, lam_sum=0.8, n=500))
@@ -749,7 +749,7 @@ print(selfcheck.refed_rate_constant(my_A, rate_tab, g0))
 # ````
 
 # %%
-from fedlib.evaluation import selfcheck
+from fedlib.refed import selfcheck
 
 selfcheck.refed_one_step_flat(fin)
 

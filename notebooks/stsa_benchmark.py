@@ -466,7 +466,7 @@ display(Markdown("\n".join(lines)))
 # ````
 
 # %%
-from fedlib.evaluation import selfcheck
+from fedlib.stsa import selfcheck
 
 selfcheck.stsa_beta_invariance(spread, gap_joint)
 

@@ -77,7 +77,7 @@ from IPython.display import Markdown, display
 from fedlib.core import privacy
 from fedlib.evaluation import claims
 from fedlib.evaluation.stats import mean_std
-from fedlib.federated.incremental import make_stream
+from fedlib.data.streams import make_stream
 from fedlib.stsa import algorithm as stsa
 from fedlib.stsa import studies as stsa_studies
 from fedlib.stsa import beyond as sb

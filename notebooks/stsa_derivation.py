@@ -78,7 +78,8 @@ from fedlib.stsa import algorithm as stsa
 from fedlib.stsa import studies as stsa_studies
 from fedlib.core.linalg import synthetic_features
 from fedlib.evaluation.report import paired_markdown_rows
-from fedlib.federated.incremental import make_stream, run_class_incremental
+from fedlib.data.streams import make_stream
+from fedlib.federated.incremental import run_class_incremental
 from fedlib.data.partition import make_partition
 from fedlib.runner import specs
 
@@ -564,7 +565,7 @@ print(stsa_studies.recomputed_margins().to_string(index=False))
 # ````
 
 # %%
-from fedlib.evaluation import selfcheck
+from fedlib.stsa import selfcheck
 
 selfcheck.stsa_partition_invariance(spatial, tol_w)
 

@@ -8,8 +8,7 @@ import torch
 from fedlib.afl import algorithm as afl
 from fedlib.afl import studies as afl_studies
 from fedlib.afl import speed as afl_speed
-from fedlib.core.linalg import (SufficientStats, gram_report, normal_equations_tolerance, relative_error, ridge_fit,
-                             ridge_solve, synthetic_features)
+from fedlib.core.linalg import (SufficientStats, gram_report, normal_equations_tolerance, relative_error, ridge_fit, ridge_solve, synthetic_features)
 from fedlib.data.partition import make_partition
 
 N, D, C = 1500, 24, 5

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedlib.core.linalg import live_columns_with_bias, lstsq_reference, normal_equations_tolerance, synthetic_features
+from fedlib.core.linalg import (live_columns_with_bias, lstsq_reference, normal_equations_tolerance, synthetic_features)
 from fedlib.data.partition import make_partition
 from fedlib.afl import studies as afl_studies
 

@@ -24,7 +24,11 @@ import pandas as pd
 import pytest
 import yaml
 
+from fedlib.afl import selfcheck as afl_selfcheck
 from fedlib.evaluation import selfcheck
+from fedlib.fedtsne import selfcheck as fedtsne_selfcheck
+from fedlib.refed import selfcheck as refed_selfcheck
+from fedlib.stsa import selfcheck as stsa_selfcheck
 from fedlib.runner import student
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,50 +53,50 @@ def test_verdict_prints_one_line_with_the_outcome():
 
 def test_afl_printed_sign():
     good = pd.DataFrame({"max rel. error": [3e-13, 2.4]})
-    assert selfcheck.afl_printed_sign(good)
-    assert not selfcheck.afl_printed_sign(pd.DataFrame({"max rel. error": [3e-13, 1e-9]}))
-    assert not selfcheck.afl_printed_sign(pd.DataFrame({"max rel. error": [1e-3, 2.4]}))
+    assert afl_selfcheck.afl_printed_sign(good)
+    assert not afl_selfcheck.afl_printed_sign(pd.DataFrame({"max rel. error": [3e-13, 1e-9]}))
+    assert not afl_selfcheck.afl_printed_sign(pd.DataFrame({"max rel. error": [1e-3, 2.4]}))
     with pytest.raises(ValueError, match="max rel. error"):
-        selfcheck.afl_printed_sign(pd.DataFrame({"error": [0.0, 1.0]}))
+        afl_selfcheck.afl_printed_sign(pd.DataFrame({"error": [0.0, 1.0]}))
 
 
 def test_afl_table1_break():
     k = pd.Index([2, 10, 20, 50], name="K")
     table = pd.DataFrame({"N_k": [5000, 1000, 500, 200], "ΔW w/o RI (ours)": [1e-9, 1e-9, 40.0, 90.0]}, index=k)
-    v = selfcheck.afl_table1_break(table, 512)
+    v = afl_selfcheck.afl_table1_break(table, 512)
     assert v and "first at K = 20" in str(v)
-    assert not selfcheck.afl_table1_break(table, 100)        # predicts no break, but K=20 and 50 broke
+    assert not afl_selfcheck.afl_table1_break(table, 100)        # predicts no break, but K=20 and 50 broke
     with pytest.raises(ValueError, match="dim"):
-        selfcheck.afl_table1_break(table, 0)
+        afl_selfcheck.afl_table1_break(table, 0)
 
 
 def test_afl_gamma_conditioning():
     rows = [("float64", g, s, e) for g, s, e in [(1e-6, "one_solve", 1e-12), (1e-6, "pairwise", 1e-2),
                                                  (1.0, "one_solve", 1e-12), (1.0, "pairwise", 1e-12)]]
     fp = pd.DataFrame(rows, columns=["dtype", "gamma", "server", "max rel. error"])
-    assert selfcheck.afl_gamma_conditioning(fp, 1e-10)
+    assert afl_selfcheck.afl_gamma_conditioning(fp, 1e-10)
     worse = fp.assign(**{"max rel. error": [1e-6, 1e-2, 1e-12, 1e-12]})   # one-solve outside its tolerance
-    assert not selfcheck.afl_gamma_conditioning(worse, 1e-10)
+    assert not afl_selfcheck.afl_gamma_conditioning(worse, 1e-10)
 
 
 def test_afl_accuracy_invariance():
-    assert selfcheck.afl_accuracy_invariance([0.81, 0.81, 0.81], 0.81)
-    assert not selfcheck.afl_accuracy_invariance([0.81, 0.8102], 0.81)
+    assert afl_selfcheck.afl_accuracy_invariance([0.81, 0.81, 0.81], 0.81)
+    assert not afl_selfcheck.afl_accuracy_invariance([0.81, 0.8102], 0.81)
     with pytest.raises(ValueError, match="at least one"):
-        selfcheck.afl_accuracy_invariance([], 0.8)
+        afl_selfcheck.afl_accuracy_invariance([], 0.8)
 
 
 def test_stsa_checks():
     spatial = pd.DataFrame({"rel. err. W": [1e-13, 3e-12], "same predictions": [True, True]})
-    assert selfcheck.stsa_partition_invariance(spatial, 1e-10)
-    assert not selfcheck.stsa_partition_invariance(spatial.assign(**{"same predictions": [True, False]}), 1e-10)
+    assert stsa_selfcheck.stsa_partition_invariance(spatial, 1e-10)
+    assert not stsa_selfcheck.stsa_partition_invariance(spatial.assign(**{"same predictions": [True, False]}), 1e-10)
     # break-even from (M+1) c_t K_D < (M + c_t) M: 1260 * 1250 / (1251 * 10) = 125.9
-    assert selfcheck.stsa_break_even(125, 1250, 10)
-    assert not selfcheck.stsa_break_even(126, 1250, 10)
-    assert selfcheck.stsa_break_even(None, 1250, 10).as_predicted is None
-    assert "125" not in str(selfcheck.stsa_break_even(None, 1250, 10)).replace("1250", "")
-    assert selfcheck.stsa_rank({"rank": 40, "bound": 50}, 1250)
-    assert not selfcheck.stsa_rank({"rank": 1250, "bound": 2000}, 1250)
+    assert stsa_selfcheck.stsa_break_even(125, 1250, 10)
+    assert not stsa_selfcheck.stsa_break_even(126, 1250, 10)
+    assert stsa_selfcheck.stsa_break_even(None, 1250, 10).as_predicted is None
+    assert "125" not in str(stsa_selfcheck.stsa_break_even(None, 1250, 10)).replace("1250", "")
+    assert stsa_selfcheck.stsa_rank({"rank": 40, "bound": 50}, 1250)
+    assert not stsa_selfcheck.stsa_rank({"rank": 1250, "bound": 2000}, 1250)
 
 
 def test_fedtsne_exact_landmarks():
@@ -100,29 +104,29 @@ def test_fedtsne_exact_landmarks():
     x = np.c_[rng.normal(size=(200, 6)), np.zeros((200, 4))]       # 10 features, affine rank 6
     rows = [("FedDL IID", n, e) for n, e in [(4, 0.3), (6, 0.1), (8, 1e-9), (20, 1e-10)]]
     sweep = pd.DataFrame(rows + [("uniform sample (oracle)", 4, 0.2)], columns=["landmarks", "n_y", "rel. error of D_hat"])
-    v = selfcheck.fedtsne_exact_landmarks(sweep, x)
+    v = fedtsne_selfcheck.fedtsne_exact_landmarks(sweep, x)
     assert v and "r + 2 = 8" in str(v)
     bad = sweep.copy()
     bad.loc[2, "rel. error of D_hat"] = 1e-2                    # n_y = 8 = r + 2 but not exact
-    assert not selfcheck.fedtsne_exact_landmarks(bad, x)
+    assert not fedtsne_selfcheck.fedtsne_exact_landmarks(bad, x)
 
 
 def test_fedtsne_accountants():
-    assert selfcheck.fedtsne_accountants(1.3, 1.1)
-    assert selfcheck.fedtsne_accountants(None, None).as_predicted is None
-    assert not selfcheck.fedtsne_accountants(0.9, 1.1)
+    assert fedtsne_selfcheck.fedtsne_accountants(1.3, 1.1)
+    assert fedtsne_selfcheck.fedtsne_accountants(None, None).as_predicted is None
+    assert not fedtsne_selfcheck.fedtsne_accountants(0.9, 1.1)
     with pytest.raises(ValueError, match="positive"):
-        selfcheck.fedtsne_accountants(0.0, 1.0)
+        fedtsne_selfcheck.fedtsne_accountants(0.0, 1.0)
 
 
 def test_refed_checks():
-    assert selfcheck.refed_mean_lambda(1 / 1.0005, 0.8, 500)
-    assert not selfcheck.refed_mean_lambda(0.8, 0.8, 500)
-    none = selfcheck.refed_mean_lambda(None, 0.8, 500)
+    assert refed_selfcheck.refed_mean_lambda(1 / 1.0005, 0.8, 500)
+    assert not refed_selfcheck.refed_mean_lambda(0.8, 0.8, 500)
+    none = refed_selfcheck.refed_mean_lambda(None, 0.8, 500)
     assert none.as_predicted is None and "my_lambda" in str(none) and "0.9995" not in str(none)
     fin = pd.DataFrame({"s": [1, 1, 1, 5, 5], "lambda": [0.2, 0.5, 0.8, 0.2, 0.8], "dist": [0.3, 0.3, 0.3, 0.1, 0.5]})
-    assert selfcheck.refed_one_step_flat(fin)
-    assert not selfcheck.refed_one_step_flat(fin.assign(dist=[0.3, 0.31, 0.3, 0.1, 0.5]))
+    assert refed_selfcheck.refed_one_step_flat(fin)
+    assert not refed_selfcheck.refed_one_step_flat(fin.assign(dist=[0.3, 0.31, 0.3, 0.1, 0.5]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,24 +331,24 @@ def test_coursework_page_lists_every_exercise():
 
 
 def test_later_selfchecks():
-    assert selfcheck.stsa_beta_invariance(pd.Series([0.0, 0.0]), 0.01)
-    assert not selfcheck.stsa_beta_invariance(pd.Series([0.0, 0.4]), 0.01)
+    assert stsa_selfcheck.stsa_beta_invariance(pd.Series([0.0, 0.0]), 0.01)
+    assert not stsa_selfcheck.stsa_beta_invariance(pd.Series([0.0, 0.4]), 0.01)
     quality = pd.DataFrame({"estimate": ["FedDL landmarks", "FedDL landmarks", "FedDL landmarks, plain"],
                             "n_y": [10, 70, 70], "D-hat rel. error": [0.2, 1e-9, 0.05]})
-    assert selfcheck.fedtsne_plain_vs_squared(quality, 64)
-    assert not selfcheck.fedtsne_plain_vs_squared(quality.assign(**{"D-hat rel. error": [0.2, 1e-9, 1e-12]}), 64)
+    assert fedtsne_selfcheck.fedtsne_plain_vs_squared(quality, 64)
+    assert not fedtsne_selfcheck.fedtsne_plain_vs_squared(quality.assign(**{"D-hat rel. error": [0.2, 1e-9, 1e-12]}), 64)
     rng = np.random.default_rng(1)
     x = rng.normal(size=(30, 5))
     flat = x.copy()
     flat[:, 4] = x[:, 4].mean()                              # projection on a 4-dim affine span
-    assert selfcheck.fedtsne_reconstruction(x, x, x, 5)       # span is all of R^5: exact
-    assert selfcheck.fedtsne_reconstruction(flat, flat, x, 4)  # smaller span: the projection, not exact
-    assert not selfcheck.fedtsne_reconstruction(flat, flat, x, 5)   # full span but not exact
-    assert not selfcheck.fedtsne_reconstruction(x, flat, x, 4)      # reconstruction is not the projection
+    assert fedtsne_selfcheck.fedtsne_reconstruction(x, x, x, 5)       # span is all of R^5: exact
+    assert fedtsne_selfcheck.fedtsne_reconstruction(flat, flat, x, 4)  # smaller span: the projection, not exact
+    assert not fedtsne_selfcheck.fedtsne_reconstruction(flat, flat, x, 5)   # full span but not exact
+    assert not fedtsne_selfcheck.fedtsne_reconstruction(x, flat, x, 4)      # reconstruction is not the projection
     acc = np.tril(rng.uniform(size=(3, 3)))
-    assert selfcheck.refed_full_memory(acc, acc.copy(), 500, 400)
-    assert not selfcheck.refed_full_memory(acc, acc + 0.01, 500, 400)
-    assert selfcheck.refed_full_memory(acc, acc + 0.01, 100, 400)
+    assert refed_selfcheck.refed_full_memory(acc, acc.copy(), 500, 400)
+    assert not refed_selfcheck.refed_full_memory(acc, acc + 0.01, 500, 400)
+    assert refed_selfcheck.refed_full_memory(acc, acc + 0.01, 100, 400)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -375,49 +379,49 @@ def test_answer_helpers():
 
 
 def test_afl_partition_variance():
-    _pending(selfcheck.afl_partition_variance(None, [1.8, 2.2]))
-    assert selfcheck.afl_partition_variance("grows", [1.8, 2.2, 0.9])
-    assert not selfcheck.afl_partition_variance("grows", [0.7, 0.9])
-    assert selfcheck.afl_partition_variance("grows", [np.nan]).as_predicted is None   # one seed: no std
+    _pending(afl_selfcheck.afl_partition_variance(None, [1.8, 2.2]))
+    assert afl_selfcheck.afl_partition_variance("grows", [1.8, 2.2, 0.9])
+    assert not afl_selfcheck.afl_partition_variance("grows", [0.7, 0.9])
+    assert afl_selfcheck.afl_partition_variance("grows", [np.nan]).as_predicted is None   # one seed: no std
 
 
 def test_fedtsne_nystrom_exact():
     rng = np.random.default_rng(0)
     x = np.c_[rng.normal(size=(100, 5)), np.zeros((100, 3))]      # m = 8, affine rank 5
-    assert selfcheck.fedtsne_nystrom_exact([1e-10, 3e-9], 7, x)     # n_y >= r + 2 = 7: exact
-    assert not selfcheck.fedtsne_nystrom_exact([1e-10, 0.2], 7, x)
-    assert selfcheck.fedtsne_nystrom_exact([0.1, 0.3], 5, x)        # below r + 2: not exact
-    assert not selfcheck.fedtsne_nystrom_exact([1e-12], 5, x)
+    assert fedtsne_selfcheck.fedtsne_nystrom_exact([1e-10, 3e-9], 7, x)     # n_y >= r + 2 = 7: exact
+    assert not fedtsne_selfcheck.fedtsne_nystrom_exact([1e-10, 0.2], 7, x)
+    assert fedtsne_selfcheck.fedtsne_nystrom_exact([0.1, 0.3], 5, x)        # below r + 2: not exact
+    assert not fedtsne_selfcheck.fedtsne_nystrom_exact([1e-12], 5, x)
 
 
 def test_fedtsne_early_rounds():
     idx = pd.MultiIndex.from_tuples([("a", "IID"), ("a", "non-IID")])
     conv = pd.DataFrame({0: [0.2, 0.2], 10: [0.3, 0.25], 50: [0.8, 0.7], 100: [0.9, np.nan]}, index=idx)
-    assert selfcheck.fedtsne_early_rounds(conv)
+    assert fedtsne_selfcheck.fedtsne_early_rounds(conv)
     fast = conv.copy()
     fast[10] = [0.85, 0.25]                                                          # 0.65 of the gain at round 10
-    assert not selfcheck.fedtsne_early_rounds(fast)
-    assert selfcheck.fedtsne_early_rounds(conv[[0, 10]]).as_predicted is None     # no run past round 10
-    assert selfcheck.fedtsne_early_rounds(conv[[0, 50]]).as_predicted is None     # no checkpoint at round 10
+    assert not fedtsne_selfcheck.fedtsne_early_rounds(fast)
+    assert fedtsne_selfcheck.fedtsne_early_rounds(conv[[0, 10]]).as_predicted is None     # no run past round 10
+    assert fedtsne_selfcheck.fedtsne_early_rounds(conv[[0, 50]]).as_predicted is None     # no checkpoint at round 10
     with pytest.raises(ValueError, match="round 0"):
-        selfcheck.fedtsne_early_rounds(conv[[10, 50]])
+        fedtsne_selfcheck.fedtsne_early_rounds(conv[[10, 50]])
 
 
 def test_fedtsne_weights():
     ident = pd.DataFrame({"split": ["IID", "IID", "skew", "skew"], "weights": ["n_p/n", "1/P", "n_p/n", "1/P"],
                           "client sizes": ["120-120", "120-120", "107-134", "107-134"],
                           "rel. error vs pooled gradient": [3e-14, 3e-14, 3e-14, 0.11]})
-    assert selfcheck.fedtsne_weights(ident)
-    assert not selfcheck.fedtsne_weights(ident.assign(**{"rel. error vs pooled gradient": [3e-14, 0.1, 3e-14, 0.11]}))
+    assert fedtsne_selfcheck.fedtsne_weights(ident)
+    assert not fedtsne_selfcheck.fedtsne_weights(ident.assign(**{"rel. error vs pooled gradient": [3e-14, 0.1, 3e-14, 0.11]}))
 
 
 def test_fedtsne_budget():
     from fedlib.fedtsne.dp import dp_noise_sd
     target = dp_noise_sd(2.0, 1e-5, 0.01, "dp_gradient", compositions=10)
     kw = dict(delta=1e-5, sensitivity=0.01, rounds=10)
-    _pending(selfcheck.fedtsne_budget(None, target, **kw))
-    assert selfcheck.fedtsne_budget(2.0, target, **kw)
-    assert not selfcheck.fedtsne_budget(8.0, target, **kw)
+    _pending(fedtsne_selfcheck.fedtsne_budget(None, target, **kw))
+    assert fedtsne_selfcheck.fedtsne_budget(2.0, target, **kw)
+    assert not fedtsne_selfcheck.fedtsne_budget(8.0, target, **kw)
 
 
 def test_fedspeclust_checks():
@@ -425,53 +429,53 @@ def test_fedspeclust_checks():
     x = np.r_[rng.normal(size=(20, 4)), rng.normal(size=(20, 4)) + 3.0]
     iid = [x[0::2], x[1::2]]
     noniid = [x[:20], x[20:]]
-    _pending(selfcheck.fedsc_splits_differ(None, iid, noniid))
-    assert selfcheck.fedsc_splits_differ({"weights": "uniform"}, iid, [x[:10], x[10:]])   # unequal sizes
-    assert not selfcheck.fedsc_splits_differ({}, iid, noniid)                                # the chapter's options
+    _pending(fedtsne_selfcheck.fedsc_splits_differ(None, iid, noniid))
+    assert fedtsne_selfcheck.fedsc_splits_differ({"weights": "uniform"}, iid, [x[:10], x[10:]])   # unequal sizes
+    assert not fedtsne_selfcheck.fedsc_splits_differ({}, iid, noniid)                                # the chapter's options
     low_rank = np.c_[x[:, :3], np.zeros(40)]                                                 # rank 3 in R^4
-    _pending(selfcheck.fedsc_linear_kernel_landmarks(None, low_rank))
-    assert selfcheck.fedsc_linear_kernel_landmarks(4, low_rank) and selfcheck.fedsc_linear_kernel_landmarks(3, low_rank)
-    assert not selfcheck.fedsc_linear_kernel_landmarks(6, low_rank)
+    _pending(fedtsne_selfcheck.fedsc_linear_kernel_landmarks(None, low_rank))
+    assert fedtsne_selfcheck.fedsc_linear_kernel_landmarks(4, low_rank) and fedtsne_selfcheck.fedsc_linear_kernel_landmarks(3, low_rank)
+    assert not fedtsne_selfcheck.fedsc_linear_kernel_landmarks(6, low_rank)
     runs = pd.DataFrame({"dataset": ["a", "a", "a"], "gamma": [0.01, 0.01, 0.01]})
-    assert selfcheck.fedsc_kernel_width(runs, "moments")
-    assert not selfcheck.fedsc_kernel_width(runs.assign(gamma=[0.01, 0.02, 0.01]), "moments")
-    assert selfcheck.fedsc_kernel_width(runs.assign(gamma=[0.01, 0.02, 0.01]), "median")
+    assert fedtsne_selfcheck.fedsc_kernel_width(runs, "moments")
+    assert not fedtsne_selfcheck.fedsc_kernel_width(runs.assign(gamma=[0.01, 0.02, 0.01]), "moments")
+    assert fedtsne_selfcheck.fedsc_kernel_width(runs.assign(gamma=[0.01, 0.02, 0.01]), "median")
     idx = pd.MultiIndex.from_tuples([(d, v, s) for d in ("a", "b") for v in ("Fed", "Fed+") for s in ("IID", "non-IID")],
                                     names=["dataset", "variant", "split"])
     diag = pd.DataFrame({"kernel rel. error": [0.03, 0.03, 0.031, 0.037, 0.04, 0.04, 0.041, 0.05]}, index=idx)
-    _pending(selfcheck.fedsc_noise_column(None, diag), "Fed+ non-IID:")
-    assert selfcheck.fedsc_noise_column("Fed+ non-IID", diag)
-    assert not selfcheck.fedsc_noise_column("Fed IID", diag)
+    _pending(fedtsne_selfcheck.fedsc_noise_column(None, diag), "Fed+ non-IID:")
+    assert fedtsne_selfcheck.fedsc_noise_column("Fed+ non-IID", diag)
+    assert not fedtsne_selfcheck.fedsc_noise_column("Fed IID", diag)
     err = pd.DataFrame({"FedDL": [0.1, 0.03], "uniform sample (oracle, not federated)": [0.2, 0.02]},
                        index=pd.Index([10, 400], name="n_y"))
-    _pending(selfcheck.fedsc_rounds_oracle(None, err))
-    assert selfcheck.fedsc_rounds_oracle("no", err)
-    assert not selfcheck.fedsc_rounds_oracle("yes", err)
+    _pending(fedtsne_selfcheck.fedsc_rounds_oracle(None, err))
+    assert fedtsne_selfcheck.fedsc_rounds_oracle("no", err)
+    assert not fedtsne_selfcheck.fedsc_rounds_oracle("yes", err)
 
 
 def test_refed_new_checks():
-    assert selfcheck.refed_pim_distance({0.2: 0.01, 0.8: 0.05})
-    assert not selfcheck.refed_pim_distance({0.2: 0.05, 0.8: 0.01})
-    assert selfcheck.refed_pim_distance({0.8: 0.05}).as_predicted is None
+    assert refed_selfcheck.refed_pim_distance({0.2: 0.01, 0.8: 0.05})
+    assert not refed_selfcheck.refed_pim_distance({0.2: 0.05, 0.8: 0.01})
+    assert refed_selfcheck.refed_pim_distance({0.8: 0.05}).as_predicted is None
     pool = np.array([[10, 10], [5, 5]])
 
     def log(cache):
         return [{"new": np.zeros(2)}, {"pool_classes": pool, "old_classes": np.array(cache)}]
 
     balanced, skewed = log([[5, 5], [2, 2]]), log([[9, 1], [4, 0]])
-    _pending(selfcheck.refed_class_balance(None, skewed, balanced))
-    assert selfcheck.refed_class_balance("random", skewed, balanced)
-    assert not selfcheck.refed_class_balance("refed", skewed, balanced)
+    _pending(refed_selfcheck.refed_class_balance(None, skewed, balanced))
+    assert refed_selfcheck.refed_class_balance("random", skewed, balanced)
+    assert not refed_selfcheck.refed_class_balance("refed", skewed, balanced)
     rate = pd.DataFrame({"g(t)": ["g0 (t+1)^-0.25", "g0 (t+1)^-0.5"], "largest admissible A": [6.285, 3.414]})
-    _pending(selfcheck.refed_rate_constant(None, rate, 1.0), "3.41")
-    assert selfcheck.refed_rate_constant(3.41, rate, 1.0)
-    assert not selfcheck.refed_rate_constant(2.0, rate, 1.0)
-    _pending(selfcheck.refed_score_limits(None))
-    assert selfcheck.refed_score_limits((0, 2))
-    assert not selfcheck.refed_score_limits((0, 1))
-    assert selfcheck.refed_memory_holds_all([True, True, True], [True, False, False])
-    assert not selfcheck.refed_memory_holds_all([True, True, True], [True, True, False])
-    assert not selfcheck.refed_memory_holds_all([True, False, True], [True, False, False])
+    _pending(refed_selfcheck.refed_rate_constant(None, rate, 1.0), "3.41")
+    assert refed_selfcheck.refed_rate_constant(3.41, rate, 1.0)
+    assert not refed_selfcheck.refed_rate_constant(2.0, rate, 1.0)
+    _pending(refed_selfcheck.refed_score_limits(None))
+    assert refed_selfcheck.refed_score_limits((0, 2))
+    assert not refed_selfcheck.refed_score_limits((0, 1))
+    assert refed_selfcheck.refed_memory_holds_all([True, True, True], [True, False, False])
+    assert not refed_selfcheck.refed_memory_holds_all([True, True, True], [True, True, False])
+    assert not refed_selfcheck.refed_memory_holds_all([True, False, True], [True, False, False])
 
 
 def test_stsa_new_checks():
@@ -479,19 +483,19 @@ def test_stsa_new_checks():
     rows += [("M (scratch)", m, "STSA", a) for m, a in [(32, 40.0), (250, 55.0), (1000, 60.0)]]
     abl = pd.DataFrame(rows, columns=["ablation", "value", "method", "A_T"])
     dims = {"M (scratch)": 32, "M (pretrained)": 1280}
-    assert selfcheck.stsa_random_features(abl, dims)
-    assert not selfcheck.stsa_random_features(abl.assign(A_T=[83.0, 82.0, 99.0, 40.0, 45.0, 41.0]), dims)
-    assert selfcheck.stsa_random_features(abl, {"M (scratch)": 64, "M (pretrained)": 1280}).as_predicted is None
+    assert stsa_selfcheck.stsa_random_features(abl, dims)
+    assert not stsa_selfcheck.stsa_random_features(abl.assign(A_T=[83.0, 82.0, 99.0, 40.0, 45.0, 41.0]), dims)
+    assert stsa_selfcheck.stsa_random_features(abl, {"M (scratch)": 64, "M (pretrained)": 1280}).as_predicted is None
     # STSA: 191.12 MiB at M = 1000, c_t = 2; FedLwF 6.11 MiB: (M + 2) M * 191.12 / (1002 * 1000) > 6.11 from M = 178
-    _pending(selfcheck.stsa_upload_crossing(None, 6.11, 191.12, 1000, 2), "178")
-    assert selfcheck.stsa_upload_crossing(178, 6.11, 191.12, 1000, 2)
-    assert not selfcheck.stsa_upload_crossing(1000, 6.11, 191.12, 1000, 2)
+    _pending(stsa_selfcheck.stsa_upload_crossing(None, 6.11, 191.12, 1000, 2), "178")
+    assert stsa_selfcheck.stsa_upload_crossing(178, 6.11, 191.12, 1000, 2)
+    assert not stsa_selfcheck.stsa_upload_crossing(1000, 6.11, 191.12, 1000, 2)
     bias = pd.DataFrame({"K_D": [25, 25], "k_mode": ["global", "per_class"], "covariance ratio": [0.25, 1.0]})
-    _pending(selfcheck.stsa_dummy_ratio(None, bias, 25), "0.25")
-    assert selfcheck.stsa_dummy_ratio(31 / 124, bias, 25)
-    assert not selfcheck.stsa_dummy_ratio(0.8, bias, 25)
+    _pending(stsa_selfcheck.stsa_dummy_ratio(None, bias, 25), "0.25")
+    assert stsa_selfcheck.stsa_dummy_ratio(31 / 124, bias, 25)
+    assert not stsa_selfcheck.stsa_dummy_ratio(0.8, bias, 25)
     with pytest.raises(ValueError, match="bias_dummy"):
-        selfcheck.stsa_dummy_ratio(0.3, bias, 5)
+        stsa_selfcheck.stsa_dummy_ratio(0.3, bias, 5)
 
 
 def _cells(path: Path) -> list[tuple[str, str]]:

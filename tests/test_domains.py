@@ -6,7 +6,8 @@ import torch
 from fedlib.core.messages import Cost
 from fedlib.data.datasets import DIGIT_CLASSES, Dataset, load_dataset
 from fedlib.data.domains import DOMAIN_NAMES, DomainIncrementalStream, _stratified_parts, digit_domains, make_domain_stream
-from fedlib.federated.incremental import ClassIncrementalStream, run_class_incremental, task_offset
+from fedlib.data.streams import ClassIncrementalStream
+from fedlib.federated.incremental import run_class_incremental, task_offset
 
 DEFAULT = ("mnist", "optdigits", "inverted", "rotated", "noisy")
 

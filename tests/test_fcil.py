@@ -15,7 +15,8 @@ from fedlib.core.persample import fisher_diagonal
 from fedlib.core.seeds import derive_seed
 from fedlib.federated.fcil import METHODS, make_method
 from fedlib.federated.gradient import FedAvg, LinearHead, run_federated
-from fedlib.federated.incremental import make_stream, run_class_incremental
+from fedlib.data.streams import make_stream
+from fedlib.federated.incremental import run_class_incremental
 from fedlib.federated.learner import GradientLearner, stage_config
 
 D, C, T, K, BETA = 8, 6, 3, 3, 0.5

@@ -195,7 +195,8 @@ def test_batched_incremental_methods_equal_per_client(method):
     after every stage up to float32 round-off, and the same bytes."""
     import numpy as np
 
-    from fedlib.federated.incremental import make_stream, run_class_incremental
+    from fedlib.data.streams import make_stream
+    from fedlib.federated.incremental import run_class_incremental
     from fedlib.federated.learner import GradientLearner, KeepWeights
 
     gen = torch.Generator().manual_seed(3)

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from fedlib.core.messages import Cost
-from fedlib.federated.incremental import accuracy_matrix_metrics, make_stream, run_class_incremental, task_offset
+from fedlib.federated.incremental import accuracy_matrix_metrics, run_class_incremental, task_offset
+from fedlib.data.streams import make_stream
 
 Y_TRAIN = np.repeat(np.arange(10), 30)
 Y_TEST = np.repeat(np.arange(10), 5)

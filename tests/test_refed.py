@@ -10,7 +10,8 @@ import torch
 from conftest import make_cfg, make_data, states_equal
 from fedlib.core.persample import grad_sq_norms, last_layer_grad_sq_norms, reference_grad_sq_norms
 from fedlib.federated.gradient import LinearHead, MLPHead
-from fedlib.federated.incremental import make_stream, run_class_incremental
+from fedlib.data.streams import make_stream
+from fedlib.federated.incremental import run_class_incremental
 from fedlib.federated.learner import FixedLearner, GradientLearner, select_top
 from fedlib.refed.algorithm import LEARNERS, RefedReplay, importance_scores, make_learner, q_lambda, train_pim
 from fedlib.refed.studies import rounds_to_best
@@ -599,7 +600,7 @@ def test_smallcnn_pooling_equals_max_pool2d():
 
 
 def test_eval_chunks_and_chunked_predictions():
-    from fedlib.federated.learner import eval_chunks
+    from fedlib.core.batches import eval_chunks
     from fedlib.federated.models import SmallCNN
 
     assert eval_chunks(0) == [] and eval_chunks(5) == [(0, 5)] and eval_chunks(256) == [(0, 256)]

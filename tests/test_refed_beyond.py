@@ -11,10 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedlib.federated.gradient import FedConfig
-from fedlib.federated.incremental import make_stream
-from fedlib.federated.learner import (BALANCING, HerdingReplay, ReservoirReplay, ScoreReplay, SelectionContext,
-                                      _quotas, budget_groups, el2n_scores, grand_scores, herding_order,
-                                      penultimate_features, reservoir_select, select_top)
+from fedlib.data.streams import make_stream
+from fedlib.federated.learner import (BALANCING, HerdingReplay, ReservoirReplay, ScoreReplay, SelectionContext, _quotas, budget_groups, el2n_scores, grand_scores, herding_order, penultimate_features, reservoir_select, select_top)
 from fedlib.refed.algorithm import RefedReplay, make_learner
 from fedlib.refed.beyond import (RULES, CacheNoiseAudit, flip_labels, noise_accuracy_table, noise_table,
                                         rule_table, run_rules)

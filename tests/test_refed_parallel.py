@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import states_equal
-from fedlib.federated.incremental import make_stream
+from fedlib.data.streams import make_stream
 from fedlib.federated.models import SmallCNN
 from fedlib.refed.studies import ScenarioRuns
 

@@ -3,7 +3,7 @@ and rule rejects a bad value with a message naming the parameter; the data-depen
 import numpy as np
 import pytest
 
-from fedlib.federated.incremental import make_stream
+from fedlib.data.streams import make_stream
 from conftest import chapter_values
 from fedlib.runner import specs
 from fedlib.refed.specs import check_total_memory

@@ -8,7 +8,8 @@ from fedlib.stsa import speed as stsa_speed
 from fedlib.stsa import noise as stsa_noise
 from fedlib.stsa import studies as stsa_studies
 from fedlib.core.linalg import SufficientStats, ridge_fit
-from fedlib.federated.incremental import make_stream, run_class_incremental
+from fedlib.data.streams import make_stream
+from fedlib.federated.incremental import run_class_incremental
 from fedlib.core.messages import Message
 
 

@@ -12,7 +12,8 @@ from fedlib.core.linalg import SufficientStats, lstsq_reference, ridge_solve, sy
 from fedlib.core.messages import Message
 from fedlib.core.seeds import torch_generator
 from fedlib.data.features import Features
-from fedlib.federated.incremental import make_stream, run_class_incremental
+from fedlib.data.streams import make_stream
+from fedlib.federated.incremental import run_class_incremental
 from fedlib.stsa import beyond as sb
 from fedlib.stsa.algorithm import RandomFeatures, STSALearner
 

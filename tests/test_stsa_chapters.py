@@ -11,7 +11,8 @@ from fedlib.core.linalg import SufficientStats, synthetic_features
 from fedlib.data.features import Features
 from fedlib.data.partition import make_partition
 from fedlib.evaluation.report import paired_markdown_rows
-from fedlib.federated.incremental import make_stream, run_class_incremental
+from fedlib.data.streams import make_stream
+from fedlib.federated.incremental import run_class_incremental
 from fedlib.stsa import algorithm as stsa
 from fedlib.stsa import studies as stsa_studies
 

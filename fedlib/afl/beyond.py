@@ -384,7 +384,7 @@ def upload_comparison(feats, parts: Sequence[np.ndarray], gamma: float, referenc
     columns (singular values of the pooled TSQR factor's R11)."""
     import pandas as pd
 
-    from fedlib.core.linalg import head_accuracy
+    from fedlib.evaluation.metrics import head_accuracy
 
     rows, per_client = [], []
     sizes = np.array([len(p) for p in parts])
@@ -798,7 +798,7 @@ def hyperparameter_study(feats, num_clients: int, alpha: float, seeds: Sequence[
     import pandas as pd
     from tqdm.auto import tqdm
 
-    from fedlib.core.linalg import head_accuracy
+    from fedlib.evaluation.metrics import head_accuracy
     from fedlib.data.partition import make_partition
 
     grid = np.concatenate([[0.0], _check_lams(lams)])
@@ -846,7 +846,8 @@ def unlearning_check(x: Array, labels: Array, parts: Sequence[np.ndarray], num_c
     remaining samples and (``afl_retrain``) AFL (one-solve, gamma = 1, RI) run on the remaining
     clients. Returns the relative errors, the tolerance ``2 cond(G - G_k) eps``, the seconds of the
     subtraction and solve, and, with a test set, the test accuracies before and after."""
-    from fedlib.core.linalg import gram_report, head_accuracy, lstsq_reference, normal_equations_tolerance
+    from fedlib.core.linalg import gram_report, lstsq_reference, normal_equations_tolerance
+    from fedlib.evaluation.metrics import head_accuracy
 
     xn, yn = _check_data(x, labels, num_classes)
     parts = _check_parts(parts, len(yn))

@@ -413,7 +413,8 @@ def centralized_reference(feats, device: str | torch.device = "cpu") -> dict:
     Returns ``{"w_joint" (d, C), "joint_acc", "report" (gram_report), "w_qr" (d, C), "qr_acc",
     "qr_error" (max relative difference), "qr_tol" (2 kappa eps), "qr_seconds"}``.
     """
-    from fedlib.core.linalg import gram_report, head_accuracy, normal_equations_tolerance, qr_reference
+    from fedlib.core.linalg import gram_report, normal_equations_tolerance, qr_reference
+    from fedlib.evaluation.metrics import head_accuracy
 
     stats = SufficientStats.from_data(feats.x_train, feats.y_train, feats.num_classes, device=device)
     w_joint = ridge_solve(stats.gram, stats.xty)
@@ -434,7 +435,7 @@ def afl_setting_runs(feats, partitions: SettingPartitions, settings: Sequence[tu
     run: setting label, partition seed, test accuracy, measured seconds, upload bytes per client,
     uploads per client and the max relative difference to ``reference`` (d, C). ``cache``: a
     :class:`RunCache` that keeps the runs for later cells."""
-    from fedlib.core.linalg import head_accuracy
+    from fedlib.evaluation.metrics import head_accuracy
 
     cache = RunCache() if cache is None else cache
     rows = []
@@ -550,7 +551,7 @@ def afl_vs_fedavg(feats, parts_by_key, config: dict, seed: int, gamma: float, de
     import pandas as pd
     from tqdm.auto import tqdm
 
-    from fedlib.core.linalg import head_accuracy
+    from fedlib.evaluation.metrics import head_accuracy
 
     cache = RunCache() if cache is None else cache
     train = torch.from_numpy(feats.x_train), torch.from_numpy(feats.y_train)
@@ -581,7 +582,7 @@ def ri_ablation(feats, parts_by_k, gammas: Sequence[float], device, rerun: bool 
     """
     import pandas as pd
 
-    from fedlib.core.linalg import head_accuracy
+    from fedlib.evaluation.metrics import head_accuracy
 
     cache = RunCache() if cache is None else cache
     rows = []

@@ -202,13 +202,6 @@ def predict(weights: torch.Tensor, x: Array) -> torch.Tensor:
     return (xt @ weights).argmax(dim=1)
 
 
-def head_accuracy(weights: torch.Tensor, x: Array, labels: Array) -> float:
-    """Top-1 accuracy of the linear head ``weights`` (d, C) on (x, labels)."""
-    from fedlib.evaluation.metrics import accuracy
-
-    return accuracy(predict(weights, x).cpu(), as_tensor(labels, torch.int64))
-
-
 def synthetic_features(n: int, dim: int, num_classes: int, kind: str = "gaussian", seed: int = 0,
                        condition: float = 1e8):
     """Synthetic features (n, dim) float64 and labels (n,) for the exactness checks.

@@ -25,7 +25,7 @@ images (100 / 25 per class) and no two domains share a source image. optdigits k
 own split (1,437 / 360). A domain's ``name`` records its part and the seed, so it can key a cache.
 
 :func:`make_domain_stream` concatenates the domains and returns a :class:`DomainIncrementalStream`,
-a :class:`fedlib.federated.incremental.ClassIncrementalStream` whose tasks are the domains: every task holds
+a :class:`fedlib.data.streams.ClassIncrementalStream` whose tasks are the domains: every task holds
 all C classes (``offset`` 0, ``classes`` = 0..C-1), ``relabel`` is the identity and
 ``num_seen(t) = C``. The class-incremental runner :func:`fedlib.federated.incremental.run_class_incremental`
 then runs domain-incremental learning unchanged: stage t partitions domain t's training data over
@@ -42,7 +42,7 @@ import numpy as np
 
 from fedlib.core.validate import check_int
 from fedlib.data.datasets import Dataset, load_dataset
-from fedlib.federated.incremental import ClassIncrementalStream, Task
+from fedlib.data.streams import ClassIncrementalStream, Task
 
 __all__ = ["DOMAIN_NAMES", "MNIST_DOMAINS", "digit_domains", "DomainIncrementalStream", "make_domain_stream"]
 

@@ -231,7 +231,7 @@ def _run(module: nn.Module, dim: int, images: np.ndarray, size: int, device, bat
     """Images (N, H, W[, 3]) uint8 -> (N, dim) float32, in batches with a progress bar."""
     from tqdm import tqdm
 
-    from fedlib.federated.learner import eval_chunks
+    from fedlib.core.batches import eval_chunks
 
     out = []
     with torch.inference_mode():

@@ -5,6 +5,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from fedlib.core.linalg import Array, as_tensor, predict
+
 
 def accuracy(predictions, labels) -> float:
     """Fraction of ``predictions`` (N,) equal to ``labels`` (N,); NaN when N = 0."""
@@ -31,3 +33,8 @@ def predict_classes(model: nn.Module, x: Tensor, batch_size: int = 8192) -> Tens
 def model_accuracy(model: nn.Module, x: Tensor, y: Tensor, batch_size: int = 8192) -> float:
     """Top-1 accuracy of ``model`` on (x, y): :func:`accuracy` of :func:`predict_classes`."""
     return accuracy(predict_classes(model, x, batch_size), y)
+
+
+def head_accuracy(weights: torch.Tensor, x: Array, labels: Array) -> float:
+    """Top-1 accuracy of the linear head ``weights`` (d, C) on (x, labels)."""
+    return accuracy(predict(weights, x).cpu(), as_tensor(labels, torch.int64))

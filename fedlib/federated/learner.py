@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from fedlib.core.batches import eval_chunks
 from fedlib.core.devices import resolve_device, torch_threads
 from fedlib.core.messages import Cost, Message
 from fedlib.core import uploads
@@ -43,7 +44,7 @@ from fedlib.evaluation.metrics import accuracy
 from fedlib.federated.fcil import Finetune, IncrementalAlgorithm, make_method
 from fedlib.federated.gradient import FedConfig, GradientClient, History, frozen_copy, initial_state, run_federated
 
-__all__ = ["EVAL_CHUNK", "eval_chunks", "stage_config",
+__all__ = ["stage_config",
            "BALANCING", "MEMORY_MODES", "SCENARIOS", "select_top", "budget_groups", "Replay", "RandomReplay",
            "SCORE_RULES", "el2n_scores", "grand_scores", "ScoreReplay", "herding_order", "penultimate_features", "HerdingReplay",
            "reservoir_select", "ReservoirReplay", "GradientLearner", "FixedLearner", "StageCallback", "KeepWeights",
@@ -66,23 +67,6 @@ class KeepWeights:
 
     def __call__(self, t: int, learner) -> None:
         self.weights.append({k: v.detach().cpu().clone() for k, v in learner.model.state_dict().items()})
-
-
-EVAL_CHUNK = 256
-
-
-def eval_chunks(n: int, size: int = EVAL_CHUNK) -> list[tuple[int, int]]:
-    """[(start, stop)] of the evaluation forwards of n samples: one chunk when n <= ``size``, else
-    ceil(n / size) chunks of nearly equal sizes (each >= size / 2). A whole test set in one forward
-    was measured about 2x slower on the CPU (the first convolution's output leaves the cache), and
-    chunks of this size give the same logits as one forward (much smaller chunks, and a single-sample
-    forward, can differ in round-off on some CPUs: never made here unless n is that small)."""
-    n, size = check_int("n", n, 0), check_int("size", size, 1)
-    if n <= size:
-        return [(0, n)] if n else []
-    k = -(-n // size)
-    bounds = [i * n // k for i in range(k + 1)]
-    return list(zip(bounds[:-1], bounds[1:]))
 
 
 def stage_config(config: FedConfig, t: int) -> FedConfig:

@@ -20,8 +20,7 @@ from torch import nn
 
 from fedlib.federated.fcil import METHODS as FCIL_METHODS
 from fedlib.federated.gradient import ALGORITHMS, FedAlgorithm, FedConfig, GradientClient
-from fedlib.federated.learner import (CacheClient, HerdingReplay, RandomReplay, ReservoirReplay, ScoreReplay,
-                                      StageClient, StateInit)
+from fedlib.federated.learner import (CacheClient, HerdingReplay, RandomReplay, ReservoirReplay, ScoreReplay, StageClient, StateInit)
 from fedlib.afl.algorithm import AFLClient
 from fedlib.fedtsne.algorithm import FedDLClient
 from fedlib.fedtsne.algorithm import NystromClient

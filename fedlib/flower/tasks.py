@@ -150,7 +150,7 @@ class Task:
 
     @cached_property
     def stream(self):
-        from fedlib.federated.incremental import make_stream
+        from fedlib.data.streams import make_stream
 
         f = self.features
         return make_stream(f.y_train, f.y_test, self.config["num-tasks"], seed=self.config["seed"])

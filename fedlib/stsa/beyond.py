@@ -45,7 +45,8 @@ from fedlib.core.messages import Cost, Message
 from fedlib.core.protocol import ClientStates, Server, simulate
 from fedlib.core.seeds import torch_generator
 from fedlib.core.validate import check_choice, check_int, check_positive
-from fedlib.federated.incremental import accuracy_matrix_metrics, make_stream
+from fedlib.federated.incremental import accuracy_matrix_metrics
+from fedlib.data.streams import make_stream
 from fedlib.stsa.algorithm import RandomFeatures, STSAClient, STSAServer, StagewiseLearner, predict
 from fedlib.stsa.noise import add_upload_noise
 

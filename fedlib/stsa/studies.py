@@ -17,7 +17,8 @@ from fedlib.core import uploads
 from fedlib.core.linalg import SufficientStats, as_tensor, lstsq_reference, ridge_fit, ridge_solve
 from fedlib.core.messages import Cost
 from fedlib.core.validate import check_choice, check_int, check_positive
-from fedlib.federated.incremental import make_stream, run_class_incremental
+from fedlib.data.streams import make_stream
+from fedlib.federated.incremental import run_class_incremental
 from fedlib.stsa.algorithm import (K_MODES, VARIANTS, RandomFeatures, STSAClient, STSALearner, STSAServer, StageBroadcast, StageCallback, StagewiseLearner, class_coefficients, dummy_split, gram_estimate, predict, stsa_client, stsae_client)
 from fedlib.stsa.speed import expanded_features
 
