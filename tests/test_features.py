@@ -75,9 +75,9 @@ def test_cache_hit_skips_backbone(tmp_path, monkeypatch):
 def test_cache_env_default_and_disable(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDLIB_CACHE", str(tmp_path / "env"))
     # only the cache placement is tested here: a stub replaces the backbone pass
-    monkeypatch.setattr(ff, "_run", lambda module, dim, images, *a, **k: np.zeros((len(images), dim), np.float32))
+    monkeypatch.setattr(ff, "extract_batches", lambda module, dim, images, *a, **k: np.zeros((len(images), dim), np.float32))
     ds = make_dataset(3, 2)
-    assert ff.default_cache_dir() == tmp_path / "env"
+    assert ff.paths.cache_dir() == tmp_path / "env"
     extract_features(ds, input_size=32, progress=False)
     assert len(list((tmp_path / "env").glob("*.npz"))) == 1
     extract_features(ds, input_size=32, cache_dir=False, progress=False)

@@ -30,9 +30,9 @@ __all__ = ["main"]
 
 
 def _features_in_batches(module, images: np.ndarray, size: int, batch: int) -> torch.Tensor:
-    from fedlib.data.features import _run
+    from fedlib.data.features import extract_batches
 
-    return torch.from_numpy(_run(module, 1280, images, size, torch.device("cpu"), batch, "", progress=False))
+    return torch.from_numpy(extract_batches(module, 1280, images, size, torch.device("cpu"), batch, "", progress=False))
 
 
 def _equal_row(label: str, diff: float) -> str:

@@ -363,7 +363,7 @@ def fisher_diagonal(model: nn.Module, x: Tensor, y: Tensor, num_seen: int, names
     return {name: f / n for name, f in fisher.items()}
 
 
-def _last_linear(model: nn.Module) -> nn.Linear:
+def last_linear(model: nn.Module) -> nn.Linear:
     layers = [m for m in model.modules() if isinstance(m, nn.Linear)]
     if not layers:
         raise ValueError(f"{type(model).__name__} has no nn.Linear output layer; use grad_norm='exact'")
@@ -382,7 +382,7 @@ def last_layer_grad_sq_norms(model: nn.Module, x: Tensor, y: Tensor, num_seen: i
     (without a bias: ||pi - e_y||^2 ||h||^2). Forward pass only, eval mode.
     """
     num_seen = check_int("num_seen", num_seen, 1)
-    layer = _last_linear(model) if layer is None else layer
+    layer = last_linear(model) if layer is None else layer
     if not isinstance(layer, nn.Linear):
         raise ValueError(f"layer must be an nn.Linear, got {type(layer).__name__}")
     seen: dict[str, Tensor] = {}

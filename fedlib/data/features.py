@@ -13,10 +13,7 @@ raw                 flattened pixels / 255, (N, H*W) or (N, H*W*3); no resize, n
 """
 from __future__ import annotations
 
-import hashlib
-import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,15 +22,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedlib.data.datasets import Dataset, default_data_root, load_dataset
-from fedlib.core.validate import check_choice, check_int
+from fedlib.core import paths
+from fedlib.core.batches import eval_chunks
+from fedlib.core.cache import fingerprint, load_npz, save_npz
 from fedlib.core.devices import resolve_device
+from fedlib.core.validate import check_choice, check_int
+from fedlib.data.datasets import Dataset, default_data_root, load_dataset
 
 __all__ = [
     "BACKBONES",
     "RESNET18_WEIGHTS_FILE",
     "Features",
-    "default_cache_dir",
     "extract_features",
     "feature_cache_path",
     "load_backbone",
@@ -152,36 +151,23 @@ def load_backbone(name: str, device="cpu", root=None) -> tuple[nn.Module, int | 
 # ----------------------------------------------------------------------------------------------
 # cache
 # ----------------------------------------------------------------------------------------------
-def default_cache_dir() -> Path:
-    """``$FEDLIB_CACHE`` or ``<repo>/data/cache`` (:mod:`fedlib.core.paths`)."""
-    from fedlib.core.paths import cache_dir
-
-    return cache_dir()
-
-
-def _fingerprint(dataset, backbone: str, input_size: int) -> str:
-    """Short sha1 of everything that determines the features (pixels, labels, shapes, classes)."""
-    h = hashlib.sha1()
-    h.update(f"v{_CACHE_VERSION}|{backbone}|{input_size}|{dataset.classes!r}".encode())
-    for a in (dataset.x_train, dataset.y_train, dataset.x_test, dataset.y_test):
-        a = np.ascontiguousarray(a)
-        h.update(f"|{a.shape}|{a.dtype.str}|".encode())
-        h.update(memoryview(a).cast("B"))
-    return h.hexdigest()[:12]
+def feature_fingerprint(dataset, backbone: str, input_size: int) -> str:
+    """Short SHA-1 of everything that determines the features (pixels, labels, shapes, classes)."""
+    return fingerprint(f"v{_CACHE_VERSION}|{backbone}|{input_size}|{dataset.classes!r}", dataset.x_train,
+                       dataset.y_train, dataset.x_test, dataset.y_test, length=12)
 
 
 def feature_cache_path(dataset, backbone: str, input_size: int, cache_dir=None) -> Path:
     """``<cache_dir>/<safe dataset name>__<backbone>@<size>__<fingerprint>.npz``."""
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", dataset.name).strip("_")[:120] or "dataset"
-    directory = Path(cache_dir) if cache_dir not in (None, True) else default_cache_dir()
-    return directory / f"{safe}__{backbone}@{input_size}__{_fingerprint(dataset, backbone, input_size)}.npz"
+    directory = Path(cache_dir) if cache_dir not in (None, True) else paths.cache_dir()
+    return directory / f"{safe}__{backbone}@{input_size}__{feature_fingerprint(dataset, backbone, input_size)}.npz"
 
 
-def _load_cached(path: Path, dataset, name: str) -> Features | None:
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in ("x_train", "y_train", "x_test", "y_test", "classes")}
-    except Exception:  # unreadable / partial file: recompute
+def load_cached_features(path: Path, dataset, name: str) -> Features | None:
+    """The features kept in ``path`` for ``dataset`` (its labels must match), or None."""
+    arrays = load_npz(path)
+    if arrays is None or not {"x_train", "y_train", "x_test", "y_test", "classes"} <= set(arrays):
         return None
     if not (np.array_equal(arrays["y_train"], dataset.y_train) and np.array_equal(arrays["y_test"], dataset.y_test)):
         return None
@@ -190,24 +176,9 @@ def _load_cached(path: Path, dataset, name: str) -> Features | None:
                     tuple(str(c) for c in arrays["classes"]))
 
 
-def _save_cached(path: Path, feats: Features) -> None:
-    save_npz_atomic(path, x_train=feats.x_train, y_train=feats.y_train, x_test=feats.x_test,
-                    y_test=feats.y_test, classes=np.array(feats.classes, dtype=str))
-
-
-def save_npz_atomic(path: Path, **arrays) -> None:
-    """``np.savez`` of ``arrays`` to ``path`` through a temporary file in the same folder and
-    ``os.replace``: a reader (another chapter running side by side) sees the whole file or none."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.stem + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def save_cached_features(path: Path, feats: Features) -> None:
+    save_npz(path, x_train=feats.x_train, y_train=feats.y_train, x_test=feats.x_test,
+             y_test=feats.y_test, classes=np.array(feats.classes, dtype=str))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -226,12 +197,10 @@ def _to_input(batch: np.ndarray, size: int, device: torch.device) -> torch.Tenso
     return x.contiguous(memory_format=torch.channels_last)
 
 
-def _run(module: nn.Module, dim: int, images: np.ndarray, size: int, device, batch_size: int, desc: str,
+def extract_batches(module: nn.Module, dim: int, images: np.ndarray, size: int, device, batch_size: int, desc: str,
          progress: bool) -> np.ndarray:
     """Images (N, H, W[, 3]) uint8 -> (N, dim) float32, in batches with a progress bar."""
     from tqdm import tqdm
-
-    from fedlib.core.batches import eval_chunks
 
     out = []
     with torch.inference_mode():
@@ -257,7 +226,7 @@ def extract_features(dataset, backbone: str = "efficientnet_lite0", input_size: 
     Images are resized to ``input_size`` x ``input_size`` (bilinear; antialiased when shrinking),
     grayscale repeated to 3 channels. ``"raw"`` ignores ``input_size`` and gives pixels / 255,
     (N, H*W[*3]). Results are cached as ``.npz`` under ``cache_dir`` (default
-    :func:`default_cache_dir`; ``False`` disables); the file name carries a fingerprint of the
+    :func:`fedlib.core.paths.cache_dir`; ``False`` disables); the file name carries a fingerprint of the
     data, so a changed dataset never reuses a stale file. ``root``: data root for ResNet-18 weights.
     ``batch_size`` (None: :data:`CPU_BATCH` on a CPU, where small batches keep the activations in the
     cache, else :data:`DEVICE_BATCH`; the images go in nearly equal batches of at most that many)
@@ -280,7 +249,7 @@ def extract_features(dataset, backbone: str = "efficientnet_lite0", input_size: 
 
     path = None if cache_dir is False else feature_cache_path(dataset, backbone, input_size, cache_dir)
     if path is not None and path.is_file():
-        cached = _load_cached(path, dataset, name)
+        cached = load_cached_features(path, dataset, name)
         if cached is not None:
             return cached
 
@@ -288,11 +257,11 @@ def extract_features(dataset, backbone: str = "efficientnet_lite0", input_size: 
     if batch_size is None:
         batch_size = CPU_BATCH if dev.type == "cpu" else DEVICE_BATCH
     module, dim = load_backbone(backbone, dev, root=root)
-    x_tr = _run(module, dim, dataset.x_train, input_size, dev, batch_size, f"{name} train", progress)
-    x_te = _run(module, dim, dataset.x_test, input_size, dev, batch_size, f"{name} test", progress)
+    x_tr = extract_batches(module, dim, dataset.x_train, input_size, dev, batch_size, f"{name} train", progress)
+    x_te = extract_batches(module, dim, dataset.x_test, input_size, dev, batch_size, f"{name} test", progress)
     feats = Features(name, x_tr, y_train, x_te, y_test, classes)
     if path is not None:
-        _save_cached(path, feats)
+        save_cached_features(path, feats)
     return feats
 
 

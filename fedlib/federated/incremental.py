@@ -24,6 +24,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from fedlib.core import paths
 from fedlib.core.validate import check_int
 from fedlib.core.messages import Cost
 from fedlib.data.streams import ClassIncrementalStream
@@ -182,19 +183,19 @@ def scratch_backbone_features(dataset, stream: ClassIncrementalStream, num_clien
     import json
     from dataclasses import asdict
 
-    from fedlib.data.features import Features, _fingerprint, _load_cached, _save_cached, default_cache_dir
+    from fedlib.data.features import Features, feature_fingerprint, load_cached_features, save_cached_features
     from fedlib.federated.models import SmallResNet, embed, images_to_tensor, train_fedavg_backbone
 
     settings = json.dumps({"K": num_clients, "beta": beta, "seed": seed, "widths": list(widths),
                            "order": stream.class_order.tolist(), "config": asdict(config) | {"device": None},
                            **SCRATCH_TRAINING}, sort_keys=True)
-    key = hashlib.sha1((settings + _fingerprint(dataset, "scratch", 0)).encode()).hexdigest()[:12]
-    directory = default_cache_dir() if cache_dir is None else Path(cache_dir)
+    key = hashlib.sha1((settings + feature_fingerprint(dataset, "scratch", 0)).encode()).hexdigest()[:12]
+    directory = paths.cache_dir() if cache_dir is None else Path(cache_dir)
     path = directory / f"scratch_resnet__{dataset.name.replace('/', '_')}__{key}.npz"
     name = f"{dataset.name}/scratch-resnet(beta={beta}, seed={seed})"
     meta_path = path.with_suffix(".json")
     if path.is_file() and meta_path.is_file():
-        cached = _load_cached(path, dataset, name)
+        cached = load_cached_features(path, dataset, name)
         if cached is not None:
             return cached, json.loads(meta_path.read_text())
 
@@ -211,6 +212,6 @@ def scratch_backbone_features(dataset, stream: ClassIncrementalStream, num_clien
                      np.asarray(dataset.y_test), tuple(dataset.classes))
     stage1 = {"bytes_up": int(history.bytes_up[-1]), "wall_s": float(history.wall_s[-1]),
               "task1_test_acc": float(history.final_acc), "rounds": config.rounds}
-    _save_cached(path, feats)
+    save_cached_features(path, feats)
     meta_path.write_text(json.dumps(stage1))
     return feats, stage1

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import random
 import time
 from typing import Any, Callable, Sequence
@@ -34,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from fedlib.core.batches import eval_chunks
+from fedlib.core.cache import fingerprint
 from fedlib.core.devices import resolve_device, torch_threads
 from fedlib.core.messages import Cost, Message
 from fedlib.core import uploads
@@ -331,9 +331,9 @@ def herding_order(features: Tensor, k: int, normalize: bool = True) -> Tensor:
 def penultimate_features(model: nn.Module, x: Tensor, batch_size: int = 1024) -> Tensor:
     """The input h (n, d) of the model's last nn.Linear (its output layer) for x (n, ...): the
     feature map phi of iCaRL, float32 on the CPU (eval mode, the model's mode restored)."""
-    from fedlib.core.persample import _last_linear
+    from fedlib.core.persample import last_linear
 
-    layer, seen = _last_linear(model), []
+    layer, seen = last_linear(model), []
     handle = layer.register_forward_hook(lambda m, inp, out: seen.append(inp[0].detach().flatten(1).float().cpu()))
     was = model.training
     model.eval()
@@ -518,15 +518,6 @@ class FirstStageShare(dict):
         self.misses = 0
 
 
-def _fingerprint(tensors) -> str:
-    h = hashlib.sha1()
-    for t in tensors:
-        t = t.detach().cpu().contiguous()
-        h.update(f"{tuple(t.shape)}{t.dtype};".encode())
-        h.update(t.numpy().tobytes() if t.dtype != torch.bfloat16 else t.float().numpy().tobytes())
-    return h.hexdigest()
-
-
 # ----------------------------------------------------------------------------------------------
 # the learner
 # ----------------------------------------------------------------------------------------------
@@ -704,8 +695,8 @@ class GradientLearner:
             return None
         return (repr(self.algorithm), self.aggregation, self.scenario, self.num_classes, self.first_rounds,
                 tuple(sorted((k, repr(v)) for k, v in dataclasses.asdict(config).items())), self.model_fn,
-                _fingerprint([v for pair in data for v in pair]),
-                None if test is None else _fingerprint(test), int(num_seen))
+                fingerprint([v for pair in data for v in pair]),
+                None if test is None else fingerprint(test), int(num_seen))
 
     def _snapshot_stage(self, hist: History, seconds: float) -> dict[str, Any]:
         return {"hist": copy.deepcopy(hist), "memory": copy.deepcopy(self.server_memory), "seconds": seconds,

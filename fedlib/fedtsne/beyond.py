@@ -49,12 +49,12 @@ from fedlib.core import uploads
 from fedlib.core.messages import Cost, Message
 from fedlib.core.protocol import ClientStates, Server, simulate
 from fedlib.core.validate import check_choice, check_int, check_positive
-from fedlib.fedtsne.chapters import _list_overlap
+from fedlib.fedtsne.chapters import list_overlap
 from fedlib.fedtsne.feddl import feddl, plateau_share
 from fedlib.fedtsne.knn import blockwise_knn, check_k, exact_sq_knn
 from fedlib.fedtsne.mmd import as_matrix, check_clients, sq_distances
 from fedlib.fedtsne.algorithm import client_sq_distances
-from fedlib.fedtsne.pipelines import METHOD_NAMES, _opentsne_runner
+from fedlib.fedtsne.pipelines import METHOD_NAMES, opentsne_runner
 
 ESTIMATORS = ("nystrom", "projection", "residual_sum", "residual_gap")
 ESTIMATOR_NAMES = {"nystrom": "Nyström (Eq. 22)", "projection": "projection only",
@@ -211,7 +211,7 @@ def knn_recall(indices, exact_indices) -> float:
     a, b = np.asarray(indices), np.asarray(exact_indices)
     if a.shape != b.shape:
         raise ValueError(f"indices and exact_indices must have one shape, got {a.shape} and {b.shape}")
-    return _list_overlap(a, b)
+    return list_overlap(a, b)
 
 
 def feasible_violations(dec: UploadDecomposition, block: int = 1024) -> float:
@@ -492,7 +492,7 @@ def embed_knn(indices, sq_values, method: str, *, seed: int = 0, perplexity: flo
     dist = np.sqrt(np.maximum(np.asarray(sq_values, dtype=np.float64), 0.0))
     n = len(idx)
     if method == "tsne":
-        run, k = _opentsne_runner(perplexity, {"max_iter": tsne_max_iter}, seed, n)
+        run, k = opentsne_runner(perplexity, {"max_iter": tsne_max_iter}, seed, n)
         if idx.shape[1] < k:
             raise ValueError(f"t-SNE with perplexity {perplexity} needs {k} neighbours per point, got {idx.shape[1]}")
         return run((idx[:, :k], dist[:, :k]))

@@ -86,7 +86,7 @@ def _knn_lists(A, k: int, metric: str = "euclidean") -> np.ndarray:
     return NearestNeighbors(n_neighbors=k, metric=metric).fit(A).kneighbors(return_distance=False)
 
 
-def _list_overlap(a: np.ndarray, b: np.ndarray) -> float:
+def list_overlap(a: np.ndarray, b: np.ndarray) -> float:
     """Mean over rows of |a_i ∩ b_i| / k for two (n, k) neighbour lists (rows without repeats)."""
     s = np.sort(np.concatenate([a, b], axis=1), axis=1)
     return float((s[:, 1:] == s[:, :-1]).sum(1).mean() / a.shape[1])
@@ -133,7 +133,7 @@ class EmbeddingScorer:
         Z = as_matrix("Z", Z)
         out = {f"CA {k}-NN": em.knn_accuracy(Z, self.y, k, seed=seed) for k in self.ks}
         nz = _knn_lists(Z, max(self.ks))
-        out.update({f"NPA {k}-NN": _list_overlap(self.nn[:, :k], nz[:, :k]) for k in self.ks})
+        out.update({f"NPA {k}-NN": list_overlap(self.nn[:, :k], nz[:, :k]) for k in self.ks})
         pred = em.kmeans_labels(Z, self.n_classes, seed=seed)
         out["NMI"] = em.clustering_nmi(self.y, pred)
         out["SC"] = float(silhouette_score(Z, pred))
@@ -146,7 +146,7 @@ class EmbeddingScorer:
         the squared Frobenius errors summed and each row's k nearest kept. Equal to the dense
         computation to round-off (ties in the neighbour lists aside). When one block holds every row, the
         exact distances are :meth:`exact_distances` (computed once, kept until :meth:`release`). landmarks (n_y, m)."""
-        from fedlib.fedtsne.knn import BLOCK_BYTES, _select, block_rows
+        from fedlib.fedtsne.knn import BLOCK_BYTES, select_extreme, block_rows
         from fedlib.fedtsne.nystrom import landmark_pinv_factors
 
         Y = as_matrix("landmarks", landmarks)
@@ -183,8 +183,8 @@ class EmbeddingScorer:
             err += float(np.square(H - D).sum())
             ref += float(np.square(D).sum())
             H[diag] = np.inf
-            nbrs[i0:i1] = _select(H, k)[0]
-        return {"D-hat rel. error": float(np.sqrt(err / ref)), f"D-hat {k}-NN": _list_overlap(self.nn[:, :k], nbrs)}
+            nbrs[i0:i1] = select_extreme(H, k)[0]
+        return {"D-hat rel. error": float(np.sqrt(err / ref)), f"D-hat {k}-NN": list_overlap(self.nn[:, :k], nbrs)}
 
     def distance_quality(self, D_hat, k: int = 10) -> dict:
         D_hat = np.asarray(D_hat, dtype=np.float64)
@@ -192,7 +192,7 @@ class EmbeddingScorer:
             raise ValueError(f"D_hat must be ({len(self.X)}, {len(self.X)}), got {D_hat.shape}")
         D = self.exact_distances()
         return {"D-hat rel. error": float(np.linalg.norm(D_hat - D) / np.linalg.norm(D)),
-                f"D-hat {k}-NN": _list_overlap(self.nn[:, :k], _knn_lists(D_hat, k, "precomputed"))}
+                f"D-hat {k}-NN": list_overlap(self.nn[:, :k], _knn_lists(D_hat, k, "precomputed"))}
 
 
 def check_fits(dataset: str, n_points: int, strict: bool = True, **sizes) -> None:

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 DP_MECHANISMS = ("dp_data", "dp_gradient")
 
 
-def _check_epsilon_delta(epsilon, delta) -> tuple[float, float]:
+def check_epsilon_delta(epsilon, delta) -> tuple[float, float]:
     """epsilon > 0 and delta in (0, 1) (:mod:`fedlib.core.privacy`'s checks); both are required."""
     if epsilon is None or delta is None:
         raise ValueError("a differential-privacy noise needs epsilon (> 0) and delta (in (0, 1)); got "
@@ -94,7 +94,7 @@ def dp_noise_sd(epsilon: float, delta: float, sensitivity: float, mechanism: str
     * ``"dp_gradient"`` (Theorem 6's setting): ``compositions`` = T Gaussian releases composed by the
       ``accountant`` ("pld" or "rdp"): sd = z(epsilon, delta, T) x ``sensitivity``.
     """
-    epsilon, delta = _check_epsilon_delta(epsilon, delta)
+    epsilon, delta = check_epsilon_delta(epsilon, delta)
     sensitivity = check_positive("sensitivity", sensitivity)
     check_choice("mechanism", mechanism, DP_MECHANISMS)
     compositions = check_int("compositions", compositions, 1)
@@ -110,7 +110,7 @@ def paper_noise_sd(epsilon: float, delta: float, sensitivity: float, mechanism: 
     """The paper's calibrations, for comparison only: Theorem 4 (Dwork & Roth Thm 3.22,
     sd = sqrt(2 ln(1.25/delta)) Delta / epsilon, proven for epsilon < 1) and Theorem 6 (Kairouz et al.
     2015 composition as the paper states it, sd = Delta sqrt(8 T log(e + epsilon/delta)) / epsilon)."""
-    epsilon, delta = _check_epsilon_delta(epsilon, delta)
+    epsilon, delta = check_epsilon_delta(epsilon, delta)
     sensitivity = check_positive("sensitivity", sensitivity)
     check_choice("mechanism", mechanism, DP_MECHANISMS)
     compositions = check_int("compositions", compositions, 1)
@@ -122,7 +122,7 @@ def paper_noise_sd(epsilon: float, delta: float, sensitivity: float, mechanism: 
 DP_SENSITIVITIES = ("kernel", "theorem6")
 
 
-def _privacy_ledger(noise, z_mult, data_sd, sens, delta, T, tau_x, dp_sensitivity, dp_accountant):
+def privacy_ledger(noise, z_mult, data_sd, sens, delta, T, tau_x, dp_sensitivity, dp_accountant):
     """(epsilon spent at delta by each client's releases, one ledger line per kind of release)."""
     if noise == "dp_data":
         spent = privacy.analytic_gaussian_epsilon(data_sd, delta, sens[0])

@@ -18,7 +18,7 @@ from fedlib.core.protocol import EMPTY, ClientStates, simulate
 from fedlib.core.validate import check_choice, check_fraction, check_int, check_positive
 from fedlib.fedtsne.algorithm import DTYPES, MODES, FedDLClient, FedDLServer
 from fedlib.fedtsne.dp import (
-    DP_MECHANISMS, DP_SENSITIVITIES, _check_epsilon_delta, _privacy_ledger, data_sensitivity)
+    DP_MECHANISMS, DP_SENSITIVITIES, check_epsilon_delta, privacy_ledger, data_sensitivity)
 from fedlib.fedtsne.mmd import GAMMA_RULES, WEIGHTS, as_matrix, check_clients, kernel_width
 
 
@@ -138,7 +138,7 @@ def _check_feddl_args(client_data, n_landmarks, rounds, local_steps, mode, lr, s
     if lr_scale != 1.0 and lr != "auto":
         raise ValueError(f"lr_scale={lr_scale} scales lr='auto' (lr_scale / L) only; with lr={lr} leave it at 1")
     if noise in DP_MECHANISMS:
-        epsilon, delta = _check_epsilon_delta(epsilon, delta)
+        epsilon, delta = check_epsilon_delta(epsilon, delta)
     tau_x, tau_y, landmark_bounds = _check_dp_options(noise, init, gamma, tau_x, tau_y, dp_sensitivity,
                                                       dp_accountant, landmark_bounds)
     return dict(data=data, ny=ny, S=check_int("rounds", rounds, 1), Q=Q, init=init, gamma=gamma, lr=lr,
@@ -298,7 +298,7 @@ class FedDLRun:
         sens = np.array([st["sensitivity"] for st in clients]) if noise in DP_MECHANISMS else np.zeros(P)
         noise_sd = {"none": np.zeros(0), "dp_data": np.full(P, o["data_sd"])}.get(
             noise, np.array([st["noise_sd"] for st in clients]).T.reshape(S, P))
-        spent, ledger = _privacy_ledger(noise, o["z_mult"], o["data_sd"], sens, delta, self.planned * Q, o["tau_x"],
+        spent, ledger = privacy_ledger(noise, o["z_mult"], o["data_sd"], sens, delta, self.planned * Q, o["tau_x"],
                                         o["dp_sensitivity"], o["dp_accountant"])
         return FedDLResult(landmarks=Y, init_landmarks=Y0, objective=self.objective(), step_sq_norms=steps,
                            gamma=float(self.server.gamma), weights=self.server.w, lr=float(self.server.lr),
@@ -312,7 +312,7 @@ class FedDLRun:
                            ("analytic" if noise == "dp_data" else None), privacy_ledger=ledger, cost=cost)
 
 
-def _resolve_gamma_only(data: list[np.ndarray], rule: str, weights: str, median_points: int, seed: int) -> float:
+def resolve_gamma_only(data: list[np.ndarray], rule: str, weights: str, median_points: int, seed: int) -> float:
     """gamma exactly as :func:`feddl` resolves it (the same set-up uploads, :func:`kernel_width`),
     without running FedDL."""
     client = FedDLClient(seed=seed, setup=(rule,), median_points=check_int("median_points", median_points, 2))

@@ -38,7 +38,7 @@ def block_rows(n: int, block_bytes: float = BLOCK_BYTES) -> int:
     return int(max(1, min(n, block_bytes // (_BYTES_PER_SCORE * max(n, 1)))))
 
 
-def _select(S: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def select_extreme(S: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The k smallest entries of every row of S (rows, n): (indices, values), ascending by value,
     ties by the lower index."""
     idx = np.argpartition(S, k - 1, axis=1)[:, :k]
@@ -86,7 +86,7 @@ def blockwise_knn(F, G, k: int, *, largest: bool = False, row_offset=None, col_o
         if largest:
             np.negative(S, out=S)
         S[np.arange(i1 - i0), np.arange(i0, i1)] = np.inf           # not one's own neighbour
-        out_idx[i0:i1], v = _select(S, k)
+        out_idx[i0:i1], v = select_extreme(S, k)
         out_val[i0:i1] = sign * v
     return out_idx, out_val
 

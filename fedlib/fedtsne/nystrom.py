@@ -15,7 +15,7 @@ from fedlib.fedtsne.knn import BLOCK_BYTES, blockwise_knn, check_k
 INVERSES = ("pinv", "ridge")
 
 
-def _check_inverse(inverse: str, rank, ridge, ny: int | None = None) -> None:
+def check_inverse(inverse: str, rank, ridge, ny: int | None = None) -> None:
     check_choice("inverse", inverse, INVERSES)
     if rank is not None:
         if inverse != "pinv":
@@ -41,7 +41,7 @@ def landmark_pinv_factors(W, *, inverse: str = "pinv", rank: int | None = None, 
     W = np.asarray(W, dtype=np.float64)
     if W.ndim != 2 or W.shape[0] != W.shape[1]:
         raise ValueError(f"W must be square, got shape {W.shape}")
-    _check_inverse(inverse, rank, ridge, len(W))
+    check_inverse(inverse, rank, ridge, len(W))
     W = 0.5 * (W + W.T)
     lam, V = np.linalg.eigh(W)
     if inverse == "ridge":

@@ -21,15 +21,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fedlib.core.cache import memory as disk_cache
 from fedlib.core.messages import Cost
 from fedlib.core.protocol import simulate
 from fedlib.core.validate import check_choice, check_int, check_positive
 from fedlib.fedtsne.dp import end_to_end_epsilon
-from fedlib.fedtsne.feddl import FedDLResult, _resolve_gamma_only, feddl
+from fedlib.fedtsne.feddl import FedDLResult, resolve_gamma_only, feddl
 from fedlib.fedtsne.mmd import GAMMA_RULES, as_matrix, resolve_parts, gaussian_kernel, split_clients, sq_distances
 from fedlib.fedtsne.knn import check_k, exact_sq_knn, knn_graph
 from fedlib.fedtsne.algorithm import NystromClient, NystromServer
-from fedlib.fedtsne.nystrom import _check_inverse
+from fedlib.fedtsne.nystrom import check_inverse
 
 
 @dataclass(kw_only=True)
@@ -112,7 +113,7 @@ def _federated_matrix(X, parts, n_landmarks, kind: str, gamma_kernel, inverse_kw
 
 def _check_pipeline(X, parts, centralized: bool, inverse: str, rank, ridge, n_landmarks, feddl_kwargs):
     X = as_matrix("X", X)
-    _check_inverse(inverse, rank, ridge)
+    check_inverse(inverse, rank, ridge)
     if not centralized:
         check_int("n_landmarks", n_landmarks, 2)
         if rank is not None and rank > n_landmarks:
@@ -150,7 +151,7 @@ def fed_tsne(X, parts, n_landmarks: int = 500, *, centralized: bool = False, per
         raise ValueError(f"perplexity must be < the number of points ({len(X)}), got {perplexity}")
     inverse_kw = dict(inverse=inverse, rank=rank, ridge=ridge)
     if _use_sparse(sparse, len(X)):
-        run, k = _opentsne_runner(perplexity, tsne_kwargs, seed, len(X))
+        run, k = opentsne_runner(perplexity, tsne_kwargs, seed, len(X))
         return _embed(X, parts, n_landmarks, centralized, run, "tsne", inverse_kw, feddl_result, keep_distances,
                       seed, progress, feddl_kwargs, neighbors=k)
     from sklearn.manifold import TSNE
@@ -162,7 +163,7 @@ def fed_tsne(X, parts, n_landmarks: int = 500, *, centralized: bool = False, per
                   inverse_kw, feddl_result, keep_distances, seed, progress, feddl_kwargs)
 
 
-def _opentsne_runner(perplexity: float, tsne_kwargs, seed: int, n: int):
+def opentsne_runner(perplexity: float, tsne_kwargs, seed: int, n: int):
     """openTSNE for the sparse path: (run, k) with run(knn) -> embedding, knn = (indices, distances)
     (n, k) or the data X (n, m) for openTSNE's own neighbour search; k = min(n - 1, 3 x perplexity)."""
     import openTSNE
@@ -294,7 +295,7 @@ def fed_spectral_clustering(X, parts, n_clusters: int, n_landmarks: int = 500, *
             if isinstance(rule, str):
                 check_choice("gamma", rule, GAMMA_RULES)
                 data = [X] if parts is None else split_clients(X, parts, seed)[0]
-                g = _resolve_gamma_only(data, rule, feddl_kwargs.get("weights", "size"),
+                g = resolve_gamma_only(data, rule, feddl_kwargs.get("weights", "size"),
                                         feddl_kwargs.get("median_points", 1000), seed)
             else:
                 g = check_positive("gamma", rule)
@@ -356,16 +357,12 @@ def _central_embedding(method: str, X: np.ndarray, seed: int, settings: dict, ve
 def central_embedding(method: str, X, *, seed: int = 0, cache: bool = True, **settings) -> EmbeddingResult:
     """The centralized reference of :func:`embed` (``feddl_result=None``; ``settings``: its keywords). It
     depends on no federated parameter, so, like the backbone features, it is kept on disk: a
-    ``joblib.Memory`` under :func:`fedlib.core.paths.cache_dir` keyed by X's bytes, ``method``, ``seed``,
+    ``joblib.Memory`` of :func:`fedlib.core.cache.memory` keyed by X's bytes, ``method``, ``seed``,
     ``settings`` (those of this method: a UMAP setting does not key a t-SNE embedding), the versions of
     scikit-learn, umap-learn and openTSNE and :data:`CENTRAL_CACHE_VERSION`.
     A chapter re-run with other federated parameters reads it back: the same result the call returned
     (its ``seconds`` are those of the run that made it). ``cache=False`` computes it."""
     from importlib.metadata import version
-
-    from joblib import Memory
-
-    from fedlib.core.paths import cache_dir
 
     check_choice("method", method, METHOD_NAMES)
     X = as_matrix("X", X)
@@ -374,8 +371,7 @@ def central_embedding(method: str, X, *, seed: int = 0, cache: bool = True, **se
         return _central_embedding(method, X, seed, settings, {})
     versions = {lib: version(lib) for lib in ("scikit-learn", "umap-learn", "openTSNE")}
     versions["fedlib central cache"] = CENTRAL_CACHE_VERSION
-    memory = Memory(cache_dir() / "central_embeddings", verbose=0)
-    return memory.cache(_central_embedding)(method, X, int(seed), dict(sorted(settings.items())), versions)
+    return disk_cache("central_embeddings").cache(_central_embedding)(method, X, int(seed), dict(sorted(settings.items())), versions)
 
 
 def learn_landmarks(X, parts, variant: str, n_landmarks: int, rounds: int, *, beta: float = 1.0,

@@ -338,7 +338,7 @@ def kernel_landmark_sweep(X, y, parts, grid: Sequence[int], n_classes: int, *, g
     from tqdm import tqdm
 
     from fedlib.evaluation.embedding import clustering_nmi
-    from fedlib.fedtsne.feddl import _resolve_gamma_only
+    from fedlib.fedtsne.feddl import resolve_gamma_only
     from fedlib.fedtsne.mmd import gaussian_kernel
     from fedlib.fedtsne.algorithm import nystrom_kernel
     from fedlib.fedtsne.pipelines import fed_spectral_clustering
@@ -348,7 +348,7 @@ def kernel_landmark_sweep(X, y, parts, grid: Sequence[int], n_classes: int, *, g
         if ny not in grid or len(given.landmarks) != ny or given.rounds != rounds or given.noise != "none":
             raise ValueError(f"feddl_results[{ny!r}] is not a noise-free run of {rounds} rounds with n_y in grid")
     # the centralized baseline's gamma: the rule on the pooled data as one client (fed_spectral_clustering)
-    gamma = _resolve_gamma_only([np.asarray(X, dtype=np.float64)], gamma_rule, "size", 1000, seed)
+    gamma = resolve_gamma_only([np.asarray(X, dtype=np.float64)], gamma_rule, "size", 1000, seed)
     K = gaussian_kernel(X, None, gamma)
     K_norm = np.linalg.norm(K)
     cen_nmi = central_nmi

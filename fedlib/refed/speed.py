@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedlib.core.cache import fingerprint
 from fedlib.core.persample import ghost_total, hooked_forward
 from fedlib.federated.gradient import LinearHead, MLPHead
 from fedlib.federated.models import SmallCNN
@@ -69,9 +70,7 @@ class PIMShare(dict):
 
     @staticmethod
     def key(policy, x: Tensor, y: Tensor, ctx, lr: float) -> tuple:
-        from fedlib.federated.learner import _fingerprint
-
-        model = _fingerprint(list(ctx.global_model.state_dict().values()))
-        return (_fingerprint([x, y]), model, _fingerprint([ctx.generator.get_state()]), int(ctx.num_old),
+        model = fingerprint(list(ctx.global_model.state_dict().values()))
+        return (fingerprint([x, y]), model, fingerprint([ctx.generator.get_state()]), int(ctx.num_old),
                 policy.lam, policy.pim_epochs, float(lr), int(ctx.config.batch_size), policy.pim_momentum,
                 policy.prox_scaling, policy.grad_norm, tuple(ctx.names))

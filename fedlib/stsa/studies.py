@@ -13,10 +13,12 @@ from torch import Tensor
 
 from fedlib.afl.algorithm import UPLOAD_FORMS as AFL_UPLOAD_FORMS
 from fedlib.afl.algorithm import OneSolveServer as AFLOneSolveServer
-from fedlib.core import uploads
+from fedlib.core import paths, uploads
+from fedlib.core.cache import save_npz
 from fedlib.core.linalg import SufficientStats, as_tensor, lstsq_reference, ridge_fit, ridge_solve
 from fedlib.core.messages import Cost
 from fedlib.core.validate import check_choice, check_int, check_positive
+from fedlib.data.features import feature_fingerprint
 from fedlib.data.streams import make_stream
 from fedlib.federated.incremental import run_class_incremental
 from fedlib.stsa.algorithm import (K_MODES, VARIANTS, RandomFeatures, STSAClient, STSALearner, STSAServer, StageBroadcast, StageCallback, StagewiseLearner, class_coefficients, dummy_split, gram_estimate, predict, stsa_client, stsae_client)
@@ -806,9 +808,7 @@ def _result_cache_path(directory, dataset, settings: dict):
     import hashlib
     import json
 
-    from fedlib.data.features import _fingerprint
-
-    text = json.dumps(settings, sort_keys=True, default=str) + _fingerprint(dataset, "end-to-end", 0) \
+    text = json.dumps(settings, sort_keys=True, default=str) + feature_fingerprint(dataset, "end-to-end", 0) \
         + _training_code_digest()
     key = hashlib.sha1(text.encode()).hexdigest()[:12]
     return directory / f"scratch_baseline__{dataset.name.replace('/', '_')}__{settings['method']}__{key}.npz"
@@ -826,9 +826,7 @@ def _load_result(path, method: str, config: dict):
 
 
 def _save_result(path, res) -> None:
-    from fedlib.data.features import save_npz_atomic
-
-    save_npz_atomic(path, acc=res.acc, top1=res.top1, bytes_up=res.bytes_up, wall_s=res.wall_s,
+    save_npz(path, acc=res.acc, top1=res.top1, bytes_up=res.bytes_up, wall_s=res.wall_s,
                     cost_up=np.array([c.bytes_up for c in res.costs], dtype=np.int64),
                     cost_down=np.array([c.bytes_down for c in res.costs], dtype=np.int64),
                     cost_s=np.array([c.seconds for c in res.costs], dtype=np.float64))
@@ -847,10 +845,9 @@ def scratch_baseline_runs(methods, dataset, setting: str, num_tasks: int, num_cl
     from functools import partial
     from pathlib import Path
 
-    from fedlib.data.features import default_cache_dir
     from fedlib.federated.models import SmallResNet, images_to_tensor
 
-    directory = None if cache_dir is False else (default_cache_dir() if cache_dir is None else Path(cache_dir))
+    directory = None if cache_dir is False else (paths.cache_dir() if cache_dir is None else Path(cache_dir))
     img_train, img_test = None, None
     out = []
     for method in methods:
