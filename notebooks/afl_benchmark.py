@@ -80,7 +80,6 @@ import matplotlib.pyplot as plt
 import torch
 from IPython.display import Markdown, display
 
-from fedlib.afl import algorithm as afl
 from fedlib.afl import studies as afl_studies
 
 from fedlib.evaluation import claims

@@ -70,6 +70,7 @@ from IPython.display import Markdown
 from sklearn.cluster import KMeans
 from threadpoolctl import threadpool_limits
 
+from fedlib.core.linalg import relative_error
 from fedlib.evaluation import claims, report
 from fedlib.evaluation.stats import mean_std, paired_difference
 from fedlib.fedtsne import algorithm as ft
@@ -193,14 +194,14 @@ for kind, Y in sets0.items():
     moved = bd.points_with_same_upload(X[order0], Y, np.random.default_rng(seed0))
     check_rows.append({
         "landmarks": bd.LANDMARK_NAMES[kind], "n_y": ny_top, "hull dimension": hull_dim,
-        "closed form vs B W+ B^T (rel.)": ft_checks.rel_error(bd.nystrom_closed_form(dec), ref),
+        "closed form vs B W+ B^T (rel.)": relative_error(bd.nystrom_closed_form(dec), ref),
         "1'W^-1 1 vs 1/(2a^2) (rel.)": abs(np.ones(ny_top) @ np.linalg.solve(W, np.ones(ny_top))
                                            * 2 * dec.geometry.radius2 - 1),
-        "projection from upload (rel.)": ft_checks.rel_error(dec.projection, P_true),
-        "barycentric -> projection (rel.)": ft_checks.rel_error(dec.barycentric @ Y, P_true),
+        "projection from upload (rel.)": relative_error(dec.projection, P_true),
+        "barycentric -> projection (rel.)": relative_error(dec.barycentric @ Y, P_true),
         "residual from upload (max abs)": float(np.abs(dec.residual - rho_true).max()),
-        "moved points: upload change (rel.)": ft_checks.rel_error(ft_mmd.sq_distances(moved, Y), B),
-        "moved points: distance moved (rel.)": ft_checks.rel_error(moved, X[order0]),
+        "moved points: upload change (rel.)": relative_error(ft_mmd.sq_distances(moved, Y), B),
+        "moved points: distance moved (rel.)": relative_error(moved, X[order0]),
         "variance revealed": 1 - float((dec.residual ** 2).sum() / ((X - X.mean(0)) ** 2).sum()),
     })
 checks = pd.DataFrame(check_rows).set_index("landmarks")
@@ -295,7 +296,7 @@ t0 = time.perf_counter()
 init_check = X[np.random.default_rng(seed0).choice(n, 50, replace=False)]
 fed_km = bd.federated_kmeans(data0, init_check, 10)
 sk_km = KMeans(50, init=init_check, n_init=1, max_iter=fed_km.rounds, tol=0.0, algorithm="lloyd").fit(X)
-km_gap = ft_checks.rel_error(fed_km.centers, sk_km.cluster_centers_)
+km_gap = relative_error(fed_km.centers, sk_km.cluster_centers_)
 print(f"federated Lloyd ({fed_km.rounds} rounds, {num_clients} clients) vs scikit-learn's Lloyd: relative difference "
       f"{km_gap:.1e}; empty cells {fed_km.empty[-1]}; upload per round {fed_km.cost.bytes_up / fed_km.rounds / 2**20:.2f} MiB "
       f"(measured), = {num_clients} x 50 x ({m} + 1) float64")

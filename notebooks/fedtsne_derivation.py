@@ -46,6 +46,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
 
+from fedlib.core.linalg import relative_error
 from fedlib.data.partition import make_partition
 from fedlib.evaluation import claims
 from fedlib.fedtsne import algorithm as ft
@@ -412,7 +413,7 @@ dp_run = ft_feddl.feddl([X[p] for p in parts["IID"]], n_landmarks, rounds=feddl_
                   epsilon=min(epsilons), delta=delta, gamma=gamma, init="uniform", seed=seed)
 upload = ft.client_sq_distances(client0, dp_run.landmarks)["sq_distances"]
 rebuilt = ft_checks.reconstruct_from_sq_distances(upload, dp_run.landmarks)
-rec_err = ft_checks.rel_error(rebuilt, client0)
+rec_err = relative_error(rebuilt, client0)
 
 print(f"FedDL with gradient noise: epsilon spent {dp_run.epsilon:.3g} at delta={delta:g}; n_y={n_landmarks} "
       f"(m + 2 = {m + 2}); end-to-end epsilon {ft_dp.end_to_end_epsilon(dp_run)}")

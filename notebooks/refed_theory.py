@@ -75,9 +75,10 @@ import pandas as pd
 import seaborn as sns
 import torch
 
+from fedlib.core.linalg import relative_error
 from fedlib.core.persample import grad_sq_norms, last_layer_grad_sq_norms
 from fedlib.evaluation import claims
-from fedlib.evaluation.compare import CheckLog, relative_difference, states_equal
+from fedlib.evaluation.compare import CheckLog, states_equal
 from fedlib.federated.gradient import FedConfig
 from fedlib.data.streams import make_stream
 from fedlib.federated.models import SmallCNN
@@ -174,8 +175,8 @@ lemma = lemma1_scan(quad, lam_grid, eps=1e-6)     # solved PIM, closed-form and 
 ddist, dloss = lemma["ddist"].to_numpy(), lemma["dloss"].to_numpy()
 check("Lemma 1: min d||v-w||^2/dlam over the grid (closed form)", float(ddist.min()), 0.0, ">=")
 check("Lemma 1: max df(v)/dlam over the grid (closed form)", float(dloss.max()), 0.0, "<=")
-check("max rel. error, closed-form vs finite-difference d dist/dlam", relative_difference(lemma["fd ddist"], ddist), 1e-6)
-check("max rel. error, closed-form vs finite-difference d f/dlam", relative_difference(lemma["fd dloss"], dloss), 1e-6)
+check("max rel. error, closed-form vs finite-difference d dist/dlam", relative_error(lemma["fd ddist"], ddist), 1e-6)
+check("max rel. error, closed-form vs finite-difference d f/dlam", relative_error(lemma["fd dloss"], dloss), 1e-6)
 check("envelope identity: max |df/dlam + (q/2) d dist/dlam| (finite differences)",
       float(np.abs(lemma["envelope"]).max() / np.abs(lemma["fd dloss"]).max()), 1e-6)
 check("distance non-decreasing on the solved grid (min step)", float(np.diff(lemma["dist"]).min()), 0.0, ">=")
@@ -648,7 +649,7 @@ res = train_pim(w_task1, xk, yk, stream.num_seen(0), lam=0.5, epochs=3, lr=confi
                 generator=torch.Generator().manual_seed(123))
 first = torch.randperm(len(yk), generator=torch.Generator().manual_seed(123))[:16]
 at_w = grad_sq_norms(w_task1, xk[first], yk[first], stream.num_seen(0), batch_size=16)
-check("train_pim: G^1 (first batch) vs per-sample norms at w, max rel. error", relative_difference(res.grad_sq[0, first], at_w), 1e-6)
+check("train_pim: G^1 (first batch) vs per-sample norms at w, max rel. error", relative_error(res.grad_sq[0, first], at_w), 1e-6)
 p_ = torch.arange(1, 4, dtype=torch.float64)[:, None]
 check("eq. 5: max |scores('early') - sum_p G^p / p|", float((res.scores("early") - (res.grad_sq.double() / p_).sum(0)).abs().max()), 1e-12)
 check("Table 10: 'late' is the early ranking reversed (max |late + early|)",

@@ -41,8 +41,8 @@ def test_ratio_rows_against_the_baseline():
 
 
 def test_relative_difference_numpy_and_torch():
-    assert bench.relative_difference(np.array([1.0, 2.0]), np.array([1.0, 4.0])) == 0.5
-    assert bench.relative_difference(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 4.0])) == 0.5
+    assert bench.relative_error(np.array([1.0, 2.0]), np.array([1.0, 4.0])) == 0.5
+    assert bench.relative_error(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 4.0])) == 0.5
 
 
 def test_write_report_prints_and_writes(tmp_path, capsys):

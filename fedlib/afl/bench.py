@@ -65,8 +65,8 @@ def aggregation(clients: int, dim: int, classes: int, per_client: int, device, p
     out = {"t_one_solve": full.server_seconds, "t_packed": packed.server_seconds, "t_stats": stats.server_seconds,
            "upload_full": full.upload_bytes[0], "upload_packed": packed.upload_bytes[0],
            "upload_stats": stats.upload_bytes[0], "max_abs_w": float(full.weights.abs().max()),
-           "packed_diff": bench.relative_difference(packed.weights, full.weights),
-           "stats_diff": bench.relative_difference(stats.weights, full.weights)}
+           "packed_diff": bench.relative_error(packed.weights, full.weights),
+           "stats_diff": bench.relative_error(stats.weights, full.weights)}
     if pairwise:
         pair = afl.aggregate(gen(False, "pairwise AA law"), server="pairwise")
         out.update(t_pairwise=pair.server_seconds, max_diff=float((full.weights - pair.weights).abs().max()))
@@ -120,8 +120,8 @@ def bandwidth_floor(held: int, dim: int, classes: int, per_client: int, device, 
     finally:
         torch.set_num_threads(before)
     per = {k: v.best / held for k, v in t.items()}
-    per["rhs_diff"] = bench.relative_difference(t["server packed"].out, t["server full"].out)
-    per["stats_rhs_diff"] = bench.relative_difference(t["server statistics"].out, t["server full"].out)
+    per["rhs_diff"] = bench.relative_error(t["server packed"].out, t["server full"].out)
+    per["stats_rhs_diff"] = bench.relative_error(t["server statistics"].out, t["server full"].out)
     per["bytes_full"], per["bytes_packed"] = full[0]["C"].nbytes, packed[0]["C_packed"].nbytes
     return per
 

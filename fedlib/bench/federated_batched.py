@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         t = bench.measure({"per-client": lambda: run(method, False), "batched": lambda: run(method, True)},
                           args.repeats)
         ha, hb = t["per-client"].out, t["batched"].out
-        diff = max(bench.relative_difference(hb.final_state[k], ha.final_state[k]) for k in ha.final_state)
+        diff = max(bench.relative_error(hb.final_state[k], ha.final_state[k]) for k in ha.final_state)
         same = ha.participants == hb.participants and ha.bytes_up == hb.bytes_up and ha.bytes_down == hb.bytes_down
         ok &= diff < 1e-4 and same
         model = "MOONHead" if method == "moon" else "LinearHead"

@@ -317,9 +317,14 @@ def gram_report(gram: torch.Tensor, rcond: float | None = None) -> dict:
             "condition number": hi / lo if full else float("inf")}
 
 
-def relative_error(weights: torch.Tensor, reference: torch.Tensor) -> float:
-    """``max|W - W*| / max|W*|``: the deviation measure of the exactness checks."""
-    return float((weights - reference).abs().max() / reference.abs().max())
+def relative_error(a, b) -> float:
+    """``max|a - b| / max|b|`` (NumPy arrays or torch tensors of one shape, float64 arithmetic): ``a``'s
+    deviation from the reference ``b``, the one error measure of the library's checks."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        a, b = torch.as_tensor(a).double(), torch.as_tensor(b).double().to(torch.as_tensor(a).device)
+        return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.abs(a - b).max() / max(float(np.abs(b).max()), 1e-300))
 
 
 def live_columns_with_bias(x_train: np.ndarray, x_test: np.ndarray, scale: float = 255.0):

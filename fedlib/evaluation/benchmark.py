@@ -8,7 +8,7 @@ Not tests: nothing here asserts a time; the book shows their output (``book/benc
 - :func:`timed` (one call), :func:`measure` (warm-up, then ``repeats`` interleaved rounds of
   several methods; best and median of each as a :class:`Timing`).
 - :func:`ratio_rows` (each method's time over the baseline's), :func:`row` (one aligned report
-  line), :func:`machine` (the machine line), :func:`peak_memory_gib`, :func:`relative_difference` (max |a - b| / max |b|,
+  line), :func:`machine` (the machine line), :func:`peak_memory_gib`, :func:`relative_error` (max |a - b| / max |b|,
   from :mod:`fedlib.evaluation.compare`).
 - :func:`check_row` (an agreement check: value, tolerance, passed or FAILED); :func:`finish`
   (peak-memory line, :func:`write_report`, exit code) ends every ``main``.
@@ -26,10 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
-from fedlib.evaluation.compare import relative_difference
+from fedlib.core.linalg import relative_error
+
+
 
 __all__ = ["parser", "require_positive", "default_out", "timed", "Timing", "measure", "ratio_rows", "row",
-           "check_row", "machine", "peak_memory_gib", "relative_difference", "write_report", "finish"]
+           "check_row", "machine", "peak_memory_gib", "relative_error", "write_report", "finish"]
 
 
 def default_out(name: str) -> Path:

@@ -6,11 +6,10 @@ from __future__ import annotations
 import operator
 from typing import Mapping
 
-import numpy as np
 import pandas as pd
 import torch
 
-__all__ = ["states_equal", "max_state_difference", "relative_difference", "CheckLog", "refed_label"]
+__all__ = ["states_equal", "max_state_difference", "relative_error", "CheckLog", "refed_label"]
 
 _OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt, "==": operator.eq}
 
@@ -25,16 +24,6 @@ def max_state_difference(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Te
     if a.keys() != b.keys():
         raise ValueError(f"the state dicts differ in their keys: {sorted(set(a) ^ set(b))}")
     return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
-
-
-def relative_difference(a, b) -> float:
-    """max |a - b| / max |b| (numpy arrays or torch tensors, float64 arithmetic): ``a``'s error
-    relative to the reference ``b``."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        a, b = torch.as_tensor(a).double(), torch.as_tensor(b).double()
-        return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    return float(np.abs(a - b).max() / max(float(np.abs(b).max()), 1e-300))
 
 
 class CheckLog:

@@ -9,17 +9,13 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from fedlib.core.linalg import relative_error
 from fedlib.core import privacy
 from fedlib.fedtsne.dp import data_sensitivity, dp_noise_sd, paper_noise_sd
 from fedlib.fedtsne.algorithm import mmd2_u, mmd2_u_grad, nystrom_distances
 from fedlib.fedtsne.feddl import feddl
 from fedlib.fedtsne.mmd import as_matrix, expected_gaussian_kernel, gaussian_kernel, sq_distances
 from fedlib.fedtsne.nystrom import nystrom
-
-
-def rel_error(estimate, exact) -> float:
-    """||estimate - exact||_F / ||exact||_F (arrays of one shape)."""
-    return float(np.linalg.norm(np.asarray(estimate) - exact) / np.linalg.norm(exact))
 
 
 def mmd_unbiasedness(rng: np.random.Generator, reps: int, dim: int = 3, gamma: float = 0.5, shift: float = 0.7,
@@ -113,8 +109,8 @@ def nystrom_exactness_table(Z, rng: np.random.Generator, grid: Sequence[int]) ->
         est_sq = nystrom(sq_distances(Z, yl), sq_distances(yl))
         est_plain = nystrom(np.sqrt(sq_distances(Z, yl)), np.sqrt(sq_distances(yl)))
         rows.append({"landmarks n_y": ny, "m + 2": Z.shape[1] + 2,
-                     "rel. error, squared distances": rel_error(est_sq, true_d2),
-                     "rel. error, plain distances": rel_error(est_plain, np.sqrt(true_d2))})
+                     "rel. error, squared distances": relative_error(est_sq, true_d2),
+                     "rel. error, plain distances": relative_error(est_plain, np.sqrt(true_d2))})
     return pd.DataFrame(rows)
 
 
@@ -246,11 +242,11 @@ def reconstruction_table(client, X, rng: np.random.Generator, grid: Sequence[int
         yl = X.mean(0) + rng.standard_normal((ny, X.shape[1])) * X.std(0)
         x_hat = reconstruct_from_sq_distances(sq_distances(client, yl), yl)
         rows.append({"n_y": ny, "upload from": "clean data (Fed-tSNE, Fed-tSNE+ gradient noise)",
-                     "rel. reconstruction error": rel_error(x_hat, client)})
+                     "rel. reconstruction error": relative_error(x_hat, client)})
         noisy = client + rng.standard_normal(client.shape) * noise_sd
         x_hat_n = reconstruct_from_sq_distances(sq_distances(noisy, yl), yl)
         rows.append({"n_y": ny, "upload from": f"perturbed data, sd {noise_sd:g} (Fed-tSNE+ data noise)",
-                     "rel. reconstruction error": rel_error(x_hat_n, client)})
+                     "rel. reconstruction error": relative_error(x_hat_n, client)})
     return pd.DataFrame(rows)
 
 
@@ -296,7 +292,7 @@ def nystrom_rank_table(kernels: dict, X, landmark_pool) -> pd.DataFrame:
             Yl = landmark_pool[:ny]
             C, W = k(X, Yl), k(Yl)
             H = np.block([[W, C.T], [C, Z]])
-            rows.append({"kernel": kname, "n_y": ny, "rel. error": rel_error(nystrom(C, W), Z),
+            rows.append({"kernel": kname, "n_y": ny, "rel. error": relative_error(nystrom(C, W), Z),
                          "rank W": np.linalg.matrix_rank(W), "rank H": np.linalg.matrix_rank(H), "exact rank": r})
     return pd.DataFrame(rows)
 

@@ -44,12 +44,13 @@ import os
 import torch
 from torch import Tensor, nn
 
+from fedlib.core.linalg import relative_error
 from fedlib.evaluation import benchmark as bench
-from fedlib.evaluation.benchmark import relative_difference
+
 from fedlib.core.persample import grad_sq_norms, last_layer_grad_sq_norms, reference_grad_sq_norms, vmap_grad_sq_norms
 from fedlib.federated.models import NORMS, SmallCNN, resnet18_cifar
 
-__all__ = ["relative_difference", "main"]
+__all__ = ["relative_error", "main"]
 
 TOL = 1e-8
 TOL_LAST = 1e-5  # last_layer_grad_sq_norms computes in float32 even for a float64 model
@@ -89,19 +90,19 @@ def measure(title: str, model: nn.Module, x: Tensor, y: Tensor, classes: int, ba
     n_last = sum(dict(model.named_parameters())[k].numel() for k in LAST)
     t = bench.measure(_methods(model, x, y, classes, batch_size), repeats)
     med = {k: v.median for k, v in t.items()}
-    diff32 = {k: relative_difference(t[k].out, t["(c)"].out) for k in ("(a)", "(b)")}
+    diff32 = {k: relative_error(t[k].out, t["(c)"].out) for k in ("(a)", "(b)")}
 
     m64 = copy.deepcopy(model).double()
     k = min(check_n, n)
     x64, y64 = x[:k].double(), y[:k]
     ref_all = reference_grad_sq_norms(m64, x64, y64, classes)
-    diff_a = relative_difference(_batched(lambda xb, yb: grad_sq_norms(m64, xb, yb, classes, batch_size=batch_size),
+    diff_a = relative_error(_batched(lambda xb, yb: grad_sq_norms(m64, xb, yb, classes, batch_size=batch_size),
                                           x64, y64, batch_size), ref_all)
-    diff_b = relative_difference(_batched(lambda xb, yb: vmap_grad_sq_norms(m64, xb, yb, classes,
+    diff_b = relative_error(_batched(lambda xb, yb: vmap_grad_sq_norms(m64, xb, yb, classes,
                                                                             batch_size=batch_size), x64, y64, batch_size),
                                  ref_all)
     ref_last = reference_grad_sq_norms(m64, x64, y64, classes, names=LAST)
-    diff_d = relative_difference(last_layer_grad_sq_norms(m64, x64, y64, classes), ref_last)
+    diff_d = relative_error(last_layer_grad_sq_norms(m64, x64, y64, classes), ref_last)
     share = float((ref_last / ref_all).median())
 
     def timing(key: str) -> str:

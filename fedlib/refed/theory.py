@@ -28,8 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedlib.core.linalg import relative_error
 from fedlib.core.validate import check_int, check_real
-from fedlib.evaluation.compare import max_state_difference, relative_difference, states_equal
+from fedlib.evaluation.compare import max_state_difference, states_equal
 from fedlib.refed.algorithm import q_lambda
 
 __all__ = ["Quadratic", "random_quadratic", "g_rate", "repaired_schedule", "exact_pim", "prototype_images",
@@ -540,10 +541,10 @@ def closed_form_table(cnn: nn.Module, x: Tensor, y: Tensor, num_seen: int, *, nu
             m_ = copy.deepcopy(model).to(dtype)
             loop = reference_grad_sq_norms(m_, xd, y, num_seen, names)
             rows.append({"model": name, "dtype": str(dtype)[6:],
-                         "identity vs loop": relative_difference(
+                         "identity vs loop": relative_error(
                              last_layer_grad_sq_norms(m_, xd, y, num_seen, m_.get_submodule(layer), dtype=None), loop),
-                         "fedlib closed form vs loop": relative_difference(last_layer_grad_sq_norms(m_, xd, y, num_seen), loop),
-                         "fedlib grad_sq_norms(last layer) vs loop": relative_difference(
+                         "fedlib closed form vs loop": relative_error(last_layer_grad_sq_norms(m_, xd, y, num_seen), loop),
+                         "fedlib grad_sq_norms(last layer) vs loop": relative_error(
                              grad_sq_norms(m_, xd, y, num_seen, names=names), loop),
                          "tolerance": tol})
     return pd.DataFrame(rows)
@@ -598,6 +599,6 @@ def vmap_table(models: dict, x: Tensor, y: Tensor, num_seen: int, batch_size: in
             ghost = grad_sq_norms(m_, xd, y, num_seen, batch_size=batch_size)
             vm = vmap_grad_sq_norms(m_, xd, y, num_seen, batch_size=batch_size)
             rows.append({"model": name, "dtype": str(dtype)[6:], "params": sum(p.numel() for p in m_.parameters()),
-                         "ghost vs loop": relative_difference(ghost, ref), "vmap vs loop": relative_difference(vm, ref),
+                         "ghost vs loop": relative_error(ghost, ref), "vmap vs loop": relative_error(vm, ref),
                          "tolerance": tol})
     return pd.DataFrame(rows)

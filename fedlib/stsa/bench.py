@@ -38,14 +38,14 @@ import torch
 from torch import Tensor
 
 from fedlib.evaluation import benchmark as bench
-from fedlib.evaluation.benchmark import relative_difference, timed
-from fedlib.core.linalg import ridge_solve
+from fedlib.evaluation.benchmark import timed
+from fedlib.core.linalg import ridge_solve, relative_error
 from fedlib.core.seeds import derive_seed
 from fedlib.data.partition import make_partition
 from fedlib.stsa.algorithm import K_MODES, dummy_split, gram_estimate
 from fedlib.stsa.studies import gram_estimate_eq9, upload_floats
 
-__all__ = ["make_uploads", "gram_per_class", "relative_difference", "main"]
+__all__ = ["make_uploads", "gram_per_class", "relative_error", "main"]
 
 
 def make_uploads(M: int, classes: int, clients: int, dummy: int, per_class: int = 500, beta: float = 0.5,
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     _, t_solve = timed(lambda: ridge_solve(g_a, rhs, args.gamma))
     # (b) per-class loop
     g_b, t_b = timed(lambda: gram_per_class(sums, counts, "global"))
-    diff_b = relative_difference(g_b, g_a)
+    diff_b = relative_error(g_b, g_a)
     del g_b
     # (c) eq. 9 as printed: pilot on class 0, then the first N classes
     _, t_pilot = timed(lambda: gram_estimate_eq9(sums[:, :, :1], counts[:, :1], "global"))
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         g_a_sub, t_a_sub = g_a, t_a
     else:
         g_a_sub, t_a_sub = timed(lambda: gram_estimate(sums[:, :, :n_c], counts[:, :n_c], "global"))
-    diff_c = relative_difference(g_c, g_a_sub)
+    diff_c = relative_error(g_c, g_a_sub)
     nonempty_c = int((counts[:, :n_c] > 0).sum())
     t_c_full = t_c / n_c * c
 
