@@ -83,3 +83,25 @@ def test_states_without_client_take_the_first_program():
 def test_negative_rounds_refused():
     with pytest.raises(ValueError, match="rounds"):
         simulate(SumServer(), CountingClient(), data(), -1)
+
+
+def test_the_broadcast_only_server_sends_its_payload_and_keeps_checked_uploads():
+    from fedlib.core.protocol import Broadcaster
+    from fedlib.core.uploads import Expected, Tensor
+
+    server = Broadcaster({"stage": 1}, Expected(({"x": Tensor((4,))},)))
+    cost = simulate(server, CountingClientWithX(), data(3), 1)
+    assert [m.sender for m in server.result()] == ["client0", "client1", "client2"] and cost.bytes_down == 3 * 8
+    server.begin_stage(stage=2)
+    assert server.broadcast().payload == {"stage": 2}
+    with pytest.raises(ValueError, match=r"refused upload from 'client0': entry 'x' has shape \(3,\), expected \(4,\)"):
+        server.receive([Message("client0", {"x": torch.zeros(3)})])
+    assert len(server.result()) == 3
+
+
+class CountingClientWithX:
+    def init_state(self, k):
+        return {"id": k}
+
+    def step(self, data, state, broadcast):
+        return Message(f"client{state['id']}", {"x": data})

@@ -165,7 +165,7 @@ def _fedewc_stage() -> Case:
     from fedlib.core.uploads import Expected as Exp
     from fedlib.federated.fcil import FedEWC
     from fedlib.federated.gradient import LinearHead
-    from fedlib.federated.learner import Broadcaster
+    from fedlib.core.protocol import Broadcaster
 
     torch.manual_seed(0)
     model = LinearHead(4, 3)

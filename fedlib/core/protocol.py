@@ -26,7 +26,7 @@ import torch
 
 from fedlib.core.devices import synchronize
 from fedlib.core.messages import Cost, Message
-from fedlib.core.uploads import Expected, check_uploads
+from fedlib.core.uploads import NOTHING, Expected, check_uploads
 
 
 class Client(Protocol):
@@ -76,6 +76,32 @@ class Server:
     def result(self) -> Any:
         """What the run produced (a model state, weights, landmarks...)."""
         raise NotImplementedError
+
+
+class Broadcaster(Server):
+    """THE broadcast-only server: broadcasts ``payload`` (the public settings of the coming round, e.g. a
+    stage's; :meth:`begin_stage` replaces them), keeps the round's checked uploads as ``result()`` and
+    accepts what ``expected`` says (default: uploads with no entry). Servers that broadcast such a payload
+    derive from it (STSA's) or borrow its :meth:`broadcast` and :meth:`begin_stage`."""
+
+    def __init__(self, payload: dict | None = None, expected: Expected = NOTHING):
+        self.payload, self.expected, self.uploads = dict(payload or {}), expected, []
+
+    def begin_stage(self, **payload) -> None:
+        """The payload of the coming round(s)."""
+        self.payload = dict(payload)
+
+    def broadcast(self) -> Message:
+        return Message("server", dict(self.payload))
+
+    def expects(self) -> Expected:
+        return self.expected
+
+    def absorb(self, messages: list[Message]) -> None:
+        self.uploads = messages
+
+    def result(self) -> list[Message]:
+        return self.uploads
 
 
 class ClientStates(dict):

@@ -37,7 +37,7 @@ from fedlib.core.cache import fingerprint
 from fedlib.core.devices import resolve_device, torch_threads
 from fedlib.core.messages import Cost, Message
 from fedlib.core import uploads
-from fedlib.core.protocol import ClientStates, RoundCallback, Server, simulate
+from fedlib.core.protocol import Broadcaster, ClientStates, RoundCallback, simulate
 from fedlib.core.seeds import derive_seed, torch_generator
 from fedlib.core.validate import check_choice, check_int
 from fedlib.evaluation.metrics import accuracy
@@ -48,7 +48,7 @@ __all__ = ["stage_config",
            "BALANCING", "MEMORY_MODES", "SCENARIOS", "select_top", "budget_groups", "Replay", "RandomReplay",
            "SCORE_RULES", "el2n_scores", "grand_scores", "ScoreReplay", "herding_order", "penultimate_features", "HerdingReplay",
            "reservoir_select", "ReservoirReplay", "GradientLearner", "FixedLearner", "StageCallback", "KeepWeights",
-           "FirstStageShare", "CacheClient", "StageClient", "StateInit", "Broadcaster"]
+           "FirstStageShare", "CacheClient", "StageClient", "StateInit"]
 
 BALANCING = ("none", "proportional", "equal", "task", "task_class")
 MEMORY_MODES = ("total", "replay")
@@ -474,26 +474,6 @@ class StageClient:
             payload = self.method.stage_upload(self.global_model, x, y, int(broadcast["num_seen"]), self.names,
                                                self.config.batch_size)
         return Message(f"client{state['id']}", payload)
-
-
-class Broadcaster(Server):
-    """Server of a one-round exchange: broadcasts ``payload``, keeps the uploads (``result()``), which
-    must be as ``expected`` (default: no entry)."""
-
-    def __init__(self, payload: dict, expected: uploads.Expected = uploads.NOTHING):
-        self.payload, self.expected, self.uploads = payload, expected, []
-
-    def broadcast(self) -> Message:
-        return Message("server", self.payload)
-
-    def expects(self) -> uploads.Expected:
-        return self.expected
-
-    def absorb(self, messages: list[Message]) -> None:
-        self.uploads = messages
-
-    def result(self) -> list[Message]:
-        return self.uploads
 
 
 class FirstStageShare(dict):

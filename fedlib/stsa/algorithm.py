@@ -43,7 +43,7 @@ from fedlib.afl.algorithm import client_update as afl_client_update
 from fedlib.core import uploads
 from fedlib.core.linalg import SufficientStats, as_tensor, one_hot, ridge_solve
 from fedlib.core.messages import Cost, Message
-from fedlib.core.protocol import ClientStates, Server, simulate
+from fedlib.core.protocol import Broadcaster, ClientStates, simulate
 from fedlib.core.seeds import derive_seed
 from fedlib.core.validate import check_choice, check_int, check_positive
 from fedlib.federated.incremental import task_offset
@@ -193,29 +193,15 @@ def gram_estimate(class_sums: Tensor, counts: Tensor, k_mode: str = "global", cl
     return rows.T @ rows + mean_part @ mean_part.T
 
 
-class StageBroadcast:
-    """What the server of a class-incremental stage sends down (``begin_stage`` sets it): the public
-    random-feature layer as its seed and width (``rf_seed``, ``M``: every client regenerates
-    W_rand, eq. 1), the stage ``t``, its class block ``[offset, offset + num_classes)``, and any
-    method constant (AFL's per-client gamma). Integers and floats: 8 bytes each, counted down."""
-
-    info: dict[str, Any] = {}
-
-    def begin_stage(self, **info) -> None:
-        self.info = dict(info)
-
-    def broadcast(self) -> Message:
-        return Message("server", dict(self.info))
-
-
-class STSAServer(StageBroadcast, Server):
+class STSAServer(Broadcaster):
     """Spatial (eq. 2) and temporal (eq. 4) aggregation and the ridge solve (eqs. 8 / 10), as a
     :class:`fedlib.core.protocol.Server`.
 
     Holds G_{1:t} (M, M) and C_{1:t} (M, num_classes) in float64; the columns of task t are the
     block [offset, offset + c_t). ``variant="stsa_e"`` replaces each stage's G_t by
-    :func:`gram_estimate` of that stage's uploads. Per stage: ``begin_stage(...)`` (the broadcast,
-    :class:`StageBroadcast`), ``receive(uploads)``, ``result()`` = W_t (eq. 8 / 10).
+    :func:`gram_estimate` of that stage's uploads. Per stage: ``begin_stage(...)`` (the broadcast: the
+    public random-feature layer as its seed and width ``rf_seed``, ``M``, the stage ``t``, its class block
+    ``[offset, offset + num_classes)``), ``receive(uploads)``, ``result()`` = W_t (eq. 8 / 10).
 
     Uploaded counts (STSA-E) are used as real numbers, so noise on them (Table 7) reaches the
     estimate; counts below :data:`MIN_COUNT` become 0 (an empty client). ``round_counts=True``
@@ -236,11 +222,11 @@ class STSAServer(StageBroadcast, Server):
         self.gram = torch.zeros(dim, dim, dtype=torch.float64, device=device)
         self.xty = torch.zeros(dim, num_classes, dtype=torch.float64, device=device)
         self.seconds = 0.0
-        self.info = {"offset": 0, "num_classes": num_classes}
+        self.payload = {"offset": 0, "num_classes": num_classes}
 
     def expects(self) -> uploads.Expected:
         """This stage's uploads: sizes M (the random features) and c_t (``info["num_classes"]``); K_D per upload."""
-        return uploads.Expected((self.upload_form(),), {"M": self.gram.shape[0], "c": int(self.info["num_classes"])},
+        return uploads.Expected((self.upload_form(),), {"M": self.gram.shape[0], "c": int(self.payload["num_classes"])},
                         local=("J",), what=f"{self.variant} upload")
 
     def upload_form(self) -> dict:
@@ -268,13 +254,13 @@ class STSAServer(StageBroadcast, Server):
                 counts = torch.where(counts < MIN_COUNT, torch.zeros_like(counts), counts)
             c_t = sums.sum(0)
             self.gram += gram_estimate(sums, counts, self.k_mode, self.clip)
-        offset = self.info["offset"]
+        offset = self.payload["offset"]
         self.xty[:, offset:offset + c_t.shape[1]] += c_t
         self.seconds += time.perf_counter() - start
 
     def receive_stage(self, messages: Sequence[Message], offset: int, num_classes: int) -> None:
         """``receive`` for a stage whose class block is ``[offset, offset + num_classes)`` (no broadcast needed)."""
-        self.info = {**self.info, "offset": int(offset), "num_classes": int(num_classes)}
+        self.payload = {**self.payload, "offset": int(offset), "num_classes": int(num_classes)}
         self.receive(messages)
 
     def solve(self, num_seen: int) -> Tensor:
@@ -286,7 +272,7 @@ class STSAServer(StageBroadcast, Server):
 
     def result(self) -> Tensor:
         """The head after the current stage, :meth:`solve` over the classes seen so far."""
-        return self.solve(self.info["offset"] + self.info["num_classes"])
+        return self.solve(self.payload["offset"] + self.payload["num_classes"])
 
 
 def predict(weights: Tensor, phi: Tensor, head: str = "argmax") -> Tensor:

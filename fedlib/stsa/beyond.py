@@ -42,7 +42,7 @@ from torch import Tensor
 from fedlib.core import privacy, uploads
 from fedlib.core.linalg import SufficientStats, as_tensor, lstsq_reference
 from fedlib.core.messages import Cost, Message
-from fedlib.core.protocol import ClientStates, Server, simulate
+from fedlib.core.protocol import Broadcaster, ClientStates, simulate
 from fedlib.core.seeds import torch_generator
 from fedlib.core.validate import check_choice, check_int, check_positive
 from fedlib.federated.incremental import accuracy_matrix_metrics
@@ -301,7 +301,7 @@ class PathServer(STSAServer):
     def absorb(self, messages: Sequence[Message]) -> None:
         super().absorb(messages)
         n_t = sum(u["n"].to(self.counts) for u in messages)
-        offset = self.info["offset"]
+        offset = self.payload["offset"]
         self.counts[offset:offset + n_t.shape[0]] += n_t
 
     def solve(self, num_seen: int) -> Tensor:
@@ -499,25 +499,12 @@ def gcv_paired(runs, reference: str = "GCV (per stage)", metric: str = "A_T"):
     return pd.DataFrame(rows)
 
 
-class _Collector(Server):
-    """A server that keeps one round's clean {G, C, n} uploads (computed once per seed)."""
-
-    def __init__(self, info: dict):
-        self.info, self.uploads = info, []
-
-    def broadcast(self) -> Message:
-        return Message("server", dict(self.info))
-
-    def expects(self) -> uploads.Expected:
-        form = {"G": uploads.Tensor(("M", "M")), "C": uploads.Tensor(("M", "c")),
-                "n": uploads.Tensor(("c",), low=0.0, integral=True)}
-        return uploads.Expected((form,), {"M": self.info["M"], "c": self.info["num_classes"]}, what="STSA upload")
-
-    def absorb(self, messages) -> None:
-        self.uploads = list(messages)
-
-    def result(self):
-        return self.uploads
+def _collector(payload: dict) -> Broadcaster:
+    """A broadcast-only server that keeps one round's clean {G, C, n} uploads (computed once per seed)."""
+    form = {"G": uploads.Tensor(("M", "M")), "C": uploads.Tensor(("M", "c")),
+            "n": uploads.Tensor(("c",), low=0.0, integral=True)}
+    return Broadcaster(payload, uploads.Expected((form,), {"M": payload["M"], "c": payload["num_classes"]},
+                                                 what="STSA upload"))
 
 
 def _sum_messages(msgs: Sequence[Message]) -> Message:
@@ -544,7 +531,7 @@ def seed_statistics(features, beta: float, seed: int, *, num_tasks: int, num_cli
         client = StatsClient(seed=seed, clip_norm=clip, device=device)
         states, sums, nbytes = ClientStates(client), [], 0
         for t, task in enumerate(stream.tasks):
-            col = _Collector({"rf_seed": seed, "M": M, "stage": t, "offset": task.offset,
+            col = _collector({"rf_seed": seed, "M": M, "stage": t, "offset": task.offset,
                               "num_classes": task.num_classes})
             nbytes += simulate(col, client, data[t], rounds=1, states=states).bytes_up
             sums.append(_sum_messages(col.uploads))

@@ -17,11 +17,12 @@ from fedlib.core import paths, uploads
 from fedlib.core.cache import save_npz
 from fedlib.core.linalg import SufficientStats, as_tensor, lstsq_reference, ridge_fit, ridge_solve
 from fedlib.core.messages import Cost
+from fedlib.core.protocol import Broadcaster
 from fedlib.core.validate import check_choice, check_int, check_positive
 from fedlib.data.features import feature_fingerprint
 from fedlib.data.streams import make_stream
 from fedlib.federated.incremental import run_class_incremental
-from fedlib.stsa.algorithm import (K_MODES, VARIANTS, RandomFeatures, STSAClient, STSALearner, STSAServer, StageBroadcast, StageCallback, StagewiseLearner, class_coefficients, dummy_split, gram_estimate, predict, stsa_client, stsae_client)
+from fedlib.stsa.algorithm import (K_MODES, VARIANTS, RandomFeatures, STSAClient, STSALearner, STSAServer, StageCallback, StagewiseLearner, class_coefficients, dummy_split, gram_estimate, predict, stsa_client, stsae_client)
 from fedlib.stsa.speed import expanded_features
 
 def gram_estimate_eq9(class_sums: Tensor, counts: Tensor, k_mode: str = "global") -> Tensor:
@@ -51,14 +52,17 @@ def gram_estimate_eq9(class_sums: Tensor, counts: Tensor, k_mode: str = "global"
     return out
 
 
-class _AFLStageServer(StageBroadcast, AFLOneSolveServer):
+class AFLStageServer(AFLOneSolveServer):
     """AFL's one-solve server (AFL eqs. 56-57) with the stage broadcast of the STSA protocol: uploads
     of the stage's c_t classes on the M random features, with the broadcast gamma."""
 
+    payload: dict = {}
+    begin_stage, broadcast = Broadcaster.begin_stage, Broadcaster.broadcast
+
     def expects(self) -> uploads.Expected:
-        gamma = float(self.info["gamma"])
+        gamma = float(self.payload["gamma"])
         forms = tuple({**form, "gamma": uploads.Number(low=gamma, high=gamma)} for form in AFL_UPLOAD_FORMS)
-        return uploads.Expected(forms, {"d": self.info["M"], "C": self.info["num_classes"]}, what="AFL upload")
+        return uploads.Expected(forms, {"d": self.payload["M"], "C": self.payload["num_classes"]}, what="AFL upload")
 
 
 class AFLStagewiseLearner(StagewiseLearner):
@@ -80,7 +84,7 @@ class AFLStagewiseLearner(StagewiseLearner):
         self._init_protocol(STSAClient("afl", device=device), rf_seed, M, on_stage_end)
 
     def learn_task(self, t: int, clients, num_seen: int) -> Cost:
-        server = _AFLStageServer()
+        server = AFLStageServer()
         cost = self._run_stage(server, t, clients, num_seen, gamma=self.gamma / len(clients))
         w_r, _ = server.result()   # W^r: ridge with K * gamma/K = gamma, no RI
         self.weights[:, num_seen - w_r.shape[1]:num_seen] = w_r
