@@ -1,4 +1,5 @@
-"""Tests for fedlib.core.parallel.fork_map: the same results as the sequential loop, in job order."""
+"""Tests for fedlib.core.parallel: fork_map gives the results of the sequential loop, in job order;
+RunGrid caches runs by key, groups them, and forks only the runs not held."""
 from __future__ import annotations
 
 import os
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedlib.core.parallel import default_workers, fork_map
+from fedlib.core.parallel import RunGrid, default_workers, fork_map
 
 
 def test_fork_map_equals_the_loop_in_job_order_with_a_closure():
@@ -82,3 +83,44 @@ def test_resolve_workers_takes_the_cores_on_a_cpu_and_one_process_on_a_gpu(monke
     for bad in (0, -1, 1.5):
         with pytest.raises(ValueError, match="workers"):
             resolve_workers(bad)
+
+
+def _seeded_run(request):
+    seed, scale = request
+    return scale * torch.randn(4, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def test_run_grid_makes_each_key_once_in_forked_groups_and_returns_every_request():
+    requests = [(s, c) for s in range(4) for c in (1.0, 2.0)]
+    seq, forked = RunGrid(_seeded_run), RunGrid(_seeded_run)
+    a = seq.fill(requests, 1, progress=False)
+    b = forked.fill(requests + requests[:3], 2, group=lambda r: r[0], cost=lambda g: g[0][0], progress=False)
+    assert all(torch.equal(x, y) for x, y in zip(a, b)) and len(b) == len(requests) + 3
+    assert torch.equal(a[3], _seeded_run(requests[3]))
+    assert forked.report == {"runs": 8, "groups": 4, "processes": 2, "seconds": forked.report["seconds"]}
+    assert forked.hits == 3 and list(forked.results) == requests          # the order first asked
+    again = forked.fill(requests[::-1], 2, progress=False)                 # all held: nothing runs
+    assert forked.report["runs"] == 0 and forked.hits == 3 + 8 and again[0] is forked.results[requests[-1]]
+
+
+def test_run_grid_hooks_keep_the_sequential_semantics():
+    """A request an earlier one does not serve runs after it (its last run is kept); run_group's extra
+    reaches absorb group by group in job order; held can refuse a stored result."""
+    extras = []
+
+    def run_group(reqs):
+        return [(r["k"], r["track"], os.getpid()) for r in reqs], [r["k"] for r in reqs]
+
+    grid = RunGrid(key=lambda r: r["k"], run_group=run_group, absorb=extras.append,
+                   repeats=lambda earlier, r: earlier["track"] or not r["track"],
+                   held=lambda r: r["k"] in grid.results and (grid.results[r["k"]][1] or not r["track"]))
+    reqs = [{"k": 1, "track": False}, {"k": 2, "track": False}, {"k": 1, "track": True}, {"k": 1, "track": False}]
+    out = grid.fill(reqs, 2, group=lambda r: r["k"], progress=False)
+    assert [o[:2] for o in out] == [(1, True), (2, False), (1, True), (1, True)]
+    assert grid.report["runs"] == 3 and grid.hits == 1 and extras == [[1, 1], [2]] and list(grid.results) == [1, 2]
+    grid.fill([{"k": 2, "track": True}], 1, progress=False)                # held untracked: runs again, tracked
+    assert grid.results[2][1] and grid.results[2][2] == os.getpid()
+    with pytest.raises(ValueError, match="run or run_group"):
+        RunGrid()
+    with pytest.raises(ValueError, match="workers"):
+        RunGrid(_seeded_run).fill([(0, 1.0)], 0)

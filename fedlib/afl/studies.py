@@ -12,7 +12,10 @@ import torch
 
 from fedlib.afl.algorithm import SERVERS, AFLResult, aa_weights, aggregate, client_update, ri_restore, run_afl
 from fedlib.core.linalg import Array, SufficientStats, as_tensor, predict, relative_error, ridge_solve
+from fedlib.core.parallel import RunGrid
 from fedlib.core.validate import check_choice, check_positive
+from fedlib.federated.gradient import FedConfig, make_algorithm, run_federated
+
 # ----------------------------------------------------------------------------------------------
 # the benchmark's protocol (notebooks/afl_benchmark.py): fixed partitions, gradient baselines
 # ----------------------------------------------------------------------------------------------
@@ -71,16 +74,23 @@ class RunCache:
 
     def __init__(self):
         self._afl: dict = {}
-        self._federated: dict = {}
         self._x64: dict = {}
-        self.hits = 0
+        self._federated = RunGrid(self._run_federated, key=self._federated_key)
+        self._held: list = []   # the partitions and data whose ids are in the keys
+        self._settings: tuple = ()
+        self.afl_hits = 0
+
+    @property
+    def hits(self) -> int:
+        """Runs asked for again and returned from the cache (AFL and gradient baselines)."""
+        return self.afl_hits + self._federated.hits
 
     def afl(self, feats, parts, gamma: float, device) -> "AFLResult":
         """:func:`run_afl` on ``feats`` (x_train, y_train, num_classes) split by ``parts``, at ``gamma``
         (the float64 copy of the features that :func:`run_afl` slices is made once per features)."""
         key = (id(parts), float(gamma), str(device), id(feats))
         if key in self._afl:
-            self.hits += 1
+            self.afl_hits += 1
         else:
             xkey = (id(feats), str(device))
             if xkey not in self._x64:
@@ -97,33 +107,26 @@ class RunCache:
     def federated_many(self, runs, config: dict, moon_hidden, train, test, num_classes: int, workers: int = 1,
                        desc: str | None = None, progress: bool = False) -> list:
         """:meth:`federated` of every ``(method, parts, seed)`` of ``runs``; the histories in that order.
-        The runs not held yet go to ``workers`` forked processes (:func:`fedlib.core.parallel.fork_map`):
+        The runs not held yet go to ``workers`` forked processes (:class:`fedlib.core.parallel.RunGrid`):
         each is seeded by its own FedConfig, so the histories equal those run one by one (tested)."""
-        from fedlib.core.parallel import fork_map
-        from fedlib.federated.gradient import FedConfig, make_algorithm, run_federated
+        self._settings = (config, moon_hidden, train, test, num_classes)
+        self._held += [parts for _, parts, _ in runs] + [train, test]
+        return self._federated.fill([(method, parts, int(seed)) for method, parts, seed in runs], workers,
+                                    desc=desc, progress=progress)
 
-        x_tr, y_tr = train
+    def _federated_key(self, run) -> tuple:
+        method, parts, seed = run
+        config, moon_hidden, train, test, _ = self._settings
         data = tuple((t.data_ptr(), tuple(t.shape), str(t.dtype)) for t in (*train, *test))
-        items = tuple(sorted(config.items()))
-        keys = [(id(parts), method, int(seed), items, moon_hidden if method == "moon" else None, data)
-                for method, parts, seed in runs]
-        missing: dict = {}
-        for key, run in zip(keys, runs):
-            if key in self._federated or key in missing:
-                self.hits += 1
-            else:
-                missing[key] = run
+        return (id(parts), method, seed, tuple(sorted(config.items())), moon_hidden if method == "moon" else None,
+                data)
 
-        def one(run):
-            method, parts, seed = run
-            return run_federated(baseline_model_fn(method, int(x_tr.shape[1]), num_classes, moon_hidden),
-                                 [(x_tr[p], y_tr[p]) for p in parts], test, make_algorithm(method),
-                                 FedConfig(seed=seed, **config), progress=False)
-
-        for (key, (_, parts, _)), hist in zip(missing.items(), fork_map(one, list(missing.values()), workers,
-                                                                        desc=desc, progress=progress)):
-            self._federated[key] = (parts, train, test, hist)
-        return [self._federated[key][3] for key in keys]
+    def _run_federated(self, run):
+        method, parts, seed = run
+        config, moon_hidden, (x_tr, y_tr), test, num_classes = self._settings
+        return run_federated(baseline_model_fn(method, int(x_tr.shape[1]), num_classes, moon_hidden),
+                             [(x_tr[p], y_tr[p]) for p in parts], test, make_algorithm(method),
+                             FedConfig(seed=seed, **config), progress=False)
 
 
 def baseline_model_fn(method: str, dim: int, num_classes: int, moon_hidden: int | None = None):

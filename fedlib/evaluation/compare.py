@@ -9,7 +9,7 @@ from typing import Mapping
 import pandas as pd
 import torch
 
-__all__ = ["states_equal", "max_state_difference", "relative_error", "CheckLog", "refed_label"]
+__all__ = ["states_equal", "max_state_difference", "CheckLog", "refed_label"]
 
 _OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt, "==": operator.eq}
 

@@ -11,7 +11,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from fedlib.core.parallel import fork_map
+from fedlib.core.parallel import RunGrid
 from fedlib.evaluation.stats import mean_std, paired_difference
 from fedlib.fedtsne.dp import kernel_gradient_sensitivity
 from fedlib.fedtsne.feddl import FedDLResult, feddl, public_landmarks
@@ -403,12 +403,13 @@ def _feddl_work(n_points: int, n_landmarks: int, runs: int = 1) -> int:
 
 
 def run_sweeps(plans: Sequence[SweepPlan], workers: int | None = 1, progress: bool = True) -> list:
-    """The jobs of every plan in ONE :func:`fedlib.core.parallel.fork_map` (``workers`` processes; None:
+    """The jobs of every plan in ONE :class:`fedlib.core.parallel.RunGrid` (``workers`` processes; None:
     :func:`fedlib.core.parallel.default_workers`), the most work first, so short runs fill the wait for
     the long ones; each plan's assembled result, in the order of ``plans``."""
     jobs = [(i, job) for i, plan in enumerate(plans) for job in plan.jobs]
-    done = fork_map(lambda ij: plans[ij[0]].run(ij[1]), jobs, workers, cost=lambda ij: plans[ij[0]].priority(ij[1]),
-                    desc=" + ".join(p.desc for p in plans), progress=progress)
+    grid = RunGrid(lambda n: plans[jobs[n][0]].run(jobs[n][1]))
+    done = grid.fill(range(len(jobs)), workers, cost=lambda g: plans[jobs[g[0]][0]].priority(jobs[g[0]][1]),
+                     desc=" + ".join(p.desc for p in plans), progress=progress)
     return [plan.assemble([r for (i, _), r in zip(jobs, done) if i == k]) for k, plan in enumerate(plans)]
 
 

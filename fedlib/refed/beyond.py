@@ -20,6 +20,7 @@ overrides):
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Sequence
 
 import numpy as np
@@ -27,6 +28,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from fedlib.core.parallel import RunGrid
 from fedlib.core.seeds import rng
 from fedlib.core.validate import check_choice, check_real
 
@@ -173,16 +175,12 @@ def run_rules(scenario: dict, rules: Sequence[str], seeds: Sequence[int], *, set
     Returns one row per (rule, seed), ordered by seed then rule: rule, seed, noise, A_T, A_avg, F_T
     (%), wall_s and, with noise, pool / cache counts summed over clients and boundaries (pool,
     pool_noisy, cache, cache_noisy) and the rates pool_rate, cache_rate (%)."""
-    from functools import partial
-
-    from fedlib.core.parallel import fork_map
-
     for r in rules:
         check_choice("rule", r, RULES)
     noise = check_real("noise", noise, low=0.0, high=1.0, strict=False)
     jobs = [(seed, r) for seed in seeds for r in rules]
-    rows = fork_map(partial(_run_one, scenario=scenario, settings=settings, noise=noise, lam_local=lam_local), jobs,
-                    workers, desc=f"rules (noise {noise:g})", progress=progress)
+    grid = RunGrid(partial(_run_one, scenario=scenario, settings=settings, noise=noise, lam_local=lam_local))
+    rows = grid.fill(jobs, workers, desc=f"rules (noise {noise:g})", progress=progress)
     return pd.DataFrame(rows)
 
 

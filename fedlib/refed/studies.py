@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import time
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -12,6 +13,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from fedlib.core.parallel import RunGrid, resolve_workers
 from fedlib.evaluation.compare import refed_label
 from fedlib.federated.gradient import FedConfig, History
 from fedlib.federated.incremental import run_class_incremental
@@ -186,7 +188,7 @@ class ScenarioRuns:
         (:class:`fedlib.federated.learner.FirstStageShare`: one scenario, seed and alpha; the same for every
         memory, lambda and weighting) and the PIMs (:class:`PIMShare`: at the first boundary the same global
         model and pools)."""
-        key = self.key(**{k: v for k, v in request.items() if k != "track"})
+        key = self.key(**_run_args(request))
         return key[0], key[2], key[3]
 
     def prefetch(self, requests: Sequence[dict], workers: int | None = None, *, group: Callable[[dict], Any] | None = None,
@@ -208,32 +210,17 @@ class ScenarioRuns:
         "groups": groups, "processes": worker processes used (1: this process), "seconds" (wall),
         "cpu_seconds" (CPU time of each group, in job order)}.
         """
-        import time
-
-        from fedlib.core.parallel import fork_map, resolve_workers
-
         workers = resolve_workers(workers)
         if isinstance(requests, dict) or not all(isinstance(r, dict) for r in requests):
             raise ValueError("requests must be a sequence of dicts of ScenarioRuns' call arguments "
                              "(kind, method, seed, ...)")
         params = set(inspect.signature(self.__call__).parameters)
-        pending, groups, planned, of_key = [], {}, {}, {}
         for r in requests:
             if not {"kind", "method", "seed"} <= set(r) or set(r) - params:
                 raise ValueError(f"a request needs kind, method and seed and takes only {sorted(params)}, got {r}")
-            key = self.key(**{k: v for k, v in r.items() if k != "track"})
-            if self._served(key, r.get("track", False)):
-                continue
-            if planned.get(key) or (key in planned and not r.get("track", False)):
-                continue   # already planned, tracked or as asked
-            planned[key] = bool(r.get("track", False))
-            pending.append(key)
-            gid = of_key.setdefault(key, (group or self.sharing_group)(r))   # a run stays in one group
-            groups.setdefault(gid, []).append(r)
+            self.key(**_run_args(r))   # a bad kind fails here, before any run
         size = {k: len(s["y_train"]) for k, s in self.scenarios.items()}
-        jobs = list(groups.values())
-        start = time.perf_counter()
-        if jobs and workers > 1:
+        if workers > 1:
             import torch._dynamo  # noqa: F401  (torch's optimizers import it on first use, 1 s of CPU: the workers inherit it)
 
         def run_group(reqs):
@@ -242,28 +229,35 @@ class ScenarioRuns:
             if self.share:   # start from what this one holds (entries are restored by copy, never changed)
                 sub.first_stage.update(self.first_stage)
                 sub.pims.update(self.pims)
-            for r in reqs:
-                sub(**r)
+            runs = [sub(**r) for r in reqs]
             pims = {} if not self.share else {k: v for k, v in sub.pims.items() if k not in self.pims}
-            return (sub.runs, sub.memory_checks, pims, (0, 0) if not self.share else (sub.pims.hits, sub.pims.misses),
-                    time.process_time() - cpu)
+            return runs, (sub.memory_checks, pims, (0, 0) if not self.share else (sub.pims.hits, sub.pims.misses),
+                          time.process_time() - cpu)
 
-        done = fork_map(run_group, jobs, min(workers, max(1, len(jobs))), cost=lambda g: (len(g), size[g[0]["kind"]]),
-                        desc=desc, progress=progress and bool(jobs))
-        fetched = {}
-        for runs, checks, pims, (hits, misses), _ in done:
-            fetched.update(runs)
+        cpu_seconds = []
+
+        def absorb(extra):
+            checks, pims, (hits, misses), cpu = extra
             for k in self.memory_checks:
                 self.memory_checks[k] += checks[k]
             if self.share:
                 self.pims.update(pims)
                 self.pims.hits += hits
                 self.pims.misses += misses
-        for key in pending:   # request order: the order in which the sequential calls would have added them
-            self.runs[key] = fetched[key]
-        return {"runs": len(pending), "groups": len(jobs),
-                "processes": min(workers, len(jobs)) if len(jobs) > 1 else len(jobs),
-                "seconds": time.perf_counter() - start, "cpu_seconds": [c for *_, c in done]}
+            cpu_seconds.append(cpu)
+
+        track = lambda r: bool(r.get("track", False))   # noqa: E731
+        grid = RunGrid(key=lambda r: self.key(**_run_args(r)), held=lambda r: self._served(self.key(**_run_args(r)), track(r)),
+                       repeats=lambda earlier, r: track(earlier) or not track(r), run_group=run_group, absorb=absorb,
+                       results=self.runs)
+        grid.fill(requests, workers, group=group or self.sharing_group, desc=desc, progress=progress,
+                  cost=lambda g: (len(g), size[g[0]["kind"]]))
+        return {**grid.report, "cpu_seconds": cpu_seconds}
+
+
+def _run_args(request: dict) -> dict:
+    """A :meth:`ScenarioRuns.prefetch` request without ``track``: the arguments of :meth:`ScenarioRuns.key`."""
+    return {k: v for k, v in request.items() if k != "track"}
 
 
 def prefetch_summary(info: dict, what: str) -> str:

@@ -197,7 +197,7 @@ class Quadratic:
         """The iteration of :meth:`exact_error` (t0 = 1) simulated ``reps`` times with noise from
         ``rng``: ||v^t - v_hat||^2 per round and repetition, (horizon + 1, reps)."""
         horizon, reps = check_int("horizon", horizon, 0), check_int("reps", reps, 1)
-        h, q, mu, d = self.h, q_lambda(lam), self.mu, len(self.h)
+        q, mu, d = q_lambda(lam), self.mu, len(self.h)
         H = self.H
         vh = np.linalg.solve(H + q * np.eye(d), H @ self.a + q * self.w_hat)
         v = np.tile(self.w_hat, (reps, 1))

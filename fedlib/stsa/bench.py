@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
 
     lines = [
         bench.machine(device="cpu", torch=torch.__version__),
-        f"STSA-E server Gram estimate (eq. 9, k_mode=global), float64, one process:",
+        "STSA-E server Gram estimate (eq. 9, k_mode=global), float64, one process:",
         f"  M={args.M} features, {c} classes, {args.clients} clients x K_D={args.dummy} = {J} dummy clients, "
         f"{args.per_class} samples/class, Dirichlet beta={args.beta}, split=random",
         row("non-empty (dummy, class) terms", f"{nonempty} of {J * c} ({nonempty / (J * c):.1%})"),

@@ -4,6 +4,7 @@ Carlo studies and tables, the benchmark's grids and tables. Built on :mod:`fedli
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Sequence
 
@@ -17,6 +18,7 @@ from fedlib.core import paths, uploads
 from fedlib.core.cache import save_npz
 from fedlib.core.linalg import SufficientStats, as_tensor, lstsq_reference, ridge_fit, ridge_solve
 from fedlib.core.messages import Cost
+from fedlib.core.parallel import RunGrid
 from fedlib.core.protocol import Broadcaster
 from fedlib.core.validate import check_choice, check_int, check_positive
 from fedlib.data.features import feature_fingerprint
@@ -731,26 +733,20 @@ def pretrained_grid(run, features, setting: str, betas, seeds, baselines, baseli
     """Every run of the pretrained table on one dataset's ``features``: Joint once per seed (it ignores
     the partition; listed under every beta), then per beta and seed the :data:`ANALYTIC` methods and,
     for ``baseline_seeds``, the gradient ``baselines``. ``run`` is :func:`run_fcil` with the chapter's
-    fixed keywords. The seeds are independent jobs (:func:`fedlib.core.parallel.fork_map`, ``workers``
+    fixed keywords. The seeds are independent jobs of a :class:`fedlib.core.parallel.RunGrid` (``workers``
     processes; None: the cores; every run is seeded by its seed, so the results equal those of one
     process). Returns the IncrementalResults."""
-    import dataclasses
-
-    from fedlib.core.parallel import fork_map
-
-    def seed_runs(seed):   # the runs of a seed share one random-feature expansion (cached in the process)
-        out = {(JOINT, seed): run(JOINT, features, None, seed, setting, M)}
-        for beta in betas:
-            for method in list(ANALYTIC) + (list(baselines) if seed in baseline_seeds else []):
-                out[method, beta, seed] = run(method, features, beta, seed, setting, M)
-        return out
-
-    done = {}
-    for part in fork_map(seed_runs, list(seeds), workers, cost=lambda seed: seed in baseline_seeds, progress=False):
-        done.update(part)
+    requests = []
+    for seed in seeds:   # a seed's runs share one random-feature expansion (cached in the process): one group
+        requests.append((JOINT, None, seed))
+        requests += [(method, beta, seed) for beta in betas
+                     for method in list(ANALYTIC) + (list(baselines) if seed in baseline_seeds else [])]
+    grid = RunGrid(lambda r: run(r[0], features, r[1], r[2], setting, M))
+    grid.fill(requests, workers, group=lambda r: r[2], cost=lambda g: g[0][2] in baseline_seeds, progress=False)
+    done = grid.results
     results = []
     for seed in seeds:
-        joint = done[JOINT, seed]
+        joint = done[JOINT, None, seed]
         results += [dataclasses.replace(joint, config={**joint.config, "beta": beta}) for beta in betas]
     for beta in betas:
         for seed in seeds:
