@@ -1,7 +1,7 @@
 """Peak-memory estimates of the chapters (fedlib.runner.memory), checked before any work."""
 import pytest
 
-from fedlib.runner import memory, profiles
+from fedlib.runner import cli, memory, profiles
 
 
 def params(chapter, profile, **overrides):
@@ -41,11 +41,11 @@ def test_a_run_that_cannot_fit_is_refused_with_the_numbers():
 def test_runner_refuses_before_executing(monkeypatch):
     monkeypatch.setattr(memory, "available", lambda: (2**30, None))
     with pytest.raises(MemoryError, match="host RAM"):
-        profiles.main(["fedspeclust", "--profile", "quick", "max_points=20000"])
+        cli.main(["fedspeclust", "--profile", "quick", "max_points=20000"])
 
 
 def test_runner_prints_estimates_without_running(capsys):
-    assert profiles.main(["all", "--profile", "paper", "--estimate"]) == 0
+    assert cli.main(["all", "--profile", "paper", "--estimate"]) == 0
     out = capsys.readouterr().out
     assert out.count("[paper]") == len(profiles.notebook_names()) and "fedtsne_benchmark: host" in out
 
@@ -53,7 +53,7 @@ def test_runner_prints_estimates_without_running(capsys):
 def test_command_line_ends_a_refused_run_in_one_error_line(monkeypatch):
     monkeypatch.setattr(memory, "available", lambda: (2**30, None))
     with pytest.raises(SystemExit, match=r"^error: fedspeclust needs at least .* GiB of host RAM"):
-        profiles.cli(["fedspeclust", "--profile", "quick", "max_points=20000"])
+        cli.cli(["fedspeclust", "--profile", "quick", "max_points=20000"])
 
 
 def test_fedtsne_above_the_dense_limit_is_estimated_on_the_knn_path():

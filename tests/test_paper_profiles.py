@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from conftest import write_cifar, write_resnet18_weights
-from fedlib.runner import memory, profiles
+from fedlib.runner import memory, cli, profiles
 
 # --------------------------------------------------------------------------------------------
 # the one place: how each chapter's `paper` profile is made tiny
@@ -221,7 +221,7 @@ def test_paper_profile_passes_its_spec_and_reports_its_memory(name, capsys):
     assert est.host_bytes >= 0 and est.device_bytes >= 0
     if name in memory.ESTIMATORS:
         assert est.host_bytes > 0, f"{name}: an estimator that counts nothing"
-    assert profiles.main([name, "--profile", "paper", "--estimate"]) == 0
+    assert cli.main([name, "--profile", "paper", "--estimate"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert out == [line for line in out if line.startswith(f"[paper] {name}: ")] and len(out) == 1, out
     assert f"host {memory.gib(est.host_bytes)}, GPU {memory.gib(est.device_bytes)}" in out[0]

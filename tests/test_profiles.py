@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedlib.runner import profiles
+from fedlib.runner import cli, profiles
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -89,7 +89,7 @@ def test_malformed_override():
 
 def test_cli_refuses_before_work(capsys):
     with pytest.raises(ValueError, match="num_client"):
-        profiles.main(["afl_benchmark", "--profile", "smoke", "num_client=3"])
+        cli.main(["afl_benchmark", "--profile", "smoke", "num_client=3"])
 
 
 def test_environment_yml_agrees_with_pyproject():
@@ -107,7 +107,7 @@ def test_environment_yml_agrees_with_pyproject():
 
 def test_all_refuses_overrides():
     with pytest.raises(ValueError, match="one notebook"):
-        profiles.main(["all", "--profile", "smoke", "num_clients=3"])
+        cli.main(["all", "--profile", "smoke", "num_clients=3"])
 
 
 def test_time_left_comes_from_the_last_runs_at_that_profile(tmp_path, monkeypatch):
@@ -121,8 +121,8 @@ def test_time_left_comes_from_the_last_runs_at_that_profile(tmp_path, monkeypatc
     assert profiles.last_duration("a", "quick") == 120.0
     assert profiles.last_duration("a", "smoke") is None and profiles.last_duration("b", "quick") is None
     assert profiles.last_duration("broken", "quick") is None and profiles.last_duration("none", "quick") is None
-    assert profiles._estimate(["a", "b"], "quick") == "about 2.0 min left by the last runs, plus 1 chapter(s) never run at this profile"
-    assert profiles._estimate(["b"], "quick").startswith("no earlier run")
+    assert cli._estimate(["a", "b"], "quick") == "about 2.0 min left by the last runs, plus 1 chapter(s) never run at this profile"
+    assert cli._estimate(["b"], "quick").startswith("no earlier run")
 
 
 def test_cell_timings_slowest_first_and_cli(tmp_path, monkeypatch, capsys):
@@ -136,8 +136,8 @@ def test_cell_timings_slowest_first_and_cli(tmp_path, monkeypatch, capsys):
     path.write_text(json.dumps({"cells": cells, "metadata": {}}))
     assert profiles.cell_timings(path) == [(2, 12.25, "slow()"), (1, 0.5, "x = 1")]
     assert profiles.cell_timings(path, top=1) == [(2, 12.25, "slow()")]
-    monkeypatch.setattr(profiles, "EXECUTED_DIR", tmp_path)
-    assert profiles.main(["afl_derivation", "--timings"]) == 0
+    monkeypatch.setattr(cli, "EXECUTED_DIR", tmp_path)
+    assert cli.main(["afl_derivation", "--timings"]) == 0
     out = capsys.readouterr().out
     assert "afl_derivation: 13 s in 2 code cells" in out and "cell   2    12.2 s  slow()" in out
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fedlib.runner import profiles, schedule
+from fedlib.runner import cli, profiles, schedule
 
 
 def test_plan_puts_dependencies_first_then_the_longest():
@@ -87,7 +87,7 @@ def test_run_chapters_raises_the_first_failure_and_starts_nothing_after_it(tmp_p
 
 def test_cli_refuses_output_with_jobs(capsys):
     with pytest.raises(ValueError, match="--output"):
-        profiles.main(["afl_derivation", "--jobs", "2", "--output", "x.ipynb"])
+        cli.main(["afl_derivation", "--jobs", "2", "--output", "x.ipynb"])
 
 
 def test_the_record_of_a_whole_run_lists_every_chapter_slowest_first(tmp_path):

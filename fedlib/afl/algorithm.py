@@ -31,7 +31,15 @@ import numpy as np
 import torch
 
 from fedlib.afl.speed import OnePassSums, kernels, pack_symmetric, packed_gram, packed_length, unpack_symmetric
-from fedlib.core.linalg import (Array, SufficientStats, as_tensor, numerical_rank, one_hot, ridge_solve, smallest_eig_estimate)
+from fedlib.core.linalg import (
+    Array,
+    SufficientStats,
+    as_tensor,
+    numerical_rank,
+    one_hot,
+    ridge_solve,
+    smallest_eig_estimate,
+)
 from fedlib.core.messages import Cost, Message
 from fedlib.core.protocol import EMPTY, Server, simulate
 from fedlib.core.uploads import Expected, Number, Tensor, check_uploads

@@ -33,11 +33,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from fedlib.evaluation import benchmark as bench
-from fedlib.core.uploads import check_uploads
 from fedlib.afl import algorithm as afl
-from fedlib.core.linalg import SufficientStats, as_tensor
 from fedlib.core.devices import resolve_device
+from fedlib.core.linalg import SufficientStats, as_tensor
+from fedlib.core.uploads import check_uploads
+from fedlib.evaluation import benchmark as bench
 
 
 def _uploads(clients: int, dim: int, classes: int, per_client: int, device, packed: bool, seed: int = 0,

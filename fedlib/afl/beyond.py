@@ -26,16 +26,30 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
+import pandas as pd
 import torch
+from scipy.linalg import solve_triangular
+from tqdm.auto import tqdm
 
-from fedlib.core.linalg import Array, SufficientStats, relative_error, ridge_solve
-from fedlib.core.messages import Cost, Message
+from fedlib.afl import algorithm as afl
+from fedlib.afl import speed as afl_speed
 from fedlib.core import uploads
+from fedlib.core.linalg import (
+    Array,
+    SufficientStats,
+    gram_report,
+    lstsq_reference,
+    normal_equations_tolerance,
+    relative_error,
+    ridge_solve,
+    synthetic_features,
+)
+from fedlib.core.messages import Cost, Message
 from fedlib.core.protocol import EMPTY, Server, simulate
 from fedlib.core.seeds import derive_seed
 from fedlib.core.validate import check_int, check_positive
-from fedlib.afl import algorithm as afl
-from fedlib.afl import speed as afl_speed
+from fedlib.data.partition import make_partition
+from fedlib.evaluation.metrics import head_accuracy
 
 DTYPES = {"float64": np.float64, "float32": np.float32}
 
@@ -148,8 +162,6 @@ def tsqr_weights(r: np.ndarray, num_classes: int, gamma: float = 0.0, rcond: flo
     of R11 is numerically singular (``min|diag| <= rcond max|diag|``, ``rcond = d eps`` by default), a
     ``RuntimeWarning`` and the minimum-norm solution of ``R11 W = R12`` (``lstsq``).
     """
-    from scipy.linalg import solve_triangular
-
     check_positive("gamma", gamma, strict=False)
     r = np.asarray(r, dtype=np.float64)
     if r.ndim != 2 or r.shape[1] <= num_classes:
@@ -321,12 +333,6 @@ def conditioning_study(conditions: Sequence[float], n: int, dim: int, num_classe
     against NumPy ``lstsq`` on X (float64; an SVD, never X^T X), NaN where a server failed. IID split
     into ``num_clients`` clients. The normal-equation servers use the paper's ``gamma`` and RI.
     """
-    import pandas as pd
-    from tqdm.auto import tqdm
-
-    from fedlib.core.linalg import lstsq_reference, synthetic_features
-    from fedlib.data.partition import make_partition
-
     for c in conditions:
         check_positive("conditions", c)
     check_positive("gamma", gamma, strict=False)
@@ -363,8 +369,6 @@ def error_slopes(study):
     """Least-squares slope of log10(median error) against log10(cond(X)) per (clients, method), over the
     conditions where the median error is finite and below 0.1 (before it saturates): ~1 means the
     error follows cond(X), ~2 cond(X)^2. Returns a Series (NaN with fewer than 2 such points)."""
-    import pandas as pd
-
     med = study.groupby(["clients", "method", "cond(X)"])["rel. error vs lstsq"].median().reset_index()
     out = {}
     for key, g in med.groupby(["clients", "method"]):
@@ -382,10 +386,6 @@ def upload_comparison(feats, parts: Sequence[np.ndarray], gamma: float, referenc
     error against ``reference`` (d, C), the test accuracy and the measured seconds; one row per
     (method, client) with N_k and the measured upload bytes; and ``cond(X)`` of the live feature
     columns (singular values of the pooled TSQR factor's R11)."""
-    import pandas as pd
-
-    from fedlib.evaluation.metrics import head_accuracy
-
     rows, per_client = [], []
     sizes = np.array([len(p) for p in parts])
     res_afl = afl.run_afl(feats.x_train, feats.y_train, parts, feats.num_classes, gamma=gamma)
@@ -747,8 +747,6 @@ def loco_errors(clients: Sequence[SufficientStats], lams: Sequence[float], progr
     (:func:`validation_error`) of the ridge head trained on all other clients,
     ``W_{-k}(lam) = (G - G_k + lam I)^{-1} (B - B_k)``, along the whole ``lams`` path (one
     eigendecomposition of ``G - G_k`` per client). Every client must hold at least one sample."""
-    from tqdm.auto import tqdm
-
     lams = _check_lams(lams)
     if len(clients) < 2:
         raise ValueError(f"clients must hold at least 2 clients' statistics for leave-one-client-out, got {len(clients)}")
@@ -795,12 +793,6 @@ def hyperparameter_study(feats, num_clients: int, alpha: float, seeds: Sequence[
     (plus lam = 0, AFL's restored head) picks lam*. Returns ``(runs, path)``: ``runs`` has one row per
     seed (lam*, test accuracy at lam*, at lam = 0, the best test accuracy on the grid in hindsight
     and its lam); ``path`` the test accuracy and the LOCO error (per seed) for every lam."""
-    import pandas as pd
-    from tqdm.auto import tqdm
-
-    from fedlib.evaluation.metrics import head_accuracy
-    from fedlib.data.partition import make_partition
-
     grid = np.concatenate([[0.0], _check_lams(lams)])
     total = SufficientStats.from_data(feats.x_train, feats.y_train, feats.num_classes)
     heads = ridge_path(total.gram, total.xty, grid)
@@ -825,8 +817,6 @@ def loco_errors_explicit(x: Array, labels: Array, parts: Sequence[np.ndarray], n
     """Reference for :func:`loco_errors` (K, L) by explicit retraining: for each client k and lam, NumPy
     ``lstsq`` on the other clients' samples (``[X; sqrt(lam) I]``, an SVD of the data, no statistics)
     and the squared error ``||Y_k - X_k W||_F^2`` evaluated on client k's samples."""
-    from fedlib.core.linalg import lstsq_reference
-
     xn, yn = _check_data(x, labels, num_classes)
     parts = _check_parts(parts, len(yn))
     lams = _check_lams(lams)
@@ -846,9 +836,6 @@ def unlearning_check(x: Array, labels: Array, parts: Sequence[np.ndarray], num_c
     remaining samples and (``afl_retrain``) AFL (one-solve, gamma = 1, RI) run on the remaining
     clients. Returns the relative errors, the tolerance ``2 cond(G - G_k) eps``, the seconds of the
     subtraction and solve, and, with a test set, the test accuracies before and after."""
-    from fedlib.core.linalg import gram_report, lstsq_reference, normal_equations_tolerance
-    from fedlib.evaluation.metrics import head_accuracy
-
     xn, yn = _check_data(x, labels, num_classes)
     parts = _check_parts(parts, len(yn))
     if not 0 <= removed < len(parts):

@@ -3,10 +3,10 @@ one :class:`Spec` per chapter covering every name of its ``parameters`` cell, an
 cross-parameter rules (each raises ValueError naming the parameters)."""
 from __future__ import annotations
 
+from fedlib.core.specs import NULL, Bool, Choice, Int, List, Real, Seeds, Spec
 from fedlib.data.datasets import DATASETS, TRAIN_SIZES
 from fedlib.data.features import BACKBONES
 from fedlib.federated.gradient import ALGORITHMS
-from fedlib.core.specs import NULL, Bool, Choice, Int, List, Real, Seeds, Spec
 
 DEVICES = ("auto", "cpu", "cuda")
 POSITIVE = Real(0.0)                     # > 0

@@ -5,16 +5,34 @@ on :mod:`fedlib.afl.algorithm`; nothing here is part of the paper's algorithm.
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Sequence
 
 import numpy as np
+import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 from fedlib.afl.algorithm import SERVERS, AFLResult, aa_weights, aggregate, client_update, ri_restore, run_afl
-from fedlib.core.linalg import Array, SufficientStats, as_tensor, predict, relative_error, ridge_solve
+from fedlib.core.linalg import (
+    Array,
+    SufficientStats,
+    as_tensor,
+    gram_report,
+    lstsq_reference,
+    normal_equations_tolerance,
+    predict,
+    qr_reference,
+    relative_error,
+    ridge_solve,
+    synthetic_features,
+)
 from fedlib.core.parallel import RunGrid
 from fedlib.core.validate import check_choice, check_positive
-from fedlib.federated.gradient import FedConfig, make_algorithm, run_federated
+from fedlib.data.partition import make_partition
+from fedlib.evaluation.metrics import head_accuracy
+from fedlib.evaluation.stats import mean_std, paired_difference, pm
+from fedlib.federated.gradient import FedConfig, LinearHead, MOONHead, make_algorithm, run_federated
 
 # ----------------------------------------------------------------------------------------------
 # the benchmark's protocol (notebooks/afl_benchmark.py): fixed partitions, gradient baselines
@@ -39,8 +57,6 @@ class SettingPartitions:
         self._cache: dict[tuple, list[np.ndarray]] = {}
 
     def __call__(self, setting: tuple, k: int, seed: int) -> list[np.ndarray]:
-        from fedlib.data.partition import make_partition
-
         key = (tuple(setting), int(k), int(seed))
         if key not in self._cache:
             kind, value = setting
@@ -132,8 +148,6 @@ class RunCache:
 def baseline_model_fn(method: str, dim: int, num_classes: int, moon_hidden: int | None = None):
     """Model factory of a gradient baseline on frozen d-dim features: MOON's projection head
     (``MOONHead``, l1 width ``moon_hidden`` or d), every other method a linear head d -> C."""
-    from fedlib.federated.gradient import LinearHead, MOONHead
-
     if method == "moon":
         return lambda: MOONHead(dim, num_classes, hidden=moon_hidden)
     return lambda: LinearHead(dim, num_classes)
@@ -164,8 +178,6 @@ def run_baselines(protocol: str, jobs, partitions: SettingPartitions, num_client
     Returns ``(runs, curves)``: one row per job (final / best accuracy, seconds, measured upload per
     client and round) and the concatenated per-round histories.
     """
-    import pandas as pd
-
     cache = RunCache() if cache is None else cache
     out, frames = [], []
     hists = cache.federated_many([(method, partitions(setting, num_clients, pseed), seed)
@@ -196,8 +208,6 @@ def table1_deviations(x: Array, labels: Array, num_classes: int, clients: Sequen
     the pairwise AA law without RI (gamma = 0, local Moore-Penrose inverse, ``inverse="pinv"``) and
     with RI (gamma = 1, eq. 15); ``ΔW = sum |W - reference|`` (L1) for both. Returns a DataFrame
     indexed by K with N_k and the two deviations."""
-    import pandas as pd
-
     rows = []
     for k in clients:
         parts = np.array_split(np.arange(len(labels)), k)
@@ -213,8 +223,6 @@ def table1_deviations(x: Array, labels: Array, num_classes: int, clients: Sequen
 # the derivation chapter's checks (notebooks/afl_derivation.py): each returns the table it shows
 # ----------------------------------------------------------------------------------------------
 def _frame(rows):
-    import pandas as pd
-
     return pd.DataFrame(rows)
 
 
@@ -250,10 +258,6 @@ def partition_sweep(x: Array, labels: Array, num_classes: int, settings, num_cli
     difference between any two partitions' one-solve heads (``"spread"``) and whether every one-solve
     head predicts the training set exactly like ``reference`` (``"same predictions"``).
     """
-    import pandas as pd
-
-    from fedlib.data.partition import make_partition
-
     rows, heads = [], {}
     for scheme, kw in settings:
         parts = make_partition(labels, num_clients, scheme, seed=seed, **kw)
@@ -279,8 +283,6 @@ def client_count_sweep(x: Array, labels: Array, num_classes: int, client_counts:
     """Client-number invariance: an IID split into K clients for every K of ``client_counts`` (K > N
     skipped), both servers (the pairwise one only up to ``pairwise_max_clients``). One row per (K,
     server): N_k, server seconds and the max relative error against ``reference`` (d, C)."""
-    from fedlib.data.partition import make_partition
-
     rows = []
     for k in client_counts:
         if k > len(labels):
@@ -313,9 +315,6 @@ def unrestored_is_ridge(x: Array, labels: Array, num_classes: int, cases, seed: 
     """Thm. 2 (eq. 13): without the restoration the one-solve head is joint ridge with lambda = K gamma.
     For each ``(K, gamma)`` of ``cases`` (K > N skipped): an IID split, the unrestored head against
     the lstsq ridge reference (augmented system) and against ``reference`` (d, C)."""
-    from fedlib.core.linalg import lstsq_reference
-    from fedlib.data.partition import make_partition
-
     rows = []
     for k, gamma in cases:
         if k > len(labels):
@@ -338,9 +337,6 @@ def conditioning_check(conditions: Sequence[float], f32_conditions: Sequence[flo
     (:func:`~fedlib.core.linalg.normal_equations_tolerance`), the error of the unrestored head and
     error / tolerance.
     """
-    from fedlib.core.linalg import lstsq_reference, normal_equations_tolerance, synthetic_features
-    from fedlib.data.partition import make_partition
-
     rows = []
     cases = [(c, torch.float64) for c in conditions] + [(c, torch.float32) for c in f32_conditions]
     for cond, dt in cases:
@@ -369,8 +365,6 @@ def gamma_precision_sweep(x: Array, labels: Array, num_classes: int, parts: Sequ
     head is not finite), training predictions that differ from ``reference``'s, and the number of
     ``ridge_solve`` calls that warned of a numerically singular matrix (counted, not printed).
     """
-    import warnings
-
     pred_ref = predict(reference, x)
     rows = []
     for dtype in [torch.float64, torch.float32]:
@@ -392,8 +386,6 @@ def client_count_accuracy(x: Array, labels: Array, x_test: Array, y_test: np.nda
                           client_counts: Sequence[int], seed: int, reference: torch.Tensor, alpha: float = 0.1):
     """One-solve AFL (gamma = 1) on Dirichlet(``alpha``) splits into K clients (K > N skipped): one row
     per K with the max relative error against ``reference`` (d, C) and the test accuracy."""
-    from fedlib.data.partition import make_partition
-
     rows = []
     for k in client_counts:
         if k > len(labels):
@@ -416,9 +408,6 @@ def centralized_reference(feats, device: str | torch.device = "cpu") -> dict:
     Returns ``{"w_joint" (d, C), "joint_acc", "report" (gram_report), "w_qr" (d, C), "qr_acc",
     "qr_error" (max relative difference), "qr_tol" (2 kappa eps), "qr_seconds"}``.
     """
-    from fedlib.core.linalg import gram_report, normal_equations_tolerance, qr_reference
-    from fedlib.evaluation.metrics import head_accuracy
-
     stats = SufficientStats.from_data(feats.x_train, feats.y_train, feats.num_classes, device=device)
     w_joint = ridge_solve(stats.gram, stats.xty)
     report = gram_report(stats.gram)
@@ -438,8 +427,6 @@ def afl_setting_runs(feats, partitions: SettingPartitions, settings: Sequence[tu
     run: setting label, partition seed, test accuracy, measured seconds, upload bytes per client,
     uploads per client and the max relative difference to ``reference`` (d, C). ``cache``: a
     :class:`RunCache` that keeps the runs for later cells."""
-    from fedlib.evaluation.metrics import head_accuracy
-
     cache = RunCache() if cache is None else cache
     rows = []
     for setting in settings:
@@ -456,10 +443,6 @@ def afl_setting_runs(feats, partitions: SettingPartitions, settings: Sequence[tu
 def accuracy_table(runs, settings: Sequence[str], methods: Sequence[str], afl_acc):
     """Table 2's layout: one row per setting label, "mean ± sample std" (%) of each method's final
     accuracy over training seeds, and AFL's (deterministic) accuracy ``afl_acc[setting]`` ± 0."""
-    import pandas as pd
-
-    from fedlib.evaluation.stats import mean_std, pm
-
     table = pd.DataFrame({m: [mean_std(seed_ordered_accuracies(runs, s, m), 2, 100) for s in settings]
                           for m in methods}, index=list(settings))
     table["AFL"] = [pm(100 * afl_acc[s], 0.0) for s in table.index]
@@ -469,8 +452,6 @@ def accuracy_table(runs, settings: Sequence[str], methods: Sequence[str], afl_ac
 def paired_against_afl(runs, settings: Sequence[str], methods: Sequence[str], afl_acc):
     """Paired differences by training seed (95 % t-interval, percentage points): AFL minus each method
     (``"afl_low"`` holds the interval's lower end), and each method minus FedAvg when FedAvg ran."""
-    from fedlib.evaluation.stats import paired_difference
-
     rows = []
     for s in settings:
         for m in methods:
@@ -496,10 +477,6 @@ def final_gain(curves, rounds: int):
 def protocol_spread(fixed, resampled):
     """Fixed partition vs a new partition per seed: "mean ± sample std" (%) of the accuracy per
     (setting, method) and protocol, and the ratio of the two sample stds (new / fixed)."""
-    import pandas as pd
-
-    from fedlib.evaluation.stats import mean_std
-
     both = pd.concat([fixed[fixed.method.isin(resampled.method.unique())], resampled])
     spread = both.groupby(["setting", "method", "protocol"], sort=False)["accuracy"].agg(
         lambda a: mean_std(a, 2, 100)).unstack("protocol")
@@ -535,8 +512,6 @@ def advantage_summary(runs, afl_acc, paired) -> dict:
     """Table 2's claim from the runs: per setting whether AFL's accuracy is above every method's mean
     (``"afl_best"``, a bool Series), how many paired intervals AFL - method lie above 0
     (``"resolved"``) and the smallest mean advantage over the best method (``"smallest"``, fraction)."""
-    import pandas as pd
-
     mean_acc = runs.groupby(["setting", "method"])["accuracy"].mean().unstack("method")
     return {"afl_best": pd.Series({s: bool(afl_acc[s] > mean_acc.loc[s].max()) for s in mean_acc.index}),
             "resolved": int((paired["afl_low"] > 0).sum()),
@@ -551,11 +526,6 @@ def afl_vs_fedavg(feats, parts_by_key, config: dict, seed: int, gamma: float, de
     ``cache``: a :class:`RunCache`; a run it holds (e.g. from :func:`afl_setting_runs` or
     :func:`run_baselines` on the same partition object) is reused, and the new runs are kept; ``workers``
     forked processes run the new FedAvg runs (:meth:`RunCache.federated_many`)."""
-    import pandas as pd
-    from tqdm.auto import tqdm
-
-    from fedlib.evaluation.metrics import head_accuracy
-
     cache = RunCache() if cache is None else cache
     train = torch.from_numpy(feats.x_train), torch.from_numpy(feats.y_train)
     test = torch.from_numpy(feats.x_test), torch.from_numpy(feats.y_test)
@@ -583,10 +553,6 @@ def ri_ablation(feats, parts_by_k, gammas: Sequence[float], device, rerun: bool 
     client-count sweep's, :func:`afl_vs_fedavg`) is reused. ``rerun=True`` runs the whole protocol at
     every gamma instead (a test checks both agree).
     """
-    import pandas as pd
-
-    from fedlib.evaluation.metrics import head_accuracy
-
     cache = RunCache() if cache is None else cache
     rows = []
     for k, parts in parts_by_k:

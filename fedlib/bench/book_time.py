@@ -32,9 +32,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from fedlib.evaluation import benchmark as bench
 from fedlib.core.paths import BENCHMARK_DIR, EXECUTED_DIR
+from fedlib.evaluation import benchmark as bench
 from fedlib.runner.profiles import cell_timings, load_profiles, notebook_names
+from fedlib.runner.schedule import reference_kernel_ms
 
 
 def recorded(notebook: dict) -> tuple[float | None, str | None]:
@@ -72,8 +73,6 @@ def run_chapter(name: str, profile: str, out: Path) -> tuple[float, float]:
 
 def alone_report(names: list[str], profile: str, base: dict) -> list[str]:
     """Run every chapter of ``names`` alone (:func:`run_chapter`) and report it against ``base``."""
-    from fedlib.runner.schedule import reference_kernel_ms
-
     width, goal = 22, profile == "quick"      # the 3-minute goal is the quick profile's
     speed = reference_kernel_ms()
     rows = []

@@ -24,14 +24,14 @@ import sys
 import numpy as np
 import torch
 
+from fedlib.data.features import CPU_BATCH, extract_batches, load_backbone
 from fedlib.evaluation import benchmark as bench
+from fedlib.federated.models import SmallResNet, embed
 
 __all__ = ["main"]
 
 
 def _features_in_batches(module, images: np.ndarray, size: int, batch: int) -> torch.Tensor:
-    from fedlib.data.features import extract_batches
-
     return torch.from_numpy(extract_batches(module, 1280, images, size, torch.device("cpu"), batch, "", progress=False))
 
 
@@ -44,8 +44,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--images", type=int, default=2048, help="random 28 x 28 images per timed pass")
     args = parser.parse_args(argv)
     bench.require_positive(parser, args, "images", "repeats")
-    from fedlib.data.features import CPU_BATCH, load_backbone
-    from fedlib.federated.models import SmallResNet, embed
 
     torch.set_num_threads(1)
     images = np.random.default_rng(args.seed).integers(0, 256, (args.images, 28, 28), dtype=np.uint8)

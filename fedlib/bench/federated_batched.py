@@ -29,9 +29,9 @@ import sys
 import numpy as np
 import torch
 
+from fedlib.afl import studies as afl_studies
 from fedlib.evaluation import benchmark as bench
 from fedlib.federated.gradient import ALGORITHMS, FedConfig, make_algorithm, run_federated
-from fedlib.afl import studies as afl_studies
 
 
 def features(n_train: int, n_test: int, dim: int, classes: int, seed: int):

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from fedlib.core.validate import check_int
 
-
 EVAL_CHUNK = 256
 
 

@@ -72,6 +72,6 @@ def load_npz(path: Path) -> dict[str, np.ndarray] | None:
 
 def memory(name: str):
     """A ``joblib.Memory`` in ``cache_dir() / name``."""
-    from joblib import Memory   # imported on use: a dependency of scikit-learn, needed by one chapter
+    from joblib import Memory  # imported on use: a dependency of scikit-learn, needed by one chapter
 
     return Memory(cache_dir() / name, verbose=0)

@@ -10,13 +10,14 @@ tolerance) deciding the doubtful cases, never an explicit inverse (see :func:`ri
 """
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from fedlib.core.validate import check_positive
+from fedlib.core.validate import check_choice, check_positive
 
 Array = np.ndarray | torch.Tensor
 
@@ -213,8 +214,6 @@ def synthetic_features(n: int, dim: int, num_classes: int, kind: str = "gaussian
     singular values s log-spaced so that ``cond(X^T X) = condition`` exactly; labels
     ``argmax(X W0 + noise)``, so the least-squares residual is not zero.
     """
-    from fedlib.core.validate import check_choice
-
     check_choice("kind", kind, ("gaussian", "mean_dominated", "ill_conditioned"))
     rng = np.random.default_rng(seed)
     if kind == "ill_conditioned":
@@ -239,8 +238,6 @@ def _one_blas_thread(fn):
     """Run ``fn`` with NumPy's BLAS / LAPACK on one thread: its threads busy-wait on a shared, loaded
     machine (a 10,000 x 1280 QR beside another chapter: 2.9 s on one thread; the afl_beyond cell that
     ran it on the default threads took 25.6 s)."""
-    import functools
-
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         from threadpoolctl import threadpool_limits

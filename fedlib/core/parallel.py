@@ -10,12 +10,13 @@ need no more.
 """
 from __future__ import annotations
 
-import os
 import multiprocessing
+import os
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
 
+import torch
 from tqdm.auto import tqdm
 
 from fedlib.core.validate import check_int
@@ -51,7 +52,6 @@ def resolve_workers(workers: int | None, device="cpu") -> int:
 
 
 def _init_worker() -> None:
-    import torch
     from threadpoolctl import threadpool_limits
 
     torch.set_num_threads(1)

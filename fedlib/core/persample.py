@@ -27,6 +27,7 @@ from typing import Iterator, Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.func import functional_call, grad, vmap
 
 from fedlib.core.validate import check_int
 
@@ -66,8 +67,6 @@ def per_sample_grads(model: nn.Module, x: Tensor, y: Tensor, num_seen: int, name
                      batch_size: int = 64) -> Iterator[dict[str, Tensor]]:
     """Yield {name: (b, *param.shape)} per-sample gradients of consecutive chunks of x (n, ...),
     y (n,) (b <= ``batch_size``, fewer when the parameters are large), eval mode."""
-    from torch.func import functional_call, grad, vmap
-
     num_seen = check_int("num_seen", num_seen, 1)
     named = dict(model.named_parameters())
     params = {n: named[n].detach() for n in _names(model, names)}

@@ -115,8 +115,13 @@ def calibrate_noise_multiplier(epsilon: float, delta: float, steps: int = 1, acc
 
 @functools.lru_cache(maxsize=256)
 def _calibrate(epsilon: float, delta: float, steps: int, accountant: str) -> float:
-    from dp_accounting import ExplicitBracketInterval, GaussianDpEvent, SelfComposedDpEvent, calibrate_dp_mechanism
-    from dp_accounting import get_sigma_gaussian
+    from dp_accounting import (
+        ExplicitBracketInterval,
+        GaussianDpEvent,
+        SelfComposedDpEvent,
+        calibrate_dp_mechanism,
+        get_sigma_gaussian,
+    )
 
     # bracket: the exact answer for Gaussians is near sqrt(steps) * sigma_1(epsilon, delta); PLD and RDP
     # are upper bounds on epsilon, so they need at least that much noise

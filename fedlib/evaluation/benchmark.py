@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
+import torch
+
 from fedlib.core.linalg import relative_error
-
-
+from fedlib.core.paths import BENCHMARK_DIR
 
 __all__ = ["parser", "require_positive", "default_out", "timed", "Timing", "measure", "ratio_rows", "row",
            "check_row", "machine", "peak_memory_gib", "relative_error", "write_report", "finish"]
@@ -36,8 +37,6 @@ __all__ = ["parser", "require_positive", "default_out", "timed", "Timing", "meas
 
 def default_out(name: str) -> Path:
     """Where benchmark ``name`` writes its report by default: ``BENCHMARK_DIR / f"{name}.txt"``."""
-    from fedlib.core.paths import BENCHMARK_DIR
-
     return BENCHMARK_DIR / f"{name}.txt"
 
 
@@ -129,8 +128,6 @@ def check_row(label: str, value: float, tol: float, detail: str, width: int = 44
 
 def machine(**extra: object) -> str:
     """``machine: ARCH, N CPUs, torch T threads, key value, ...`` (``extra`` appended in order)."""
-    import torch
-
     parts = [platform.machine(), f"{os.cpu_count()} CPUs", f"{torch.get_num_threads()} torch threads"]
     parts += [f"{k.replace('_', ' ')} {v}" for k, v in extra.items()]
     return "machine: " + ", ".join(parts)

@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from fedlib.evaluation.stats import mean_std, pm
+from fedlib.evaluation.stats import mean_std, paired_difference, pm
 
 __all__ = ["beside", "pm_table", "mean_std_table", "column_by", "listing", "mean_std_by"]
 
@@ -89,8 +89,6 @@ def paired_markdown_rows(pivot: pd.DataFrame, levels: Sequence, base: str, other
     """Rows "| level | base mean ± std | other mean ± std | other − base (paired) |" of a markdown table
     for each ``level`` of a pivot (one row per seed, columns (level, method)), and for each of the two
     methods the paired effect of the last level against the first: ``{method: PairedDifference}``."""
-    from fedlib.evaluation.stats import paired_difference
-
     rows = [f"| {lv} | {mean_std(pivot[(lv, base)])} | {mean_std(pivot[(lv, other)])} | "
             f"{paired_difference(pivot[(lv, other)], pivot[(lv, base)])} |" for lv in levels]
     return "\n".join(rows), {m: paired_difference(pivot[(levels[-1], m)], pivot[(levels[0], m)]) for m in (base, other)}

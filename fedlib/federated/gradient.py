@@ -22,13 +22,15 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
+import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from tqdm import tqdm
 
+from fedlib.core import uploads
 from fedlib.core.devices import resolve_device, torch_threads
 from fedlib.core.messages import Cost, Message
-from fedlib.core import uploads
 from fedlib.core.protocol import EMPTY, ClientStates, RoundCallback, Server, simulate
 from fedlib.core.seeds import seed_everything, torch_generator
 from fedlib.core.validate import check_choice, check_int, check_positive, check_real
@@ -1099,8 +1101,6 @@ class History:
         return self.wall_s[-1]
 
     def to_frame(self):
-        import pandas as pd
-
         return pd.DataFrame({"round": self.round, "test_acc": self.test_acc, "wall_s": self.wall_s,
                              "bytes_up": self.bytes_up, "bytes_down": self.bytes_down})
 
@@ -1208,6 +1208,4 @@ def _run(model_fn, clients, test, algorithm, config, progress, num_classes, call
 
 
 def _tqdm(total: int, progress: bool, desc: str):
-    from tqdm import tqdm
-
     return tqdm(total=total, disable=not progress, desc=desc)

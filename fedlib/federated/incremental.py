@@ -14,20 +14,25 @@ and the sample-weighted accuracy on all seen test samples (what the STSA code re
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from fedlib.core import paths
-from fedlib.core.validate import check_int
 from fedlib.core.messages import Cost
+from fedlib.core.validate import check_int
+from fedlib.data.features import Features, feature_fingerprint, load_cached_features, save_cached_features
 from fedlib.data.streams import ClassIncrementalStream
+from fedlib.federated.models import SmallResNet, embed, images_to_tensor, train_fedavg_backbone
 
 __all__ = ["IncrementalLearner", "IncrementalResult", "run_class_incremental", "accuracy_matrix_metrics",
            "task_offset"]
@@ -126,8 +131,6 @@ def run_class_incremental(learner: IncrementalLearner, stream: ClassIncrementalS
     ``evaluate="last_stage"`` evaluates after the last stage only (for studies that report A_T
     alone): the earlier rows of ``acc`` and entries of ``top1`` stay NaN, and so do A_avg and F_T.
     """
-    from tqdm.auto import tqdm
-
     if evaluate not in ("every_stage", "last_stage"):
         raise ValueError(f"evaluate must be 'every_stage' or 'last_stage', got {evaluate!r}")
     if beta is not None and not beta > 0:
@@ -179,13 +182,6 @@ def scratch_backbone_features(dataset, stream: ClassIncrementalStream, num_clien
     with the stage-1 upload bytes, seconds and test accuracy on task 1. Both are cached on disk
     (same directory as the pretrained-feature cache), keyed by the data and every setting.
     """
-    import hashlib
-    import json
-    from dataclasses import asdict
-
-    from fedlib.data.features import Features, feature_fingerprint, load_cached_features, save_cached_features
-    from fedlib.federated.models import SmallResNet, embed, images_to_tensor, train_fedavg_backbone
-
     settings = json.dumps({"K": num_clients, "beta": beta, "seed": seed, "widths": list(widths),
                            "order": stream.class_order.tolist(), "config": asdict(config) | {"device": None},
                            **SCRATCH_TRAINING}, sort_keys=True)

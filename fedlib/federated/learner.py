@@ -32,11 +32,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from fedlib.core import uploads
 from fedlib.core.batches import eval_chunks
 from fedlib.core.cache import fingerprint
 from fedlib.core.devices import resolve_device, torch_threads
 from fedlib.core.messages import Cost, Message
-from fedlib.core import uploads
+from fedlib.core.persample import grad_sq_norms, last_linear
 from fedlib.core.protocol import Broadcaster, ClientStates, RoundCallback, simulate
 from fedlib.core.seeds import derive_seed, torch_generator
 from fedlib.core.validate import check_choice, check_int
@@ -270,8 +271,6 @@ def grand_scores(model: nn.Module, x: Tensor, y: Tensor, num_seen: int, names: S
     y_i)||_2 over the parameters ``names`` (default: those with requires_grad), exact
     (:func:`fedlib.core.persample.grad_sq_norms`, eval mode) -> (n,) float32 on the CPU. At the global
     model it is Re-Fed's score without PIM training (every G^p taken at w, the lam -> 0 limit)."""
-    from fedlib.core.persample import grad_sq_norms
-
     return grad_sq_norms(model, x, y, num_seen, names, batch_size).detach().float().cpu().clamp_min(0).sqrt()
 
 
@@ -331,8 +330,6 @@ def herding_order(features: Tensor, k: int, normalize: bool = True) -> Tensor:
 def penultimate_features(model: nn.Module, x: Tensor, batch_size: int = 1024) -> Tensor:
     """The input h (n, d) of the model's last nn.Linear (its output layer) for x (n, ...): the
     feature map phi of iCaRL, float32 on the CPU (eval mode, the model's mode restored)."""
-    from fedlib.core.persample import last_linear
-
     layer, seen = last_linear(model), []
     handle = layer.register_forward_hook(lambda m, inp, out: seen.append(inp[0].detach().flatten(1).float().cpu()))
     was = model.training

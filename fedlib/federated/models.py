@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedlib.federated.gradient import ClientData, FedConfig, History, run_federated
-from fedlib.core.validate import check_choice, check_int, check_int_list
 from fedlib.core.devices import resolve_device
+from fedlib.core.validate import check_choice, check_int, check_int_list
+from fedlib.federated.gradient import ClientData, FedConfig, History, run_federated
 
 __all__ = [
     "NORMS", "BasicBlock", "SmallResNet", "resnet18_cifar", "SmallCNN", "group_norm_groups",

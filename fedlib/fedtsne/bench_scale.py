@@ -38,8 +38,17 @@ import sys  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from fedlib.data.partition import make_partition
 from fedlib.evaluation import benchmark as bench  # noqa: E402
 from fedlib.evaluation.benchmark import timed  # noqa: E402
+from fedlib.evaluation.embedding import knn_accuracy, neighbour_lists
+from fedlib.fedtsne import algorithm as ft
+from fedlib.fedtsne import chapters as ft_chapters
+from fedlib.fedtsne import feddl as ft_feddl
+from fedlib.fedtsne import knn as ft_knn
+from fedlib.fedtsne import mmd as ft_mmd
+from fedlib.fedtsne import nystrom as ft_nystrom
+from fedlib.fedtsne import pipelines as ft_pipelines
 
 __all__ = ["overlap", "main"]
 
@@ -93,16 +102,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import openTSNE
     from threadpoolctl import threadpool_limits
-
-    from fedlib.data.partition import make_partition
-    from fedlib.evaluation.embedding import knn_accuracy, neighbour_lists
-    from fedlib.fedtsne import algorithm as ft
-    from fedlib.fedtsne import chapters as ft_chapters
-    from fedlib.fedtsne import feddl as ft_feddl
-    from fedlib.fedtsne import knn as ft_knn
-    from fedlib.fedtsne import mmd as ft_mmd
-    from fedlib.fedtsne import nystrom as ft_nystrom
-    from fedlib.fedtsne import pipelines as ft_pipelines
 
     threadpool_limits(args.threads)
     k_eval = 10

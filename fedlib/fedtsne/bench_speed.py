@@ -41,12 +41,21 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import math  # noqa: E402
 import platform  # noqa: E402
 import sys  # noqa: E402
+import time
 
 import numpy as np  # noqa: E402
 
 from fedlib.core.linalg import relative_error
+from fedlib.core.seeds import derive_seed
+from fedlib.data.datasets import load_dataset
+from fedlib.data.partition import make_partition
 from fedlib.evaluation import benchmark as bench  # noqa: E402
 from fedlib.evaluation.benchmark import timed  # noqa: E402
+from fedlib.evaluation.embedding import knn_accuracy
+from fedlib.fedtsne import algorithm as ft
+from fedlib.fedtsne import feddl as ft_feddl
+from fedlib.fedtsne import mmd as ft_mmd
+from fedlib.fedtsne import pipelines as ft_pipelines
 
 __all__ = ["mmd2_u_grad_loop", "load_points", "relative_error", "feddl_dtype_rows", "main"]
 
@@ -85,8 +94,6 @@ def mmd2_u_grad_loop(X, Y, gamma: float) -> np.ndarray:
 
 def load_points(name: str, n: int | None, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Stratified subset of n points of train + test (``Dataset.subset``), pixels / 255, flattened."""
-    from fedlib.data.datasets import load_dataset
-
     ds = load_dataset(name)
     total = len(ds.y_train) + len(ds.y_test)
     if n is not None and not 2 <= n <= total:
@@ -105,13 +112,6 @@ def feddl_dtype_rows(X, y, clients: int = 10, landmarks: int = 200, rounds: int 
     best of two runs each), relative Frobenius difference of the noise-free landmarks (check < 1e-4), and
     CA 10-NN of Fed-tSNE (sklearn t-SNE, perplexity 30, 500 iterations) on each run's landmarks. Returns
     (report lines, check passed)."""
-    import time
-
-    from fedlib.data.partition import make_partition
-    from fedlib.evaluation.embedding import knn_accuracy
-    from fedlib.fedtsne import feddl as ft_feddl
-    from fedlib.fedtsne import pipelines as ft_pipelines
-
     parts = make_partition(y, clients, "iid", seed=seed)
     data = [X[p] for p in parts]
     runs, cpu = {}, {}
@@ -177,14 +177,6 @@ def main(argv: list[str] | None = None) -> int:
     tol = 1e-10
 
     import sklearn
-
-    from fedlib.evaluation.embedding import knn_accuracy
-    from fedlib.fedtsne import algorithm as ft
-    from fedlib.fedtsne import feddl as ft_feddl
-    from fedlib.fedtsne import mmd as ft_mmd
-    from fedlib.fedtsne import pipelines as ft_pipelines
-    from fedlib.data.partition import make_partition
-    from fedlib.core.seeds import derive_seed
 
     (X, y), t_load = timed(lambda: load_points(args.dataset, args.points, args.seed))
     n, m = X.shape

@@ -44,16 +44,17 @@ import numpy as np
 import pandas as pd
 import scipy.linalg as sla
 import scipy.sparse as sp
+from tqdm.auto import tqdm
 
 from fedlib.core import uploads
 from fedlib.core.messages import Cost, Message
 from fedlib.core.protocol import ClientStates, Server, simulate
 from fedlib.core.validate import check_choice, check_int, check_positive
+from fedlib.fedtsne.algorithm import client_sq_distances
 from fedlib.fedtsne.chapters import list_overlap
 from fedlib.fedtsne.feddl import feddl, plateau_share
 from fedlib.fedtsne.knn import blockwise_knn, check_k, exact_sq_knn
 from fedlib.fedtsne.mmd import as_matrix, check_clients, sq_distances
-from fedlib.fedtsne.algorithm import client_sq_distances
 from fedlib.fedtsne.pipelines import METHOD_NAMES, opentsne_runner
 
 ESTIMATORS = ("nystrom", "projection", "residual_sum", "residual_gap")
@@ -324,7 +325,6 @@ def federated_kmeans(client_data: Sequence, init, rounds: int = 100, *, progress
     cost = Cost()
     iterator = range(rounds)
     if progress:
-        from tqdm.auto import tqdm
         iterator = tqdm(iterator, desc="k-means rounds", leave=False)
     for _ in iterator:
         cost = cost + simulate(server, client, data, 1, states=states)
@@ -584,7 +584,6 @@ def landmark_study(X, y, parts_of_seed, grid: Sequence[int], seeds: Sequence[int
     recall_rows, metric_rows, cost_rows, kept = [], [], [], {}
     jobs = [(s, ny) for s in seeds for ny in grid]
     if progress:
-        from tqdm.auto import tqdm
         jobs = tqdm(jobs, desc="seeds x n_y", leave=False)
     for seed, ny in jobs:
         parts = parts_of_seed(seed)
@@ -644,7 +643,6 @@ def placement_study(X, parts_of_seed, landmark_sets: dict, n_landmarks: int, see
     rows, kept = [], {}
     jobs = [(s, kind, m) for s in seeds for kind in kinds for m in methods]
     if progress:
-        from tqdm.auto import tqdm
         jobs = tqdm(jobs, desc="placements", leave=False)
     for seed, kind, method in jobs:
         parts = parts_of_seed(seed)

@@ -7,11 +7,16 @@ import math
 from typing import Sequence
 
 import numpy as np
+import pandas as pd
 
 from fedlib.core.validate import check_choice, check_int
+from fedlib.data.datasets import load_dataset
 from fedlib.data.partition import make_partition
+from fedlib.evaluation import embedding as em
+from fedlib.evaluation.stats import mean_std, paired_difference
+from fedlib.fedtsne.knn import BLOCK_BYTES, block_rows, select_extreme
 from fedlib.fedtsne.mmd import as_matrix, sq_distances
-
+from fedlib.fedtsne.nystrom import landmark_pinv_factors
 
 SPLITS = ("iid", "non_iid")
 
@@ -25,8 +30,6 @@ def load_points(name: str, n_points: int | None = None, seed: int = 0, root=None
     kept in the pooled order; ``None`` keeps everything. Returns (X (n, m) float64, labels (n,) int64,
     class names)."""
     from sklearn.model_selection import train_test_split
-
-    from fedlib.data.datasets import load_dataset
 
     ds = load_dataset(name, root=root)
     total = len(ds.y_train) + len(ds.y_test)
@@ -104,8 +107,6 @@ class EmbeddingScorer:
     distance matrix."""
 
     def __init__(self, X, labels, ks: Sequence[int] | None = None):
-        from fedlib.evaluation import embedding as em
-
         self._em = em
         self.X = as_matrix("X", X)
         self.y = np.asarray(labels).ravel()
@@ -146,9 +147,6 @@ class EmbeddingScorer:
         the squared Frobenius errors summed and each row's k nearest kept. Equal to the dense
         computation to round-off (ties in the neighbour lists aside). When one block holds every row, the
         exact distances are :meth:`exact_distances` (computed once, kept until :meth:`release`). landmarks (n_y, m)."""
-        from fedlib.fedtsne.knn import BLOCK_BYTES, select_extreme, block_rows
-        from fedlib.fedtsne.nystrom import landmark_pinv_factors
-
         Y = as_matrix("landmarks", landmarks)
         if Y.shape[1] != self.X.shape[1]:
             raise ValueError(f"landmarks must have {self.X.shape[1]} columns, got {Y.shape[1]}")
@@ -209,10 +207,6 @@ def privacy_table(runs, metric: str):
     sample std over seeds and the paired difference against the noise-free run of the same seeds.
     ``runs``: one row per (variant, method, seed) with columns method, variant, noise, seed,
     "FedDL epsilon", "end-to-end epsilon" and ``metric``."""
-    import pandas as pd
-
-    from fedlib.evaluation.stats import mean_std, paired_difference
-
     def eps(value, none_label):
         return none_label if math.isinf(value) else f"{value:.4g}"
 

@@ -9,10 +9,11 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from fedlib.core.linalg import relative_error
 from fedlib.core import privacy
+from fedlib.core.linalg import relative_error
+from fedlib.evaluation import embedding as em
+from fedlib.fedtsne.algorithm import client_sq_distances, mmd2_u, mmd2_u_grad, nystrom_distances
 from fedlib.fedtsne.dp import data_sensitivity, dp_noise_sd, paper_noise_sd
-from fedlib.fedtsne.algorithm import mmd2_u, mmd2_u_grad, nystrom_distances
 from fedlib.fedtsne.feddl import feddl
 from fedlib.fedtsne.mmd import as_matrix, expected_gaussian_kernel, gaussian_kernel, sq_distances
 from fedlib.fedtsne.nystrom import nystrom
@@ -120,8 +121,6 @@ def landmark_quality_sweep(X, parts: Mapping[str, Sequence], grid: Sequence[int]
     sample of X (oracle), the untrained Y^0 (pooled moments + Gaussian noise) and FedDL's landmarks on
     each split; relative error of D_hat and the overlap of the k-NN lists (``k`` includes the point
     itself, so 11 = 10 neighbours). Rows: n_y, landmarks, rel. error of D_hat, 10-NN overlap."""
-    from fedlib.evaluation import embedding as em
-
     n, m = X.shape
     true_d = np.sqrt(sq_distances(X))
     nn_true = em.neighbour_lists(true_d, k, "precomputed")
@@ -254,8 +253,6 @@ def upload_leak(X, parts, landmarks) -> tuple[float, float]:
     """What Algorithm 2's distance upload gives the server: (max |D_hat - D| / max D of its Nystrom estimate
     (Eqs. 21-22), relative error of its reconstruction of every client point), for the clients
     ``[X[p] for p in parts]`` and the landmarks (n_y, m)."""
-    from fedlib.fedtsne.algorithm import client_sq_distances, nystrom_distances
-
     B = np.vstack([client_sq_distances(X[p], landmarks)["sq_distances"] for p in parts])
     order = np.concatenate(parts)
     D_hat = nystrom_distances(B, sq_distances(landmarks))

@@ -17,10 +17,8 @@ from fedlib.core.messages import Cost
 from fedlib.core.protocol import EMPTY, ClientStates, simulate
 from fedlib.core.validate import check_choice, check_fraction, check_int, check_positive
 from fedlib.fedtsne.algorithm import DTYPES, MODES, FedDLClient, FedDLServer
-from fedlib.fedtsne.dp import (
-    DP_MECHANISMS, DP_SENSITIVITIES, check_epsilon_delta, privacy_ledger, data_sensitivity)
+from fedlib.fedtsne.dp import DP_MECHANISMS, DP_SENSITIVITIES, check_epsilon_delta, data_sensitivity, privacy_ledger
 from fedlib.fedtsne.mmd import GAMMA_RULES, WEIGHTS, as_matrix, check_clients, kernel_width
-
 
 INITS = ("moments", "gaussian", "uniform")
 NOISES = ("none", "dp_data", "dp_gradient", "heuristic")

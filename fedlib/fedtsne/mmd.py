@@ -16,7 +16,6 @@ from fedlib.core.messages import Message
 from fedlib.core.validate import check_choice, check_positive
 from fedlib.data.partition import make_partition
 
-
 WEIGHTS = ("size", "uniform")
 GAMMA_RULES = ("median", "moments")
 

@@ -5,12 +5,10 @@ Gram of the n x r features B V, ranked blockwise by :mod:`~fedlib.fedtsne.knn`).
 server of the step are in :mod:`fedlib.fedtsne.algorithm`."""
 from __future__ import annotations
 
-
 import numpy as np
 
 from fedlib.core.validate import check_choice, check_int, check_positive
 from fedlib.fedtsne.knn import BLOCK_BYTES, blockwise_knn, check_k
-
 
 INVERSES = ("pinv", "ridge")
 

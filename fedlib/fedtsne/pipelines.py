@@ -18,6 +18,7 @@ import math
 import time
 import warnings
 from dataclasses import dataclass, field
+from importlib.metadata import version
 
 import numpy as np
 
@@ -25,11 +26,11 @@ from fedlib.core.cache import memory as disk_cache
 from fedlib.core.messages import Cost
 from fedlib.core.protocol import simulate
 from fedlib.core.validate import check_choice, check_int, check_positive
-from fedlib.fedtsne.dp import end_to_end_epsilon
-from fedlib.fedtsne.feddl import FedDLResult, resolve_gamma_only, feddl
-from fedlib.fedtsne.mmd import GAMMA_RULES, as_matrix, resolve_parts, gaussian_kernel, split_clients, sq_distances
-from fedlib.fedtsne.knn import check_k, exact_sq_knn, knn_graph
 from fedlib.fedtsne.algorithm import NystromClient, NystromServer
+from fedlib.fedtsne.dp import end_to_end_epsilon
+from fedlib.fedtsne.feddl import FedDLResult, feddl, resolve_gamma_only
+from fedlib.fedtsne.knn import check_k, exact_sq_knn, knn_graph
+from fedlib.fedtsne.mmd import GAMMA_RULES, as_matrix, gaussian_kernel, resolve_parts, split_clients, sq_distances
 from fedlib.fedtsne.nystrom import check_inverse
 
 
@@ -362,8 +363,6 @@ def central_embedding(method: str, X, *, seed: int = 0, cache: bool = True, **se
     scikit-learn, umap-learn and openTSNE and :data:`CENTRAL_CACHE_VERSION`.
     A chapter re-run with other federated parameters reads it back: the same result the call returned
     (its ``seconds`` are those of the run that made it). ``cache=False`` computes it."""
-    from importlib.metadata import version
-
     check_choice("method", method, METHOD_NAMES)
     X = as_matrix("X", X)
     settings = {k: v for k, v in settings.items() if k not in _OTHER_METHOD_SETTINGS[method]}

@@ -6,6 +6,8 @@ import numpy as np
 import pandas as pd
 
 from fedlib.evaluation.selfcheck import Verdict, answer_choice, answer_number, need, pending
+from fedlib.fedtsne.dp import dp_noise_sd
+from fedlib.fedtsne.feddl import feddl
 
 
 def fedtsne_exact_landmarks(sweep: pd.DataFrame, x, *, exact_tol: float = 1e-5,
@@ -160,7 +162,6 @@ def fedtsne_budget(my_epsilon, target_sd: float, *, delta: float, sensitivity: f
                    rtol: float = 0.05, exercise: str = "Fed-tSNE derivation, ex. privacy budget") -> Verdict:
     """The epsilon at which the PLD-calibrated gradient noise sd z(eps, delta, rounds) * sensitivity equals
     the gradient's own sd ``target_sd``: the student's epsilon is judged by the sd it buys."""
-    from fedlib.fedtsne.dp import dp_noise_sd
     if not (target_sd > 0 and sensitivity > 0):
         raise ValueError(f"target_sd and sensitivity must be positive, got {target_sd}, {sensitivity}")
     if my_epsilon is None:
@@ -183,7 +184,6 @@ def fedsc_splits_differ(my_options, iid_parts, noniid_parts, *, n_landmarks: int
 
     ``iid_parts``, ``noniid_parts``: the clients' arrays of the two splits of one data set.
     """
-    from fedlib.fedtsne.feddl import feddl
     if my_options is None:
         return pending("my_options", "a dict of keyword arguments of fedtsne.feddl that make the splits differ",
                        "a short FedDL run with your options on the chapter's IID and non-IID splits: do the "

@@ -4,8 +4,8 @@ covering every name of its ``parameters`` cell, and the cross-parameter rules.""
 from __future__ import annotations
 
 from fedlib.core.privacy import ACCOUNTANTS
-from fedlib.data.datasets import DATASETS
 from fedlib.core.specs import NULL, Choice, Dict, Int, List, Real, Seeds, Spec, Str
+from fedlib.data.datasets import DATASETS
 
 METHODS = ("tsne", "umap")
 SPLITS = ("iid", "non_iid")          # fedlib.fedtsne.chapters.SPLITS

@@ -3,18 +3,43 @@ function runs one study over its parameter grid and returns a tidy frame (one ro
 one table of the chapter from such frames."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
 import pandas as pd
+from scipy.stats import spearmanr
+from tqdm import tqdm
 
+from fedlib.core import privacy
 from fedlib.core.parallel import RunGrid
+from fedlib.evaluation import report
+from fedlib.evaluation.embedding import clustering_ari, clustering_nmi, embedding_report, kmeans_nmi, knn_accuracy
+from fedlib.evaluation.report import column_by
 from fedlib.evaluation.stats import mean_std, paired_difference
+from fedlib.fedtsne.algorithm import mmd2_u, nystrom_kernel
+from fedlib.fedtsne.chapters import check_fits, client_split, load_points
 from fedlib.fedtsne.dp import kernel_gradient_sensitivity
-from fedlib.fedtsne.feddl import FedDLResult, feddl, public_landmarks
+from fedlib.fedtsne.feddl import (
+    FedDLResult,
+    feddl,
+    feddl_until_plateau,
+    plateau_share,
+    public_landmarks,
+    resolve_gamma_only,
+)
+from fedlib.fedtsne.mmd import client_weights, gaussian_kernel
+from fedlib.fedtsne.pipelines import (
+    FED_NAMES,
+    METHOD_NAMES,
+    central_embedding,
+    embed,
+    fed_spectral_clustering,
+    learn_landmarks,
+)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -48,9 +73,6 @@ def privacy_runs(X, labels, parts, X_public, variants: Sequence[tuple], seeds: S
     """One :func:`public_feddl` run per (seed, variant of :func:`privacy_variants`), embedded by each method
     (:func:`~fedlib.fedtsne.pipelines.embed`). Rows: variant, noise, level, method, seed, FedDL
     epsilon, end-to-end epsilon, CA 10-NN, NMI (k-means)."""
-    from fedlib.evaluation.embedding import kmeans_nmi, knn_accuracy
-    from fedlib.fedtsne.pipelines import embed
-
     rows = []
     for s in seeds:
         for name, noise, level, kw in variants:
@@ -89,8 +111,6 @@ def nominal_epsilon(result: FedDLResult, parts, gamma: float, delta: float) -> f
     """The heuristic noise's 'nominal' epsilon (orientation only, NOT a guarantee): each client's per-round
     sd taken as fixed and public, relative to the kernel sensitivity, composed by the RDP accountant;
     the largest over clients."""
-    from fedlib.core import privacy
-
     n_y = len(result.landmarks)
     return max(privacy.gaussian_epsilon(result.noise_sd[:, p] / kernel_gradient_sensitivity(len(ix), n_y, gamma),
                                         delta, accountant="rdp") for p, ix in enumerate(parts))
@@ -121,8 +141,6 @@ def beta_table(betas_frame: pd.DataFrame, methods: Sequence[str], nominal: dict,
 
 def beta_trend(betas_frame: pd.DataFrame, methods: Sequence[str], metric: str = "NMI") -> dict:
     """Spearman correlation of beta and ``metric`` over all runs of each method (NaN with one beta)."""
-    from scipy.stats import spearmanr
-
     out = {}
     for method in methods:
         sub = betas_frame[betas_frame.method == method]
@@ -141,8 +159,6 @@ def speclust_data(names: Sequence[str], max_points, num_clients: int, seeds: Seq
     checks ``fits`` (name=value, :func:`check_fits` with strict=False) and the IID / non-IID client splits
     of every seed. Returns (data: name -> (X, y, n_classes), splits: name -> seed -> {"IID", "non-IID"} ->
     index arrays, info frame)."""
-    from fedlib.fedtsne.chapters import check_fits, client_split, load_points
-
     data, splits, info = {}, {}, []
     for name in names:
         X, y, classes = load_points(name, max_points, seed=0)
@@ -179,15 +195,6 @@ def speclust_runs(data: dict, splits: dict, seeds: Sequence[int], variants: Sequ
     Returns (runs frame: dataset, seed, variant, split, FedDL, gamma, NMI, ARI, kernel rel. error, final
     F(Y), mean noise sd, uploads (MB), seconds; landmarks and objectives keyed (dataset, seed, variant,
     split), of the runs made)."""
-    from dataclasses import replace
-
-    from tqdm import tqdm
-
-    from fedlib.evaluation.embedding import clustering_ari, clustering_nmi
-    from fedlib.fedtsne.mmd import client_weights, gaussian_kernel
-    from fedlib.fedtsne.algorithm import mmd2_u
-    from fedlib.fedtsne.pipelines import fed_spectral_clustering
-
     check = set(seeds if split_check_seeds is None else split_check_seeds)
     if not check <= set(seeds):
         raise ValueError(f"split_check_seeds must be a subset of seeds {list(seeds)}, got {split_check_seeds!r}")
@@ -269,8 +276,6 @@ def setting_cells(runs: pd.DataFrame, datasets: Sequence[str], settings: Sequenc
                   metrics: Sequence[str]) -> dict:
     """(dataset, (variant, split), metric) -> that setting's per-seed values in seed order
     (:func:`fedlib.evaluation.report.column_by`): what the tables and paired differences use."""
-    from fedlib.evaluation.report import column_by
-
     return {(name, col, metric): column_by(runs, metric, dataset=name, variant=col[0], split=col[1])
             for name in datasets for col in settings for metric in metrics}
 
@@ -335,13 +340,6 @@ def kernel_landmark_sweep(X, y, parts, grid: Sequence[int], n_classes: int, *, g
     dict gamma, K, central NMI, last run, assembly gap = max |server's matrix - C W^+ C^T| of the FedDL
     rows)."""
     from sklearn.cluster import SpectralClustering
-    from tqdm import tqdm
-
-    from fedlib.evaluation.embedding import clustering_nmi
-    from fedlib.fedtsne.feddl import resolve_gamma_only
-    from fedlib.fedtsne.mmd import gaussian_kernel
-    from fedlib.fedtsne.algorithm import nystrom_kernel
-    from fedlib.fedtsne.pipelines import fed_spectral_clustering
 
     feddl_results = feddl_results or {}
     for ny, given in feddl_results.items():
@@ -420,9 +418,6 @@ def _plateau_job(points, scorer, split: str, seed: int, num_clients: int, n_land
     on the ``split`` clients of ``points`` = (X, y, _), step ``lr_scale``/L) and, unless ``checkpoints`` is
     None, one row per kept round: split, round, the D-hat 10-NN overlap (``scorer.landmark_quality``) and
     the share of the landmarks' path ||Y^s - Y^0|| / ||Y^S - Y^0||. Returns (trace, rows)."""
-    from fedlib.fedtsne.chapters import client_split
-    from fedlib.fedtsne.feddl import feddl_until_plateau
-
     X, y, _ = points
     parts = client_split(y, num_clients, split, seed)
     tr = feddl_until_plateau([X[p] for p in parts], n_landmarks, tol=tol, window=window, min_window=min_window,
@@ -481,10 +476,6 @@ def trace_embeddings(X, parts, trace, rounds: Sequence[int], seed: int, n_landma
     :func:`embed` with the landmarks ``trace`` (a :class:`FedDLTrace`) kept at every round s of ``rounds``,
     t-SNE seeded by ``seed``. One job per round (``workers`` forked processes; ``plan=True``: the
     :class:`SweepPlan` for :func:`run_sweeps`)."""
-    import dataclasses
-
-    from fedlib.fedtsne.pipelines import embed
-
     missing = sorted(set(rounds) - set(trace.landmarks))
     if missing:
         raise ValueError(f"rounds {missing} were not kept by the trace (kept: {sorted(trace.landmarks)})")
@@ -501,8 +492,6 @@ def trace_embeddings(X, parts, trace, rounds: Sequence[int], seed: int, n_landma
 def plateau_study(traces: dict, window: float = 0.1, min_window: int = 10) -> pd.DataFrame:
     """One row per trace of :func:`convergence_study`: dataset, split, seed, gamma, plateau round, rounds run,
     F(Y^0), F(Y^S), share of the decrease in the last window (:func:`plateau_share`), FedDL seconds."""
-    from fedlib.fedtsne.feddl import plateau_share
-
     return pd.DataFrame([{"dataset": n, "split": SPLIT_LABELS[s], "seed": seed, "gamma": tr.gamma,
                           "plateau round": tr.plateau, "rounds run": tr.rounds, "F(Y^0)": tr.objective[0],
                           "F(Y^S)": tr.objective[-1],
@@ -631,13 +620,6 @@ def benchmark_runs(data: dict, scorers: dict, traces: dict, seeds: Sequence[int]
     split) the Fed+ FedDL run and the Fed / Fed+ embeddings. Every run is seeded by its seed alone (t-SNE
     random_state, FedDL seed), so the results equal those of one process. ``plan=True``: nothing is run;
     returns the :class:`SweepPlan` for :func:`run_sweeps`."""
-    import dataclasses
-
-    from fedlib.evaluation.embedding import embedding_report
-    from fedlib.fedtsne.chapters import client_split
-    from fedlib.fedtsne.feddl import plateau_share
-    from fedlib.fedtsne.pipelines import METHOD_NAMES, central_embedding, embed, learn_landmarks
-
     kw = embed_kwargs or {}
 
     def embedded(name, seed, variant, label, fd, parts):
@@ -724,8 +706,6 @@ def benchmark_runs(data: dict, scorers: dict, traces: dict, seeds: Sequence[int]
 def paired_differences(frame: pd.DataFrame, comparisons: Sequence[tuple], metric: str, **where) -> dict:
     """label -> paired difference (by seed) of ``metric`` between settings a and b ((variant, split) pairs) of
     ``comparisons`` = [(label, a, b), ...], over the rows of ``frame`` matching ``where`` (column=value)."""
-    from fedlib.evaluation.report import column_by
-
     return {label: paired_difference(column_by(frame, metric, **where, variant=a[0], split=a[1]),
                                      column_by(frame, metric, **where, variant=b[0], split=b[1]))
             for label, a, b in comparisons}
@@ -761,9 +741,6 @@ def sweep_feddl(X, parts, n_landmarks: int, variants: Sequence[str], seed: int, 
     the keywords ``plateau``: tol, window, min_window, check_every, max_rounds; RuntimeError naming
     max_rounds when it does not) and Fed+ for as many rounds (the noise-free run is made for that even
     when ``variants`` has only "Fed+"). ``dtype``: FedDL's arithmetic (:func:`feddl`)."""
-    from fedlib.fedtsne.feddl import feddl_until_plateau
-    from fedlib.fedtsne.pipelines import learn_landmarks
-
     out = {}
     if isinstance(rounds, str):
         if rounds != "plateau":
@@ -796,9 +773,6 @@ def client_sweep(X, y, client_runs: Sequence[tuple], seeds: Sequence[int], score
     :func:`fedlib.core.parallel.default_workers`; 1: in this process), seeded by its seed alone: the rows
     equal those of one process. ``plan=True``: nothing is run; returns the :class:`SweepPlan` for
     :func:`run_sweeps` (with other studies')."""
-    from fedlib.fedtsne.chapters import client_split
-    from fedlib.fedtsne.pipelines import embed
-
     skip = set(skip)
     jobs = [(seed, split, k) for seed in seeds for split, k in client_runs if (split, k, seed) not in skip]
 
@@ -824,8 +798,6 @@ def main_run_rows(results: pd.DataFrame, costs: pd.DataFrame, dataset: str, keys
     data, clients, rounds rule, beta and t-SNE settings, so the same runs): Fed-tSNE and Fed-tSNE+ of
     ``dataset`` for every (split, clients, seed) of ``keys`` (``clients`` = the main runs' number of
     clients), with reused = True."""
-    from fedlib.fedtsne.pipelines import METHOD_NAMES
-
     rows = []
     for split, k, seed in sorted(keys):
         for variant in ("Fed", "Fed+"):
@@ -857,10 +829,6 @@ def landmark_sweep(X, y, splits: Sequence[str], counts: Sequence[int], variants:
     n_y) is one job, run in ``workers`` forked processes (None: :func:`fedlib.core.parallel.default_workers`;
     1: in this process), seeded by its seed alone: the rows equal those of one process. Returns (embedding
     rows, quality rows); with ``plan=True`` nothing is run: the :class:`SweepPlan` for :func:`run_sweeps`."""
-    from fedlib.fedtsne.chapters import client_split
-    from fedlib.fedtsne.feddl import plateau_share
-    from fedlib.fedtsne.pipelines import FED_NAMES, embed
-
     jobs = [(seed, split, ny) for seed in seeds for split in splits for ny in counts]
 
     def one(job):
@@ -901,8 +869,6 @@ def paper_drop(tables: Sequence[pd.DataFrame], metric: str, pairs: Sequence[tupl
 def check_splits(labels, client_runs: Sequence[tuple], seed: int = 0) -> None:
     """Draw every (split, number of clients) of ``client_runs`` once (:func:`client_split`), so that a split
     the labels cannot support raises its ValueError before the long work."""
-    from fedlib.fedtsne.chapters import client_split
-
     for split, k in client_runs:
         client_split(labels, k, split, seed)
 
@@ -929,8 +895,6 @@ def distance_verdicts(dist_q: pd.DataFrame, data: dict, n_landmarks: int, train_
 def gamma_control(X, y, num_clients: int, n_landmarks: int, rounds: int, gamma: float, seed: int = 0) -> float:
     """Largest |landmark difference| between IID and non-IID noise-free FedDL given ONE kernel width
     ``gamma``: 0 up to rounding, since with size weights both are the pooled gradient descent."""
-    from fedlib.fedtsne.chapters import client_split
-
     ctl = {split: feddl([X[p] for p in client_split(y, num_clients, split, seed)], n_landmarks, rounds=rounds,
                         gamma=gamma, seed=seed) for split in SPLIT_LABELS}
     return float(np.abs(ctl["iid"].landmarks - ctl["non_iid"].landmarks).max())
@@ -948,8 +912,6 @@ def metric_tables(results: pd.DataFrame, data: dict, seeds: Sequence[int], metri
     (:func:`fedlib.evaluation.report.mean_std_table`), interleaved with the paper's table
     (:func:`fedlib.evaluation.report.beside`) where ``paper_tables`` (dataset -> (table function, label))
     has one."""
-    from fedlib.evaluation import report
-
     out = {}
     for name in data:
         label = f"ours: {name}, {len(data[name][1])} points, {len(seeds)} seeds"

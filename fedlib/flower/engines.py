@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -27,6 +28,7 @@ import numpy as np
 
 from fedlib.core.processes import Family
 from fedlib.core.validate import check_positive
+from fedlib.flower.apps import make_client_app, make_server_app
 from fedlib.flower.tasks import Outcome, Task, options_string
 
 APP_DIR = Path(__file__).with_name("app")
@@ -37,11 +39,7 @@ def run_simulation_engine(config: dict[str, Any], faults: dict[int, str] | None 
     """``config``'s protocol with ``config["num-clients"]`` virtual SuperNodes; returns (outcome, report).
 
     ``num_cpus``: CPUs Ray may use (default: all), one per virtual client at a time."""
-    import logging
-
     from flwr.simulation import run_simulation
-
-    from fedlib.flower.apps import make_client_app, make_server_app
 
     Task(config).check()
     holder: dict = {}

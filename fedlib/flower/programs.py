@@ -18,12 +18,20 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from fedlib.federated.fcil import METHODS as FCIL_METHODS
-from fedlib.federated.gradient import ALGORITHMS, FedAlgorithm, FedConfig, GradientClient
-from fedlib.federated.learner import (CacheClient, HerdingReplay, RandomReplay, ReservoirReplay, ScoreReplay, StageClient, StateInit)
 from fedlib.afl.algorithm import AFLClient
-from fedlib.fedtsne.algorithm import FedDLClient
-from fedlib.fedtsne.algorithm import NystromClient
+from fedlib.federated.fcil import METHODS as FCIL_METHODS
+from fedlib.federated.fcil import make_method
+from fedlib.federated.gradient import ALGORITHMS, FedAlgorithm, FedConfig, GradientClient, make_algorithm
+from fedlib.federated.learner import (
+    CacheClient,
+    HerdingReplay,
+    RandomReplay,
+    ReservoirReplay,
+    ScoreReplay,
+    StageClient,
+    StateInit,
+)
+from fedlib.fedtsne.algorithm import FedDLClient, NystromClient
 from fedlib.refed.algorithm import RefedReplay
 from fedlib.stsa.algorithm import STSAClient
 
@@ -85,9 +93,6 @@ def _method(method: FedAlgorithm) -> dict:
 
 
 def _make_method(desc: dict) -> FedAlgorithm:
-    from fedlib.federated.fcil import make_method
-    from fedlib.federated.gradient import make_algorithm
-
     make = make_method if desc["registry"] == "fcil" else make_algorithm
     method = make(str(desc["name"]), **{k: _restore(v) for k, v in desc["hparams"].items()})
     method.aggregation = str(desc["aggregation"])

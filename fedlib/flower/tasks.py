@@ -14,16 +14,30 @@ client step runs on the server.
 """
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 import numpy as np
 import torch
 
-from fedlib.core.linalg import relative_error
+from fedlib.afl.algorithm import SERVERS, ClientRows, run_afl
+from fedlib.afl.studies import baseline_model_fn
+from fedlib.core.linalg import as_tensor, relative_error
+from fedlib.core.protocol import simulate
 from fedlib.core.validate import check_choice, check_int, check_positive
+from fedlib.data.features import load_features
+from fedlib.data.partition import make_partition
+from fedlib.data.streams import make_stream
+from fedlib.federated.gradient import FedConfig, LinearHead, MLPHead, make_algorithm, run_federated
+from fedlib.federated.incremental import run_class_incremental
+from fedlib.fedtsne.algorithm import NystromClient, NystromServer
+from fedlib.fedtsne.feddl import FedDLRun, feddl
+from fedlib.fedtsne.mmd import split_clients
+from fedlib.refed import algorithm as refed
+from fedlib.stsa.studies import make_fcil_learner
 
 PROTOCOLS = ("afl", "stsa", "gradient", "feddl", "refed")
 
@@ -59,8 +73,6 @@ def parse_options(protocol: str, options: str | dict | None = None) -> dict[str,
         config[key] = _typed(key, value, allowed[key])
     check_choice("partition", config["partition"], PARTITIONS)
     if protocol == "afl":
-        from fedlib.afl.algorithm import SERVERS
-
         check_choice("server", config["server"], SERVERS)
         check_choice("upload", config["upload"], AFL_UPLOADS)
     check_int("num-clients", config["num-clients"], 1)
@@ -137,22 +149,16 @@ class Task:
     # -- data ---------------------------------------------------------------------------------------
     @cached_property
     def features(self):
-        from fedlib.data.features import load_features
-
         return load_features(self.config["dataset"], backbone="raw", progress=False)
 
     @cached_property
     def parts(self) -> list[np.ndarray]:
-        from fedlib.data.partition import make_partition
-
         c = self.config
         alpha = c["alpha"] if c["partition"] == "dirichlet" else None
         return make_partition(self.features.y_train, c["num-clients"], c["partition"], alpha=alpha, seed=c["seed"])
 
     @cached_property
     def stream(self):
-        from fedlib.data.streams import make_stream
-
         f = self.features
         return make_stream(f.y_train, f.y_test, self.config["num-tasks"], seed=self.config["seed"])
 
@@ -178,16 +184,11 @@ class Task:
     def _make_stage(self, stage: int):
         f, c = self.features, self.config
         if self.protocol == "afl":
-            from fedlib.core.linalg import as_tensor
-            from fedlib.afl.algorithm import ClientRows
-
             return ClientRows(as_tensor(f.x_train, torch.float64, "cpu"), np.asarray(f.y_train), self.parts)
         if self.protocol == "gradient":
             x, y = torch.as_tensor(f.x_train), torch.as_tensor(f.y_train, dtype=torch.long)
             return [(x[p], y[p]) for p in self.parts]
         if self.protocol == "feddl":
-            from fedlib.fedtsne.mmd import split_clients
-
             return split_clients(np.asarray(f.x_train, dtype=np.float64), self.parts, c["seed"])[0]
         pos = self.stream.relabel(f.y_train)
         parts = self.stream.client_partitions(stage, f.y_train, c["num-clients"], c["alpha"], c["seed"], self.min_size)
@@ -196,9 +197,6 @@ class Task:
     # -- the model a node trains (gradient programs) ---------------------------------------------------
     def model(self):
         """A model of this run's architecture (its weights are replaced by the broadcast's)."""
-        from fedlib.federated.gradient import LinearHead, MLPHead
-        from fedlib.afl.studies import baseline_model_fn
-
         f, c = self.features, self.config
         if self.protocol == "gradient":
             return baseline_model_fn(c["method"], f.dim, len(f.classes))()
@@ -217,8 +215,6 @@ class Task:
         return float((np.asarray(pred) == np.asarray(f.y_test)).mean())
 
     def _run_afl(self, progress) -> Outcome:
-        from fedlib.afl.algorithm import run_afl
-
         c, f = self.config, self.features
         res = run_afl(f.x_train, f.y_train, self.parts, len(f.classes), c["gamma"], c["server"], progress=progress,
                       one_round=True, statistics=c["upload"] == "statistics")
@@ -229,9 +225,6 @@ class Task:
                        {"accuracy": acc, "clients_aggregated": res.num_clients, **_cost(res.cost)})
 
     def _run_gradient(self, progress) -> Outcome:
-        from fedlib.federated.gradient import FedConfig, make_algorithm, run_federated
-        from fedlib.afl.studies import baseline_model_fn
-
         c, f = self.config, self.features
         config = FedConfig(rounds=c["rounds"], local_epochs=c["local-epochs"], batch_size=c["batch-size"], lr=c["lr"],
                            participation=c["participation"], seed=c["seed"], device="cpu")
@@ -243,10 +236,6 @@ class Task:
                                 "participants": hist.participants, **_cost(hist.cost)})
 
     def _run_feddl(self, progress) -> Outcome:
-        from fedlib.core.protocol import simulate
-        from fedlib.fedtsne.feddl import FedDLRun, feddl
-        from fedlib.fedtsne.algorithm import NystromClient, NystromServer
-
         c = self.config
         data = self.stage_data(0)
         run = FedDLRun.start(data, c["n-landmarks"], **_feddl_defaults(feddl, rounds=c["rounds"], mode=c["mode"],
@@ -260,8 +249,6 @@ class Task:
                         **_cost(run.cost + cost)})
 
     def _run_incremental(self, learner, progress) -> Outcome:
-        from fedlib.federated.incremental import run_class_incremental
-
         c, f = self.config, self.features
         res = run_class_incremental(_Staged(learner, self), self.stream, f.x_train, f.y_train, f.x_test, f.y_test,
                                     c["num-clients"], c["alpha"], c["seed"], progress=progress, min_size=self.min_size)
@@ -269,8 +256,6 @@ class Task:
         return learner, Outcome({"accuracy_matrix": res.acc}, {"top1": list(map(float, res.top1)), **_cost(total)})
 
     def _run_stsa(self, progress) -> Outcome:
-        from fedlib.stsa.studies import make_fcil_learner
-
         c, f = self.config, self.features
         learner = make_fcil_learner(c["method"], f.dim, len(f.classes), c["M"], c["gamma"], c["seed"],
                                     num_dummy=c["num-dummy"])
@@ -279,11 +264,6 @@ class Task:
         return out
 
     def _run_refed(self, progress) -> Outcome:
-        from functools import partial
-
-        from fedlib.federated.gradient import FedConfig, MLPHead
-        from fedlib.refed import algorithm as refed
-
         c, f = self.config, self.features
         config = FedConfig(rounds=c["rounds"], local_epochs=c["local-epochs"], batch_size=c["batch-size"], lr=c["lr"],
                            seed=c["seed"], device="cpu")
@@ -311,8 +291,6 @@ class _Staged:
 
 
 def _feddl_defaults(feddl, **given) -> dict:
-    import inspect
-
     params = inspect.signature(feddl).parameters
     out = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty and n != "progress"}
     out.pop("n_landmarks", None)

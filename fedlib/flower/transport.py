@@ -33,7 +33,8 @@ import pickle
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message as FlowerMessage
+from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.app import Message as FlowerMessage
 
 from fedlib.core.messages import Cost, Message
 from fedlib.core.protocol import run_rounds

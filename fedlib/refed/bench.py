@@ -45,9 +45,8 @@ import torch
 from torch import Tensor, nn
 
 from fedlib.core.linalg import relative_error
-from fedlib.evaluation import benchmark as bench
-
 from fedlib.core.persample import grad_sq_norms, last_layer_grad_sq_norms, reference_grad_sq_norms, vmap_grad_sq_norms
+from fedlib.evaluation import benchmark as bench
 from fedlib.federated.models import NORMS, SmallCNN, resnet18_cifar
 
 __all__ = ["relative_error", "main"]

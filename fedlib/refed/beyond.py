@@ -31,6 +31,8 @@ from torch import Tensor
 from fedlib.core.parallel import RunGrid
 from fedlib.core.seeds import rng
 from fedlib.core.validate import check_choice, check_real
+from fedlib.evaluation.stats import mean_std, paired_difference
+from fedlib.refed.studies import run_scenario
 
 __all__ = ["RULES", "PIM_RULES", "flip_labels", "CacheNoiseAudit", "run_rules", "rule_table", "noise_table",
            "noise_accuracy_table", "paired_rows", "summary_lines"]
@@ -135,8 +137,6 @@ class CacheNoiseAudit:
 
 def _run_one(job: tuple[int, str], *, scenario: dict, settings: dict, noise: float, lam_local: float) -> dict:
     """One (seed, rule) run of :func:`run_rules`; returns its row."""
-    from fedlib.refed.studies import run_scenario
-
     seed, r = job
     sc, audit = scenario, None
     if noise > 0:
@@ -186,8 +186,6 @@ def run_rules(scenario: dict, rules: Sequence[str], seeds: Sequence[int], *, set
 
 def paired_rows(rows: pd.DataFrame, metric: str, reference: str, seeds: Sequence[int], rules: Sequence[str]) -> dict:
     """{rule: PairedDifference of ``metric`` rule - ``reference`` over ``seeds``} from :func:`run_rules`' rows."""
-    from fedlib.evaluation.stats import paired_difference
-
     ref = rows[rows.rule == reference].set_index("seed").loc[list(seeds), metric].to_numpy()
     return {r: paired_difference(rows[rows.rule == r].set_index("seed").loc[list(seeds), metric].to_numpy(), ref)
             for r in rules if r != reference}
@@ -197,8 +195,6 @@ def rule_table(rows: pd.DataFrame, seeds: Sequence[int], reference: str = "refed
                metrics: Sequence[str] = ("A_T", "A_avg")) -> pd.DataFrame:
     """Per rule: mean ± sample std over seeds of ``metrics`` and the paired difference rule - ``reference``
     of each (mean [95% CI]) with whether the CI excludes 0."""
-    from fedlib.evaluation.stats import mean_std
-
     rules = list(dict.fromkeys(rows.rule))
     diffs = {m: paired_rows(rows, m, reference, seeds, rules) for m in metrics}
     out = []
@@ -216,8 +212,6 @@ def noise_table(noisy: pd.DataFrame, seeds: Sequence[int]) -> pd.DataFrame:
     """Per rule, from :func:`run_rules`' rows with noise: the mislabeled share of the pools (the base
     rate) and of the caches (%, mean ± sample std over seeds), the enrichment cache / pool, and the
     paired difference cache rate - pool rate (points, 95% CI)."""
-    from fedlib.evaluation.stats import mean_std, paired_difference
-
     out = []
     for r in dict.fromkeys(noisy.rule):
         d = noisy[noisy.rule == r].set_index("seed").loc[list(seeds)]
@@ -233,8 +227,6 @@ def noise_accuracy_table(clean: pd.DataFrame, noisy: pd.DataFrame, seeds: Sequen
                          reference: str = "refed") -> pd.DataFrame:
     """Per rule run with noise: A_T with and without noise (mean ± sample std), the paired effect of the
     noise (noisy - clean) and, under noise, the paired difference rule - ``reference`` (points, 95% CI)."""
-    from fedlib.evaluation.stats import mean_std, paired_difference
-
     under = paired_rows(noisy, "A_T", reference, seeds, list(dict.fromkeys(noisy.rule)))
     out = []
     for r in dict.fromkeys(noisy.rule):
@@ -256,8 +248,6 @@ def summary_lines(clean: pd.DataFrame, noisy: pd.DataFrame | None, controls: dic
     """The chapter's summary, one line per question: the A_T paired differences rule - Re-Fed of the
     controls and of the budget splits ({rule: PairedDifference}), and per rule run with noise the
     mislabeled share of its caches against its pools (paired by seed, 95% CI)."""
-    from fedlib.evaluation.stats import paired_difference
-
     lines = [f"Setting: {setting}, {len(seeds)} seeds; Re-Fed A_T {clean[clean.rule == 'refed'].A_T.mean():.2f} %."]
     lines.append("1. Controls, A_T rule - Re-Fed: " + "; ".join(f"{r} {_verdict(d)}" for r, d in controls.items()))
     if splits:

@@ -6,12 +6,12 @@ import numpy as np
 import pandas as pd
 
 from fedlib.evaluation.selfcheck import Verdict, answer_choice, answer_number, need, pending
+from fedlib.refed.algorithm import q_lambda
 
 
 def refed_mean_lambda(answer: float, lam_sum: float, n: int, *, rtol: float = 1e-4,
                       exercise: str = "Re-Fed theory, ex. sum versus mean") -> Verdict:
     """lambda' under mean scaling with q(lambda') = q(lambda_sum) / n, i.e. lambda' = 1 / (1 + 2 q / n)."""
-    from fedlib.refed.algorithm import q_lambda
     if int(n) < 1:
         raise ValueError(f"n must be a positive integer, got {n}")
     lam = 1.0 / (1.0 + 2.0 * q_lambda(lam_sum) / int(n))

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
+from fedlib.core.specs import NULL, Bool, Choice, Dict, Int, List, Real, Seeds, Spec, Str
 from fedlib.data.datasets import DATASETS, RGB_DATASETS
 from fedlib.data.domains import DOMAIN_NAMES
 from fedlib.federated.models import MODEL_NAMES
 from fedlib.refed.algorithm import GRAD_NORMS, LEARNERS, MEMORY_MODES, WEIGHTINGS, q_lambda
 from fedlib.refed.beyond import RULES
-from fedlib.core.specs import NULL, Bool, Choice, Dict, Int, List, Real, Seeds, Spec, Str
 
 DEVICES = ("auto", "cpu", "cuda")
 

@@ -11,15 +11,19 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 import torch
+from scipy.stats import spearmanr
 from torch import nn
 
 from fedlib.core.parallel import RunGrid, resolve_workers
 from fedlib.evaluation.compare import refed_label
+from fedlib.evaluation.stats import paired_difference
 from fedlib.federated.gradient import FedConfig, History
 from fedlib.federated.incremental import run_class_incremental
 from fedlib.federated.learner import FirstStageShare, GradientLearner, KeepWeights, select_top
+from fedlib.federated.models import images_to_tensor
 from fedlib.refed.algorithm import RefedReplay, make_learner, train_pim
 from fedlib.refed.speed import PIMShare
+
 
 def rounds_to_best(history: History) -> int:
     """First evaluated round reaching the stage's best test accuracy (Table 3's CoR per task);
@@ -291,8 +295,6 @@ def make_scenario(name: str, x_train, y_train, x_test, y_test, stream, **setting
     """A scenario dict of :func:`run_scenario`: uint8 images (N, H, W) or (N, H, W, 3) as float tensors
     (N, C, H, W) (:func:`fedlib.federated.models.images_to_tensor`), labels (N,), ``stream`` (a stream or seed ->
     stream) and ``settings`` (``alpha``, ``lr``, ``memory``, ``lam``, ``rounds``, ``first_rounds``, ``epochs``)."""
-    from fedlib.federated.models import images_to_tensor
-
     missing = sorted({"alpha", "lr", "memory", "lam", "rounds", "first_rounds", "epochs"} - set(settings))
     if missing:
         raise ValueError(f"scenario {name!r} lacks the settings {', '.join(missing)}")
@@ -316,8 +318,6 @@ def paired_differences(main, scenarios: dict[str, dict], kind_methods: dict[str,
     every pair (a, b) in ``pairs`` run in a kind (``kind_methods``) and every metric; none with fewer
     than 2 seeds. Returns ({(kind, a, b, metric): PairedDifference}, a table: scenario, comparison,
     metric, mean difference [95% CI], resolved (CI excludes 0), seeds a > b)."""
-    from fedlib.evaluation.stats import paired_difference
-
     diffs, rows = {}, []
     for kind in scenarios:
         df = main[main.scenario == scenarios[kind]["name"]]
@@ -394,8 +394,6 @@ def last_task_hypothesis(per_seed, final_task, num_tasks: int, grad_norm: str) -
     from ``per_seed``, indexed by (method label, seed)), the final accuracy on task T-1 (``last``) and
     on task 1 (``first``) from :func:`final_task_accuracy`; ``confirmed`` when the share and the task
     T-1 accuracy both fall (CI below 0)."""
-    from fedlib.evaluation.stats import paired_difference
-
     a, b = refed_label("refed", grad_norm), refed_label("fedavg_replay", grad_norm)
     col = "last old task, share of the cache (%)"
     share = paired_difference(per_seed.loc[a][col].to_numpy(), per_seed.loc[b][col].to_numpy())
@@ -464,10 +462,6 @@ def compare_grad_norms(learner: GradientLearner, *, lam: float, epochs: int, lr:
     once per norm. Returns {"client", "y" (n,), "results" {norm: PIMResult with ``seconds``}, "rho"
     (Spearman of the Early scores), "budget" = min(memory, n // 2), "overlap" of the two top-budget
     selections, "share" (median last-layer share of the exact norm)}."""
-    import time
-
-    from scipy.stats import spearmanr
-
     k = int(np.argmax([len(s[1]) for s in learner.local_sets]))
     x_pool, y_pool = learner.local_sets[k][0].to(device), learner.local_sets[k][1].to(device)
     res = {}

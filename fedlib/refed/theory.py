@@ -26,12 +26,17 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
+from scipy.stats import spearmanr
 from torch import Tensor, nn
 
+from fedlib.core import seeds
 from fedlib.core.linalg import relative_error
+from fedlib.core.persample import grad_sq_norms, last_layer_grad_sq_norms, reference_grad_sq_norms, vmap_grad_sq_norms
 from fedlib.core.validate import check_int, check_real
 from fedlib.evaluation.compare import max_state_difference, states_equal
-from fedlib.refed.algorithm import q_lambda
+from fedlib.federated.gradient import LinearHead
+from fedlib.federated.models import SmallResNet
+from fedlib.refed.algorithm import q_lambda, train_pim
 
 __all__ = ["Quadratic", "random_quadratic", "g_rate", "repaired_schedule", "exact_pim", "prototype_images",
            "lemma1_scan", "limit_ratios", "finite_step_scan", "softmax_problem", "softmax_pim_table", "monte_carlo_z",
@@ -336,8 +341,6 @@ def softmax_problem(seed: int, n: int, dim: int = 8, classes: int = 4) -> tuple[
     """The softmax-regression instance of the chapter's section 2.3 (float64): class means
     1.5 N(0, I) (classes, dim), labels y (n,) uniform, x = means[y] + N(0, I) (n, dim), all from
     one generator seeded ``seed``; and a random linear model w (``LinearHead``, torch seed ``seed``)."""
-    from fedlib.federated.gradient import LinearHead
-
     gen = torch.Generator().manual_seed(seed)
     means = 1.5 * torch.randn(classes, dim, generator=gen, dtype=torch.float64)
     y = torch.randint(0, classes, (n,), generator=gen)
@@ -352,8 +355,6 @@ def softmax_pim_table(w_model: nn.Module, x: Tensor, y: Tensor, lams, *, num_cla
     (:func:`exact_pim`, Eq. 10) for every lambda of ``lams``: ``q``, ``train_pim dist`` / ``exact
     dist`` (||v - w||^2), ``train_pim loss`` / ``exact loss`` and ``rel. gap to minimiser``
     ||v_train - v_exact|| / ||v_exact|| over the state dict. x (n, d), y (n,)."""
-    from fedlib.refed.algorithm import train_pim
-
     rows = []
     for lam in lams:
         res = train_pim(w_model, x, y, num_classes, lam=lam, epochs=epochs, lr=lr, batch_size=len(y),
@@ -372,8 +373,6 @@ def monte_carlo_z(quad: Quadratic, Ls, lam: float, A: float, *, sigma: float, g0
     1..``horizon`` of Theorem 3.1's iteration (:meth:`Quadratic.exact_error` against
     :meth:`Quadratic.monte_carlo_error`, ``reps`` repetitions), for the spectra evenly spaced in
     [mu, L], L in ``Ls``; each L draws from a fresh stream ``seeds.rng(seed, "monte_carlo")``."""
-    from fedlib.core import seeds
-
     z_max = 0.0
     for L in Ls:
         quad_L = quad.with_spectrum(np.linspace(quad.mu, L, len(quad.h)))
@@ -503,8 +502,6 @@ def pim_lambda_scan(w_model: nn.Module, pools, num_seen: int, lams, *, epochs: i
     ``w_model`` on every client's pool (``pools`` [(x (n_k, ...), y (n_k,))], client k's mini-batch
     order from ``torch.Generator().manual_seed(k)`` for every lambda: paired) for every lambda of
     ``lams``. Columns client, pool, lambda, ``||v - w||^2``, ``pool loss``."""
-    from fedlib.refed.algorithm import train_pim
-
     rows = []
     for k, (xk, yk) in enumerate(pools):
         for lam in lams:
@@ -529,8 +526,6 @@ def closed_form_table(cnn: nn.Module, x: Tensor, y: Tensor, num_seen: int, *, nu
     (tolerance 1e-10) and float32 (1e-4). x (n, ...), y (n,) < num_seen. Per (model, dtype): the max
     relative errors of the identity in the model's precision, of ``last_layer_grad_sq_norms``
     (float32 by design) and of ``grad_sq_norms`` on the last layer, and the tolerance."""
-    from fedlib.core.persample import grad_sq_norms, last_layer_grad_sq_norms, reference_grad_sq_norms
-
     rows = []
     for dtype, tol in [(torch.float64, 1e-10), (torch.float32, 1e-4)]:
         xd = x.to(dtype)
@@ -554,10 +549,6 @@ def rank_agreement(w_model: nn.Module, pools, num_seen: int) -> pd.DataFrame:
     """Exact all-parameter norms (Eq. 4) against the last-layer closed form on every client's pool
     (``pools`` [(x, y)]): per client the pool size, the Spearman rank correlation, the median and the
     largest share of the last layer in ||grad||^2 (<= 1: its coordinates are a subset)."""
-    from scipy.stats import spearmanr
-
-    from fedlib.core.persample import grad_sq_norms, last_layer_grad_sq_norms
-
     rows = []
     for k, (xk, yk) in enumerate(pools):
         full = grad_sq_norms(w_model, xk, yk, num_seen)
@@ -571,8 +562,6 @@ def rank_agreement(w_model: nn.Module, pools, num_seen: int) -> pd.DataFrame:
 def bn_resnet(num_classes: int, seed: int) -> nn.Module:
     """A small ``SmallResNet`` (1 channel, widths (4, 8), one block per stage, BatchNorm; torch seed
     ``seed``) whose running means ~ U(-0.5, 0.5) and variances ~ U(0.5, 2) are non-trivial."""
-    from fedlib.federated.models import SmallResNet
-
     torch.manual_seed(seed)
     resnet = SmallResNet(1, num_classes, widths=(4, 8), blocks=(1, 1), norm="batch")
     for mod in resnet.modules():
@@ -588,8 +577,6 @@ def vmap_table(models: dict, x: Tensor, y: Tensor, num_seen: int, batch_size: in
     backward pass per sample, for every model of ``models`` {name: model} in float64 (tolerance 1e-10)
     and float32 (1e-4): model, dtype, params, ``ghost vs loop``, ``vmap vs loop`` (max relative
     errors), tolerance."""
-    from fedlib.core.persample import grad_sq_norms, reference_grad_sq_norms, vmap_grad_sq_norms
-
     rows = []
     for name, model in models.items():
         for dtype, tol in [(torch.float64, 1e-10), (torch.float32, 1e-4)]:

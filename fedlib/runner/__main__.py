@@ -1,4 +1,4 @@
 """``python -m fedlib.runner NAME|all --profile P [name=value ...]``: execute chapters for the book."""
-from fedlib.runner.profiles import cli
+from fedlib.runner.cli import cli
 
 cli()

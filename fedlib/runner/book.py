@@ -17,6 +17,7 @@ from pathlib import Path
 from sphinx.errors import ExtensionError
 
 from fedlib.evaluation import claims
+from fedlib.runner.profiles import notebook_names
 
 
 def notebook_errors(path: Path) -> list[str]:
@@ -40,7 +41,6 @@ def _on_builder_inited(app) -> None:
                              "Re-run them (python -m fedlib.runner NAME) or delete them.")
     table = src / app.config.fedlib_claims_table
     table.parent.mkdir(parents=True, exist_ok=True)
-    from fedlib.runner.profiles import notebook_names
     order = notebook_names()
     extra = sorted(p.stem for p in executed.glob("*.ipynb") if p.stem not in order)
     records = claims.collect(executed, order + extra)

@@ -15,6 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+import psutil
+import torch
+
+from fedlib.core.parallel import resolve_workers
+from fedlib.fedtsne.knn import BLOCK_BYTES
+from fedlib.fedtsne.pipelines import DENSE_MAX_POINTS
+
 F32, F64 = 4, 8
 
 #: name -> (images, values per image) of the registered datasets (train + test)
@@ -142,8 +149,6 @@ def _stsa_derivation(v) -> Estimate:
 
 def _workers(v: Mapping[str, Any]) -> int:
     """Processes a chapter's ``workers`` parameter runs at once (fedlib.core.parallel.resolve_workers)."""
-    from fedlib.core.parallel import resolve_workers
-
     return resolve_workers(v.get("workers", 1), v.get("device", "cpu"))
 
 
@@ -154,9 +159,6 @@ def _dense(n: int, count: int, what: str) -> dict[str, float]:
 def _fedtsne_benchmark(v) -> Estimate:
     """Up to ``DENSE_MAX_POINTS`` points a dataset takes the dense path (four n x n matrices); above
     it the kNN path (the points, their neighbour lists and one block of scores, knn.BLOCK_BYTES)."""
-    from fedlib.fedtsne.knn import BLOCK_BYTES
-    from fedlib.fedtsne.pipelines import DENSE_MAX_POINTS
-
     best: dict[str, float] = {}
     for ds in v["datasets"]:
         n = _points(ds, v["n_points"].get(ds))
@@ -230,9 +232,6 @@ def estimate(chapter: str, values: Mapping[str, Any]) -> Estimate:
 
 def available() -> tuple[float, float | None]:
     """(host RAM bytes, the first GPU's bytes or None without CUDA)."""
-    import psutil
-    import torch
-
     gpu = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
     return float(psutil.virtual_memory().total), gpu
 

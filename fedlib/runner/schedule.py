@@ -25,9 +25,15 @@ import platform
 import resource
 import sys
 import time
-from pathlib import Path
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from fedlib.core.parallel import default_workers
+from fedlib.core.processes import stop_on_signals
+from fedlib.runner.profiles import run_notebook
 
 _SLOT = 0   # this worker's progress-bar row (set by _init_worker)
 
@@ -84,7 +90,6 @@ def _init_worker(counter, jobs: int) -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     # chapters side by side share the cores: each forks at most its share (fedlib.core.parallel), and
     # NumPy's BLAS (whose threads busy-wait), torch and OpenMP get that many threads
-    from fedlib.core.parallel import default_workers
 
     share = str(max(1, default_workers() // jobs))
     for name in ("FEDLIB_WORKERS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
@@ -100,17 +105,13 @@ def children_cpu() -> float:
 def timed_chapter(name: str, profile: str, overrides: Mapping[str, Any], progress: bool | dict = True,
                   output: Path | None = None) -> tuple[str, float, float]:
     """``run_notebook`` of one chapter: ``(name, wall seconds, CPU seconds of its kernel)``."""
-    from fedlib.runner.profiles import run_notebook
-
     t0, c0 = time.perf_counter(), children_cpu()
     run_notebook(name, profile, overrides, output=output, progress=progress)
     return name, time.perf_counter() - t0, children_cpu() - c0
 
 
 def _run_one(name: str, profile: str, overrides: Mapping[str, Any]) -> tuple[str, float, float]:
-    from fedlib.core.processes import stop_on_signals
-
-    with stop_on_signals():   # a stopped run cleans up its scratch folder and kernel (see fedlib.runner.profiles.cli)
+    with stop_on_signals():   # a stopped run cleans up its scratch folder and kernel (see fedlib.runner.cli.cli)
         return timed_chapter(name, profile, overrides, progress={"position": _SLOT})
 
 
@@ -167,7 +168,6 @@ def reference_kernel_ms(repeats: int = 2000) -> float:
     BLAS thread, the median of ``repeats``: the speed of the machine at that moment. A shared virtual
     machine runs faster or slower from hour to hour, so a run's record carries it, and two records
     compare by it."""
-    import numpy as np
     from threadpoolctl import threadpool_limits
 
     rng = np.random.default_rng(0)

@@ -37,11 +37,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlib.evaluation import benchmark as bench
-from fedlib.evaluation.benchmark import timed
-from fedlib.core.linalg import ridge_solve, relative_error
+from fedlib.core.linalg import relative_error, ridge_solve
 from fedlib.core.seeds import derive_seed
 from fedlib.data.partition import make_partition
+from fedlib.evaluation import benchmark as bench
+from fedlib.evaluation.benchmark import timed
 from fedlib.stsa.algorithm import K_MODES, dummy_split, gram_estimate
 from fedlib.stsa.studies import gram_estimate_eq9, upload_floats
 

@@ -31,23 +31,28 @@ gamma fixed or by GCV), driven by :func:`fedlib.core.protocol.simulate` stage by
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+import pandas as pd
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from fedlib.core import privacy, uploads
-from fedlib.core.linalg import SufficientStats, as_tensor, lstsq_reference
+from fedlib.core.linalg import SufficientStats, as_tensor, lstsq_reference, ridge_solve
 from fedlib.core.messages import Cost, Message
 from fedlib.core.protocol import Broadcaster, ClientStates, simulate
 from fedlib.core.seeds import torch_generator
 from fedlib.core.validate import check_choice, check_int, check_positive
-from fedlib.federated.incremental import accuracy_matrix_metrics
+from fedlib.data.partition import make_partition
 from fedlib.data.streams import make_stream
-from fedlib.stsa.algorithm import RandomFeatures, STSAClient, STSAServer, StagewiseLearner, predict
+from fedlib.evaluation.stats import mean_std, paired_difference
+from fedlib.federated.incremental import accuracy_matrix_metrics
+from fedlib.stsa.algorithm import RandomFeatures, StagewiseLearner, STSAClient, STSAServer, predict
 from fedlib.stsa.noise import add_upload_noise
 
 __all__ = ["GAMMA_RULES", "AGGREGATIONS", "check_gamma_grid", "gamma_grid", "RidgePath", "gcv_bruteforce",
@@ -393,13 +398,6 @@ def gcv_check(features, beta: float, seed: int, *, num_clients: int, M: int, sam
     1000 gammas from it, and one Cholesky ridge solve (:func:`~fedlib.core.linalg.ridge_solve`) for
     comparison. Returns {"table": per gamma GCV / RSS / tr H both ways and relative errors,
     "max_rel": largest relative error, "seconds": timings, "kappa": cond(G + gamma I) per gamma}."""
-    import time
-
-    import pandas as pd
-
-    from fedlib.core.linalg import ridge_solve
-    from fedlib.data.partition import make_partition
-
     gammas = check_gamma_grid(gammas, "check_gammas")
     rng = np.random.default_rng(seed)
     rows = rng.choice(len(features.y_train), size=min(int(samples), len(features.y_train)), replace=False)
@@ -437,8 +435,6 @@ def gcv_check(features, beta: float, seed: int, *, num_clients: int, M: int, sam
 def noise_check(noise_multiplier: float, clip_norm: float, M: int, entries: int, seed: int = 0):
     """Empirical sd of :func:`privatize_upload`'s noise on a zero upload (G (M, M), C (M, entries / M),
     n (entries,)) against z times each sensitivity. Returns a DataFrame: statistic, sd wanted, sd measured."""
-    import pandas as pd
-
     cols = max(1, int(entries) // int(M))
     zero = Message("check", {"G": torch.zeros(M, M, dtype=torch.float64), "C": torch.zeros(M, cols, dtype=torch.float64),
                              "n": torch.zeros(int(entries), dtype=torch.float64)})
@@ -459,8 +455,6 @@ def vanishing_noise_check(features, seed: int, *, M: int, samples: int, gamma: f
     """The private pipeline with noise multiplier 1e-20 and B above every row norm (no clipping), one
     stage through the protocol, against the non-private STSA head (Cholesky ridge on the pooled
     statistics): {"rel. difference of the heads", "same test predictions"}."""
-    from fedlib.core.linalg import ridge_solve
-
     rng = np.random.default_rng(seed)
     rows = rng.choice(len(features.y_train), size=min(int(samples), len(features.y_train)), replace=False)
     x, y = features.x_train[rows], np.asarray(features.y_train)[rows]
@@ -483,10 +477,6 @@ def vanishing_noise_check(features, seed: int, *, M: int, samples: int, gamma: f
 def gcv_paired(runs, reference: str = "GCV (per stage)", metric: str = "A_T"):
     """``metric`` of ``reference`` minus every other method of ``runs``, paired by seed, 95 % t-interval:
     one row per method (formatted difference, mean, low, high, n)."""
-    import pandas as pd
-
-    from fedlib.evaluation.stats import paired_difference
-
     ref = runs[runs.method == reference].set_index("seed")[metric]
     rows = []
     for method in runs.method.unique():
@@ -672,9 +662,6 @@ def beyond_study(features, beta: float, seeds, *, num_tasks: int, num_clients: i
     on the test set (hindsight). The noise is the clients' own draws (:func:`standard_noise`; a test
     checks equal heads with :class:`PathLearner` through the protocol).
     Returns {"runs", "chosen", "curves", "bytes_up" (per seed, unclipped run), "dp"} (DataFrames)."""
-    import pandas as pd
-    from tqdm.auto import tqdm
-
     grid = check_gamma_grid(grid)
     fixed_gammas = check_gamma_grid(fixed_gammas, "fixed_gammas")
     sweep_gammas = check_gamma_grid(sweep_gammas, "sweep_gammas")
@@ -728,8 +715,6 @@ def dp_study(features, beta: float, seeds, *, num_tasks: int, num_clients: int, 
 
 def dp_summary(runs):
     """Mean and sample std of A_T over seeds per (setting, epsilon, gamma rule), with the median gamma."""
-    from fedlib.evaluation.stats import mean_std
-
     g = runs.groupby(["setting", "epsilon", "gamma rule"], sort=False)
     return g.agg(A_T=("A_T", mean_std), mean=("A_T", "mean"), std=("A_T", lambda v: v.std(ddof=1)),
                  gamma=("gamma", "median"), seeds=("seed", "nunique")).reset_index()

@@ -12,6 +12,7 @@ from fedlib.core.messages import Message
 from fedlib.core.seeds import torch_generator
 from fedlib.core.validate import check_positive
 
+
 def add_upload_noise(msg: Message, q: float, s: float, generator: torch.Generator | None,
                      entries: Sequence[str] = ("G", "C", "n"), draws: dict[str, Tensor] | None = None) -> Message:
     """The privacy experiment of version 000 (App. E.2, Table 7): add q * N(0, s^2) to the named

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 
 from fedlib.evaluation.selfcheck import Verdict, answer_number, need, pending
+from fedlib.stsa.studies import upload_floats
 
 
 def stsa_partition_invariance(spatial: pd.DataFrame, tol: float, *,
@@ -27,7 +28,6 @@ def stsa_break_even(answer_kd: int, M: int, c_t: int, *, exercise: str = "STSA d
 
     ``answer_kd``: the student's answer; the reference comes from `stsa.upload_floats`.
     """
-    from fedlib.stsa.studies import upload_floats
     if int(M) < 1 or int(c_t) < 1:
         raise ValueError(f"M and c_t must be positive integers, got M={M}, c_t={c_t}")
     if answer_kd is None:
@@ -102,7 +102,6 @@ def stsa_upload_crossing(my_M, baseline_mib: float, stsa_mib: float, M: int, c_t
                          exercise: str = "STSA benchmark, ex. communication") -> Verdict:
     """The smallest M at which STSA's measured upload, scaled by (M + c_t) M, exceeds the baseline's measured
     upload ``baseline_mib`` (STSA uploaded ``stsa_mib`` at the run's ``M``); answers within 1 are right."""
-    from fedlib.stsa.studies import upload_floats
     if not (baseline_mib > 0 and stsa_mib > 0):
         raise ValueError(f"baseline_mib and stsa_mib must be positive, got {baseline_mib}, {stsa_mib}")
     per_float = stsa_mib / upload_floats("stsa", int(M), int(c_t))

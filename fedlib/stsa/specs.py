@@ -3,14 +3,14 @@ one :class:`Spec` per chapter covering every name of its ``parameters`` cell, an
 cross-parameter rules (each raises ValueError naming the parameters)."""
 from __future__ import annotations
 
+from fedlib.afl.specs import DEVICES, NON_NEGATIVE, POSITIVE, rule_at_most, rule_subset
+from fedlib.core.privacy import ACCOUNTANTS
+from fedlib.core.specs import NULL, Bool, Choice, Dict, Int, List, Real, Seeds, Spec, Str
 from fedlib.data.datasets import DATASETS
 from fedlib.data.features import BACKBONES
 from fedlib.federated.fcil import METHODS
-from fedlib.core.privacy import ACCOUNTANTS
 from fedlib.stsa.algorithm import HEADS
 from fedlib.stsa.beyond import AGGREGATIONS
-from fedlib.core.specs import NULL, Bool, Choice, Dict, Int, List, Real, Seeds, Spec, Str
-from fedlib.afl.specs import DEVICES, NON_NEGATIVE, POSITIVE, rule_at_most, rule_subset
 
 
 def _tasks_divide_classes(v):

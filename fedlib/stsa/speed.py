@@ -8,6 +8,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from fedlib.data.features import Features
 from fedlib.stsa.algorithm import RandomFeatures
 
 _EXPANDED: "OrderedDict[tuple, tuple]" = OrderedDict()   # (id(features), seed, M) -> (features, expanded, s/row)
@@ -33,7 +34,6 @@ def expanded_features(features, seed: int, M: int, shift=None):
     if hit is not None and hit[0] is features:
         _EXPANDED.move_to_end(key)
         return hit[1], hit[2]
-    from fedlib.data.features import Features
 
     rf = RandomFeatures(features.x_train.shape[1], M, seed)
     x_train, x_test = features.x_train, features.x_test

@@ -5,10 +5,15 @@ Carlo studies and tables, the benchmark's grids and tables. Built on :mod:`fedli
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import time
+from functools import partial
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+import pandas as pd
 import torch
 from torch import Tensor
 
@@ -16,16 +21,47 @@ from fedlib.afl.algorithm import UPLOAD_FORMS as AFL_UPLOAD_FORMS
 from fedlib.afl.algorithm import OneSolveServer as AFLOneSolveServer
 from fedlib.core import paths, uploads
 from fedlib.core.cache import save_npz
-from fedlib.core.linalg import SufficientStats, as_tensor, lstsq_reference, ridge_fit, ridge_solve
+from fedlib.core.linalg import (
+    SufficientStats,
+    as_tensor,
+    lstsq_reference,
+    relative_error,
+    ridge_fit,
+    ridge_solve,
+    synthetic_features,
+)
 from fedlib.core.messages import Cost
 from fedlib.core.parallel import RunGrid
 from fedlib.core.protocol import Broadcaster
 from fedlib.core.validate import check_choice, check_int, check_positive
-from fedlib.data.features import feature_fingerprint
+from fedlib.data.datasets import load_dataset
+from fedlib.data.features import extract_features, feature_fingerprint
+from fedlib.data.partition import make_partition
 from fedlib.data.streams import make_stream
-from fedlib.federated.incremental import run_class_incremental
-from fedlib.stsa.algorithm import (K_MODES, VARIANTS, RandomFeatures, STSAClient, STSALearner, STSAServer, StageCallback, StagewiseLearner, class_coefficients, dummy_split, gram_estimate, predict, stsa_client, stsae_client)
+from fedlib.evaluation.stats import mean_std, paired_difference
+from fedlib.federated.gradient import FedConfig, LinearHead
+from fedlib.federated.incremental import IncrementalResult, run_class_incremental, scratch_backbone_features
+from fedlib.federated.learner import GradientLearner
+from fedlib.federated.models import SmallResNet, images_to_tensor
+from fedlib.stsa import tables
+from fedlib.stsa.algorithm import (
+    K_MODES,
+    VARIANTS,
+    RandomFeatures,
+    StageCallback,
+    StagewiseLearner,
+    STSAClient,
+    STSALearner,
+    STSAServer,
+    class_coefficients,
+    dummy_split,
+    gram_estimate,
+    predict,
+    stsa_client,
+    stsae_client,
+)
 from fedlib.stsa.speed import expanded_features
+
 
 def gram_estimate_eq9(class_sums: Tensor, counts: Tensor, k_mode: str = "global") -> Tensor:
     """Eq. 9 exactly as printed: a Python loop over classes and (dummy) clients of outer products
@@ -230,10 +266,6 @@ def make_fcil_learner(method: str, dim: int | None, num_classes: int, M: int | N
         return AFLStagewiseLearner(dim, num_classes, M, gamma, rf_seed=seed, name=method)
     if method == JOINT:
         return JointRidgeLearner(dim, num_classes, M, gamma, rf_seed=seed, name=method)
-    from functools import partial
-
-    from fedlib.federated.gradient import FedConfig, LinearHead
-    from fedlib.federated.learner import GradientLearner
 
     model_fn = model_fn or partial(LinearHead, dim, num_classes)
     return GradientLearner(model_fn, FedConfig(seed=seed, **(fed_kwargs or {})), method, num_classes=num_classes,
@@ -301,8 +333,6 @@ def design_monte_carlo(x: Tensor, counts, k_mode: str, reps: int, rng: np.random
     """Design-based Monte Carlo of eq. 9: ``reps`` random assignments of x's rows (n, M) to clients
     of sizes ``counts`` (K,). Returns ``(errors, mean)``: a DataFrame of the relative Frobenius error
     of the running mean of G_hat against G = x^T x at ~12 checkpoints, and the mean G_hat (M, M)."""
-    import pandas as pd
-
     cuts = np.cumsum(counts)[:-1]
     n_t = torch.tensor(counts, dtype=torch.float64)[:, None]
     total = torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64)
@@ -320,8 +350,6 @@ def plugin_errors(n: int, clients: int, rep: int, dim: int = 20, num_classes: in
     """One draw of the Thm. 3.3 study: n Gaussian samples (dim features, class-shifted means) over
     ``clients`` STSA-E clients; the per-sample RMS and (1/n) plug-in errors of the STSA-E head
     ||X(W_E - W*)|| (eq. 10 vs eq. 7) and the oracle error (1/n)||X W* - Y||."""
-    from fedlib.core.linalg import synthetic_features
-
     xr, yr = synthetic_features(n, dim, num_classes, kind="gaussian", seed=100 * rep + n + 7 * clients)
     xr = xr + np.eye(num_classes)[yr] @ np.random.default_rng(rep).standard_normal((num_classes, dim))
     parts = np.array_split(np.random.default_rng(rep).permutation(n), clients)
@@ -421,8 +449,6 @@ def scatter_traces(n: int, k: int, reps: int, rng: np.random.Generator, dim: int
 # the derivation chapter's checks (notebooks/stsa_derivation.py): each returns what the chapter shows
 # ----------------------------------------------------------------------------------------------
 def _frame(rows):
-    import pandas as pd
-
     return pd.DataFrame(rows)
 
 
@@ -449,9 +475,6 @@ def spatial_check(x: np.ndarray, labels: np.ndarray, num_classes: int, features:
     """Spatial aggregation (eqs. 2-3): for every Dirichlet beta of ``betas`` (None: IID) and K of
     ``client_counts``, the summed uploads of :func:`stsa_client` against the centralized ``stats``, the
     head against ``w_star`` (M, C) and its test predictions on ``phi_test`` (N', M). One row per case."""
-    from fedlib.core.linalg import relative_error
-    from fedlib.data.partition import make_partition
-
     pred_central = (phi_test @ w_star).argmax(1)
     rows = []
     for beta in betas:
@@ -473,8 +496,6 @@ def spatial_check(x: np.ndarray, labels: np.ndarray, num_classes: int, features:
 def temporal_check(heads: Sequence[Tensor], stream, phi: Tensor, pos: np.ndarray, gamma: float):
     """Temporal aggregation (eqs. 4-5, 8): the head after stage t (``heads[t]``) against joint ridge on
     every training sample of tasks 0..t (``phi`` (N, M), stream positions ``pos`` (N,)). One row per stage."""
-    from fedlib.core.linalg import relative_error
-
     rows = []
     for t, w_t in enumerate(heads):
         idx = np.concatenate([stream.tasks[i].train_idx for i in range(t + 1)])
@@ -489,8 +510,6 @@ def order_and_split_errors(stream, x: np.ndarray, pos: np.ndarray, features: Ran
     """The statistics commute and split: one client per stage, the stages received in reverse order,
     and every stage cut into two sub-stages. Returns both final heads' relative errors against
     ``reference`` (M, C)."""
-    from fedlib.core.linalg import relative_error
-
     server_rev, server_split = STSAServer(M, num_classes, gamma), STSAServer(M, num_classes, gamma)
     for t in reversed(range(len(stream.tasks))):
         task = stream.tasks[t]
@@ -508,8 +527,6 @@ def eq9_identity_checks(xc: Tensor, counts) -> tuple[float, float]:
     """Eq. 9 on one class's rows xc (n, M): the printed form against the PSD form for clients of sizes
     ``counts`` (contiguous rows), and the estimate with one sample per client (K = n) against
     G = xc^T xc. Returns both relative errors (0 up to round-off)."""
-    from fedlib.core.linalg import relative_error
-
     ends = np.cumsum(counts)
     sums = torch.stack([xc[a:b].sum(0) for a, b in zip(np.r_[0, ends[:-1]], ends)])
     n_fixed = torch.tensor(counts, dtype=torch.float64)[:, None]
@@ -617,8 +634,6 @@ def plugin_rate_study(sizes, clients, n_fixed: int, reps: int, num_clients: int 
     """Thm. 3.3: means over ``reps`` draws of :func:`plugin_errors`, against n (``sizes``, K K_D =
     ``num_clients``) and against K K_D (``clients``, n = ``n_fixed``), with fitted log-log slopes.
     Returns ``(rate by n, rate by K K_D, {error: slope in n}, slope of the per-sample error in K K_D)``."""
-    import pandas as pd
-
     per_sample = "plug-in, per sample ||X(W_E - W*)||/sqrt(n)"
     rate = pd.DataFrame([plugin_errors(n, num_clients, r) for n in sizes for r in range(reps)]).groupby("n").mean()
     rate_k = pd.DataFrame([plugin_errors(n_fixed, k, r) for k in clients for r in range(reps)]).groupby("K K_D").mean()
@@ -644,8 +659,6 @@ def secure_aggregation_check(x: np.ndarray, labels: np.ndarray, parts, num_class
     """Pairwise masks (:func:`pairwise_masked`) on the uploads of the clients of ``parts``: relative
     error of the sum of masked G_k against the sum of G_k (STSA: 0), and of STSA-E's G_hat from masked
     class sums against G_hat from the true ones (large: eq. 9 is not a sum of the uploads)."""
-    from fedlib.core.linalg import relative_error
-
     msgs = [stsa_client(x[p], labels[p], num_classes, features) for p in parts]
     g_masked = pairwise_masked([m["G"] for m in msgs], rng)
     msgs_e = [stsae_client(x[p], labels[p], num_classes, features, num_dummy=1) for p in parts]
@@ -684,8 +697,6 @@ def communication_curve(M_values, num_dummy: int = 50, num_classes: int = 10):
 def recomputed_margins():
     """The paper's quoted margins (``tables.stsa_claims``) beside the min / max recomputed from its
     own tables (``tables.stsa_claim_values``)."""
-    from fedlib.stsa import tables
-
     rows = []
     for _, row in tables.stsa_claims().iterrows():
         values = tables.stsa_claim_values(row)
@@ -701,8 +712,6 @@ def recomputed_margins():
 def benchmark_images(name: str, subsets: dict, n_train: int | None, n_test: int | None):
     """Dataset ``name``: its ``subsets[name]`` = [n_train, n_test] stratified subset (when given), then
     at most ``n_train`` / ``n_test`` of those: the one draw of the benchmark's images and features."""
-    from fedlib.data.datasets import load_dataset
-
     ds = load_dataset(name)
     n_tr, n_te = subsets.get(name, [None, None])
     return (ds.subset(n_tr, n_te) if (n_tr or n_te) else ds).at_most(n_train, n_test)
@@ -723,8 +732,6 @@ def benchmark_features(name: str, subsets: dict, n_train: int | None, n_test: in
     """Frozen-backbone features of :func:`benchmark_images` (``extract`` goes to
     :func:`fedlib.data.features.extract_features`, which caches them): only the images the experiments
     use pass through the backbone. Returns the Features."""
-    from fedlib.data.features import extract_features
-
     return extract_features(benchmark_images(name, subsets, n_train, n_test), **extract)
 
 
@@ -760,9 +767,6 @@ def scratch_features(dataset, num_tasks: int, num_clients: int, beta: float, see
     """The scratch setting's stage 1 for one (beta, seed): the seed's class order and a SmallResNet
     (``widths``) trained by FedAvg for ``rounds`` rounds on task 1 then frozen
     (:func:`~fedlib.federated.incremental.scratch_backbone_features`). Returns ``(stream, features, cost)``."""
-    from fedlib.federated.gradient import FedConfig
-    from fedlib.federated.incremental import scratch_backbone_features
-
     stream = make_stream(dataset.y_train, dataset.y_test, num_tasks, seed=seed)
     f, cost = scratch_backbone_features(dataset, stream, num_clients, beta, seed,
                                         FedConfig(seed=seed, **{**fed_kwargs, "rounds": rounds}), widths=tuple(widths),
@@ -793,9 +797,6 @@ _TRAINING_MODULES = ("fedlib/federated/fcil.py", "fedlib/federated/gradient.py",
 
 
 def _training_code_digest() -> str:
-    import hashlib
-    from pathlib import Path
-
     root = Path(__file__).resolve().parents[2]
     h = hashlib.sha1()
     for rel in _TRAINING_MODULES:
@@ -805,9 +806,6 @@ def _training_code_digest() -> str:
 
 
 def _result_cache_path(directory, dataset, settings: dict):
-    import hashlib
-    import json
-
     text = json.dumps(settings, sort_keys=True, default=str) + feature_fingerprint(dataset, "end-to-end", 0) \
         + _training_code_digest()
     key = hashlib.sha1(text.encode()).hexdigest()[:12]
@@ -815,8 +813,6 @@ def _result_cache_path(directory, dataset, settings: dict):
 
 
 def _load_result(path, method: str, config: dict):
-    from fedlib.federated.incremental import IncrementalResult
-
     try:
         with np.load(path, allow_pickle=False) as z:
             costs = [Cost(int(u), int(d), float(sec)) for u, d, sec in zip(z["cost_up"], z["cost_down"], z["cost_s"])]
@@ -842,11 +838,6 @@ def scratch_baseline_runs(methods, dataset, setting: str, num_tasks: int, num_cl
     run's result (accuracy matrix, bytes, seconds as measured when it ran) is cached on disk
     (``cache_dir``: default the feature cache; ``False``: no cache), keyed by the data, every setting
     and the source of the modules that train it (:data:`_TRAINING_MODULES`), so any change recomputes."""
-    from functools import partial
-    from pathlib import Path
-
-    from fedlib.federated.models import SmallResNet, images_to_tensor
-
     directory = None if cache_dir is False else (paths.cache_dir() if cache_dir is None else Path(cache_dir))
     img_train, img_test = None, None
     out = []
@@ -880,8 +871,6 @@ def scratch_baseline_runs(methods, dataset, setting: str, num_tasks: int, num_cl
 def results_table(summary):
     """The main table: "mean ± sample std" of A_avg / A_T / F_T (eqs. 60-62) per (setting, method),
     columns (beta, metric), beta descending; and the number of seeds per method (its maximum)."""
-    from fedlib.evaluation.stats import mean_std
-
     table = (summary.groupby(["setting", "method", "beta"])[["A_avg", "A_T", "F_T"]]
              .agg(lambda v: mean_std(v))
              .unstack("beta"))
@@ -894,8 +883,6 @@ def paired_against(summary, reference: str = "STSA", metric: str = "A_T"):
     """``metric`` of ``reference`` minus every other method, paired by seed within each (setting, beta)
     (seeds both ran; at least 2), 95 % t-interval: one row per comparison with the formatted
     difference and its mean, low, high and n."""
-    from fedlib.evaluation.stats import paired_difference
-
     rows = []
     for (setting, beta), grp in summary.groupby(["setting", "beta"]):
         ref = grp[grp.method == reference].set_index("seed")[metric]
@@ -965,8 +952,6 @@ def noise_study(run, features, beta: float, seeds, M: int, grid):
     ("Original"; one clean STSA-E run serves every E variant). A run whose q * s was already run for
     that variant and seed is reused (the noise is q s N(0, 1) from each client's own stream).
     Returns ``(runs: setting, variant, seed, A_T; grams: {(setting, variant, seed): server Gram})``."""
-    import pandas as pd
-
     points = [(q, s, "Original" if q == 0 else f"q={q}, s={s}") for q, s in [[0.0, 0.0]] + list(grid)]
     # without noise E1, E2, E3 and the rounded variant are the same STSA-E run
     variants = lambda q: [lb for lb in NOISE_VARIANTS if q > 0 or lb in ("STSA", "STSA-E1")]  # noqa: E731
@@ -1002,10 +987,6 @@ def noise_tables(runs, grams, grid, seed: int):
     variants), the relative change ||G_noisy - G|| / ||G|| of the server's Gram for ``seed`` (rows
     settings, columns variants) and, for the grid points with q * s <= 0.1, the paired change of A_T
     against the clean run per variant ("d": a PairedDifference or None; "max |change|")."""
-    import pandas as pd
-
-    from fedlib.evaluation.stats import mean_std, paired_difference
-
     table = (runs.groupby(["setting", "variant"], sort=False)["A_T"].agg(mean_std).unstack("variant")
              .reindex(index=["Original"] + [f"q={q}, s={s}" for q, s in grid], columns=list(NOISE_VARIANTS)))
     gram = {(st, v): g for (st, v, sd), g in grams.items() if sd == seed}
@@ -1036,8 +1017,6 @@ def skew_grid(run, features, beta: float, seeds, M: int, scale: float, methods=(
 def large_first_task(run, features, beta: float, seeds, M: int, first: int, later: int, methods):
     """Table 4's protocol: a base task of ``first`` classes then tasks of ``later`` classes; "mean ±
     sample std" over ``seeds`` of A_avg / A_T / F_T per method."""
-    from fedlib.evaluation.stats import mean_std
-
     n_classes = len(features.classes)
     rows = []
     for seed in seeds:
