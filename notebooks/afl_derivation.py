@@ -92,6 +92,15 @@ print(f"profile={profile}: N={n_samples}, d={dim}, C={num_classes}, K in {client
 # because $X^\top X=\sum_k C_k$ and $X^\top Y=\sum_k B_k$: Gram matrices and cross-correlations
 # of disjoint data **add**. Everything below is a way of recovering this sum from the uploads. Every
 # "joint" head in the code cells is {eq}`afl-eq-joint` computed independently (`lstsq_reference`).
+#
+# The client's step in `fedlib`: the ridge head of eq. 12 (the least-squares head of eq. 4 when $\gamma=0$)
+# and the regularized Gram matrix of eq. 14, as one upload.
+#
+# ```{literalinclude} /fedlib/afl/algorithm.py
+# :pyobject: client_update
+# :lineno-match:
+# :caption: fedlib/afl/algorithm.py: the local stage (eqs. 3-4, 12, 14)
+# ```
 
 # %% [markdown]
 # ## 2. Two clients: the AA law (Lemma 1, Theorem 1), with the sign corrected
@@ -125,6 +134,14 @@ print(f"profile={profile}: N={n_samples}, d={dim}, C={num_classes}, K in {client
 # ```{prf:proof}
 # $\hat W = S^{-1}(B_u+B_v)$ with $B_u=C_u\hat W_u$, $B_v=C_v\hat W_v$; the identity {eq}`afl-eq-aa-law`
 # turns the paper's form of the weight into $S^{-1}C_u$.
+# ```
+#
+# The law's matrix weights as `fedlib` computes them, with `sign=-1` the law as printed:
+#
+# ```{literalinclude} /fedlib/afl/algorithm.py
+# :pyobject: aa_weights
+# :lineno-match:
+# :caption: fedlib/afl/algorithm.py: the AA law's weights (Thm. 1, eq. 8)
 # ```
 #
 # The next cell (`afl_studies.two_client_check`) computes both signs of {eq}`afl-eq-aa-printed` and compares
@@ -164,6 +181,26 @@ claims.register(
 # statistics, $\big(\sum_k C_k\big)^{-1}\sum_k C_k\hat W_k$, at cost $O(Kd^2C+d^3)$ instead of the
 # recursion's $O(Kd^3)$. `fedlib.afl.algorithm` implements both: `PairwiseAAServer` (the paper's form,
 # {eq}`afl-eq-recursive`) and `OneSolveServer` ({eq}`afl-eq-joint` on the summed uploads).
+#
+# The pairwise server applies {eq}`afl-eq-recursive` upload by upload; the one-solve server sums and solves once:
+#
+# ```{literalinclude} /fedlib/afl/algorithm.py
+# :pyobject: PairwiseAAServer._absorb
+# :lineno-match:
+# :caption: fedlib/afl/algorithm.py: the recursive AA law (eqs. 9-10), one upload
+# ```
+#
+# ```{literalinclude} /fedlib/afl/algorithm.py
+# :pyobject: OneSolveServer._absorb
+# :lineno-match:
+# :caption: fedlib/afl/algorithm.py: the summed statistics, one upload (fast=False: as written)
+# ```
+#
+# ```{literalinclude} /fedlib/afl/algorithm.py
+# :pyobject: OneSolveServer.result
+# :lineno-match:
+# :caption: fedlib/afl/algorithm.py: one solve on the sums
+# ```
 #
 # Clients with $N_k<d$ have a singular $C_k$, and with many clients that is the common case. The
 # paper's remedy is the RI process (section 4); the checks in this section already use it, with
@@ -258,6 +295,14 @@ claims.register(
 # ```{prf:proof}
 # By induction over {eq}`afl-eq-recursive` with $C^r_k$ in place of $C_k$,
 # $C^r_{\text{agg},K}\hat W^r_{\text{agg},K}=\sum_kB_k=X^\top Y$, and $C^r_{\text{agg},K}-K\gamma I=X^\top X$.
+# ```
+#
+# The restoration on the server, {eq}`afl-eq-ri-restore` as one shifted solve:
+#
+# ```{literalinclude} /fedlib/afl/algorithm.py
+# :pyobject: ri_restore
+# :lineno-match:
+# :caption: fedlib/afl/algorithm.py: the RI restoration (eq. 15)
 # ```
 #
 # Only the **pooled** $X^\top X$ must be invertible; single clients may be rank-deficient or empty.

@@ -88,6 +88,20 @@ print(f"profile={profile}: optdigits {n} points in R^{m}, {num_clients} clients,
 #
 # The next cell checks that the mean of {eq}`fedtsne-eq-mmd` is the exact MMD² (`ft_checks.mmd_unbiasedness`) and
 # {eq}`fedtsne-eq-grad` against finite differences (`ft_checks.gradient_fd_error`).
+#
+# The two equations as `fedlib` computes them:
+#
+# ```{literalinclude} /fedlib/fedtsne/algorithm.py
+# :pyobject: mmd2_u
+# :lineno-match:
+# :caption: fedlib/fedtsne/algorithm.py: the unbiased MMD² (Eq. 10)
+# ```
+#
+# ```{literalinclude} /fedlib/fedtsne/algorithm.py
+# :pyobject: mmd2_u_grad
+# :lineno-match:
+# :caption: fedlib/fedtsne/algorithm.py: its gradient in the landmarks (Eq. 13)
+# ```
 
 # %%
 mc = ft_checks.mmd_unbiasedness(rng, mc_reps, dim=3, gamma=0.5, shift=0.7)   # V-statistic: diagonal kept, biased
@@ -114,6 +128,20 @@ assert grad_err < 1e-7
 # gradient descent on the pooled data, for any split: IID and one-class-per-client clients give the
 # same landmarks without noise. The paper's Algorithm 1 writes $\omega_p=1/P$; then non-IID splits
 # with unequal $n_p$ weight small clients up, and the identity fails.
+#
+# A client's round and the server's update (weights $\omega_p$ by the `weights` rule, $n_p/n$ by default):
+#
+# ```{literalinclude} /fedlib/fedtsne/algorithm.py
+# :pyobject: FedDLClient.round
+# :lineno-match:
+# :caption: fedlib/fedtsne/algorithm.py: a client's round (Eqs. 13-14, noise for the DP variants)
+# ```
+#
+# ```{literalinclude} /fedlib/fedtsne/algorithm.py
+# :pyobject: FedDLServer.absorb
+# :lineno-match:
+# :caption: fedlib/fedtsne/algorithm.py: the server's update (Eqs. 15-16)
+# ```
 
 # %%
 parts = {"IID": make_partition(labels, num_clients, "iid", seed=seed),
@@ -188,6 +216,26 @@ claims.register(
 # landmark columns and the Nyström formula is **exact**, whatever the landmarks. Plain distances
 # have no such low-rank structure. The paper does not say which it means; we use squared distances,
 # clip at 0 and take the square root before t-SNE/UMAP.
+#
+# The upload and the server's estimate:
+#
+# ```{literalinclude} /fedlib/fedtsne/algorithm.py
+# :pyobject: client_sq_distances
+# :lineno-match:
+# :caption: fedlib/fedtsne/algorithm.py: a client's upload (Alg. 2, step 3)
+# ```
+#
+# ```{literalinclude} /fedlib/fedtsne/nystrom.py
+# :pyobject: nystrom
+# :lineno-match:
+# :caption: fedlib/fedtsne/nystrom.py: the Nyström estimate (Eq. 19)
+# ```
+#
+# ```{literalinclude} /fedlib/fedtsne/algorithm.py
+# :pyobject: nystrom_distances
+# :lineno-match:
+# :caption: fedlib/fedtsne/algorithm.py: squared distances to distances (Eq. 22)
+# ```
 #
 # ```{prf:proposition} Exact Nyström estimate of squared distances (our statement)
 # :label: fedtsne-prop-nystrom

@@ -115,6 +115,21 @@ print(f"profile={profile}: d={dim}, mu={mu}, L={L_smooth}, horizon={horizon}, mc
 # ($\lambda\to0$: $v$ pinned to the global model) to $0$ ($\lambda\to1$: pure local training), and
 # $\lambda=1/(1+2q)$. `fedlib.refed.algorithm.q_lambda` implements $q$ of {eq}`refed-eq-pim`; the notes' values are
 # $q(0.2)=2$, $q(0.5)=0.5$, $q(0.8)=0.125$.
+#
+# The PIM as `fedlib` trains it: $s$ steps of eq. 3 from the global model, recording every sample's
+# squared gradient norm (eq. 4) before each step:
+#
+# ```{literalinclude} /fedlib/refed/algorithm.py
+# :pyobject: q_lambda
+# :lineno-match:
+# :caption: fedlib/refed/algorithm.py: q(λ) of Definition 1
+# ```
+#
+# ```{literalinclude} /fedlib/refed/algorithm.py
+# :pyobject: train_pim
+# :lineno-match:
+# :caption: fedlib/refed/algorithm.py: the PIM (eq. 3) and the norms G^p (eq. 4)
+# ```
 
 # %%
 lam_grid = np.linspace(0.0, 1.0, n_lambda + 2)[1:-1]
@@ -634,6 +649,14 @@ plt.show()
 # set to non-trivial values), with a chunk size that does not divide $n$, in float64 and float32.
 # Then two facts about `train_pim`: its first recorded row $G^1$ for the first mini-batch is the
 # per-sample norm at $v=w$ (the norms are taken *before* the step, [D12]), and its scores are eq. 5.
+#
+# The scores from the recorded norms:
+#
+# ```{literalinclude} /fedlib/refed/algorithm.py
+# :pyobject: importance_scores
+# :lineno-match:
+# :caption: fedlib/refed/algorithm.py: the importance scores (eq. 5, Table 10)
+# ```
 
 # %%
 resnet = bn_resnet(num_classes, seed)   # BatchNorm with non-trivial running statistics

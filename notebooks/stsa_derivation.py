@@ -132,6 +132,21 @@ assert checks["max |gradient| / max |X^T Y|"] < tol_w and checks["max |W - W_skl
 # Dirichlet label skew from $\beta=0.01$ (nearly one class per client) to $\beta=100$ and IID, and
 # $K$ from 1 to 50; the summed statistics, the heads and the test predictions are compared with the
 # centralized ones.
+#
+# A client's upload is {eq}`stsa-eq-stats` on its rows, and the server adds the uploads of a stage
+# (eqs. 2-3); with STSA-E it estimates the Gram matrix instead (section 4):
+#
+# ```{literalinclude} /fedlib/stsa/algorithm.py
+# :pyobject: stsa_client
+# :lineno-match:
+# :caption: fedlib/stsa/algorithm.py: the STSA upload (eq. 1 features, eqs. 2-3 statistics)
+# ```
+#
+# ```{literalinclude} /fedlib/stsa/algorithm.py
+# :pyobject: STSAServer.absorb
+# :lineno-match:
+# :caption: fedlib/stsa/algorithm.py: spatial aggregation (eqs. 2-3), and eq. 9 for STSA-E
+# ```
 
 # %%
 spatial = stsa_studies.spatial_check(x_all, y_all, num_classes, rf, betas + [None], client_counts, seed, stats, w_star,
@@ -158,6 +173,14 @@ claims.register(
 # $$W_t=(G_{1:t}+\gamma I)^{-1}C_{1:t},\qquad G_{1:t}=\sum_{i\le t}\sum_k G_{i,k},\quad C_{1:t}=[C_1,\dots,C_t]$$ (stsa-eq-temporal)
 #
 # **is** the joint ridge head {eq}`stsa-eq-ridge` after every {term}`stage` (the paper's eq. 8).
+#
+# The server's solve after each stage, {eq}`stsa-eq-temporal`:
+#
+# ```{literalinclude} /fedlib/stsa/algorithm.py
+# :pyobject: STSAServer.solve
+# :lineno-match:
+# :caption: fedlib/stsa/algorithm.py: temporal aggregation and the ridge solve (eqs. 4-5, 8)
+# ```
 # We run the full protocol (`fedlib.federated.incremental`: seeded class order, a Dirichlet partition redrawn
 # per task) and compare the head after each stage with joint ridge on the data seen so far; then the
 # same with the stages in reverse order, and with every stage cut into two sub-stages.
@@ -222,6 +245,20 @@ print({k: round(100 * v, 2) for k, v in result.metrics.items()})
 # freedom) by the scaled between-client scatter ($K-1$ degrees of freedom). This form is positive
 # semidefinite, and `fedlib` computes it for all classes and clients as one product $DD^\top+EE^\top$
 # (`stsa_studies.eq9_identity_checks` compares {eq}`stsa-eq-ghat` with {eq}`stsa-eq-ghat-psd`).
+#
+# The STSA-E upload and the server's estimate, {eq}`stsa-eq-ghat-psd` for every class at once:
+#
+# ```{literalinclude} /fedlib/stsa/algorithm.py
+# :pyobject: stsae_client
+# :lineno-match:
+# :caption: fedlib/stsa/algorithm.py: the STSA-E upload: class sums and counts of dummy clients
+# ```
+#
+# ```{literalinclude} /fedlib/stsa/algorithm.py
+# :pyobject: gram_estimate
+# :lineno-match:
+# :caption: fedlib/stsa/algorithm.py: the Gram estimate (eq. 9) as D D^T + E E^T
+# ```
 #
 # ```{prf:proposition} Unbiased Gram estimate (the paper's Prop. 3.1, under label skew)
 # :label: stsa-prop-unbiased

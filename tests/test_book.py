@@ -32,6 +32,7 @@ def book(tmp_path_factory):
     for name in ["_config.yml", "_toc.yml"]:
         shutil.copy(REPO / name, root / name)
     shutil.copytree(REPO / "book", root / "book", ignore=shutil.ignore_patterns("executed", "_build"))
+    (root / "fedlib").symlink_to(REPO / "fedlib")   # the chapters include the algorithms' source from it
     for name in NOTEBOOKS:
         profiles.run_notebook(name, "smoke", output=root / "book" / "executed" / f"{name}.ipynb")
     jb = Path(sys.executable).with_name("jupyter-book")
@@ -57,6 +58,18 @@ def test_html_page_has_figures_and_no_error_output(book, name):
     html = (book / "_build" / "html" / "book" / "executed" / f"{name}.html").read_text()
     assert "<img" in html
     assert "Traceback" not in html and "output error" not in html
+
+
+def test_derivation_chapters_show_the_algorithm_source(book):
+    """Each {literalinclude} of a derivation chapter rendered as highlighted code that defines its object."""
+    from test_code_page import DERIVATIONS, shown_source
+
+    for chapter in DERIVATIONS:
+        html = (book / "_build" / "html" / "book" / "executed" / f"{chapter}.html").read_text()
+        for file, obj in shown_source(chapter):
+            assert f'<span class="nf">{obj.split(".")[-1]}</span>' in html or \
+                f'<span class="nc">{obj}</span>' in html, (chapter, obj)
+            assert f"{file}: " in html, (chapter, file)
 
 
 def test_html_pages_of_the_book_exist(book):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from threadpoolctl import threadpool_limits
 
 from fedlib.core.validate import check_choice, check_positive
 
@@ -240,8 +241,6 @@ def _one_blas_thread(fn):
     ran it on the default threads took 25.6 s)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from threadpoolctl import threadpool_limits
-
         with threadpool_limits(limits=1, user_api="blas"):
             return fn(*args, **kwargs)
 

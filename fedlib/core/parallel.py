@@ -17,6 +17,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
 
 import torch
+from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
 from fedlib.core.validate import check_int
@@ -52,8 +53,6 @@ def resolve_workers(workers: int | None, device="cpu") -> int:
 
 
 def _init_worker() -> None:
-    from threadpoolctl import threadpool_limits
-
     torch.set_num_threads(1)
     threadpool_limits(1)
 

@@ -37,6 +37,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import sys  # noqa: E402
 
 import numpy as np  # noqa: E402
+from threadpoolctl import threadpool_limits
 
 from fedlib.data.partition import make_partition
 from fedlib.evaluation import benchmark as bench  # noqa: E402
@@ -101,8 +102,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--tsne-max-iter must be >= 250 (the early exaggeration phase)")
 
     import openTSNE
-    from threadpoolctl import threadpool_limits
-
     threadpool_limits(args.threads)
     k_eval = 10
     (X, y, _), t_load = timed(lambda: ft_chapters.load_points(args.dataset, args.points, seed=args.seed))

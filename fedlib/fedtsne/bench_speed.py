@@ -44,6 +44,7 @@ import sys  # noqa: E402
 import time
 
 import numpy as np  # noqa: E402
+from threadpoolctl import threadpool_info
 
 from fedlib.core.linalg import relative_error
 from fedlib.core.seeds import derive_seed
@@ -141,15 +142,10 @@ def feddl_dtype_rows(X, y, clients: int = 10, landmarks: int = 200, rounds: int 
 
 
 def _threads() -> str:
-    try:
-        from threadpoolctl import threadpool_info
-
-        info = threadpool_info()
-        blas = sorted({i["num_threads"] for i in info if i["user_api"] == "blas"})
-        omp = sorted({i["num_threads"] for i in info if i["user_api"] == "openmp"})
-        return f"BLAS threads {blas}, OpenMP threads {omp}"
-    except Exception:  # pragma: no cover - threadpoolctl ships with scikit-learn
-        return "threads unknown"
+    info = threadpool_info()
+    blas = sorted({i["num_threads"] for i in info if i["user_api"] == "blas"})
+    omp = sorted({i["num_threads"] for i in info if i["user_api"] == "openmp"})
+    return f"BLAS threads {blas}, OpenMP threads {omp}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from fedlib.core.parallel import default_workers
 from fedlib.core.processes import stop_on_signals
@@ -168,8 +169,6 @@ def reference_kernel_ms(repeats: int = 2000) -> float:
     BLAS thread, the median of ``repeats``: the speed of the machine at that moment. A shared virtual
     machine runs faster or slower from hour to hour, so a run's record carries it, and two records
     compare by it."""
-    from threadpoolctl import threadpool_limits
-
     rng = np.random.default_rng(0)
     a, b = rng.random((100, 784), dtype=np.float32), rng.random((784, 200), dtype=np.float32)
     times = []
