@@ -61,7 +61,7 @@ flower-deploy: data
 flower-simulate: data
 	$(PY) -m fedlib.flower simulate $(FLOWER)
 
-# headless Chromium for the browser tests of the built book (tests/test_book.py): Debian's chromium and
+# headless Chromium for the browser tests of the built book (tests/book/test_book.py): Debian's chromium and
 # chromium-driver, installed with apt-get when missing (needs root, as in CI); nothing if present
 browser:
 	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then \
@@ -73,7 +73,7 @@ browser:
 	else \
 	    echo "browser: chromium and chromedriver are missing and this is not root. Install them with" >&2; \
 	    echo "    sudo apt-get update && sudo apt-get install -y chromium chromium-driver" >&2; \
-	    echo "(the browser tests of tests/test_book.py need them; FEDLIB_CHROMIUM / FEDLIB_CHROMEDRIVER name other paths)" >&2; \
+	    echo "(the browser tests of tests/book/test_book.py need them; FEDLIB_CHROMIUM / FEDLIB_CHROMEDRIVER name other paths)" >&2; \
 	    exit 1; \
 	fi
 

@@ -200,14 +200,14 @@ assert afl_runs["max rel. |W - W_QR|"].max() < qr_tol
 # the authors' projection head (`MOONHead`, their `ModelFedCon` without the backbone:
 # $z=\ell_2(\mathrm{ReLU}(\ell_1(h)))$, logits $\ell_3(z)$, $z$ of width 256). In round 1 it has no
 # previous local model, so, as in the authors' code, the contrastive term is 0 (checked in
-# `tests/test_federated.py`). The width of $\ell_1$ is printed below: the authors use the feature
+# `tests/federated/test_federated.py`). The width of $\ell_1$ is printed below: the authors use the feature
 # dimension; a profile may shrink it to save time, and then says so. All other methods train a
 # linear head, as AFL. **FedGen** (a server-side generator of latent features) is not implemented:
 # it needs a generator architecture and hyperparameters that the AFL paper does not give.
 #
 # With `batched_clients` (the default) the simulator trains all clients of a round at once: each
 # client draws the same mini-batches from its own generator and takes the same SGD steps as when
-# trained alone, equal up to float round-off (`tests/test_federated_batched.py`). This removes our
+# trained alone, equal up to float round-off (`tests/federated/test_federated_batched.py`). This removes our
 # simulator's per-client Python overhead from the baselines' wall-clock times, so that overhead
 # does not inflate the time comparison with AFL below.
 

@@ -241,7 +241,7 @@ display(info)
 # upload their own kernel blocks, which the server assembles and clusters). Only the "+" noise,
 # whose sd follows each client's own gradient, can tell the splits apart; every "+" run is its own.
 # FedDL computes its rounds in `feddl_dtype` (float32 here, as in the benchmark chapter; float64 in
-# profile paper; float32 and float64 landmarks agree up to rounding, `tests/test_fedtsne.py`); the
+# profile paper; float32 and float64 landmarks agree up to rounding, `tests/fedtsne/test_fedtsne.py`); the
 # kernels, the Nyström step and the clustering stay in float64.
 
 # %%

@@ -56,7 +56,7 @@
 # it is where FedDL's objective plateaus by the rule of Sec. 2. FedDL computes its rounds (the clients'
 # gradients, the landmarks, the noise) in `feddl_dtype` = float32 here (float64 in profile paper), while F,
 # the Nyström step and everything after it stay in float64; float32 and float64 landmarks agree up to
-# rounding (`tests/test_fedtsne.py`). Centralized and federated runs
+# rounding (`tests/fedtsne/test_fedtsne.py`). Centralized and federated runs
 # always share every setting, so each comparison is like for like, and all runs of one seed share
 # that seed, so comparisons are paired differences with 95 % confidence intervals over the seeds.
 #
@@ -132,7 +132,7 @@ threadpool_limits(1, user_api="blas")
 warnings.filterwarnings("ignore", category=FutureWarning)
 warnings.filterwarnings("ignore", message="IProgress not found")   # tqdm.auto without ipywidgets (no bars are shown)
 # the studies' independent runs (a dataset, seed and split each) go to `workers` forked processes; every run is
-# seeded by its own seed, so the results are those of one process (tests/test_fedtsne_studies.py)
+# seeded by its own seed, so the results are those of one process (tests/fedtsne/test_fedtsne_studies.py)
 workers = resolve_workers(workers)   # None: the cores
 print(f"{workers} worker process(es) for the independent runs")
 T_START = time.perf_counter()

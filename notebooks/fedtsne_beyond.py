@@ -30,7 +30,7 @@
 #    its own points into that map with openTSNE's `transform` {cite}`policar2024opentsne` (UMAP's
 #    `transform` {cite}`mcinnes2018umap` in the `paper` profile).
 #
-# Library code: `fedlib.fedtsne.beyond`; tests: `tests/test_fedtsne_beyond.py`. Samples are rows.
+# Library code: `fedlib.fedtsne.beyond`; tests: `tests/fedtsne/test_fedtsne_beyond.py`. Samples are rows.
 
 # %% tags=["parameters"]
 profile = "quick"

@@ -402,7 +402,7 @@ claims.register(
 # %% [markdown]
 # The table gives the largest observed change as a fraction of each bound. For a single landmark the
 # per-landmark term of $\Delta_K$ is attained exactly by such an adversarial pair
-# (`tests/test_fedtsne.py`), so the bound cannot be lowered in general; Theorem 6's bound exceeds it by
+# (`tests/fedtsne/test_fedtsne.py`), so the bound cannot be lowered in general; Theorem 6's bound exceeds it by
 # the printed factor. Next, the noise each calibration asks for. The paper's Theorem 4
 # constant is checked against the exact privacy of the Gaussian mechanism: for each $\varepsilon$, the
 # $\varepsilon$ that its $\sigma$ actually achieves at the same $\delta$.

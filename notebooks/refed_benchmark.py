@@ -205,7 +205,7 @@ display(paper1)
 # (`fedlib.federated.learner.FirstStageShare`; the per-method task-1 check below still holds), and its
 # measured seconds count in the cost of every run that uses it. Every run seeds what it draws, so
 # the runs go to `workers` forked processes (`ScenarioRuns.prefetch`) and give the same results,
-# bit for bit, as one after the other (tested: `tests/test_refed_parallel.py`). The main runs of one
+# bit for bit, as one after the other (tested: `tests/refed/test_refed_parallel.py`). The main runs of one
 # scenario and seed go to one process together and share their task 1 as above; the one-seed sweeps
 # below are all run at the memory sweep, every run in a group of its own, which trains its task 1
 # again (the same bits) so that the processes work side by side.

@@ -114,7 +114,7 @@ from fedlib.runner import specs
 
 specs.check("stsa_benchmark", globals())   # every parameter is checked before any long work
 # the pretrained table's seeds go to `workers` forked processes (1 on an accelerator); every run is seeded by
-# its seed, so the results are those of one process (tests/test_stsa_chapters.py)
+# its seed, so the results are those of one process (tests/stsa/test_stsa_chapters.py)
 workers = resolve_workers(workers, resolve_device(device))
 sns.set_theme(style="whitegrid")
 torch.set_num_threads(num_threads)

@@ -318,7 +318,7 @@ assert vanish["rel. difference of the heads"] < 1e-8 and vanish["same test predi
 # {eq}`sb-sens` prescribes, and with vanishing noise the private pipeline (the PSD projection
 # {eq}`sb-psd` included) returns the non-private STSA head to round-off. The accountant's
 # $\varepsilon$ matches the exact value from {eq}`sb-compose`–{eq}`sb-analytic`.
-# `tests/test_stsa_beyond.py` repeats these checks against an independent scipy solution of
+# `tests/stsa/test_stsa_beyond.py` repeats these checks against an independent scipy solution of
 # {eq}`sb-analytic`.
 #
 # **About $B$.** $B$ must be public. Here it was read off the norm distribution printed above, i.e.

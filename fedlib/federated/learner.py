@@ -487,7 +487,7 @@ class FirstStageShare(dict):
     History, the clients' states other than their local sets and logs, i.e. their mini-batch
     generators, the server memory, the global RNG states of python, numpy and torch after the run,
     and its measured seconds); every later one restores it instead of training: bit-identical to
-    training itself (tested: ``tests/test_refed.py``). ``hits`` / ``misses`` count the lookups."""
+    training itself (tested: ``tests/refed/test_refed.py``). ``hits`` / ``misses`` count the lookups."""
 
     def __init__(self):
         super().__init__()

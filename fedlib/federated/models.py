@@ -155,7 +155,7 @@ class _MaxPool2(torch.autograd.Function):
     contiguous one on the SmallCNN's small maps (measured, one thread): the maxima are the same
     numbers and the indices the same (the first maximum of each window in row-major order, the
     convention of both kernels), and the backward is the built-in one on the contiguous input, so
-    values and gradients equal ``F.max_pool2d``'s bit for bit (``tests/test_refed.py``)."""
+    values and gradients equal ``F.max_pool2d``'s bit for bit (``tests/refed/test_refed.py``)."""
 
     @staticmethod
     def forward(ctx, x):

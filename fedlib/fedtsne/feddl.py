@@ -198,7 +198,7 @@ def feddl(client_data: Sequence, n_landmarks: int = 500, *, rounds: int = 100, l
       (float32 normals from the client's own torch stream ("feddl", p)); Y^0 is the float64 draw rounded,
       F(Y) is summed in float64 and the result's landmarks are float64 (the later steps compute in
       float64). About 1.8x faster per round at n_y = 200, m = 784; the landmarks differ from float64's by
-      ~1e-6 relative after 50 noise-free rounds (tests/test_fedtsne.py).
+      ~1e-6 relative after 50 noise-free rounds (tests/fedtsne/test_fedtsne.py).
 
     Randomness: Y^0 from ``default_rng(seed)`` (the server), client p's noise from
     :func:`client_rng` (float32: its torch stream) and its median subsample from :func:`median_seed`. ``progress`` shows a tqdm bar

@@ -686,7 +686,7 @@ def test_both_fedtsne_chapters_draw_points_and_split_clients_by_the_one_rule():
 
     import inspect
 
-    root = Path(__file__).resolve().parent.parent / "notebooks"
+    root = Path(__file__).resolve().parents[2] / "notebooks"
     # the chapters' study loops (fedtsne.studies) split the clients by the one rule too
     from fedlib.fedtsne.studies import _plateau_job     # the runs of convergence_study and step_study
 

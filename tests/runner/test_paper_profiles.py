@@ -198,13 +198,13 @@ def test_tiny_names_each_chapter_once():
 
 @pytest.mark.parametrize("name", CHAPTERS)
 def test_every_paper_parameter_is_made_tiny_or_kept(name):
-    assert name in TINY, (f"{name} has a paper profile but no entry in TINY (tests/test_paper_profiles.py): "
+    assert name in TINY, (f"{name} has a paper profile but no entry in TINY (tests/runner/test_paper_profiles.py): "
                           "say how its paper code path is run at a tiny size")
     tiny, keep = TINY[name]["tiny"], set(TINY[name]["keep"])
     paper = set(_paper_block(name))
     uncovered = sorted(paper - set(tiny) - keep)
     assert not uncovered, (f"{name}: paper parameter(s) {uncovered} are neither made tiny nor kept in TINY "
-                           "(tests/test_paper_profiles.py)")
+                           "(tests/runner/test_paper_profiles.py)")
     assert not set(tiny) & keep, f"{name}: {sorted(set(tiny) & keep)} both made tiny and kept"
     assert keep <= paper, f"{name}: kept parameter(s) {sorted(keep - paper)} are not in its paper profile"
     defaults = profiles.notebook_parameters(name)
@@ -297,7 +297,7 @@ def test_scratch_baselines_on_rgb_images_with_four_stages():
 # the tiny runs
 # --------------------------------------------------------------------------------------------
 STARTUP = '''\
-# written by tests/test_paper_profiles.py: test-only patches of this kernel
+# written by tests/runner/test_paper_profiles.py: test-only patches of this kernel
 import os as _os
 import torchvision.datasets.cifar as _tv_cifar
 

@@ -21,7 +21,7 @@ from fedlib.evaluation import claims
 
 from fedlib.runner import profiles, specs
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = profiles.notebook_names()
 pytestmark = pytest.mark.slow
 

@@ -1,6 +1,6 @@
 """Tests for the benchmark chapter's tables and evidence in fedlib.refed.algorithm (paired differences,
 cache diagnostics, curves, the exact / last-layer comparison, the cost and summary sentences), on a
-small ScenarioRuns of the toy data of tests/test_refed.py, each against a direct computation."""
+small ScenarioRuns of the toy data of tests/refed/test_refed.py, each against a direct computation."""
 from __future__ import annotations
 
 import numpy as np

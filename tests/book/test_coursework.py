@@ -31,7 +31,7 @@ from fedlib.refed import selfcheck as refed_selfcheck
 from fedlib.stsa import selfcheck as stsa_selfcheck
 from fedlib.runner import student
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "notebooks"
 CHAPTERS = ["afl_derivation", "afl_benchmark", "afl_beyond", "stsa_derivation", "stsa_benchmark", "stsa_beyond",
             "fedtsne_derivation", "fedtsne_benchmark", "fedtsne_privacy", "fedspeclust", "fedtsne_beyond",

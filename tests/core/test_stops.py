@@ -17,7 +17,7 @@ import pytest
 
 from fedlib.core.processes import Family, Stopped, stop_on_signals
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def marked(mark: str) -> list[psutil.Process]:

@@ -7,7 +7,7 @@ import yaml
 
 from fedlib.runner import cli, profiles
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_every_notebook_has_parameters_and_is_in_toc_and_order():
