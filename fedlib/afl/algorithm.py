@@ -31,15 +31,7 @@ import numpy as np
 import torch
 
 from fedlib.afl.speed import OnePassSums, kernels, pack_symmetric, packed_gram, packed_length, unpack_symmetric
-from fedlib.core.linalg import (
-    Array,
-    SufficientStats,
-    as_tensor,
-    numerical_rank,
-    one_hot,
-    ridge_solve,
-    smallest_eig_estimate,
-)
+from fedlib.core.linalg import Array, SufficientStats, as_tensor, inverse_applier, numerical_rank, one_hot, ridge_solve
 from fedlib.core.messages import Cost, Message
 from fedlib.core.protocol import EMPTY, Server, simulate
 from fedlib.core.uploads import Expected, Number, Tensor, check_uploads
@@ -143,7 +135,7 @@ def aa_weights(c_agg: torch.Tensor, c_k: torch.Tensor, sign: int = +1, inverse: 
         raise ValueError(f"sign must be +1 (corrected) or -1 (as printed), got {sign!r}")
     check_choice("inverse", inverse, ("solve", "pinv"))
     eye = torch.eye(c_agg.shape[0], dtype=c_agg.dtype, device=c_agg.device)
-    inv_agg, inv_k, inv_s = (_inverse_applier(a, inverse, what) for a, what in
+    inv_agg, inv_k, inv_s = (inverse_applier(a, inverse, _singular_message(what)) for a, what in
                              ((c_agg, "the aggregated C"), (c_k, "the client's C_k"), (c_agg + c_k, "C_agg + C_k")))
     ra_ck, rk_ca = inv_agg(c_k), inv_k(c_agg)
     w_agg = eye - ra_ck + sign * ra_ck @ inv_s(c_k)
@@ -167,48 +159,15 @@ def aa_combine(c_agg: torch.Tensor, c_k: torch.Tensor, w_agg: torch.Tensor, w_k:
     if sign not in (1, -1):
         raise ValueError(f"sign must be +1 (corrected) or -1 (as printed), got {sign!r}")
     check_choice("inverse", inverse, ("solve", "pinv"))
-    inv_agg = _inverse_applier(c_agg, inverse, "the aggregated C") if inv_agg is None else inv_agg
-    inv_k = _inverse_applier(c_k, inverse, "the client's C_k")
+    inv_agg = inverse_applier(c_agg, inverse, _singular_message("the aggregated C")) if inv_agg is None else inv_agg
+    inv_k = inverse_applier(c_k, inverse, _singular_message("the client's C_k"))
     s = c_agg + c_k
-    inv_s = _inverse_applier(s, inverse, "C_agg + C_k")
+    inv_s = inverse_applier(s, inverse, _singular_message("C_agg + C_k"))
     u, v = c_k @ w_agg, c_agg @ w_k
     s_uv = inv_s(torch.cat([u, v], dim=1))
     n = u.shape[1]
     head = (w_agg - inv_agg(u - sign * (c_k @ s_uv[:, :n]))) + (w_k - inv_k(v - sign * (c_agg @ s_uv[:, n:])))
     return head, s, inv_s
-
-
-def _inverse_applier(a: torch.Tensor, inverse: str, what: str = "matrix"):
-    """``b -> a^{-1} b``: one Cholesky (LU if ``a`` is not positive definite) reused for every
-    right-hand side, or a pseudo-inverse when ``inverse == "pinv"`` (:func:`_pinv_applier`). An
-    exactly singular ``a`` raises a ValueError that says what to do instead (not torch's raw LU error)."""
-    if inverse == "pinv":
-        return _pinv_applier(a)
-    factor, info = torch.linalg.cholesky_ex(a)
-    if int(info) == 0:
-        return lambda b: torch.cholesky_solve(b, factor)
-    lu, pivots, info = torch.linalg.lu_factor_ex(a)
-    if int(info) != 0:
-        raise ValueError(_singular_message(what))
-    return lambda b: torch.linalg.lu_solve(lu, pivots, b)
-
-
-def _pinv_applier(a: torch.Tensor):
-    """``b -> pinv(a) b`` for a symmetric (d, d) ``a``, as ``torch.linalg.pinv(a, hermitian=True) @ b``
-    (eigenvalues with ``|lambda| <= d eps max|lambda|`` dropped) without forming the pseudo-inverse:
-    one eigendecomposition, applied in O(d^2 C). Where ``a`` is clearly positive definite - its
-    Cholesky factorization succeeds and the inverse-iteration estimate of its smallest eigenvalue
-    exceeds that cutoff (relative to the Gershgorin bound on the largest) 1000-fold, the screen of
-    :func:`~fedlib.core.linalg.ridge_solve` - no eigenvalue is dropped, ``pinv(a) = a^{-1}``, and
-    the Cholesky factor applies it (to round-off, the same numbers)."""
-    rtol = a.shape[0] * torch.finfo(a.dtype).eps
-    factor, info = torch.linalg.cholesky_ex(a)
-    if int(info) == 0 and smallest_eig_estimate(factor) > 1e3 * rtol * float(a.abs().sum(1).max()):
-        return lambda b: torch.cholesky_solve(b, factor)
-    lam, vec = torch.linalg.eigh(a)
-    keep = lam.abs() > rtol * float(lam.abs().max()) if lam.numel() else lam.bool()
-    lam, vec = lam[keep], vec[:, keep]
-    return lambda b: vec @ ((vec.T @ b) / lam[:, None])
 
 
 def _singular_message(what: str, rank: int | None = None, dim: int | None = None) -> str:

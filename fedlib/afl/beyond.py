@@ -34,16 +34,8 @@ from tqdm.auto import tqdm
 from fedlib.afl import algorithm as afl
 from fedlib.afl import speed as afl_speed
 from fedlib.core import uploads
-from fedlib.core.linalg import (
-    Array,
-    SufficientStats,
-    gram_report,
-    lstsq_reference,
-    normal_equations_tolerance,
-    relative_error,
-    ridge_solve,
-    synthetic_features,
-)
+from fedlib.core.linalg import (Array, SufficientStats, gram_report, lstsq_reference, normal_equations_tolerance,
+                                relative_error, ridge_solve, synthetic_features)
 from fedlib.core.messages import Cost, Message
 from fedlib.core.protocol import EMPTY, Server, simulate
 from fedlib.core.seeds import derive_seed

@@ -14,19 +14,9 @@ import torch
 from tqdm.auto import tqdm
 
 from fedlib.afl.algorithm import SERVERS, AFLResult, aa_weights, aggregate, client_update, ri_restore, run_afl
-from fedlib.core.linalg import (
-    Array,
-    SufficientStats,
-    as_tensor,
-    gram_report,
-    lstsq_reference,
-    normal_equations_tolerance,
-    predict,
-    qr_reference,
-    relative_error,
-    ridge_solve,
-    synthetic_features,
-)
+from fedlib.core.linalg import (Array, SufficientStats, as_tensor, gram_report, lstsq_reference,
+                                normal_equations_tolerance, predict, qr_reference, relative_error, ridge_solve,
+                                synthetic_features)
 from fedlib.core.parallel import RunGrid
 from fedlib.core.validate import check_choice, check_positive
 from fedlib.data.partition import make_partition

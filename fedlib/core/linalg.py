@@ -135,6 +135,39 @@ def numerical_rank(a: torch.Tensor, rcond: float | None = None) -> tuple[int, to
     return int((lam.abs() > tol * top).sum()) if top > 0 else 0, lam
 
 
+def inverse_applier(a: torch.Tensor, inverse: str = "solve", singular: str = "the matrix is singular"):
+    """``b -> a^{-1} b`` for a (d, d) ``a``: one Cholesky (LU if ``a`` is not positive definite) reused for
+    every right-hand side, or a pseudo-inverse when ``inverse == "pinv"`` (:func:`pinv_applier`). An
+    exactly singular ``a`` raises ValueError(``singular``): say what to do instead (not torch's raw LU error)."""
+    if inverse == "pinv":
+        return pinv_applier(a)
+    factor, info = torch.linalg.cholesky_ex(a)
+    if int(info) == 0:
+        return lambda b: torch.cholesky_solve(b, factor)
+    lu, pivots, info = torch.linalg.lu_factor_ex(a)
+    if int(info) != 0:
+        raise ValueError(singular)
+    return lambda b: torch.linalg.lu_solve(lu, pivots, b)
+
+
+def pinv_applier(a: torch.Tensor):
+    """``b -> pinv(a) b`` for a symmetric (d, d) ``a``, as ``torch.linalg.pinv(a, hermitian=True) @ b``
+    (eigenvalues with ``|lambda| <= d eps max|lambda|`` dropped) without forming the pseudo-inverse:
+    one eigendecomposition, applied in O(d^2 C). Where ``a`` is clearly positive definite - its
+    Cholesky factorization succeeds and the inverse-iteration estimate of its smallest eigenvalue
+    exceeds that cutoff (relative to the Gershgorin bound on the largest) 1000-fold, the screen of
+    :func:`~fedlib.core.linalg.ridge_solve` - no eigenvalue is dropped, ``pinv(a) = a^{-1}``, and
+    the Cholesky factor applies it (to round-off, the same numbers)."""
+    rtol = a.shape[0] * torch.finfo(a.dtype).eps
+    factor, info = torch.linalg.cholesky_ex(a)
+    if int(info) == 0 and smallest_eig_estimate(factor) > 1e3 * rtol * float(a.abs().sum(1).max()):
+        return lambda b: torch.cholesky_solve(b, factor)
+    lam, vec = torch.linalg.eigh(a)
+    keep = lam.abs() > rtol * float(lam.abs().max()) if lam.numel() else lam.bool()
+    lam, vec = lam[keep], vec[:, keep]
+    return lambda b: vec @ ((vec.T @ b) / lam[:, None])
+
+
 def ridge_solve(gram: torch.Tensor, rhs: torch.Tensor, lam: float = 0.0, rcond: float | None = None) -> torch.Tensor:
     """Solve ``(G + lam I) W = rhs`` for W (d, C); G (d, d) symmetric, rhs (d, C).
 

@@ -31,22 +31,10 @@ from fedlib.core.messages import Message
 from fedlib.core.protocol import EMPTY, Server
 from fedlib.core.validate import check_choice, check_int, check_positive
 from fedlib.fedtsne import speed
-from fedlib.fedtsne.dp import (
-    clip_rows,
-    data_sensitivity,
-    gradient_sensitivity,
-    kernel_gradient_sensitivity,
-    project_spectral,
-)
-from fedlib.fedtsne.mmd import (
-    as_matrix,
-    client_median_sqdist,
-    client_weights,
-    gaussian_kernel,
-    kernel_width,
-    pooled_moments,
-    sq_distances,
-)
+from fedlib.fedtsne.dp import (clip_rows, data_sensitivity, gradient_sensitivity, kernel_gradient_sensitivity,
+                               project_spectral)
+from fedlib.fedtsne.mmd import (as_matrix, client_median_sqdist, client_weights, gaussian_kernel, kernel_width,
+                                pooled_moments, sq_distances)
 from fedlib.fedtsne.nystrom import BLOCK_BYTES, NYSTROM_KINDS, distances_from_squared, nystrom, nystrom_knn
 
 MODES = ("gradient", "average")

@@ -23,23 +23,11 @@ from fedlib.evaluation.stats import mean_std, paired_difference
 from fedlib.fedtsne.algorithm import mmd2_u, nystrom_kernel
 from fedlib.fedtsne.chapters import check_fits, client_split, load_points
 from fedlib.fedtsne.dp import kernel_gradient_sensitivity
-from fedlib.fedtsne.feddl import (
-    FedDLResult,
-    feddl,
-    feddl_until_plateau,
-    plateau_share,
-    public_landmarks,
-    resolve_gamma_only,
-)
+from fedlib.fedtsne.feddl import (FedDLResult, feddl, feddl_until_plateau, plateau_share, public_landmarks,
+                                  resolve_gamma_only)
 from fedlib.fedtsne.mmd import client_weights, gaussian_kernel
-from fedlib.fedtsne.pipelines import (
-    FED_NAMES,
-    METHOD_NAMES,
-    central_embedding,
-    embed,
-    fed_spectral_clustering,
-    learn_landmarks,
-)
+from fedlib.fedtsne.pipelines import (FED_NAMES, METHOD_NAMES, central_embedding, embed, fed_spectral_clustering,
+                                      learn_landmarks)
 
 
 # ------------------------------------------------------------------------------------------------

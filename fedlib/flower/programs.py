@@ -22,15 +22,8 @@ from fedlib.afl.algorithm import AFLClient
 from fedlib.federated.fcil import METHODS as FCIL_METHODS
 from fedlib.federated.fcil import make_method
 from fedlib.federated.gradient import ALGORITHMS, FedAlgorithm, FedConfig, GradientClient, make_algorithm
-from fedlib.federated.learner import (
-    CacheClient,
-    HerdingReplay,
-    RandomReplay,
-    ReservoirReplay,
-    ScoreReplay,
-    StageClient,
-    StateInit,
-)
+from fedlib.federated.learner import (CacheClient, HerdingReplay, RandomReplay, ReservoirReplay, ScoreReplay,
+                                      StageClient, StateInit)
 from fedlib.fedtsne.algorithm import FedDLClient, NystromClient
 from fedlib.refed.algorithm import RefedReplay
 from fedlib.stsa.algorithm import STSAClient

@@ -72,18 +72,8 @@ from fedlib.core.persample import default_names, ghost_layers, grad_sq_norms, la
 from fedlib.core.validate import check_choice, check_int, check_real
 from fedlib.federated.fcil import METHODS
 from fedlib.federated.gradient import FedConfig
-from fedlib.federated.learner import (
-    MEMORY_MODES,
-    FixedLearner,
-    GradientLearner,
-    HerdingReplay,
-    RandomReplay,
-    Replay,
-    ReservoirReplay,
-    ScoreReplay,
-    balancing,
-    select_top,
-)
+from fedlib.federated.learner import (MEMORY_MODES, FixedLearner, GradientLearner, HerdingReplay, RandomReplay, Replay,
+                                      ReservoirReplay, ScoreReplay, balancing, select_top)
 from fedlib.refed import speed
 
 WEIGHTINGS = ("early", "average", "late")

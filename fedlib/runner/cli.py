@@ -13,15 +13,8 @@ from pathlib import Path
 from fedlib.core.paths import BENCHMARK_DIR, EXECUTED_DIR, FAILED_DIR
 from fedlib.core.processes import Family, Stopped, exit_code, stop_on_signals
 from fedlib.runner import memory, schedule
-from fedlib.runner.profiles import (
-    cell_timings,
-    chapter_after,
-    last_duration,
-    notebook_names,
-    notebook_parameters,
-    parse_overrides,
-    resolve_parameters,
-)
+from fedlib.runner.profiles import (cell_timings, chapter_after, last_duration, notebook_names, notebook_parameters,
+                                    parse_overrides, resolve_parameters)
 from fedlib.runner.schedule import minutes
 
 

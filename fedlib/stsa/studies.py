@@ -21,15 +21,8 @@ from fedlib.afl.algorithm import UPLOAD_FORMS as AFL_UPLOAD_FORMS
 from fedlib.afl.algorithm import OneSolveServer as AFLOneSolveServer
 from fedlib.core import paths, uploads
 from fedlib.core.cache import save_npz
-from fedlib.core.linalg import (
-    SufficientStats,
-    as_tensor,
-    lstsq_reference,
-    relative_error,
-    ridge_fit,
-    ridge_solve,
-    synthetic_features,
-)
+from fedlib.core.linalg import (SufficientStats, as_tensor, lstsq_reference, relative_error, ridge_fit, ridge_solve,
+                                synthetic_features)
 from fedlib.core.messages import Cost
 from fedlib.core.parallel import RunGrid
 from fedlib.core.protocol import Broadcaster
@@ -44,22 +37,9 @@ from fedlib.federated.incremental import IncrementalResult, run_class_incrementa
 from fedlib.federated.learner import GradientLearner
 from fedlib.federated.models import SmallResNet, images_to_tensor
 from fedlib.stsa import tables
-from fedlib.stsa.algorithm import (
-    K_MODES,
-    VARIANTS,
-    RandomFeatures,
-    StageCallback,
-    StagewiseLearner,
-    STSAClient,
-    STSALearner,
-    STSAServer,
-    class_coefficients,
-    dummy_split,
-    gram_estimate,
-    predict,
-    stsa_client,
-    stsae_client,
-)
+from fedlib.stsa.algorithm import (K_MODES, VARIANTS, RandomFeatures, StageCallback, StagewiseLearner, STSAClient,
+                                   STSALearner, STSAServer, class_coefficients, dummy_split, gram_estimate, predict,
+                                   stsa_client, stsae_client)
 from fedlib.stsa.speed import expanded_features
 
 
