@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from fedlib.core.specs import Int, Spec
 from fedlib.evaluation import claims
 
 from fedlib.runner import profiles, specs
@@ -91,7 +92,7 @@ def test_a_failing_run_leaves_the_chapter_unchanged(tmp_path, monkeypatch):
     monkeypatch.setattr(profiles, "NOTEBOOK_DIR", tmp_path)
     monkeypatch.setattr(profiles, "PROFILE_FILE", tmp_path / "profiles.yml")
     monkeypatch.setattr(profiles, "FAILED_DIR", tmp_path / "failed")
-    monkeypatch.setattr(specs, "spec", lambda chapter: specs.Spec({"x": specs.Int()}))
+    monkeypatch.setattr(specs, "spec", lambda chapter: Spec({"x": Int()}))
     out = tmp_path / "out.ipynb"
     out.write_text("previous good run")
     with pytest.raises(papermill.PapermillExecutionError, match="claim does not hold"):
