@@ -212,10 +212,6 @@ def table1_deviations(x: Array, labels: Array, num_classes: int, clients: Sequen
 # ----------------------------------------------------------------------------------------------
 # the derivation chapter's checks (notebooks/afl_derivation.py): each returns the table it shows
 # ----------------------------------------------------------------------------------------------
-def _frame(rows):
-    return pd.DataFrame(rows)
-
-
 def two_client_check(x: Array, labels: Array, num_classes: int, reference: torch.Tensor):
     """Two equal halves of x (N, d) aggregated by the pairwise AA law (Thm. 1, eq. 8; gamma = 0, no
     restoration) with the corrected (+) and the printed (-) sign, against ``reference`` (d, C).
@@ -233,7 +229,7 @@ def two_client_check(x: Array, labels: Array, num_classes: int, reference: torch
         rows.append({"AA law": label, "L1 |W_agg - W_joint|": float((res.weights - reference).abs().sum()),
                      "max rel. error": relative_error(res.weights, reference)})
     eye = torch.eye(w_u.shape[0], dtype=torch.float64)
-    return _frame(rows), {"max|W_u - S^-1 C_u|": float((w_u - s_inv_cu).abs().max()),
+    return pd.DataFrame(rows), {"max|W_u - S^-1 C_u|": float((w_u - s_inv_cu).abs().max()),
                           "max|W_u + W_v - I|": float((w_u + w_v - eye).abs().max())}
 
 
@@ -265,7 +261,7 @@ def partition_sweep(x: Array, labels: Array, num_classes: int, settings, num_cli
     pred = predict(reference, x)
     checks = {"spread": max(float((a - b).abs().max()) for a in one_solve for b in one_solve),
               "same predictions": all(bool((predict(w, x) == pred).all()) for w in one_solve)}
-    return _frame(rows), agreement, checks
+    return pd.DataFrame(rows), agreement, checks
 
 
 def client_count_sweep(x: Array, labels: Array, num_classes: int, client_counts: Sequence[int], seed: int,
@@ -284,7 +280,7 @@ def client_count_sweep(x: Array, labels: Array, num_classes: int, client_counts:
             res = run_afl(x, labels, parts, num_classes, gamma=gamma, server=server)
             rows.append({"K": k, "server": server, "N_k": len(parts[0]), "server seconds": res.server_seconds,
                          "max rel. error vs joint": relative_error(res.weights, reference)})
-    return _frame(rows)
+    return pd.DataFrame(rows)
 
 
 def order_sweep(x: Array, labels: Array, parts: Sequence[np.ndarray], num_classes: int, n_orders: int,
@@ -298,7 +294,7 @@ def order_sweep(x: Array, labels: Array, parts: Sequence[np.ndarray], num_classe
         for server in SERVERS:
             w = run_afl(x, labels, parts, num_classes, gamma=gamma, server=server, order=order).weights
             rows.append({"order": i, "server": server, "max |W - W(order 0..K-1)|": float((w - reference).abs().max())})
-    return _frame(rows), float(reference.abs().max())
+    return pd.DataFrame(rows), float(reference.abs().max())
 
 
 def unrestored_is_ridge(x: Array, labels: Array, num_classes: int, cases, seed: int, reference: torch.Tensor):
@@ -315,7 +311,7 @@ def unrestored_is_ridge(x: Array, labels: Array, num_classes: int, cases, seed: 
         rows.append({"K": k, "gamma": gamma, "K·gamma": k * gamma,
                      "max rel. |W^r_agg - ridge(λ=Kγ)|": relative_error(res.weights, w_ridge),
                      "max rel. |W^r_agg - W_joint|": relative_error(res.weights, reference)})
-    return _frame(rows)
+    return pd.DataFrame(rows)
 
 
 def conditioning_check(conditions: Sequence[float], f32_conditions: Sequence[float], n: int, dim: int,
@@ -342,7 +338,7 @@ def conditioning_check(conditions: Sequence[float], f32_conditions: Sequence[flo
             rows.append({"cond(XᵀX)": kappa, "dtype": str(dt).replace("torch.", ""), "server": server,
                          "rel. error vs lstsq": relative_error(res.weights.double(), ref), "tolerance 2·κ·u": tol,
                          "unrestored (wrong) head": relative_error(res.weights_regularized.double(), ref)})
-    table = _frame(rows)
+    table = pd.DataFrame(rows)
     table["error / tolerance"] = table["rel. error vs lstsq"] / table["tolerance 2·κ·u"]
     return table
 
@@ -369,7 +365,7 @@ def gamma_precision_sweep(x: Array, labels: Array, num_classes: int, parts: Sequ
                              "max rel. error": relative_error(w, reference) if finite else float("nan"),
                              "changed predictions": int((predict(w, x) != pred_ref).sum()) if finite else len(labels),
                              "rank-deficient solves": sum("singular" in str(c.message) for c in caught)})
-    return _frame(rows)
+    return pd.DataFrame(rows)
 
 
 def client_count_accuracy(x: Array, labels: Array, x_test: Array, y_test: np.ndarray, num_classes: int,
@@ -384,7 +380,7 @@ def client_count_accuracy(x: Array, labels: Array, x_test: Array, y_test: np.nda
         res = run_afl(x, labels, parts, num_classes, gamma=1.0, server="one_solve")
         acc = float((predict(res.weights, x_test).numpy() == y_test).mean())
         rows.append({"K": k, "max rel. error vs joint": relative_error(res.weights, reference), "test accuracy": acc})
-    return _frame(rows)
+    return pd.DataFrame(rows)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -427,7 +423,7 @@ def afl_setting_runs(feats, partitions: SettingPartitions, settings: Sequence[tu
                          "seconds": res.cost.seconds, "upload bytes/client": res.cost.bytes_up / num_clients,
                          "uploads per client": len(res.upload_bytes) / num_clients,
                          "max rel. |W - W_QR|": relative_error(res.weights.cpu(), reference)})
-    return _frame(rows)
+    return pd.DataFrame(rows)
 
 
 def accuracy_table(runs, settings: Sequence[str], methods: Sequence[str], afl_acc):
@@ -452,7 +448,7 @@ def paired_against_afl(runs, settings: Sequence[str], methods: Sequence[str], af
                 base = seed_ordered_accuracies(runs, s, "fedavg")
                 row["method − FedAvg (pp)"] = paired_difference(acc, base).format(2, 100)
             rows.append(row)
-    return _frame(rows)
+    return pd.DataFrame(rows)
 
 
 def final_gain(curves, rounds: int):

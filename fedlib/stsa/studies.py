@@ -428,10 +428,6 @@ def scatter_traces(n: int, k: int, reps: int, rng: np.random.Generator, dim: int
 # ----------------------------------------------------------------------------------------------
 # the derivation chapter's checks (notebooks/stsa_derivation.py): each returns what the chapter shows
 # ----------------------------------------------------------------------------------------------
-def _frame(rows):
-    return pd.DataFrame(rows)
-
-
 def closed_form_checks(phi: Tensor, labels: np.ndarray, num_classes: int, gamma: float) -> dict:
     """Eq. 7 solves eq. 6: the ridge head from the pooled statistics of ``phi`` (N, M), checked by its
     gradient and against scikit-learn's ``Ridge``. Returns ``{"stats", "w_star" (M, C), "kappa" (the
@@ -470,7 +466,7 @@ def spatial_check(x: np.ndarray, labels: np.ndarray, num_classes: int, features:
                          "rel. err. sum C_k": float((c - stats.xty).abs().max() / stats.xty.abs().max()),
                          "rel. err. W": relative_error(w, w_star),
                          "same predictions": bool(((phi_test @ w).argmax(1) == pred_central).all())})
-    return _frame(rows)
+    return pd.DataFrame(rows)
 
 
 def temporal_check(heads: Sequence[Tensor], stream, phi: Tensor, pos: np.ndarray, gamma: float):
@@ -482,7 +478,7 @@ def temporal_check(heads: Sequence[Tensor], stream, phi: Tensor, pos: np.ndarray
         w_joint = ridge_fit(phi[idx], pos[idx], stream.num_seen(t), lam=gamma)
         rows.append({"stage": t + 1, "classes seen": stream.num_seen(t), "samples seen": len(idx),
                      "rel. err. vs joint ridge": relative_error(w_t, w_joint)})
-    return _frame(rows)
+    return pd.DataFrame(rows)
 
 
 def order_and_split_errors(stream, x: np.ndarray, pos: np.ndarray, features: RandomFeatures, M: int,
@@ -534,7 +530,7 @@ def dummy_client_bias(phi: Tensor, labels: np.ndarray, parts: Sequence[np.ndarra
             rows.append({"K_D": kd, f"K = {len(parts)} K_D": len(parts) * kd,
                          "K_i (holding class 0)": int((counts0 > 0).sum()), "k_mode": mode,
                          "covariance ratio": float(torch.trace(mean_ghat - mean_term) / torch.trace(scatter))})
-    return _frame(rows)
+    return pd.DataFrame(rows)
 
 
 def feature_skew_study(x: np.ndarray, labels: np.ndarray, features: RandomFeatures, scales, num_clients: int,
@@ -552,7 +548,7 @@ def feature_skew_study(x: np.ndarray, labels: np.ndarray, features: RandomFeatur
         ratio, se = feature_skew_scatter_ratio(x0, features, sizes, shifts, reps, rng)
         rows.append({"shift scale s": scale, "covariance ratio E[tr(G_hat - n m m^T)] / E[tr S]": ratio,
                      "MC std. error": se})
-    return _frame(rows)
+    return pd.DataFrame(rows)
 
 
 def feature_skew_accuracy(x: np.ndarray, labels: np.ndarray, x_test: np.ndarray, y_test: np.ndarray, num_tasks: int,
@@ -575,7 +571,7 @@ def feature_skew_accuracy(x: np.ndarray, labels: np.ndarray, x_test: np.ndarray,
                 res = run_class_incremental(lrn, stream, x, labels, lrn.shift_test(x_test, seed=sd), y_test,
                                             num_clients, beta, seed=sd, progress=False, min_size=num_dummy)
                 rows.append({"seed": sd, "shift scale": sc, "method": label, "A_T": 100 * res.metrics["A_T"]})
-    return _frame(rows).pivot_table(index="seed", columns=["shift scale", "method"], values="A_T")
+    return pd.DataFrame(rows).pivot_table(index="seed", columns=["shift scale", "method"], values="A_T")
 
 
 def gram_error_table(mu: np.ndarray, sigma: np.ndarray, n: int, client_counts, reps: int, rng: np.random.Generator):
@@ -587,7 +583,7 @@ def gram_error_table(mu: np.ndarray, sigma: np.ndarray, n: int, client_counts, r
         mc_mean, mc_se = gram_error_monte_carlo(mu, sigma, n, k, reps, rng)
         rows.append({"K": k, "Monte Carlo": mc_mean, "MC std. error": mc_se, "exact law": gram_error_law(n, k, sigma),
                      "paper shape ((K+1)/(K-1))^2": ((k + 1) / (k - 1)) ** 2})
-    law = _frame(rows)
+    law = pd.DataFrame(rows)
     law["paper shape (scaled at K=2)"] = law["paper shape ((K+1)/(K-1))^2"] * law["Monte Carlo"].iloc[0] / law[
         "paper shape ((K+1)/(K-1))^2"].iloc[0]
     return law
@@ -664,12 +660,12 @@ def communication_table(table5, rng: np.random.Generator):
             paper = paper[[label.split(",")[0].replace("-", "") in s.replace("-", "") for s in paper.index]].iloc[0]
             rows.append({"setting": f"{label}, M={m_}, K_D={kd}", "method": method, "paper (MB)": paper,
                          "formula (MiB)": round(formula, 2), "measured messages (MiB)": round(measured, 2)})
-    return _frame(rows)
+    return pd.DataFrame(rows)
 
 
 def communication_curve(M_values, num_dummy: int = 50, num_classes: int = 10):
     """Fig. 7: MiB per client over T = 10 stages of STSA and STSA-E (``num_dummy``) for each M."""
-    return _frame([{"M": m_, "method": meth, "MiB per client (T=10)": communication_mib(v, m_, num_classes,
+    return pd.DataFrame([{"M": m_, "method": meth, "MiB per client (T=10)": communication_mib(v, m_, num_classes,
                                                                                        num_dummy=num_dummy)}
                    for m_ in M_values for meth, v in [("STSA", "stsa"), (f"STSA-E (K_D={num_dummy})", "stsa_e")]])
 
@@ -683,7 +679,7 @@ def recomputed_margins():
         rows.append({"claim": row["claim"], "quoted": row["quoted value"],
                      "recomputed (min)": round(float(np.min(values)), 2),
                      "recomputed (max)": round(float(np.max(values)), 2)})
-    return _frame(rows)
+    return pd.DataFrame(rows)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -877,7 +873,7 @@ def paired_against(summary, reference: str = "STSA", metric: str = "A_T"):
             rows.append({"setting": setting, "beta": beta, f"{reference} minus": method,
                          f"{metric} difference (points)": str(d), "mean": d.mean, "low": d.low, "high": d.high,
                          "n": d.n})
-    return _frame(rows)
+    return pd.DataFrame(rows)
 
 
 def exactness_check(summary):
@@ -918,7 +914,7 @@ def ablation_runs(run, features, beta: float, seed: int, M: int, M_values, K_val
     for gm in gammas:
         for method in ["STSA", "STSA-E"]:
             add("gamma", gm, method, features, M, gamma=gm)
-    return _frame(rows)
+    return pd.DataFrame(rows)
 
 
 NOISE_VARIANTS = {"STSA": ("STSA", ("G", "C"), False), "STSA-E1": ("STSA-E", ("C",), False),
@@ -991,7 +987,7 @@ def skew_grid(run, features, beta: float, seeds, M: int, scale: float, methods=(
     rows = [{"seed": seed, "skew": sk, "method": method,
              "A_T": run(method, features, beta, seed, "skew", M, skew=sk, final_only=True).summary()["A_T"]}
             for seed in seeds for sk in [0.0, scale] for method in methods]
-    return _frame(rows).pivot_table(index="seed", columns=["skew", "method"], values="A_T")
+    return pd.DataFrame(rows).pivot_table(index="seed", columns=["skew", "method"], values="A_T")
 
 
 def large_first_task(run, features, beta: float, seeds, M: int, first: int, later: int, methods):
@@ -1004,7 +1000,7 @@ def large_first_task(run, features, beta: float, seeds, M: int, first: int, late
                              first_task_classes=first)
         for method in methods:
             rows.append(run(method, features, beta, seed, "large first task", M, stream=stream).summary())
-    return _frame(rows).groupby("method")[["A_avg", "A_T", "F_T"]].agg(mean_std)
+    return pd.DataFrame(rows).groupby("method")[["A_avg", "A_T", "F_T"]].agg(mean_std)
 
 
 def benchmark_findings(summary, paired, baselines) -> dict:
