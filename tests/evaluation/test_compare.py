@@ -16,8 +16,8 @@ def test_states_equal_and_max_difference():
         max_state_difference(a, {"w": a["w"]})
 
 
-def test_relative_difference_numpy_torch_and_zero_reference():
-    assert relative_error(np.array([1.0, 3.0]), np.array([1.0, 4.0])) == 0.25
+def test_relative_error_is_the_max_norm_for_numpy_torch_and_a_zero_reference():
+    assert relative_error(np.array([1.0, 3.0, 0.0]), np.array([1.0, 4.0, 1.0])) == 0.25   # Frobenius: 1/3
     assert relative_error(torch.tensor([1.0, 3.0]), torch.tensor([1.0, 4.0])) == 0.25
     assert relative_error(np.zeros(2), np.zeros(2)) == 0.0
 
