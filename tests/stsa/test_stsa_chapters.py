@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from fedlib.core.linalg import SufficientStats, synthetic_features
+from fedlib.core.linalg import synthetic_features
 from fedlib.data.features import Features
 from fedlib.data.partition import make_partition
 from fedlib.evaluation.report import paired_markdown_rows
