@@ -32,7 +32,8 @@ from fedlib.core import uploads
 from fedlib.core.messages import Message
 from fedlib.core.persample import default_names, fisher_diagonal
 from fedlib.core.validate import check_positive, check_real
-from fedlib.federated.gradient import FedAlgorithm, FedProx, build_from_registry, weighted_cross_entropy
+from fedlib.federated.batched import EWCHooks, IncrementalHooks, IncrementalProxHooks, LwFHooks
+from fedlib.federated.gradient import FedAlgorithm, FedProx, build_from_registry
 
 __all__ = ["IncrementalAlgorithm", "Finetune", "FedEWC", "FedLwF", "IncrementalFedProx", "METHODS",
            "make_method"]
@@ -42,6 +43,7 @@ class IncrementalAlgorithm(FedAlgorithm):
     """FedAvg mechanics with the cross-entropy restricted to the broadcast ``num_seen`` classes."""
 
     name = "incremental"
+    batched = IncrementalHooks
     has_stage_round = False  # True: a stage-end round (``stage_upload`` -> ``receive_stage``)
 
     # -- server side ----------------------------------------------------------------------------
@@ -78,20 +80,6 @@ class IncrementalAlgorithm(FedAlgorithm):
         extra = self.local_loss(local, x, y, logits)
         return loss if extra is None else loss + extra
 
-    def batch_loss(self, batch, params, x, y, w):
-        """[training_loss] for the m_t clients of a batched round (``FedConfig(batched_clients=True)``):
-        the sum of their masked cross-entropies (row weights ``w``) plus ``batch_local_loss``."""
-        num_seen = batch.broadcast["num_seen"]
-        logits = batch.call(params, x)
-        if logits.shape[-1] < num_seen:
-            raise ValueError(f"the model outputs {logits.shape[-1]} logits but {num_seen} "
-                             f"classes are seen; model_fn must build a model with all classes")
-        logits = logits[..., :num_seen]  # mask out future classes
-        loss = weighted_cross_entropy(logits, y, w)
-        extra = self.batch_local_loss(batch, params, x, y, w, logits)
-        return loss if extra is None else loss + extra
-
-
 class Finetune(IncrementalAlgorithm):
     """FedAvg on the new task's data with CE over the seen classes; no protection against
     forgetting (the lower bound of STSA Sec. 4)."""
@@ -106,6 +94,7 @@ class IncrementalFedProx(IncrementalAlgorithm, FedProx):
     """FedProx (Li et al., MLSys 2020) with the masked CE: L = CE(z[:, :s_t], y) + mu/2 ||w - w^t||^2."""
 
     name = "fedprox"
+    batched = IncrementalProxHooks
 
 
 class FedEWC(IncrementalAlgorithm):
@@ -124,6 +113,7 @@ class FedEWC(IncrementalAlgorithm):
     """
 
     name = "fedewc"
+    batched = EWCHooks
     has_stage_round = True
 
     def __init__(self, lam: float = 100.0):
@@ -149,19 +139,6 @@ class FedEWC(IncrementalAlgorithm):
         if terms is None:
             return None
         return 0.5 * self.lam * sum((f * (p - a) ** 2).sum() for p, f, a in terms)
-
-    def begin_batch(self, batch):
-        fisher = batch.broadcast.payload.get("fisher")
-        batch.scratch["terms"] = None if fisher is None or self.lam == 0 else \
-            [(n, f, batch.broadcast["anchor"][n]) for n, f in fisher.items()]
-
-    def batch_local_loss(self, batch, params, x, y, w, logits):
-        """The clients' EWC penalties summed: params[n] (m_t, ...) against the shared F_n and theta*_n
-        (a parameter the batch does not train, ``batch.frozen``, adds no gradient and is skipped)."""
-        terms = batch.scratch["terms"]
-        if terms is None:
-            return None
-        return 0.5 * self.lam * sum((f * (params[n] - a) ** 2).sum() for n, f, a in terms if n in params)
 
     def stage_upload(self, global_model, x, y, num_seen, names, batch_size):
         return {"fisher": fisher_diagonal(global_model, x, y, num_seen, names, batch_size), "n": int(x.shape[0])}
@@ -195,6 +172,7 @@ class FedLwF(IncrementalAlgorithm):
     """
 
     name = "fedlwf"
+    batched = LwFHooks
 
     def __init__(self, lam: float = 1.0, T: float = 2.0):
         check_positive("lam", lam, strict=False)
@@ -227,25 +205,6 @@ class FedLwF(IncrementalAlgorithm):
             q = F.softmax(local.spare(x)[:, :o] / self.T, dim=1)
         log_p = F.log_softmax(logits[:, :o] / self.T, dim=1)
         return self.lam * self.T ** 2 * F.kl_div(log_p, q, reduction="batchmean")
-
-    def begin_batch(self, batch):
-        teacher = batch.broadcast.payload.get("teacher")
-        batch.scratch["teacher"] = teacher if teacher is not None and self.lam != 0 else None
-
-    def batch_local_loss(self, batch, params, x, y, w, logits):
-        """The clients' distillation terms summed; the teacher (one model, shared) runs on all their
-        rows at once, each client's KL is its row mean (weights ``w``: 1/b_k on real rows, 0 on padding)."""
-        teacher = batch.scratch["teacher"]
-        if teacher is None:
-            return None
-        o = batch.broadcast["num_old"]
-        with torch.no_grad():
-            z_old = torch.func.functional_call(batch.model, teacher, (x.flatten(0, 1),))
-            q = F.softmax(z_old[:, :o] / self.T, dim=1)
-        log_p = F.log_softmax(logits.flatten(0, 1)[:, :o] / self.T, dim=1)
-        kl = F.kl_div(log_p, q, reduction="none").sum(1)
-        return self.lam * self.T ** 2 * (kl * w.flatten()).sum()
-
 
 METHODS: dict[str, type[IncrementalAlgorithm]] = {
     "finetune": Finetune,

@@ -35,12 +35,15 @@ from fedlib.core.protocol import EMPTY, ClientStates, RoundCallback, Server, sim
 from fedlib.core.seeds import seed_everything, torch_generator
 from fedlib.core.validate import check_choice, check_int, check_positive, check_real
 from fedlib.evaluation.metrics import model_accuracy
+from fedlib.federated.batched import (
+    BatchedHooks, BatchedTrainer, DynHooks, MOONHooks, NTDHooks, ProxHooks, batchable,
+)
+from fedlib.federated.heads import LinearHead, MLPHead, MOONHead
 
 __all__ = [
     "FedConfig", "History", "Local", "FedAlgorithm", "FedAvg", "FedProx", "FedDyn", "FedNTD", "MOON",
     "FedDisco", "ALGORITHMS", "make_algorithm", "build_from_registry", "GradientClient", "GradientServer",
     "run_federated", "LinearHead", "MLPHead", "MOONHead", "average_states", "sample_clients", "client_id",
-    "LocalBatch", "batchable", "BATCHABLE_MODULES",
 ]
 
 ClientData = Sequence[tuple[Tensor, Tensor]]
@@ -73,7 +76,7 @@ class FedConfig:
     # measured ~13x slower (OpenMP contention). Raise it for CPU-bound CNNs on an idle machine.
     num_threads: int | None = 1
     # True: train all clients of a round at once (stacked parameters, one batched forward per
-    # mini-batch step; GradientClient.step_many), equal to the per-client loop up to float
+    # mini-batch step; fedlib.federated.batched), equal to the per-client loop up to float
     # round-off. For linear / MLP heads on cached features, where per-client, per-batch Python
     # overhead dominates. Raises ValueError for a method or model it does not support (see
     # ``batchable``). False (default): one client after the other, bit-identical to earlier
@@ -99,71 +102,6 @@ class FedConfig:
         if not isinstance(self.device, (str, torch.device)) or (isinstance(self.device, str) and not (
                 self.device in ("auto", "cpu") or self.device.startswith("cuda"))):
             raise ValueError(f"device must be 'cpu', 'cuda[:i]' or 'auto', got {self.device!r}")
-
-
-class LinearHead(nn.Module):
-    """Linear classifier with bias on (flattened) features; ``features`` is the identity."""
-
-    def __init__(self, in_dim: int, num_classes: int):
-        super().__init__()
-        self.linear = nn.Linear(in_dim, num_classes)
-
-    def features(self, x: Tensor) -> Tensor:
-        return x.flatten(1)
-
-    def head(self, z: Tensor) -> Tensor:
-        return self.linear(z)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.linear(x.flatten(1))
-
-
-class MLPHead(nn.Module):
-    """Two-layer head: ``features`` = ReLU(Linear(in_dim, hidden)), ``head`` = Linear(hidden, C).
-
-    A small trainable representation for methods that need one. (MOON's own head, with the
-    authors' 2-layer projection, is :class:`MOONHead`.)
-    """
-
-    def __init__(self, in_dim: int, num_classes: int, hidden: int = 256):
-        super().__init__()
-        self.proj = nn.Linear(in_dim, hidden)
-        self.classifier = nn.Linear(hidden, num_classes)
-
-    def features(self, x: Tensor) -> Tensor:
-        return F.relu(self.proj(x.flatten(1)))
-
-    def head(self, z: Tensor) -> Tensor:
-        return self.classifier(z)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.classifier(F.relu(self.proj(x.flatten(1))))
-
-
-class MOONHead(nn.Module):
-    """MOON's projection head on (frozen) features, as in the authors' ``ModelFedCon``:
-    ``z = l2(ReLU(l1(h)))`` (``features``, the contrasted representation, no ReLU on z) and
-    logits ``l3(z)`` (``head``). ``l1``: in_dim -> hidden (the authors use hidden = in_dim, the
-    default), ``l2``: hidden -> out_dim (256), ``l3``: out_dim -> C.
-    """
-
-    def __init__(self, in_dim: int, num_classes: int, hidden: int | None = None, out_dim: int = 256):
-        super().__init__()
-        hidden = in_dim if hidden is None else hidden
-        check_positive("hidden", hidden)
-        check_positive("out_dim", out_dim)
-        self.l1 = nn.Linear(in_dim, hidden)
-        self.l2 = nn.Linear(hidden, out_dim)
-        self.l3 = nn.Linear(out_dim, num_classes)
-
-    def features(self, x: Tensor) -> Tensor:
-        return self.l2(F.relu(self.l1(x.flatten(1))))
-
-    def head(self, z: Tensor) -> Tensor:
-        return self.l3(z)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.head(self.features(x))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -219,107 +157,6 @@ class Local:
     scratch: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
-class LocalBatch:
-    """What a method's *batched* client hooks see (``FedConfig(batched_clients=True)``): the m
-    clients of one round trained at once. Slot j is client ``states[j]["id"]``; slots are ordered
-    by decreasing number of local steps, so the clients still training at step t are the first
-    m_t slots and every per-client tensor of a step is a prefix ``[:m_t]`` of the stacked one.
-
-    ``params``: the trained parameters stacked over clients, name -> (m, ...), updated in place by
-    the SGD steps (after training: the clients' final weights); ``frozen``: the parameters that are
-    not trained (shared); ``global_params``: the broadcast weights, name -> (...);
-    ``model`` / ``global_model``: the architecture (its own weights unused; ``call`` runs it for
-    all clients) and the frozen global model; ``scratch``: what ``begin_batch`` precomputes.
-    """
-
-    model: nn.Module
-    global_model: nn.Module
-    states: list[dict[str, Any]]
-    broadcast: Message
-    params: dict[str, Tensor]
-    frozen: dict[str, Tensor]
-    global_params: dict[str, Tensor]
-    scratch: dict[str, Any] = field(default_factory=dict)
-
-    def call(self, params: dict[str, Tensor], x: Tensor, method: str = "forward",
-             frozen: dict[str, Tensor] | None = None) -> Tensor:
-        """``model.<method>`` (forward, features, head) of every client at once: ``params`` name ->
-        (m_t, ...), ``x`` (m_t, B, ...) -> (m_t, B, ...); ``frozen`` (default ``self.frozen``): the
-        untrained parameters, shared by all clients."""
-        m = x.shape[0]
-        shared = self.frozen if frozen is None else frozen
-        return _batched_call(self.model, {**{n: t.expand(m, *t.shape) for n, t in shared.items()}, **params}, x,
-                             method)
-
-
-class _BatchedLinear(torch.autograd.Function):
-    """x (m, B, i), weight (m, o, i), bias (m, o) or None -> (m, B, o): client j's rows through its
-    own Linear layer. The products are laid out as W x^T and g^T x, measured 2-4x faster on CPU
-    than what vmap(F.linear) and its backward use (x W^T and x^T g)."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias):
-        ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
-        out = torch.bmm(weight, x.transpose(1, 2))
-        if bias is not None:
-            out = out + bias.unsqueeze(-1)
-        return out.transpose(1, 2)
-
-    @staticmethod
-    def backward(ctx, g):
-        x, weight = ctx.saved_tensors
-        gx = torch.bmm(g, weight) if ctx.needs_input_grad[0] else None
-        gw = torch.bmm(g.transpose(1, 2), x) if ctx.needs_input_grad[1] else None
-        gb = g.sum(1) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return gx, gw, gb
-
-
-def _batched_call(module: nn.Module, params: dict[str, Tensor], x: Tensor, method: str = "forward",
-                  prefix: str = "") -> Tensor:
-    """``module.<method>(x)`` of m clients at once, x (m, B, ...), parameters ``params[prefix + name]``
-    stacked (m, ...); for the modules of ``BATCHABLE_MODULES`` (the heads' methods spelled out as in
-    their classes; the equality tests check them against the per-client path)."""
-    t = type(module)
-    if t in (LinearHead, MLPHead, MOONHead) and method == "forward":
-        return _batched_call(module, params, _batched_call(module, params, x, "features", prefix), "head", prefix)
-    if method not in ("forward", "features", "head") or (method != "forward" and t not in (LinearHead, MLPHead, MOONHead)):
-        raise ValueError(f"no batched {t.__name__}.{method}")
-    if t is nn.Linear:
-        return _BatchedLinear.apply(x, params[prefix + "weight"], params.get(prefix + "bias"))
-    if t is nn.Sequential:
-        for name, child in module.named_children():
-            x = _batched_call(child, params, x, "forward", f"{prefix}{name}.")
-        return x
-    if t is nn.Identity:
-        return x
-    if t is nn.Flatten:  # its dims counted without the client dim
-        return x.flatten(module.start_dim + (module.start_dim >= 0), module.end_dim + (module.end_dim >= 0))
-    if t is LinearHead:
-        return x.flatten(2) if method == "features" else _batched_call(module.linear, params, x, prefix=f"{prefix}linear.")
-    if t is MLPHead:
-        if method == "features":
-            return F.relu(_batched_call(module.proj, params, x.flatten(2), prefix=f"{prefix}proj."))
-        return _batched_call(module.classifier, params, x, prefix=f"{prefix}classifier.")
-    if t is MOONHead:
-        if method == "features":
-            h = F.relu(_batched_call(module.l1, params, x.flatten(2), prefix=f"{prefix}l1."))
-            return _batched_call(module.l2, params, h, prefix=f"{prefix}l2.")
-        return _batched_call(module.l3, params, x, prefix=f"{prefix}l3.")
-    if t in BATCHABLE_MODULES:  # element-wise activations
-        return module(x)
-    raise ValueError(f"the batched client path does not support {t.__name__}")
-
-
-def weighted_cross_entropy(logits: Tensor, y: Tensor, w: Tensor) -> Tensor:
-    """sum over clients and rows of ``w * CE(logits, y)``: logits (m, B, C), y / w (m, B); with
-    ``w`` = 1/b_k on the b_k real rows of client k's mini-batch (0 on padding) this is the sum of
-    the clients' mean cross-entropies."""
-    ce = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
-    return (ce * w.flatten()).sum()
-
-
 # ----------------------------------------------------------------------------------------------
 # algorithms
 # ----------------------------------------------------------------------------------------------
@@ -329,7 +166,9 @@ class FedAlgorithm:
     Client hooks (run by :class:`GradientClient`, see :class:`Local`): ``init_state(k)`` (extra
     entries of client k's state), ``setup_upload`` (the one-off setup round, when ``needs_setup``),
     ``begin_local``, ``local_loss`` (added to the cross-entropy), ``training_loss`` (the whole
-    mini-batch loss), ``end_local`` (extra upload entries, state updates).
+    mini-batch loss), ``end_local`` (extra upload entries, state updates). ``batched``: the same
+    client hooks for all clients of a round at once (:mod:`fedlib.federated.batched`, the speed
+    path of ``FedConfig(batched_clients=True)``); a method that overrides a client hook names its own.
     Server hooks (run by :class:`GradientServer` on its ``memory`` dict): ``server_init``,
     ``receive_setup``, ``broadcast_extra`` (extra broadcast entries), ``aggregation_weights``
     (``aggregation = "size"``: n_k / sum n, ``"uniform"``: 1 / |P_t|) and ``aggregate``.
@@ -338,6 +177,7 @@ class FedAlgorithm:
     name = "base"
     needs_setup = False  # True: clients upload ``setup_upload`` once, before round 1
     aggregation = "size"
+    batched: type[BatchedHooks] = BatchedHooks
 
     def hparams(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in inspect.signature(type(self).__init__).parameters if k != "self"}
@@ -373,33 +213,6 @@ class FedAlgorithm:
     def end_local(self, local: Local) -> dict[str, Any]:
         """After local SGD: extra upload payload entries."""
         return {}
-
-    # -- batched client side (FedConfig.batched_clients; see LocalBatch) -----------------------
-    # Each mirrors the per-client hook named in brackets, for all clients of a round at once; a
-    # method whose per-client hook is overridden without its batched twin is not batchable
-    # (``batchable``), so a subclass can never silently train differently in the batched path.
-    # ``params``: the trained parameters of the m_t clients still training, name -> (m_t, ...);
-    # x (m_t, B, ...), y (m_t, B); w (m_t, B): 1/b_k on the b_k real rows of client k's mini-batch,
-    # 0 on padding rows (whose content is an arbitrary real sample of the round).
-    def begin_batch(self, batch: LocalBatch) -> None:
-        """[begin_local] After ``batch.params`` received the global weights, before local SGD."""
-
-    def batch_local_loss(self, batch: LocalBatch, params: dict[str, Tensor], x: Tensor, y: Tensor, w: Tensor,
-                         logits: Tensor) -> Tensor | None:
-        """[local_loss] Sum over the m_t clients of each client's extra loss term (None = nothing)."""
-        return None
-
-    def batch_loss(self, batch: LocalBatch, params: dict[str, Tensor], x: Tensor, y: Tensor, w: Tensor) -> Tensor:
-        """[training_loss] Sum over the m_t clients of each client's mini-batch loss (its gradient
-        with respect to ``params[n][j]`` is client j's own)."""
-        logits = batch.call(params, x)
-        loss = weighted_cross_entropy(logits, y, w)
-        extra = self.batch_local_loss(batch, params, x, y, w, logits)
-        return loss if extra is None else loss + extra
-
-    def end_batch(self, batch: LocalBatch) -> list[dict[str, Any]]:
-        """[end_local] After local SGD: each slot's extra upload entries."""
-        return [{} for _ in batch.states]
 
     # -- server side -------------------------------------------------------------------------
     def server_init(self, memory: dict, global_model: nn.Module, num_clients: int) -> None:
@@ -447,6 +260,7 @@ class FedProx(FedAlgorithm):
     F_k(w) + mu/2 ||w - w^t||^2 around the broadcast global weights w^t; FedAvg aggregation."""
 
     name = "fedprox"
+    batched = ProxHooks
 
     def __init__(self, mu: float = 0.01):
         check_positive("mu", mu, strict=False)
@@ -458,14 +272,6 @@ class FedProx(FedAlgorithm):
     def local_loss(self, local, x, y, logits):
         prox = sum(((p - g) ** 2).sum() for p, g in local.scratch["pairs"])
         return 0.5 * self.mu * prox
-
-    def begin_batch(self, batch):
-        """Nothing to precompute: the global weights are ``batch.global_params``."""
-
-    def batch_local_loss(self, batch, params, x, y, w, logits):
-        prox = sum(((p - batch.global_params[n]) ** 2).sum() for n, p in params.items())
-        return 0.5 * self.mu * prox
-
 
 class FedDyn(FedAlgorithm):
     """FedDyn (Acar et al., ICLR 2021, Algorithm 1), unweighted as printed.
@@ -480,6 +286,7 @@ class FedDyn(FedAlgorithm):
     """
 
     name = "feddyn"
+    batched = DynHooks
 
     def __init__(self, alpha: float = 0.01):
         check_positive("alpha", alpha)
@@ -504,29 +311,6 @@ class FedDyn(FedAlgorithm):
         for (p, g), grad in zip(local.scratch["pairs"], local.state["grad"]):
             grad.sub_(p - g, alpha=self.alpha)
         return {}
-
-    def begin_batch(self, batch):
-        names = [n for n, _ in batch.global_model.named_parameters()]
-        for state in batch.states:
-            if state["grad"] is None:
-                state["grad"] = [torch.zeros_like(p) for p in batch.global_model.parameters()]
-        # g_k of the trained parameters, stacked over the slots (the clients' own lists are updated in end_batch)
-        batch.scratch["grad"] = {n: torch.stack([s["grad"][names.index(n)] for s in batch.states])
-                                 for n in batch.params}
-
-    def batch_local_loss(self, batch, params, x, y, w, logits):
-        grad = batch.scratch["grad"]
-        lin = sum((p * grad[n][:p.shape[0]]).sum() for n, p in params.items())
-        quad = sum(((p - batch.global_params[n]) ** 2).sum() for n, p in params.items())
-        return 0.5 * self.alpha * quad - lin
-
-    @torch.no_grad()
-    def end_batch(self, batch):
-        names = [n for n, _ in batch.global_model.named_parameters()]
-        for j, state in enumerate(batch.states):
-            for n, p in batch.params.items():  # untrained parameters: p - g = 0, g_k unchanged
-                state["grad"][names.index(n)].sub_(p[j] - batch.global_params[n], alpha=self.alpha)
-        return [{} for _ in batch.states]
 
     def server_init(self, memory, global_model, num_clients):
         memory["h"] = {n: torch.zeros_like(p) for n, p in global_model.named_parameters()}
@@ -558,6 +342,7 @@ class FedNTD(FedAlgorithm):
     """
 
     name = "fedntd"
+    batched = NTDHooks
 
     def __init__(self, beta: float = 1.0, tau: float = 1.0):
         check_positive("beta", beta, strict=False)
@@ -568,11 +353,6 @@ class FedNTD(FedAlgorithm):
         with torch.no_grad():
             g_logits = local.global_model(x)
         return self.ntd_loss(logits, g_logits, y)
-
-    def batch_local_loss(self, batch, params, x, y, w, logits):
-        with torch.no_grad():
-            g_logits = batch.global_model(x.flatten(0, 1))
-        return self.ntd_loss(logits.flatten(0, 1), g_logits, y.flatten(), w.flatten())
 
     def ntd_loss(self, logits: Tensor, g_logits: Tensor, y: Tensor, w: Tensor | None = None) -> Tensor:
         """beta tau^2 KL(softmax(g_logits[not y]/tau) || softmax(logits[not y]/tau)), (B, C) logits."""
@@ -611,6 +391,7 @@ class MOON(FedAlgorithm):
     """
 
     name = "moon"
+    batched = MOONHooks
 
     def __init__(self, mu: float = 1.0, tau: float = 0.5):
         check_positive("mu", mu, strict=False)
@@ -647,39 +428,6 @@ class MOON(FedAlgorithm):
     def end_local(self, local):
         local.state["prev"] = detached(local.model)
         return {}
-
-    def begin_batch(self, batch):
-        has = [s["prev"] is not None for s in batch.states]
-        batch.scratch["has_prev"] = has
-        if any(has):  # every parameter of the previous local models, stacked (the global weights as filler)
-            batch.scratch["prev"] = {n: torch.stack([(s["prev"] if h else batch.global_params)[n]
-                                                     for s, h in zip(batch.states, has)])
-                                     for n in batch.global_params}
-            batch.scratch["w_con"] = torch.tensor(has, dtype=next(iter(batch.global_params.values())).dtype,
-                                                  device=next(iter(batch.global_params.values())).device)
-
-    def batch_loss(self, batch, params, x, y, w):
-        m = x.shape[0]
-        z = batch.call(params, x, "features")
-        loss = weighted_cross_entropy(batch.call(params, z, "head"), y, w)
-        if not any(batch.scratch["has_prev"][:m]):  # nobody has a negative yet: l_con = 0
-            return loss
-        with torch.no_grad():
-            z_glob = batch.global_model.features(x.flatten(0, 1)).view(z.shape)
-            z_prev = batch.call({n: t[:m] for n, t in batch.scratch["prev"].items()}, x, "features", frozen={})
-        pos = F.cosine_similarity(z, z_glob, dim=-1)
-        neg = F.cosine_similarity(z, z_prev, dim=-1)
-        sims = torch.stack([pos, neg], dim=-1) / self.tau
-        con = -F.log_softmax(sims, dim=-1)[..., 0]  # CE with target 0, per row
-        # rows of a client without a previous model weigh 0 (its l_con = 0, as in training_loss)
-        return loss + self.mu * (con * w * batch.scratch["w_con"][:m, None]).sum()
-
-    def end_batch(self, batch):
-        for j, state in enumerate(batch.states):
-            state["prev"] = {n: (batch.params[n][j] if n in batch.params else t).detach().clone()
-                             for n, t in batch.global_params.items()}
-        return [{} for _ in batch.states]
-
 
 class FedDisco(FedAlgorithm):
     """FedDisco (Ye et al., ICML 2023, Sec. 4, discrepancy-aware aggregation) on FedAvg training.
@@ -777,43 +525,6 @@ def initial_state(method: FedAlgorithm, seed: int, k: int) -> dict[str, Any]:
     return {"id": k, "batches": torch_generator(seed, "batches", k), **method.init_state(k)}
 
 
-# element-wise or row-wise modules (and the heads built from them): the batched path pads a
-# client's last mini-batch with weight-0 rows, which is exact only if rows do not interact
-BATCHABLE_MODULES: tuple[type, ...] = (
-    nn.Linear, nn.Sequential, nn.Identity, nn.Flatten, nn.ReLU, nn.LeakyReLU, nn.GELU, nn.SiLU, nn.ELU, nn.Tanh,
-    nn.Sigmoid, LinearHead, MLPHead, MOONHead)
-
-# per-client hook -> its batched twin (see FedAlgorithm)
-_BATCHED_TWINS = {"begin_local": "begin_batch", "local_loss": "batch_local_loss",
-                  "training_loss": "batch_loss", "end_local": "end_batch"}
-
-
-def _owner(cls: type, name: str) -> type:
-    return next(c for c in cls.__mro__ if name in vars(c))
-
-
-def batchable(method: FedAlgorithm, model: nn.Module) -> str | None:
-    """Why ``FedConfig(batched_clients=True)`` cannot train ``method`` on ``model`` (None: it can).
-
-    The method: every per-client hook must be defined no later (in its class hierarchy) than its
-    batched twin (FedAvg, FedProx, FedDyn, FedNTD, MOON, FedDisco are; a subclass that overrides
-    ``local_loss`` without ``batch_local_loss`` is not). The model: built only from
-    ``BATCHABLE_MODULES`` (rows of a mini-batch independent, no randomness), without buffers.
-    """
-    cls = type(method)
-    for hook, twin in _BATCHED_TWINS.items():
-        if not issubclass(_owner(cls, twin), _owner(cls, hook)):
-            return (f"{cls.__name__} overrides {hook} in {_owner(cls, hook).__name__} without {twin}, "
-                    f"so it has no batched client path")
-    odd = sorted({type(m).__name__ for m in model.modules() if type(m) not in BATCHABLE_MODULES})
-    if odd:
-        return (f"the batched client path supports models built from {', '.join(c.__name__ for c in BATCHABLE_MODULES)}; "
-                f"{type(model).__name__} contains {', '.join(odd)}")
-    if any(True for _ in model.buffers()):
-        return f"the batched client path supports models without buffers; {type(model).__name__} has some"
-    return None
-
-
 class GradientClient:
     """Client program of every gradient method: local SGD from the broadcast global weights.
 
@@ -829,7 +540,7 @@ class GradientClient:
     ``step_many(datas, states, broadcast)``: the uploads of several clients, called by
     :func:`fedlib.core.protocol.simulate` with a round's participants. With
     ``config.batched_clients`` False (default) it is ``[step(d, s, broadcast) ...]``; with True it
-    trains them all at once (:meth:`step_many`), equal to that up to float round-off.
+    trains them all at once, equal to that up to float round-off.
     """
 
     def __init__(self, method: FedAlgorithm, template: nn.Module, config: FedConfig, num_classes: int):
@@ -842,9 +553,7 @@ class GradientClient:
         self.global_model = frozen_copy(template)
         self.spare = frozen_copy(template)
         self._received: Message | None = None
-        self._stacked: tuple | None = None  # the batched path's concatenated client data (see _round_data)
-        self._xbuf: Tensor | None = None  # the batched path's gathered mini-batch inputs (reused)
-        self._bufs: dict[str, Tensor] = {}  # the batched path's momentum buffers (reused)
+        self._batched = BatchedTrainer(method, self.model, self.global_model) if config.batched_clients else None
 
     def init_state(self, k: int) -> dict[str, Any]:
         return initial_state(self.method, self.config.seed, k)
@@ -861,15 +570,20 @@ class GradientClient:
         with torch_threads(self.config.num_threads):
             return self._step(data, state, broadcast)
 
+    def _receive(self, broadcast: Message) -> None:
+        """Load the broadcast global weights into ``global_model`` (once per message: in one
+        process every client of a round gets the same one)."""
+        if broadcast is not self._received:
+            self.global_model.load_state_dict(broadcast["state"])
+            self._received = broadcast
+
     def _step(self, data, state: dict[str, Any], broadcast: Message) -> Message:
         sender = f"client{state['id']}"
         x, y = self.training_data(data, state)
         if "state" not in broadcast.payload:
             return Message(sender, self.method.setup_upload(y, state, self.num_classes))
         cfg, model = self.config, self.model
-        if broadcast is not self._received:  # in one process every client of a round gets the same message
-            self.global_model.load_state_dict(broadcast["state"])
-            self._received = broadcast
+        self._receive(broadcast)
         model.load_state_dict(broadcast["state"])
         model.train()
         opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
@@ -891,119 +605,15 @@ class GradientClient:
         """The uploads of the clients ``states`` (data ``datas``), in that order.
 
         ``config.batched_clients`` False, or the setup round: ``[step(d, s, broadcast) ...]``.
-        True: the same local SGD for all of them at once. Every client draws its mini-batch order
-        with the same ``torch.randperm`` calls on its own generator as :meth:`step`; the clients'
-        trained parameters are stacked (m, ...) and each SGD step runs one batched forward and one
-        backward over the clients that still have a mini-batch left (a client with fewer samples
-        has fewer steps and stops; its last partial batch is padded with weight-0 rows, the mean
-        over its true size). The SGD update is torch.optim.SGD's, written out for the stacked
-        tensors (d = grad + wd p; buf = d at the first step, else momentum buf + d; p -= lr buf).
-        Results equal :meth:`step`'s up to float round-off (batched matmuls, weighted sums).
+        True: the same local SGD for all of them at once
+        (:class:`fedlib.federated.batched.BatchedTrainer`), equal to :meth:`step`'s up to float
+        round-off (batched matmuls, weighted sums).
         """
-        if not self.config.batched_clients or "state" not in broadcast.payload or not states:
+        if self._batched is None or "state" not in broadcast.payload or not states:
             return [self.step(d, s, broadcast) for d, s in zip(datas, states)]
-        return self._step_batched(datas, list(states), broadcast)
-
-    def _round_data(self, pairs: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor, list[int]]:
-        """The clients' x and y concatenated, and each client's row offset; kept while the same
-        tensors come back (full participation: one concatenation per run)."""
-        xs, ys = [x for x, _ in pairs], [y for _, y in pairs]
-        c = self._stacked
-        if c is not None and len(c[0]) == len(xs) and all(a is b for a, b in zip(c[0], xs)) \
-                and all(a is b for a, b in zip(c[1], ys)):
-            return c[2], c[3], c[4]
-        offsets = [0]
-        for x in xs[:-1]:
-            offsets.append(offsets[-1] + int(x.shape[0]))
-        x_all, y_all = torch.cat(xs), torch.cat(ys)
-        self._stacked = (xs, ys, x_all, y_all, offsets)
-        return x_all, y_all, offsets
-
-    def _buffer(self, name: str, like: Tensor) -> Tensor:
-        """A reused momentum buffer shaped like ``like`` (m, ...) (fresh 33 MB tensors per round or
-        step cost page faults on CPU); its content is overwritten at each round's first step."""
-        buf = self._bufs.get(name)
-        if buf is None or buf.shape[0] < like.shape[0] or buf.shape[1:] != like.shape[1:] or buf.dtype != like.dtype \
-                or buf.device != like.device:
-            buf = self._bufs[name] = torch.empty_like(like)
-        return buf
-
-    def _step_batched(self, datas, states: list[dict[str, Any]], broadcast: Message) -> list[Message]:
-        cfg, method = self.config, self.method
-        if broadcast is not self._received:
-            self.global_model.load_state_dict(broadcast["state"])
-            self._received = broadcast
+        self._receive(broadcast)
         pairs = [self.training_data(d, s) for d, s in zip(datas, states)]
-        x_all, y_all, offsets = self._round_data(pairs)
-        device = x_all.device
-        sizes = [int(x.shape[0]) for x, _ in pairs]
-        bs, epochs = cfg.batch_size, cfg.local_epochs
-        batches = [math.ceil(n / bs) for n in sizes]  # per epoch
-        # slots: clients by decreasing number of steps, so those still training form a prefix
-        order = sorted(range(len(states)), key=lambda i: -batches[i])
-        steps = epochs * batches[order[0]]
-        index = torch.zeros(steps, len(order), bs, dtype=torch.long)
-        weight = torch.zeros(steps, len(order), bs)
-        for j, i in enumerate(order):
-            n, nb = sizes[i], batches[i]
-            # the same randperm calls, in the same order, on the client's own generator as step()
-            perms = [torch.randperm(n, generator=states[i]["batches"]) for _ in range(epochs)]
-            if n == 0:
-                continue
-            rows = torch.stack([F.pad(p, (0, nb * bs - n)) for p in perms]).view(epochs * nb, bs)
-            index[:epochs * nb, j] = rows + offsets[i]
-            w = torch.zeros(nb * bs)
-            w[(nb - 1) * bs:n] = 1.0 / (n - (nb - 1) * bs)  # the last (maybe partial) batch
-            w[:(nb - 1) * bs] = 1.0 / bs
-            weight[:epochs * nb, j] = w.view(1, nb, bs).expand(epochs, nb, bs).reshape(epochs * nb, bs)
-        active = [sum(1 for i in order if epochs * batches[i] > t) for t in range(steps)]
-        g_state = broadcast["state"]
-        trained = [n for n, p in self.model.named_parameters() if p.requires_grad]
-        params = {n: g_state[n].detach().unsqueeze(0).repeat(len(order), *([1] * g_state[n].dim())) for n in trained}
-        frozen = {n: g_state[n] for n, _ in self.model.named_parameters() if n not in params}
-        dtype = next(iter(params.values())).dtype if params else torch.float32
-        index, weight = index.to(device), weight.to(device=device, dtype=dtype)
-        batch = LocalBatch(self.model, self.global_model, [states[i] for i in order], broadcast, params, frozen,
-                           dict(g_state))
-        method.begin_batch(batch)
-        lr, mom, wd = cfg.lr, cfg.momentum, cfg.weight_decay
-        bufs: dict[str, Tensor] = {}
-        # one reused buffer for the steps' gathered inputs: a fresh (m, B, d) tensor every step
-        # (33 MB at m = 100, B = 64, d = 1280) was measured ~7x slower on CPU (page faults)
-        shape = (len(order) * bs, *x_all.shape[1:])
-        xbuf = self._xbuf
-        if xbuf is None or xbuf.shape[0] < shape[0] or xbuf.shape[1:] != shape[1:] or xbuf.dtype != x_all.dtype \
-                or xbuf.device != x_all.device:
-            xbuf = self._xbuf = torch.empty(shape, dtype=x_all.dtype, device=x_all.device)
-        for t in range(steps):
-            m = active[t]
-            leaves = {n: p[:m].detach().requires_grad_() for n, p in params.items()}
-            idx = index[t, :m].flatten()
-            x = torch.index_select(x_all, 0, idx, out=xbuf[:m * bs]).view(m, bs, *x_all.shape[1:])
-            loss = method.batch_loss(batch, leaves, x, y_all.index_select(0, idx).view(m, bs), weight[t, :m])
-            grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
-            with torch.no_grad():
-                for (n, p), g in zip(leaves.items(), grads):
-                    if g is None:  # as torch.optim.SGD: a parameter without gradient is left alone
-                        continue
-                    if mom != 0:
-                        if n not in bufs:  # first step: buf = grad + wd p
-                            bufs[n] = self._buffer(n, params[n])[:m]
-                            g = torch.add(g, p, alpha=wd, out=bufs[n]) if wd != 0 else bufs[n].copy_(g)
-                        else:
-                            if wd != 0:  # d = grad + wd p, then buf = momentum buf + d (torch's order)
-                                g = torch.add(g, p, alpha=wd, out=self._buffer(f"{n}/d", params[n])[:m])
-                            g = bufs[n][:m].mul_(mom).add_(g)
-                    elif wd != 0:
-                        g = g.add(p, alpha=wd)
-                    p.add_(g, alpha=-lr)
-        extras = method.end_batch(batch)
-        keys = list(self.model.state_dict())
-        uploads: list[Message | None] = [None] * len(states)
-        for j, i in enumerate(order):
-            state = {k: (params[k][j] if k in params else g_state[k]).detach().clone() for k in keys}
-            uploads[i] = Message(f"client{states[i]['id']}", {"state": state, "n": sizes[i], **(extras[j] or {})})
-        return uploads
+        return self._batched.uploads(pairs, list(states), broadcast, self.config)
 
 
 def state_entries(model: nn.Module) -> dict[str, uploads.Tensor]:

@@ -13,9 +13,9 @@ from torch import nn
 
 from conftest import make_cfg
 from fedlib.core.protocol import ClientStates
+from fedlib.federated.batched import batchable
 from fedlib.federated.gradient import (
-    ALGORITHMS, FedAvg, FedConfig, GradientClient, LinearHead, MLPHead, MOONHead, batchable, make_algorithm,
-    run_federated,
+    ALGORITHMS, FedAvg, FedConfig, GradientClient, LinearHead, MLPHead, MOONHead, make_algorithm, run_federated,
 )
 
 D, C = 12, 4
