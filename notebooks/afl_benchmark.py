@@ -14,6 +14,9 @@
 # %% [markdown]
 # # AFL against gradient-based federated learning on frozen features
 #
+# ```{include} /book/generated/findings/afl_benchmark.md
+# ```
+#
 # The AFL paper {cite:p}`zhuang2024afl` compares its one-round analytic head with FedAvg
 # {cite:p}`mcmahan2017fedavg`, FedProx {cite:p}`li2020fedprox`, MOON {cite:p}`li2021moon`, FedGen
 # {cite:p}`zhu2021fedgen`, FedDyn {cite:p}`acar2021feddyn`, FedNTD {cite:p}`lee2022fedntd` and FedDisco
@@ -67,6 +70,7 @@ table3_alphas = [0.005, 0.01, 0.1, 1.0]  # heterogeneity sweep, FedAvg vs AFL (p
 gammas = [0.0, 0.1, 1.0, 10.0, 100.0]    # RI ablation (paper Table 4)
 ri_clients = [100, 500, 1000]
 paper_rounds = 200               # the baselines' rounds inferred from the paper's timing (Fig. 2)
+converge_pp = 0.5                # convergence rule: a mean curve moves < this (pp) over the last 20 % of its rounds
 workers = None                   # processes for the gradient-baseline runs (forked, each seeded on its own: the same
                                  # histories); null: fedlib.core.parallel.default_workers(), the cores
 
@@ -88,7 +92,8 @@ from fedlib.afl import tables as paper_results
 from fedlib.data.datasets import load_dataset
 from fedlib.data.features import extract_features
 from fedlib.data.partition import partition_report, plot_partition
-from fedlib.evaluation.stats import summarize
+from fedlib.evaluation.records import differences, load_record, record_caption
+from fedlib.evaluation.stats import compare_methods, summarize
 from fedlib.core.devices import resolve_device
 from fedlib.core.parallel import resolve_workers
 from fedlib.runner import specs
@@ -254,18 +259,83 @@ plt.show()
 
 # %%
 adv = afl_studies.advantage_summary(runs, afl_acc, paired)   # per setting: AFL above every method's mean?
+own = {label(s): afl_studies.comparison_inputs(runs, curves, label(s), methods) for s in settings}
+own_cmp = {s: compare_methods(afl_acc[s], f, c, tol=converge_pp / 100) for s, (f, c) in own.items()}
+display(Markdown(
+    f"At this profile's budget ({rounds} rounds x {local_epochs} local epoch(s)) "
+    + "; ".join(f"{s}: {c.convergence()}" for s, c in own_cmp.items()) + "."))
+
+# %% [markdown]
+# ### At a converged budget (recorded run)
+#
+# Whether AFL still leads once every baseline has converged is the question the paper's Table 2
+# answers (its baselines train 200 rounds). This profile cannot afford that, so the verdict rests
+# on a **recorded run**: the same data, features, partitions, hyperparameters and training seeds,
+# with the baselines trained 200 rounds, run once by the command below and committed with the
+# book. The criteria were fixed before the run: a method has **converged** when its mean test-accuracy
+# curve moves by less than `converge_pp` percentage points over the last 20 % of its rounds
+# (`fedlib.evaluation.stats.plateau`); AFL **leads** a method when the paired 95 % interval of
+# AFL − method lies above 0, **trails** it when the interval lies below 0.
+
+# %%
+RECORD_KEYS = ["dataset", "backbone", "input_size", "n_train", "n_test", "num_clients", "alphas", "shards", "methods",
+               "partition_seed", "seeds", "local_epochs", "batch_size", "lr", "participation", "moon_hidden", "gamma"]
+record = load_record("afl_converged", missing_ok=True)
+mismatch = differences(record, globals(), RECORD_KEYS)
+if mismatch:   # no record, or another data set, model or seeds than the record's: the verdict rests on this run
+    display(Markdown(("There is no recorded run" if record is None else
+                      f"The recorded run used other parameters ({', '.join(mismatch[:4])})")
+                     + f", so the verdict below rests on this profile's own {rounds} rounds."))
+    evidence_cmp, budget_rounds, rec_name = own_cmp, rounds, None
+else:
+    res = record["results"]
+    evidence_cmp = {s: compare_methods(res["afl"][s], res["final"][s], res["curves"][s], tol=converge_pp / 100)
+                    for s in res["afl"]}
+    budget_rounds, rec_name = record["parameters"]["rounds"], record["name"]
+    display(Markdown(record_caption(record)))
+    display(afl_studies.comparison_table(evidence_cmp).style.set_caption(
+        f"Ours ({dataset}, K={num_clients}, {len(seeds)} training seeds, {budget_rounds} rounds x {local_epochs} "
+        f"local epoch(s)): final test accuracy (%) mean ± sample std, AFL − method paired by seed (95 % CI, pp), "
+        f"and how far the mean curve moved over the last 20 % of the rounds (pp)"))
+    fig, axes = plt.subplots(1, len(res["afl"]), figsize=(4.4 * len(res["afl"]), 3.6), sharey=True, squeeze=False)
+    for ax, s in zip(axes[0], res["afl"]):
+        for m in methods:
+            ax.plot(np.arange(1, budget_rounds + 1), 100 * np.mean(res["curves"][s][m], axis=0), label=m, lw=1.2)
+        ax.axhline(100 * res["afl"][s], color="black", ls="--", lw=1, label="AFL (one round)")
+        ax.set(xlabel="round", ylabel="test accuracy (%)", title=s)
+    axes[0][-1].legend(fontsize=8, loc="lower right")
+    plt.tight_layout()
+    plt.show()
+
+# %%
+converged = all(c.converged for c in evidence_cmp.values())
+leads = all(c.leads for c in evidence_cmp.values())
+trails = sorted({f"{m} ({s})" for s, c in evidence_cmp.items() for m in c.trails})
+unresolved = sorted({f"{m} ({s})" for s, c in evidence_cmp.items() for m in c.unresolved})
+smallest = min((c.rows["difference"].map(lambda d: d.mean).min(), s) for s, c in evidence_cmp.items())
 claims.register(
     "afl-beats-baselines", "afl",
     "AFL is more accurate than the gradient-based baselines (FedAvg, FedProx, MOON, FedDyn, FedNTD, FedDisco, "
     "FedGen) in 10 of the 12 settings of Table 2, FedDyn winning the two CIFAR-100 sharding settings.",
-    holds=bool(adv["afl_best"].all()),
-    evidence=f"{dataset}, K={num_clients}, {len(settings)} setting(s) x {len(methods)} methods, {len(seeds)} training "
-             f"seeds: AFL's accuracy is above every method's mean in {int(adv['afl_best'].sum())} of "
-             f"{len(adv['afl_best'])} "
-             f"setting(s); {adv['resolved']} of {len(paired)} paired differences (AFL - method) have a 95 % CI above 0; "
-             f"smallest mean advantage {100 * adv['smallest']:+.2f} pp",
-    condition=f"the baselines train {rounds} rounds x {local_epochs} local epoch(s) (our budget, not the paper's "
-              f"{paper_rounds} rounds), on {dataset} rather than CIFAR / Tiny-ImageNet")
+    holds=bool(leads) if not trails else False, inconclusive=bool(not trails and not leads) or not converged,
+    evidence=f"{dataset}, K={num_clients}, {len(evidence_cmp)} setting(s) x {len(methods)} methods, {len(seeds)} training "
+             f"seeds, {budget_rounds} rounds: AFL leads (paired 95 % CI of AFL − method above 0) in "
+             f"{sum(len(c.rows) - len(c.trails) - len(c.unresolved) for c in evidence_cmp.values())} of "
+             f"{sum(len(c.rows) for c in evidence_cmp.values())} comparisons"
+             + (f"; trails {', '.join(trails)}" if trails else "") + (f"; unresolved {', '.join(unresolved)}" if unresolved else "")
+             + f"; smallest mean advantage {100 * smallest[0]:+.2f} pp ({smallest[1]})",
+    key=f"AFL − closest baseline: {100 * smallest[0]:+.2f} pp ({smallest[1]}, {budget_rounds} rounds)",
+    condition="the baselines are the six that ran (FedGen, which needs a generator the paper does not specify, is not "
+              "implemented)" if leads and converged else None,
+    rules_out=None if (leads or trails) and converged else (
+        "the comparison did not converge at its budget" if not converged else
+        "; ".join(f"{m} ({s}): {c.rows.loc[m, 'difference'].format(2, 100)} pp" for s, c in evidence_cmp.items()
+                  for m in c.unresolved)),
+    methods=["afl", "fedavg", "fedprox", "moon", "feddyn", "fedntd", "feddisco", "fedgen"], ran=["afl", *methods],
+    budget=f"{budget_rounds} rounds x {local_epochs} local epoch(s), {len(seeds)} seeds, {dataset}"
+           + (" (recorded run)" if rec_name else ""),
+    convergence="; ".join(f"{s}: {c.convergence()}" for s, c in evidence_cmp.items()), converged=converged,
+    record=rec_name)
 
 # %% [markdown]
 # The curves below are test accuracy against wall-clock for the first training seed. A baseline
@@ -352,14 +422,17 @@ display(Markdown(
 claims.register(
     "afl-speedup", "afl",
     "AFL trains in one round, about 50-100x faster than the gradient-based baselines' 200 rounds (Fig. 2).",
-    holds=bool(ratio_paper.min() >= 50),
-    evidence=f"measured per-round time x {paper_rounds} rounds / AFL's time: {ratio_paper.min():.0f}x to "
-             f"{ratio_paper.max():.0f}x (CPU, {local_epochs} local epoch(s), features cached for every method, so no "
-             f"method pays the backbone per round; the paper's timings give {min(paper_ratios):.0f}x to "
-             f"{max(paper_ratios):.0f}x with the backbone inside); AFL {afl_seconds:.2f} s",
-    condition=f"the baselines run {paper_rounds} rounds of {local_epochs} local epoch(s) (our extrapolation from "
-              f"{rounds} measured rounds; feature extraction excluded for both; "
-              f"{'all clients of a round trained at once, batched' if batched_clients else 'one client at a time'})")
+    holds=None,
+    not_comparable="the paper's times include the frozen backbone's forward passes (once for AFL, every local "
+                   "epoch for the baselines); ours cache the features for every method, so neither side pays the "
+                   "backbone and the ratio measures the heads' training alone",
+    evidence=f"heads only, measured per-round time x {paper_rounds} rounds / AFL's time: {ratio_paper.min():.0f}x to "
+             f"{ratio_paper.max():.0f}x (CPU, {local_epochs} local epoch(s), "
+             f"{'all clients of a round trained at once' if batched_clients else 'one client at a time'}); "
+             f"the paper's Fig. 2 timings, backbone included: {min(paper_ratios):.0f}x to {max(paper_ratios):.0f}x; "
+             f"AFL {afl_seconds:.2f} s",
+    key=f"heads only: {ratio_paper.min():.0f}x to {ratio_paper.max():.0f}x (paper, with backbone: "
+        f"{min(paper_ratios):.0f}x to {max(paper_ratios):.0f}x)")
 if cross_linear is not None:
     claims.register(
         "afl-single-round-communication", "afl",

@@ -14,6 +14,9 @@
 # %% [markdown]
 # # AFL: deriving the AA law and the RI process, and checking them
 #
+# ```{include} /book/generated/findings/afl_derivation.md
+# ```
+#
 # *Analytic Federated Learning* {cite:p}`zhuang2024afl` (arXiv:2405.16240 v1) trains only a linear
 # head $W\in\mathbb R^{d\times C}$ on the embeddings of a {term}`frozen backbone`, by least squares,
 # and claims {term}`weight invariance`: one round of aggregation gives *exactly* the head trained on

@@ -14,6 +14,9 @@
 # %% [markdown]
 # # Re-Fed: the PIM's theory (Lemma 1, Theorem 3.1) and the gradient-norm machinery, checked
 #
+# ```{include} /book/generated/findings/refed_theory.md
+# ```
+#
 # *Re-Fed* {cite:p}`li2024refed` ("Towards Efficient Replay in Federated Incremental Learning")
 # lets every client choose which old samples to keep for replay. At a task boundary the client
 # trains a throw-away **personalised informative model** ({term}`PIM`) $v$, starting from the global model
@@ -382,10 +385,11 @@ _ = claims.register(
     "Theorem 3.1's proof: Lemma 2 (Eq. 13) holds with the step eta_t = 2 g(t) / (A (mu + q)), and the "
     "explicit C of Eq. 15 bounds E||v^t - v_hat||^2 / g(t).",
     holds=bool((easy["ratio <= C"]).all() and easy["max Lemma 2 LHS/RHS"].max() <= 1.0),
-    condition=(f"the curvatures are close (L <= 2 mu here); of the {len(hard)} cases with L > 2 mu, Eq. 13 fails in "
-               f"{int((hard['max Lemma 2 LHS/RHS'] > 1).sum())} (max LHS/RHS {hard['max Lemma 2 LHS/RHS'].max():.3g}) and "
-               f"the ratio exceeds Eq. 15's C in {int((hard['max ratio'] > hard['paper C']).sum())} (by up to "
-               f"{worst_c:.3g}x); a step-size condition eta_t (L + q) <= 1 repairs the proof (section 3.2)")
+    condition=(f"the step also satisfies eta_t (L + q) <= 1, the contraction condition Lemma 2's proof uses (section "
+               f"3.2); the printed step alone is not enough: of the {len(hard)} grid cases with L > 2 mu, Eq. 13 fails "
+               f"in {int((hard['max Lemma 2 LHS/RHS'] > 1).sum())} (max LHS/RHS {hard['max Lemma 2 LHS/RHS'].max():.3g}) "
+               f"and the ratio exceeds Eq. 15's C in {int((hard['max ratio'] > hard['paper C']).sum())} (by up to "
+               f"{worst_c:.3g}x)")
               if len(hard) and worst_c > 1 else None,
     evidence=f"{len(thm)} cases (L in {thm_L}, lambda in {thm_lambdas}); cases with L <= 2 mu: ratio <= C and "
              f"Eq. 13 holds in all {len(easy)}.")

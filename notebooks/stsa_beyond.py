@@ -14,6 +14,9 @@
 # %% [markdown]
 # # STSA / STSA-E: beyond the paper
 #
+# ```{include} /book/generated/findings/stsa_beyond.md
+# ```
+#
 # STSA {cite}`guan2025stsa` learns a ridge head from statistics that the clients upload once per
 # {term}`stage`: the {term}`Gram matrix` $G=\Phi^\top\Phi$ and the {term}`class sums` $C=\Phi^\top Y$
 # of their {term}`random features`. Two questions the paper leaves open are answered here from the

@@ -14,6 +14,9 @@
 # %% [markdown]
 # # STSA / STSA-E: deriving spatial-temporal aggregation and the Gram estimate, and checking them
 #
+# ```{include} /book/generated/findings/stsa_derivation.md
+# ```
+#
 # *STSA* {cite:p}`guan2025stsa` ("Enhancing Federated Class-Incremental Learning via Spatial-Temporal
 # Statistics Aggregation"; two versions with identical numbers) freezes a backbone $F$ after the
 # first task, expands its features by a random ReLU layer $R$ ({term}`random features`, as RanPAC

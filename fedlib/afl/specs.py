@@ -91,7 +91,7 @@ SPECS = {
         "gamma": NON_NEGATIVE,
         "client_counts": List(Int(1), distinct=True), "invariance_alpha": POSITIVE,
         "table3_alphas": List(POSITIVE), "gammas": List(NON_NEGATIVE), "ri_clients": List(Int(1), distinct=True),
-        "paper_rounds": Int(1), "workers": Int(1) | NULL,
+        "paper_rounds": Int(1), "workers": Int(1) | NULL, "converge_pp": POSITIVE,
     }, rules=[rule_subset("resample_methods", "methods"), _some_setting, _participation_positive,
               _shards_divide_the_data]),
     "afl_beyond": Spec({

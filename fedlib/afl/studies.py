@@ -192,6 +192,28 @@ def seed_ordered_accuracies(frame, setting: str, method: str) -> np.ndarray:
     return rows.sort_values("seed")["accuracy"].to_numpy()
 
 
+def comparison_inputs(runs, curves, setting: str, methods: Sequence[str]):
+    """``(finals, curves)`` of one setting (a label) for :func:`fedlib.evaluation.stats.compare_methods`:
+    each method's final accuracy per training seed and its per-round test accuracy per seed."""
+    finals = {m: seed_ordered_accuracies(runs, setting, m) for m in methods}
+    c = curves[curves.setting == setting]
+    per_seed = {m: [g.sort_values("round")["test_acc"].to_numpy() for _, g in c[c.method == m].groupby("seed")]
+                for m in methods}
+    return finals, per_seed
+
+
+def comparison_table(comparisons: dict) -> pd.DataFrame:
+    """One row per (setting, method) of ``{setting: Comparison}``: final accuracy mean ± sample std (%),
+    AFL − method paired by seed (95 % CI, pp) and the mean curve's move over the last 20 % of the rounds."""
+    rows = []
+    for s, cmp in comparisons.items():
+        for m, r in cmp.rows.iterrows():
+            rows.append({"setting": s, "method": m, "accuracy (%)": pm(100 * r["mean"], 100 * r["std"]),
+                         "AFL − method (pp)": r["difference"].format(2, 100).split(" (")[0],
+                         "moved, last 20 % (pp)": f"{100 * r['plateau'].change:+.2f}"})
+    return pd.DataFrame(rows).set_index(["setting", "method"])
+
+
 def table1_deviations(x: Array, labels: Array, num_classes: int, clients: Sequence[int],
                       reference: torch.Tensor):
     """The paper's Table 1 recipe: for each K in ``clients``, an equal contiguous split of x (N, d),

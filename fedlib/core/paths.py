@@ -13,6 +13,7 @@ NOTEBOOK_DIR = REPO / "notebooks"
 PROFILE_FILE = NOTEBOOK_DIR / "profiles.yml"
 EXECUTED_DIR = REPO / "book" / "executed"
 BENCHMARK_DIR = REPO / "book" / "benchmarks"
+RECORD_DIR = REPO / "book" / "records"        # recorded runs: long comparisons run once, committed
 FAILED_DIR = Path(tempfile.gettempdir()) / "fedlib-failed"   # failed runs, never read by the book
 
 

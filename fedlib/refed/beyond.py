@@ -135,7 +135,8 @@ class CacheNoiseAudit:
         learner._noise_previous = current
 
 
-def _run_one(job: tuple[int, str], *, scenario: dict, settings: dict, noise: float, lam_local: float) -> dict:
+def _run_one(job: tuple[int, str], *, scenario: dict, settings: dict, noise: float, lam_local: float,
+             track: bool = False) -> dict:
     """One (seed, rule) run of :func:`run_rules`; returns its row."""
     seed, r = job
     sc, audit = scenario, None
@@ -153,8 +154,10 @@ def _run_one(job: tuple[int, str], *, scenario: dict, settings: dict, noise: flo
         kw["method_hparams"] = hp
     if "num_threads" in kw:
         torch.set_num_threads(kw["num_threads"])
-    out = run_scenario(sc, "class", method, seed, **over, **kw)
+    out = run_scenario(sc, "class", method, seed, **over, **kw, track=track)
     row = {"rule": r, "seed": seed, "noise": noise, **{m: out["row"][m] for m in ("A_T", "A_avg", "F_T", "wall_s")}}
+    if track:   # the last task's test accuracy (%) after every round: what the convergence rule reads
+        row["last_task_curve"] = [100 * a for a in out["learner"].histories[-1].test_acc]
     if audit is not None:
         log = pd.DataFrame(out["learner"].noise_audit)
         sums = log[["pool", "pool_noisy", "cache", "cache_noisy"]].sum()
@@ -164,7 +167,7 @@ def _run_one(job: tuple[int, str], *, scenario: dict, settings: dict, noise: flo
 
 
 def run_rules(scenario: dict, rules: Sequence[str], seeds: Sequence[int], *, settings: dict, lam_local: float,
-              noise: float = 0.0, workers: int | None = 1, progress: bool = True) -> pd.DataFrame:
+              noise: float = 0.0, workers: int | None = 1, progress: bool = True, track: bool = False) -> pd.DataFrame:
     """Run every rule of ``rules`` (:data:`RULES`) for every seed on ``scenario`` (a scenario dict of
     :func:`fedlib.refed.studies.make_scenario`), class-incremental, with :func:`fedlib.refed.studies.run_scenario`'s
     ``settings`` (model_fn, num_clients, ... as the benchmark's ScenarioRuns). ``noise`` > 0 flips that
@@ -174,12 +177,14 @@ def run_rules(scenario: dict, rules: Sequence[str], seeds: Sequence[int], *, set
     each run is seeded on its own, so the rows are the same).
     Returns one row per (rule, seed), ordered by seed then rule: rule, seed, noise, A_T, A_avg, F_T
     (%), wall_s and, with noise, pool / cache counts summed over clients and boundaries (pool,
-    pool_noisy, cache, cache_noisy) and the rates pool_rate, cache_rate (%)."""
+    pool_noisy, cache, cache_noisy) and the rates pool_rate, cache_rate (%); with ``track`` (the global
+    model evaluated after every round) the last task's curve ``last_task_curve`` (%, one per round)."""
     for r in rules:
         check_choice("rule", r, RULES)
     noise = check_real("noise", noise, low=0.0, high=1.0, strict=False)
     jobs = [(seed, r) for seed in seeds for r in rules]
-    grid = RunGrid(partial(_run_one, scenario=scenario, settings=settings, noise=noise, lam_local=lam_local))
+    grid = RunGrid(partial(_run_one, scenario=scenario, settings=settings, noise=noise, lam_local=lam_local,
+                           track=track))
     rows = grid.fill(jobs, workers, desc=f"rules (noise {noise:g})", progress=progress)
     return pd.DataFrame(rows)
 

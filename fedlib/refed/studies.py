@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import math
 import time
+from functools import partial
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -20,7 +21,10 @@ from fedlib.evaluation.stats import paired_difference
 from fedlib.federated.gradient import FedConfig, History
 from fedlib.federated.incremental import run_class_incremental
 from fedlib.federated.learner import FirstStageShare, GradientLearner, KeepWeights, select_top
-from fedlib.federated.models import images_to_tensor
+from fedlib.data.datasets import load_dataset
+from fedlib.data.domains import digit_domains, make_domain_stream
+from fedlib.data.streams import make_stream
+from fedlib.federated.models import images_to_tensor, make_model
 from fedlib.refed.algorithm import RefedReplay, make_learner, train_pim
 from fedlib.refed.speed import PIMShare
 
@@ -302,6 +306,35 @@ def make_scenario(name: str, x_train, y_train, x_test, y_test, stream, **setting
             "y_test": y_test, "stream": stream, **settings}
 
 
+def benchmark_scenarios(p: dict[str, Any]) -> dict[str, dict]:
+    """The benchmark chapter's scenarios from its parameters ``p``: ``"class"`` (``dataset`` at most
+    ``n_train`` / ``n_test`` images, ``num_tasks`` tasks) and, when ``p["domain"]``, ``"domain"`` (the digit
+    ``domains``, ``n_per_domain`` images each), each with its own alpha, lr, memory, lambda and rounds."""
+    ds = load_dataset(p["dataset"]).at_most(p["n_train"], p["n_test"])
+    scen = {"class": make_scenario(
+        f"class-incremental / {p['dataset']}", ds.x_train, ds.y_train, ds.x_test, ds.y_test,
+        partial(make_stream, ds.y_train, ds.y_test, p["num_tasks"]), alpha=p["alpha"], lr=p["lr"],
+        memory=p["memory"], lam=p["lam"], rounds=p["rounds"], first_rounds=None, epochs=p["local_epochs"])}
+    if p["domain"]:
+        stream, x_tr, y_tr, x_te, y_te = make_domain_stream(digit_domains(p["domains"], seed=0,
+                                                                          n_per_domain=p["n_per_domain"]))
+        scen["domain"] = make_scenario(
+            "domain-incremental / digits", x_tr, y_tr, x_te, y_te, stream, alpha=p["alpha_domain"], lr=p["lr_domain"],
+            memory=p["memory_domain"], lam=p["lam_domain"], rounds=p["rounds_domain"],
+            first_rounds=p["first_rounds_domain"], epochs=p["local_epochs_domain"])
+    return scen
+
+
+def benchmark_runs(p: dict[str, Any], scenarios: dict[str, dict]) -> ScenarioRuns:
+    """The benchmark chapter's :class:`ScenarioRuns` on ``scenarios`` with its model and training settings."""
+    channels = int(scenarios["class"]["x_train"].shape[1])
+    model_fn = partial(make_model, p["model"], channels, 10, image_size=28, width=p["cnn_width"], hidden=p["cnn_hidden"])
+    return ScenarioRuns(scenarios, model_fn=model_fn, num_clients=p["num_clients"], batch_size=p["batch_size"],
+                        momentum=p["momentum"], participation=p["participation"], device=p["device"],
+                        num_threads=p["num_threads"], memory_mode=p["memory_mode"], pim_epochs=p["pim_epochs"],
+                        grad_norm=p["grad_norm"], method_hparams=p["method_hparams"])
+
+
 def first_task_accuracies(runs: ScenarioRuns, kind_methods: dict[str, Sequence[str]], seeds: Sequence[int],
                           methods: Sequence[str]) -> dict[tuple, dict]:
     """Accuracy on task 1 after task 1 (``acc[0, 0]``) of the tracked runs: {(kind, seed): {method:
@@ -434,6 +467,21 @@ def round_curves(runs: ScenarioRuns, seed: int):
                               "accuracy": 100 * a} for r, a in zip(h.round, h.test_acc)]
                     start += h.round[-1]
     return pd.DataFrame(rows)
+
+
+def last_task_curves(runs: ScenarioRuns, kind: str, methods: Sequence[str], seeds: Sequence[int]) -> dict:
+    """{method: [test accuracy (%) after every round of the last task, one list per seed]} of the
+    tracked runs of ``kind``: the curve the convergence rule reads (the final accuracy is its end). A
+    method that does not train on the last task (``fixed``) has no such curve and is left out."""
+    last = {m: [runs(kind, m, seed, track=True)["learner"].histories[-1] for seed in seeds] for m in methods}
+    return {m: [[100 * a for a in h.test_acc] for h in hs] for m, hs in last.items() if all(h is not None for h in hs)}
+
+
+def refed_paper_gaps(table1) -> dict[str, float]:
+    """The paper's smallest Re-Fed advantage (pp) over FedAvg and FedProx (random caching) in its Table 1
+    (``refed_table1()``, floats), per kind of stream: rows 1-3 class-incremental, 4-6 domain-incremental."""
+    gap = pd.concat([table1[("Re-Fed", "mean")] - table1[(b, "mean")] for b in ("FedAvg", "FedProx")], axis=1).min(axis=1)
+    return {"class": float(gap.iloc[:3].min()), "domain": float(gap.iloc[3:].min())}
 
 
 def last_task_share(runs: ScenarioRuns, memories: Sequence[int], seeds: Sequence[int], kind: str = "class") -> dict:

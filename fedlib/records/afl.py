@@ -1,0 +1,55 @@
+"""AFL against the gradient baselines at a converged budget (the AFL benchmark chapter's Table 2).
+
+The chapter's data, features, partitions, methods, hyperparameters and training seeds at a profile
+(default ``quick``), with the baselines trained for ``rounds`` rounds (default 200, the paper's)
+instead of the profile's budget. Stores, per setting: AFL's accuracy, every method's final accuracy
+per training seed and its test-accuracy curve per seed (every round).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fedlib.afl import studies as afl_studies
+from fedlib.core.devices import resolve_device
+from fedlib.core.parallel import resolve_workers
+from fedlib.data.datasets import load_dataset
+from fedlib.data.features import extract_features
+
+CHAPTER = "afl_benchmark"
+DEFAULTS = {"rounds": 200}
+
+
+def run(p: dict[str, Any], progress: bool = True) -> dict[str, Any]:
+    """The comparison for the chapter parameters ``p`` (its ``rounds`` overridden); JSON-ready results."""
+    dev = resolve_device(p["device"])
+    data = load_dataset(p["dataset"])
+    data = data.subset(p["n_train"], p["n_test"]) if (p["n_train"] or p["n_test"]) else data
+    feats = extract_features(data, backbone=p["backbone"], input_size=p["input_size"], device=str(dev))
+    settings = [("alpha", a) for a in p["alphas"]] + [("shards", s) for s in p["shards"]]
+    partition = afl_studies.SettingPartitions(data.y_train)
+    partition.draw_all(settings, [p["num_clients"]], [p["partition_seed"]])
+    ref = afl_studies.centralized_reference(feats, dev)
+    afl_runs = afl_studies.afl_setting_runs(feats, partition, settings, p["num_clients"], [p["partition_seed"]],
+                                            p["gamma"], dev, ref["w_qr"])
+    config = dict(rounds=p["rounds"], local_epochs=p["local_epochs"], batch_size=p["batch_size"], lr=p["lr"],
+                  participation=p["participation"], device=str(dev), eval_every=1,
+                  batched_clients=p["batched_clients"])
+    train = torch.from_numpy(feats.x_train), torch.from_numpy(feats.y_train)
+    test = torch.from_numpy(feats.x_test), torch.from_numpy(feats.y_test)
+    runs, curves = afl_studies.run_baselines(
+        "converged", [(s, m, sd, p["partition_seed"]) for s in settings for m in p["methods"] for sd in p["seeds"]],
+        partitions=partition, num_clients=p["num_clients"], train=train, test=test, num_classes=feats.num_classes,
+        config=config, moon_hidden=p["moon_hidden"], workers=resolve_workers(p["workers"], dev), progress=progress)
+    out: dict[str, Any] = {"afl": {}, "final": {}, "curves": {}, "seconds per round": {}}
+    for s in settings:
+        label = afl_studies.setting_label(s)
+        out["afl"][label] = float(afl_runs.loc[afl_runs.setting == label, "accuracy"].iloc[0])
+        out["final"][label] = {m: afl_studies.seed_ordered_accuracies(runs, label, m).tolist() for m in p["methods"]}
+        c = curves[curves.setting == label]
+        out["curves"][label] = {m: [c[(c.method == m) & (c.seed == sd)].sort_values("round")["test_acc"].tolist()
+                                    for sd in p["seeds"]] for m in p["methods"]}
+        r = runs[runs.setting == label]
+        out["seconds per round"][label] = r.groupby("method")["seconds per round"].mean().to_dict()
+    return out

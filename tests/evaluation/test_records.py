@@ -1,0 +1,29 @@
+"""Recorded runs: written atomically with their provenance, read back, matched to a chapter's run."""
+import json
+
+import pytest
+
+from fedlib.evaluation import records
+
+
+def test_a_record_keeps_its_command_machine_date_parameters_and_results(tmp_path):
+    path = records.write_record("demo", "python -m fedlib.records demo", {"rounds": 200, "seeds": [0, 1]},
+                                {"acc": [0.5, 0.6]}, 61.0, folder=tmp_path)
+    rec = records.load_record("demo", folder=tmp_path)
+    assert path == tmp_path / "demo.json" and not list(tmp_path.glob(".*partial"))
+    assert set(records.FIELDS) <= set(rec) and rec["results"] == {"acc": [0.5, 0.6]}
+    assert "cores" in rec["machine"] and rec["date"].endswith("UTC")
+    caption = records.record_caption(rec)
+    assert "python -m fedlib.records demo" in caption and "1 min" in caption and rec["commit"] not in caption
+    assert records.differences(rec, {"rounds": 200, "seeds": [0, 1]}, ["rounds", "seeds"]) == []
+    assert records.differences(rec, {"rounds": 20, "seeds": [0, 1]}, ["rounds", "seeds"]) == ["rounds"]
+    assert records.differences(None, {"rounds": 20}, ["rounds"]) == ["rounds"]
+
+
+def test_a_missing_or_incomplete_record_says_how_to_make_it(tmp_path):
+    assert records.load_record("absent", folder=tmp_path, missing_ok=True) is None
+    with pytest.raises(FileNotFoundError, match="python -m fedlib.records absent"):
+        records.load_record("absent", folder=tmp_path)
+    (tmp_path / "broken.json").write_text(json.dumps({"name": "broken"}))
+    with pytest.raises(ValueError, match="lacks command"):
+        records.load_record("broken", folder=tmp_path)

@@ -1,0 +1,49 @@
+"""``python -m fedlib.records``: each recorded comparison runs at a tiny size, and the committed
+records are the ones the chapters read."""
+import numpy as np
+
+from fedlib.core.paths import RECORD_DIR
+from fedlib.evaluation.records import FIELDS, load_record
+from fedlib.records.__main__ import RECORDS, main, parameters
+from fedlib.runner import specs
+
+
+def test_afl_record_runs_small_and_its_curves_end_at_the_final_accuracy(tmp_path, capsys):
+    assert main(["afl_converged", "--profile", "smoke", "--out", str(tmp_path), "rounds=3"]) == 0
+    rec = load_record("afl_converged", folder=tmp_path)
+    assert rec["command"] == "python -m fedlib.records afl_converged --profile smoke rounds=3"
+    p, res = rec["parameters"], rec["results"]
+    assert p["rounds"] == 3 and p["profile"] == "smoke"
+    for setting, finals in res["final"].items():
+        assert set(finals) == set(p["methods"]) and 0 < res["afl"][setting] <= 1
+        for m, accs in finals.items():
+            curves = res["curves"][setting][m]
+            assert len(accs) == len(p["seeds"]) and all(len(c) == 3 for c in curves)
+            assert np.allclose([c[-1] for c in curves], accs)   # the curve is the run that gave the final accuracy
+
+
+def test_a_bad_parameter_is_refused_before_any_work(tmp_path, capsys):
+    assert main(["afl_converged", "--profile", "smoke", "--out", str(tmp_path), "rounds=0"]) == 2
+    assert "rounds" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
+def test_committed_records_load_and_match_their_chapters_parameters():
+    for path in sorted(RECORD_DIR.glob("*.json")):
+        rec = load_record(path.stem)
+        assert set(FIELDS) <= set(rec) and rec["name"] in RECORDS, path
+        module = RECORDS[rec["name"]]
+        specs.check(module.CHAPTER, rec["parameters"])   # a record's parameters are a valid run of its chapter
+        assert rec["command"].startswith(f"python -m fedlib.records {rec['name']}")
+    assert parameters("afl_converged", "quick", {})["rounds"] == RECORDS["afl_converged"].DEFAULTS["rounds"]
+
+
+def test_refed_record_runs_small_with_every_seed_and_the_last_tasks_curves(tmp_path):
+    assert main(["refed_resolved", "--profile", "smoke", "--out", str(tmp_path), "rounds=2", "rounds_domain=3",
+                 "seeds=[0, 1]"]) == 0
+    rec = load_record("refed_resolved", folder=tmp_path)
+    res = rec["results"]
+    assert set(res["A_T"]) == {"class", "domain"} == set(res["curves"])
+    for kind, rounds in (("class", 2), ("domain", 3)):
+        for m in RECORDS["refed_resolved"].METHODS:
+            assert len(res["A_T"][kind][m]) == 2 and all(0 <= a <= 100 for a in res["A_T"][kind][m])
+            assert [len(c) for c in res["curves"][kind][m]] == [rounds, rounds]
