@@ -11,7 +11,7 @@ JOBS        ?= $(if $(filter paper,$(PROFILE)),1,2)
 
 FLOWER      ?= afl num-clients=3
 
-.PHONY: all setup data browser notebooks html html-student book run bench flower-deploy flower-simulate test clean
+.PHONY: all setup data browser notebooks html html-student book run bench records flower-deploy flower-simulate test clean
 
 all: book
 
@@ -53,6 +53,12 @@ bench: setup
 	$(PY) -m fedlib.bench.flower --out book/benchmarks/flower.txt
 	$(PY) -m fedlib.bench.book_time --out book/benchmarks/book_time.txt
 	$(PY) -m fedlib.bench.book_time --alone fedtsne_benchmark stsa_benchmark refed_benchmark afl_benchmark
+
+# the recorded runs: comparisons at a converged budget, written to book/records/ (hours on a 2-core CPU)
+records: data
+	$(PY) -m fedlib.records afl_converged --profile quick
+	$(PY) -m fedlib.records refed_resolved --profile quick
+	$(PY) -m fedlib.records stsa_converged --profile quick
 
 # a SuperLink and N SuperNodes on 127.0.0.1, the run, everything stopped: make flower-deploy FLOWER="stsa num-clients=5"
 flower-deploy: data

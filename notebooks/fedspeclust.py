@@ -14,6 +14,9 @@
 # %% [markdown]
 # # Fed-SpeClust: federated spectral clustering from learned landmarks
 #
+# ```{include} /book/generated/findings/fedspeclust.md
+# ```
+#
 # Algorithm 3 of "Federated t-SNE and UMAP for Distributed Data Visualization" {cite:p}`qiao2025fedtsne`
 # (federated spectral clustering was earlier studied by the same group, {cite:t}`qiao2024fedsc`)
 # clusters data that stay on $P$ clients. The server first learns $n_y$ {term}`landmarks`
@@ -83,6 +86,7 @@ from fedlib.fedtsne import mmd as ft_mmd
 from fedlib.fedtsne import nystrom as ft_nystrom
 from fedlib.fedtsne import studies as ft_studies
 from fedlib.fedtsne import tables as paper_results
+from fedlib.fedtsne import verdicts as ft_verdicts
 from fedlib.runner import specs
 
 specs.check("fedspeclust", globals())
@@ -317,14 +321,28 @@ paper_worst = min(paper.loc[idx, (v, s, "mean")] - paper.loc[idx, ("central", "p
                   for idx in paper.index if idx[1] == "NMI" for v, s in (("Fed", "IID"), ("Fed", "non-IID")))
 ours_nmi = {(n, lab): pdiff[n, "NMI", lab] for n in datasets for lab in ("Fed IID - central", "Fed non-IID - central")}
 ours_worst = min(d.mean for d in ours_nmi.values())
+# the margin, fixed in advance: the paper's largest noise-free NMI drop (Table 5), the drop it calls slight
+SPECLUST_MARGIN = -paper_worst
+speclust_check = ft_verdicts.margin_check(ours_nmi, SPECLUST_MARGIN, "lower")
+first_shares = {name: ft_feddl.plateau_share(first_runs[name].objective) for name in datasets}
+speclust_converged = bool(all(v <= 0.01 for v in first_shares.values()))
 _ = claims.register(
     "fedspeclust-comparable-to-speclust", "fedtsne",
     "Fed-SpeClust achieves results comparable to the original spectral clustering, despite a slight decrease "
-    f"(Table 5: NMI at most {-paper_worst:.4f} below centralized without noise).",
-    holds=bool(ours_worst >= paper_worst),
-    evidence=(f"largest mean NMI drop Fed - central (paired over {len(seeds)} seeds, FedDL rounds {rounds_for}) "
-              f"{ours_worst:+.4f} vs the paper's {paper_worst:+.4f}; "
-              + "; ".join(f"{n} {lab}: {d.format(4)}" for (n, lab), d in ours_nmi.items())))
+    f"(Table 5: NMI at most {SPECLUST_MARGIN:.4f} below centralized without noise).",
+    evidence=(f"NMI, Fed - central, paired over {len(seeds)} seeds (FedDL rounds {rounds_for}): "
+              + "; ".join(f"{n} {lab}: {d.format(4)}" for (n, lab), d in ours_nmi.items())
+              + f"; {speclust_check.criterion('drop', 4)} (margin: the paper's largest drop, {SPECLUST_MARGIN:.4f}); "
+              f"largest mean drop {ours_worst:+.4f}"),
+    **ft_verdicts.verdict_fields(speclust_check, ours_nmi, converged=speclust_converged),
+    methods=["Fed-SpeClust", "spectral clustering"], ran=["Fed-SpeClust", "spectral clustering"],
+    budget=f"{len(seeds)} seeds, FedDL rounds {rounds_for}, n_y = {n_landmarks}, {num_clients} clients",
+    convergence=("FedDL's share of its objective's decrease in the last 10 % of the rounds, first seed: "
+                 + ", ".join(f"{k} {v:.4f}" for k, v in first_shares.items())
+                 + " (the benchmark's plateau rule: at most 0.01; the other seeds run as many rounds)"),
+    converged=speclust_converged,
+    key=(f"Fed − central NMI: lowest CI bound {min(d.low for d in ours_nmi.values()):+.3f}, "
+         f"margin −{SPECLUST_MARGIN:.3f}"))
 
 # %% [markdown]
 # The same tables as changes from the centralized result (federated minus centralized, mean over

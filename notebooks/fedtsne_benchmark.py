@@ -14,6 +14,9 @@
 # %% [markdown]
 # # Fed-tSNE and Fed-UMAP: visualization benchmark
 #
+# ```{include} /book/generated/findings/fedtsne_benchmark.md
+# ```
+#
 # The experiments of {cite:t}`qiao2025fedtsne`, Sec. 6.1 and App. A: $P=10$ clients ({term}`number of clients`) hold the
 # data, IID (a random split) or non-IID (one class per client, "the hardest setting"). The server
 # learns $n_y$ {term}`landmarks` by federated distribution learning (FedDL, Algorithm 1, the descent on
@@ -52,7 +55,9 @@
 # median squared distances, landmarks initialized from the pooled moments, step $1/L$ from a
 # data-free Lipschitz bound, Nyström on **squared** distances (the paper does not say which;
 # the plain-distance version is an ablation in Sec. 7), sklearn t-SNE (perplexity 30, random
-# init) and umap-learn (15 neighbours, min_dist 0.1). The number of FedDL rounds is not a guess:
+# init) and umap-learn (15 neighbours, min_dist 0.1; `umap_epochs` = 200 optimization epochs here
+# against umap-learn's 500 for fewer than 10,000 points, the default in profile paper: the same for
+# the centralized and the federated embeddings). The number of FedDL rounds is not a guess:
 # it is where FedDL's objective plateaus by the rule of Sec. 2. FedDL computes its rounds (the clients'
 # gradients, the landmarks, the noise) in `feddl_dtype` = float32 here (float64 in profile paper), while F,
 # the Nyström step and everything after it stay in float64; float32 and float64 landmarks agree up to
@@ -76,7 +81,7 @@ plateau_check = 1          # rounds between two checks of the rule (1: after eve
 max_rounds = 1000          # the convergence study stops here at the latest
 step_scales = [2, 4, 8]    # FedDL steps c/L of the step study (first seed, every dataset and split; [] skips it)
 beta = 1.0                 # noise level of the Fed plus runs, the paper uses 1
-methods = ["tsne"]         # the paper also runs umap (profile paper; add it here at twice the cost)
+methods = ["tsne", "umap"] # both embeddings of the paper (UMAP: about 70 s more at quick on 2 cores; smoke: t-SNE only)
 perplexity = 30.0
 tsne_max_iter = 500        # sklearn default is 1000
 umap_neighbors = 15
@@ -118,6 +123,7 @@ from fedlib.fedtsne import chapters as ft_chapters
 from fedlib.fedtsne import pipelines as ft_pipelines
 from fedlib.fedtsne import studies as ft_studies
 from fedlib.fedtsne import tables as paper_results
+from fedlib.fedtsne import verdicts as ft_verdicts
 from fedlib.core.parallel import resolve_workers
 from fedlib.evaluation.stats import mean_std
 from fedlib.runner import specs
@@ -341,29 +347,40 @@ plt.show()
 
 # %% [markdown]
 # The claim below checks the paper's Fig. 2 reading that the metrics converge after about 50 rounds, with
-# the overlap of $\hat D$ as the metric (an embedding adds t-SNE's own run-to-run noise). At the
-# benchmark's step it is checked on every dataset and split of the first seed; when it fails there, the
-# verdict says whether it holds at a larger step of the study at which $F$ still descends in every run.
+# the overlap of $\hat D$ as the metric (an embedding adds t-SNE's own run-to-run noise), on every dataset
+# and split of the first seed. The rule, fixed in advance: at a step $c/L$ the quality has converged by
+# round 50 when no run's overlap gains more than 0.02 after round 50. The paper leaves the step open
+# ("the reverse of the Lipschitz constant if possible", no value), so the verdict is taken over the
+# whole grid of steps run above ($1/L$ and `step_scales`): verified when it holds at $1/L$, the step the
+# bound guarantees; holding only at the steps of the grid where it holds, named with their numbers;
+# refuted only when it fails at every step of the grid.
 
 # %%
 gain_after_50, late = ft_studies.gain_after(traces, wide_conv, seeds[0], at=50)
 evidence = ft_studies.late_gain_evidence(late)
+CONVERGED_GAIN = 0.02     # the rule: no run gains more than this after round 50
 if late:
-    at_main = bool(gain_after_50 <= 0.02)
-    converging = ft_studies.converging_step(per_step, gain=0.02)
-    step_evidence = "; ".join(f"{c:g}/L: {row.largest_gain:+.3f}" + ("" if row.descends else " (F rises: no descent)")
+    ok_steps = ft_verdicts.steps_converged(per_step, CONVERGED_GAIN)
+    grid = ", ".join(f"{c:g}" for c in per_step.index)
+    step_evidence = "; ".join(f"{c:g}/L: {row.largest_gain:+.3f}" + ("" if row.descends else " (F rises in some round)")
                               for c, row in per_step.iterrows())
+    best = float(per_step["largest_gain"].idxmin())
+    at_main = 1.0 in ok_steps
     claims.register(
         "fedtsne-converges-in-50-rounds", "fedtsne",
         "Fed-tSNE's quality converges after about 50 FedDL epochs (Fig. 2).",
-        holds=at_main or converging is not None,
-        condition=None if at_main or converging is None else
-        f"FedDL's step is about {converging:g}/L ({converging:g} times the step of the data-free Lipschitz bound L)",
-        evidence=(f"at the step 1/L of the data-free Lipschitz bound, largest gain of the D-hat 10-NN overlap after "
-                  f"round 50: {gain_after_50:+.3f} (converged = at most +0.02); {evidence}. Largest gain after "
-                  f"round 50 by step (first seed, every dataset and split): {step_evidence}. The paper sets the "
-                  "step to the reverse of the Lipschitz constant 'if possible' and gives no value; L is an upper "
-                  "bound on it."))
+        holds=bool(at_main or ok_steps),
+        condition=None if at_main or not ok_steps else
+        (f"FedDL's step is {' or '.join(f'{c:g}/L' for c in ok_steps)} of the grid ({grid})/L, L the data-free "
+         "Lipschitz bound" + ("" if all(per_step.descends[c] for c in ok_steps) else
+                              "; F rises in some round there, a step beyond the descent lemma's guarantee")),
+        evidence=(f"first seed, every dataset and split; largest gain of the D-hat 10-NN overlap after round 50 by "
+                  f"step (converged = at most +{CONVERGED_GAIN:.2f}): {step_evidence}. At 1/L: {evidence}. The "
+                  "paper sets the step to the reverse of the Lipschitz constant 'if possible' and gives no value; "
+                  "L bounds that constant from above, so the paper's step is 1/L or larger"
+                  + ("" if ok_steps else f"; the claim fails at every step of the grid ({grid})/L")),
+        key=(f"gain after round 50: {per_step.largest_gain[1.0]:+.3f} at 1/L, "
+             f"{per_step.largest_gain[best]:+.3f} at {best:g}/L"))
 
 # %% [markdown]
 # ## 3. The runs
@@ -702,47 +719,84 @@ else:
 # The text below is generated from the runs above; every sentence that states a direction is
 # backed by an assertion or a printed interval.
 
+# %% [markdown]
+# The three claims below compare paired 95 % intervals with **equivalence margins taken from the
+# paper's Tables 1-2** (CA 10-NN, both embeddings, both splits), fixed before the runs
+# (`fedlib.fedtsne.verdicts`): "close to centralized" and "IID equals non-IID" use the paper's largest
+# noise-free drop Fed − central, the size the paper itself calls small; "Fed+ costs little" uses its
+# largest drop Fed+ − Fed. A claim holds when every interval lies inside its margin, fails when one
+# lies wholly outside it, and is inconclusive otherwise (with what the intervals rule out).
+
 # %%
 first_emb = METHOD_NAMES[methods[0]]
 paper_tables = (paper_results.fedtsne_table1(), paper_results.fedtsne_table2())
 paper_fed_drop = ft_studies.paper_drop(paper_tables, "CA 10-NN", [(("Fed", s), ("central", "pooled")) for s in ("IID", "non-IID")])
 paper_plus_drop = ft_studies.paper_drop(paper_tables, "CA 10-NN", [(("Fed+", s), ("Fed", s)) for s in ("IID", "non-IID")])
+FED_MARGIN, PLUS_MARGIN = -paper_fed_drop, -paper_plus_drop
 
 emb_names = [METHOD_NAMES[m] for m in methods]
 fed_vs_central = ft_studies.select_differences(pdiff, datasets, emb_names, "CA 10-NN", ("Fed IID - central", "Fed non-IID - central"))
 split_gap = {(n, e): pdiff[n, e, "CA 10-NN", "Fed IID - Fed non-IID"] for n in datasets for e in emb_names}
 plus_cost = ft_studies.select_differences(pdiff, datasets, emb_names, "CA 10-NN", ("Fed+ IID - Fed IID", "Fed+ non-IID - Fed non-IID"))
-worst_fed = min(d.mean for d in fed_vs_central.values())
 worst_split = max(abs(d.mean) for d in split_gap.values())
 worst_plus = min(d.mean for d in plus_cost.values())
+close_check = ft_verdicts.margin_check(fed_vs_central, FED_MARGIN, "lower")
+split_check = ft_verdicts.margin_check(split_gap, FED_MARGIN, "two")
+plus_check = ft_verdicts.margin_check(plus_cost, PLUS_MARGIN, "lower")
+# the comparisons' convergence: every noise-free FedDL run on its plateau (Sec. 2's rule); t-SNE / UMAP run
+# the same iterations / epochs for the centralized and the federated embeddings
+feddl_converged = bool((shares <= plateau_tol).all())
+BENCH_BUDGET = (f"{len(seeds)} seeds; {', '.join(f'{n} ({len(data[n][1])} points)' for n in datasets)}; "
+                f"{num_clients} clients, n_y = {n_landmarks}, {ROUNDS_NOTE}; t-SNE {tsne_max_iter} iterations"
+                + (f", UMAP {umap_epochs or 'default'} epochs" if "umap" in methods else ""))
+BENCH_CONVERGENCE = (f"FedDL's plateau rule (Sec. 2): the largest share of F's decrease made in the last 10 % of the "
+                     f"rounds over the noise-free runs is {shares.max():.4f} (rule: at most {plateau_tol}); the Fed+ "
+                     "runs take as many rounds; the centralized and federated embeddings run the same iterations")
+ALL_EMBEDDINGS = ["tsne", "umap"]
+missing_emb = [METHOD_NAMES[m] for m in ALL_EMBEDDINGS if m not in methods]
+ran_names = [n for m in methods for n in (FED_NAMES[m], METHOD_NAMES[m])]
 listing = report.listing
 _ = claims.register(
     "fedtsne-close-to-centralized", "fedtsne",
     "Fed-tSNE and Fed-UMAP keep nearly all the structure of centralized t-SNE and UMAP; the accuracy drop "
-    f"is small (Tables 1-2: CA 10-NN at most {-paper_fed_drop:.4f} below centralized without noise).",
-    # refuted only where a paired interval lies entirely below the paper's own largest drop
-    holds=bool(all(d.high >= paper_fed_drop for d in fed_vs_central.values())),
-    evidence=(f"largest mean CA 10-NN drop (Fed - central, paired over {len(seeds)} seeds) {worst_fed:+.4f} vs the "
-              f"paper's {paper_fed_drop:+.4f} (holds = every paired 95% interval reaches the paper's drop); "
-              f"{listing(fed_vs_central)}"))
+    f"is small (Tables 1-2: CA 10-NN at most {FED_MARGIN:.4f} below centralized without noise).",
+    evidence=(f"CA 10-NN, Fed - central, paired over {len(seeds)} seeds: {listing(fed_vs_central)}; "
+              f"{close_check.criterion('drop', 4)} (margin: the paper's largest drop, {FED_MARGIN:.4f}); "
+              f"within: {len(close_check.within)}, beyond: {len(close_check.beyond)}, unresolved: "
+              f"{len(close_check.unresolved)} of {len(fed_vs_central)}"),
+    **ft_verdicts.verdict_fields(close_check, fed_vs_central, converged=feddl_converged, missing=missing_emb),
+    methods=["Fed-tSNE", "t-SNE", "Fed-UMAP", "UMAP"], ran=ran_names, budget=BENCH_BUDGET,
+    convergence=BENCH_CONVERGENCE, converged=feddl_converged,
+    key=(f"Fed − central CA 10-NN: lowest CI bound {min(d.low for d in fed_vs_central.values()):+.3f}, "
+         f"margin −{FED_MARGIN:.3f}"))
 
 # %%
 claims.register(
     "fedtsne-iid-equals-noniid", "fedtsne",
     "Without noise, Fed-tSNE and Fed-UMAP give nearly the same results for IID and non-IID clients (Tables 1-2).",
-    holds=bool(worst_split <= 0.02 and not any(d.excludes_zero for d in split_gap.values())),
-    evidence=(f"largest |mean| CA 10-NN difference Fed IID - Fed non-IID {worst_split:.4f} (nearly the same = every "
-              f"paired 95% interval contains 0 and every |mean| <= 0.02); {listing(split_gap)}. "
-              "The kernel width differs per split (gamma non-IID / IID "
-              f"{ratio.min():.2f} to {ratio.max():.2f})."))
+    evidence=(f"CA 10-NN, Fed IID - Fed non-IID, paired over {len(seeds)} seeds: {listing(split_gap)}; "
+              f"{split_check.criterion('difference', 4)} (margin: the paper's largest noise-free drop Fed - central, "
+              f"{FED_MARGIN:.4f}, the size it calls small; its own IID - non-IID differences are at most "
+              f"{max(abs(t.loc[(e, 'CA 10-NN'), ('Fed', 'IID', 'mean')] - t.loc[(e, 'CA 10-NN'), ('Fed', 'non-IID', 'mean')]) for t in paper_tables for e in ('t-SNE', 'UMAP')):.4f}). "
+              f"The kernel width differs per split (gamma non-IID / IID {ratio.min():.2f} to {ratio.max():.2f})."),
+    **ft_verdicts.verdict_fields(split_check, split_gap, converged=feddl_converged, missing=missing_emb),
+    methods=["Fed-tSNE", "Fed-UMAP"], ran=[FED_NAMES[m] for m in methods], budget=BENCH_BUDGET,
+    convergence=BENCH_CONVERGENCE, converged=feddl_converged,
+    key=(f"IID − non-IID CA 10-NN: CI within [{min(d.low for d in split_gap.values()):+.3f}, "
+         f"{max(d.high for d in split_gap.values()):+.3f}], margin ±{FED_MARGIN:.3f}"))
 _ = claims.register(
     "fedtsne-plus-costs-little", "fedtsne",
     "The '+' variants with the paper's noise (beta = 1) lose only a little against Fed-tSNE / Fed-UMAP "
-    f"(Tables 1-2: CA 10-NN at most {-paper_plus_drop:.4f} below the noise-free run).",
-    holds=bool(all(d.high >= paper_plus_drop for d in plus_cost.values())),
-    evidence=(f"largest mean CA 10-NN change Fed+ - Fed {worst_plus:+.4f} vs the paper's {paper_plus_drop:+.4f} "
-              "(holds = every paired 95% interval reaches the paper's change), "
-              f"beta = {beta}; {FED_PLUS_LABEL}; {listing(plus_cost)}"))
+    f"(Tables 1-2: CA 10-NN at most {PLUS_MARGIN:.4f} below the noise-free run).",
+    evidence=(f"CA 10-NN, Fed+ - Fed, paired over {len(seeds)} seeds, beta = {beta}: {listing(plus_cost)}; "
+              f"{plus_check.criterion('drop', 4)} (margin: the paper's largest drop Fed+ - Fed, {PLUS_MARGIN:.4f}); "
+              f"{FED_PLUS_LABEL}"),
+    **ft_verdicts.verdict_fields(plus_check, plus_cost, converged=feddl_converged, missing=missing_emb),
+    methods=["Fed-tSNE+", "Fed-tSNE", "Fed-UMAP+", "Fed-UMAP"],
+    ran=[n for m in methods for n in (FED_NAMES[m] + "+", FED_NAMES[m])], budget=BENCH_BUDGET,
+    convergence=BENCH_CONVERGENCE, converged=feddl_converged,
+    key=(f"Fed+ − Fed CA 10-NN: lowest CI bound {min(d.low for d in plus_cost.values()):+.3f}, "
+         f"margin −{PLUS_MARGIN:.3f}"))
 
 # %%
 lines = []

@@ -14,6 +14,9 @@
 # %% [markdown]
 # # Fed-tSNE+ / Fed-UMAP+: what privacy costs, and what it buys
 #
+# ```{include} /book/generated/findings/fedtsne_privacy.md
+# ```
+#
 # The "+" variants of *Federated t-SNE and UMAP* {cite:p}`qiao2025fedtsne` add Gaussian noise for
 # $(\varepsilon,\delta)$-differential privacy {cite:p}`dwork2014dp`, either to the data once (**data perturbation**, Theorem 4)
 # or to every gradient of FedDL (**gradient perturbation**, Theorem 6). The paper's experiments used
@@ -44,7 +47,7 @@ n_points = 300             # optdigits points held by the clients
 public_points = 200        # disjoint public sample: gamma, tau_X, Y^0
 num_clients = 5
 n_landmarks = 40           # fewer than m + 2 (66): the landmarks matter, see the last section
-rounds = 30                # FedDL rounds, one noisy gradient per client each
+rounds = 150               # FedDL rounds, one noisy gradient per client each (noise-free FedDL plateaus by then)
 epsilons = [1.0, 100.0, 1000.0, 10000.0]
 delta = 1e-5
 accountant = "pld"
@@ -76,6 +79,9 @@ from fedlib.fedtsne import dp as ft_dp
 from fedlib.fedtsne import feddl as ft_feddl
 from fedlib.fedtsne import mmd as ft_mmd
 from fedlib.fedtsne import studies as ft_studies
+from fedlib.fedtsne import tables as paper_results
+from fedlib.fedtsne import verdicts as ft_verdicts
+from fedlib.evaluation.stats import power_statement
 from fedlib.runner import specs
 
 
@@ -154,24 +160,66 @@ fig.suptitle(f"Utility vs epsilon (delta={delta:g}; mean ± sample std over {len
 plt.tight_layout()
 plt.show()
 
+# %% [markdown]
+# The claim below is decided on a margin from the paper's own tables, fixed in advance: its largest
+# CA 10-NN drop of Fed+ against Fed (Tables 1-2, both embeddings and splits), the loss it calls small.
+# At an $\varepsilon$ the quality is "close" when the 95 % interval of the paired change lies above minus
+# that margin, and lost when it lies wholly below it (`fedlib.fedtsne.verdicts`). The paper fixes no
+# $\varepsilon$, so the verdict is read over the whole grid: from which $\varepsilon$ on the quality is kept.
+# Only data perturbation counts towards the privacy half of the claim: gradient perturbation's
+# end-to-end $\varepsilon$ is $\infty$ (the distance upload).
+
 # %%
 lowest = min(epsilons)
 verdict_rows = [(method, noise, d) for method in methods for noise in ("dp_data", "dp_gradient")
                 if (d := ft_studies.paired_vs_reference(runs, "CA 10-NN", method, noise, lowest)) is not None]
-worst_dp = min(d.mean for _, _, d in verdict_rows) if verdict_rows else float("nan")
 display(Markdown(
     f"At the smallest $\\varepsilon$ = {lowest:g} the change of CA 10-NN against Fed without noise is: "
     + "; ".join(f"{NAMES[mt]} {MECHANISMS[nz]} {d.format(3)}"
                 for mt, nz, d in verdict_rows) + "."))
-if verdict_rows:
+paper_tables = (paper_results.fedtsne_table1(), paper_results.fedtsne_table2())
+DP_MARGIN = -ft_studies.paper_drop(paper_tables, "CA 10-NN", [(("Fed+", s), ("Fed", s)) for s in ("IID", "non-IID")])
+data_by_eps = {e: {NAMES[mt]: d for mt in methods
+                   if (d := ft_studies.paired_vs_reference(runs, "CA 10-NN", mt, "dp_data", e)) is not None}
+               for e in epsilons}
+data_by_eps = {e: v for e, v in data_by_eps.items() if v}
+# the comparisons' convergence: the noise-free FedDL run of every seed on the benchmark's plateau rule
+free_share = pd.Series({s: ft_feddl.plateau_share(ft_studies.public_feddl(X, parts, X_pub, n_landmarks, rounds, gamma,
+                                                                          s).objective) for s in seeds})
+priv_converged = bool((free_share <= 0.01).all())
+PRIV_BUDGET = f"{rounds} FedDL rounds, n_y = {n_landmarks}, {num_clients} clients, {len(seeds)} seeds, optdigits ({n} points)"
+PRIV_CONVERGENCE = (f"noise-free FedDL's share of its objective's decrease in the last 10 % of the rounds: up to "
+                    f"{free_share.max():.4f} over the seeds (the benchmark's plateau rule: at most 0.01); every "
+                    "variant runs the same rounds")
+if data_by_eps:
+    lv = ft_verdicts.level_check(data_by_eps, DP_MARGIN, "lower")
+    every_fails = len(lv.fails_at) == len(lv.levels)
+    dp_open = (lv.holds_from is None and not every_fails) or not priv_converged
+    per_eps = "; ".join(f"epsilon {e:g}: " + ", ".join(f"{k} {d.format(3)}" for k, d in data_by_eps[e].items())
+                        for e in lv.levels)
     claims.register(
         "fedtsne-plus-dp-utility", "fedtsne",
         "Fed-tSNE+ and Fed-UMAP+ give (epsilon, delta)-differential privacy (Theorems 4, 6) while keeping the "
         "visualization quality close to Fed-tSNE / Fed-UMAP.",
-        holds=bool(all(d.low > -0.05 for _, _, d in verdict_rows)),
-        evidence=f"optdigits, {n} points, {len(seeds)} seeds, epsilon={lowest:g}, delta={delta:g}: largest mean "
-                 f"drop of CA 10-NN {worst_dp:+.3f} (threshold -0.05 on the 95% CI); gradient perturbation's "
-                 "end-to-end epsilon is inf (distance upload)")
+        holds=bool(lv.holds_from is not None),
+        inconclusive=bool(dp_open),
+        condition=(f"the noise is data perturbation (Theorem 4; gradient perturbation's end-to-end epsilon is inf) "
+                   f"at epsilon >= {lv.holds_from:g} (of the grid {', '.join(f'{e:g}' for e in lv.levels)}; at delta "
+                   f"= {delta:g})" if lv.holds_from is not None and not dp_open else None),
+        rules_out=(("the comparison did not converge at its budget; " if not priv_converged else "")
+                   + "; ".join(power_statement(d, -DP_MARGIN, f"epsilon {e:g}, {k}", digits=3)
+                               for e in lv.levels for k, d in data_by_eps[e].items())) if dp_open else None,
+        evidence=(f"optdigits, {n} points, {len(seeds)} seeds, delta={delta:g}; CA 10-NN change of data perturbation "
+                  f"against Fed without noise: {per_eps}; rule: kept when the 95 % CI lies above -{DP_MARGIN:.4f} (the "
+                  f"paper's largest Fed+ - Fed drop), lost when it lies wholly below; lost at epsilon "
+                  f"{', '.join(f'{e:g}' for e in lv.fails_at) or 'none'}. Gradient perturbation at epsilon "
+                  f"{lowest:g}: " + ", ".join(f"{NAMES[mt]} {d.format(3)}" for mt, nz, d in verdict_rows
+                                               if nz == "dp_gradient")
+                  + ", but its end-to-end epsilon is inf (distance upload)"),
+        methods=["Fed-tSNE+", "Fed-UMAP+"], ran=[NAMES[mt] for mt in methods], budget=PRIV_BUDGET,
+        convergence=PRIV_CONVERGENCE, converged=priv_converged,
+        key=(f"quality kept from epsilon = {lv.holds_from:g} on (data perturbation)" if lv.holds_from is not None
+             else f"quality lost at every epsilon <= {max(lv.levels):g} (data perturbation)"))
 
 # %% [markdown]
 # ## 3. The paper's $\beta$ sweep (its Figure 7)
@@ -200,16 +248,32 @@ b_max = max(betas)
 diffs = {method: d for method in methods
          if b_max > 0 and (d := ft_studies.paired_vs_reference(runs, "NMI", method, "heuristic", b_max)) is not None}
 print("Spearman correlation of beta and NMI over all runs:", {k: round(v, 3) for k, v in trend.items()})
+# the paper's effect of its noise on NMI, per embedding: Fed+ (beta = 1) minus Fed in its Tables 1-2 on IID clients (our
+# split; the smaller of its two splits' effects), mean of the two datasets. If Fig. 7 holds, the larger beta compared
+# here has at least this effect, so the seeds it needs are an upper bound
+PAPER_BETA_EFFECT = {m: float(np.mean([t.loc[(e, "NMI"), ("Fed+", "IID", "mean")] - t.loc[(e, "NMI"), ("Fed", "IID", "mean")]
+                                       for t in paper_tables]))
+                     for m, e in (("tsne", "t-SNE"), ("umap", "UMAP"))}
 if diffs:
+    falls, rises = all(d.high < 0 for d in diffs.values()), any(d.low > 0 for d in diffs.values())
+    beta_open = (not falls and not rises) or not priv_converged
     claims.register(
         "fedtsne-fig7-beta", "fedtsne",
         "Figure 7: the smaller the noise level beta, the better the NMI of Fed-tSNE+ / Fed-UMAP+.",
-        holds=bool(all(d.high < 0 for d in diffs.values())),
-        inconclusive=not any(d.excludes_zero for d in diffs.values()),
+        holds=bool(falls and not rises),
+        inconclusive=bool(beta_open),
+        rules_out=(("the comparison did not converge at its budget; " if not priv_converged else "")
+                   + "; ".join(power_statement(d, PAPER_BETA_EFFECT[k], f"{NAMES[k]} NMI(beta={b_max:g}) - NMI(beta=0)",
+                                               digits=3) for k, d in diffs.items())
+                   + " (the paper's effect: its Tables 1-2 NMI change from beta = 0 to 1, IID, mean of the two "
+                     "datasets)") if beta_open else None,
         evidence="NMI at beta=" + f"{b_max:g} minus beta=0, paired by seed: " + "; ".join(
             f"{k}: {d.format(3)}" for k, d in diffs.items()) + "; Spearman(beta, NMI): " + ", ".join(
-            f"{k} {v:.2f}" for k, v in trend.items()),
-        condition=None)
+            f"{k} {v:.2f}" for k, v in trend.items())
+            + " (rule: holds when every interval lies below 0, fails when one lies wholly above 0)",
+        methods=["Fed-tSNE+", "Fed-UMAP+"], ran=[NAMES[k] for k in diffs], budget=PRIV_BUDGET,
+        convergence=PRIV_CONVERGENCE, converged=priv_converged,
+        key=f"NMI(beta={b_max:g}) − NMI(beta=0): " + ", ".join(f"{NAMES[k]} {d.mean:+.3f}" for k, d in diffs.items()))
 
 # %% [markdown]
 # ## 4. With enough landmarks, gradient noise changes nothing, and protects nothing
@@ -237,13 +301,14 @@ assert err_d < 1e-6 and err_x < 1e-6
 #
 # Computed from the runs above: for each mechanism and method, the smallest $\varepsilon$ of the grid at
 # which the 95 % interval of the paired CA 10-NN difference against Fed without noise lies above
-# $-0.05$ (the embedding has recovered), with the $\varepsilon$ the whole protocol then spends.
+# minus the margin of Sec. 2 (the paper's largest Fed+ − Fed drop; the embedding has recovered), with
+# the $\varepsilon$ the whole protocol then spends.
 
 # %%
 lines = []
 for noise, label in (("dp_data", "data perturbation"), ("dp_gradient", "gradient perturbation")):
     for method in methods:
-        ok = ft_studies.recovery_epsilon(runs, method, noise, epsilons, "CA 10-NN", threshold=-0.05)
+        ok = ft_studies.recovery_epsilon(runs, method, noise, epsilons, "CA 10-NN", threshold=-DP_MARGIN)
         e2e = "inf (the distance upload is not covered)" if noise == "dp_gradient" else "the same"
         lines.append(f"* {NAMES[method]}, {label}: "
                      + (f"recovers from epsilon = {ok:g} on; end-to-end epsilon: {e2e}." if ok is not None
@@ -285,7 +350,7 @@ print(selfcheck.fedtsne_nystrom_exact([ft_checks.upload_leak(X, parts, res_ex.la
 # :label: fedtsne-priv-ex-accountant
 #
 # Replace `accountant = "pld"` by `"rdp"`: how much more noise does the RDP bound ask for at
-# $\varepsilon=1$ and 30 rounds (`privacy.calibrate_noise_multiplier`)? Fill in your two numbers
+# $\varepsilon=1$ and this chapter's `rounds` (`privacy.calibrate_noise_multiplier`)? Fill in your two numbers
 # in the cell below.
 # ```
 #

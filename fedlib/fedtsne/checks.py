@@ -99,6 +99,24 @@ def theorem1_denominator(q: int, rho_l: float = 1, max_ratio: float = 1) -> floa
     return 1 - 3 * (q - 1) ** 2 * (rho_l + max_ratio)
 
 
+def theorem1_first_term(result) -> dict:
+    """Theorem 1's bound without its drift term, on one FedDL run (:class:`FedDLResult`): the average
+    squared step (1/S) sum_s ||Y^s - Y^{s-1}||_F^2 against 4 (F(Y^0) - F(Y^S)) / (S Q L), with L = 1/lr the
+    Lipschitz constant the run's step assumes (lr = 1/L of :func:`lipschitz_bound` by default). At Q = 1
+    the drift term vanishes and this is the whole bound; it fails when the step overshoots the curvature
+    (F then falls by less than the steps' length predicts). Returns {"S", "Q", "L", "average squared step",
+    "bound", "ratio"}."""
+    steps = np.asarray(result.step_sq_norms, dtype=np.float64)
+    F = np.asarray(result.objective, dtype=np.float64)
+    S, Q, L = len(steps), int(result.local_steps), 1.0 / float(result.lr)
+    if S < 1:
+        raise ValueError("theorem1_first_term needs a run of at least one round")
+    lhs = float(steps.mean())
+    rhs = 4.0 * float(F[0] - F[-1]) / (S * Q * L)
+    return {"S": S, "Q": Q, "L": L, "average squared step": lhs, "bound": rhs,
+            "ratio": lhs / rhs if rhs > 0 else math.inf}
+
+
 def nystrom_exactness_table(Z, rng: np.random.Generator, grid: Sequence[int]) -> pd.DataFrame:
     """Eq. 19 on squared vs plain distances: for each n_y of ``grid``, n_y standard-normal landmarks and the
     relative Frobenius error of B W^+ B^T against the exact matrix of the points Z (n, m)."""
@@ -219,15 +237,35 @@ def calibration_table(epsilons: Sequence[float], delta: float, tau_x: float, del
     return pd.DataFrame(rows)
 
 
-def theorem4_validity(calib: pd.DataFrame) -> tuple[bool, float, float]:
-    """From :func:`calibration_table`: (the Dwork-Roth sd buys at most the requested epsilon for every
-    epsilon < 1, the smallest epsilon where it does not (NaN if none), the epsilon it buys there)."""
-    below = calib[calib.epsilon < 1]
-    ok = bool(below["its true epsilon"].le(below.epsilon).all())
-    fail = calib[calib["its true epsilon"] > calib.epsilon]
-    if not len(fail):
-        return ok, math.nan, math.nan
-    return ok, float(fail.epsilon.min()), float(fail["its true epsilon"].iloc[0])
+def theorem4_threshold(delta: float, low: float = 0.01, high: float = 64.0, points: int = 61,
+                       rtol: float = 1e-4) -> dict:
+    """Where Theorem 4's calibration (Dwork-Roth sd = sqrt(2 ln(1.25/delta)) Delta / epsilon) stops buying
+    the epsilon it is asked for: the ratio (exact epsilon of that sd, analytic Gaussian) / epsilon on a
+    log grid of ``points`` values from ``low`` to ``high`` (it does not depend on Delta), and the
+    crossing of 1 by bisection between the last grid point where the ratio is <= 1 and the next. Returns
+    {"grid": (low, high, points), "valid up to": the crossing (inf: valid on the whole grid; NaN: invalid
+    at ``low``), "one crossing": the ratio is <= 1 below the crossing and > 1 above it on the whole grid,
+    "ratio": {epsilon: ratio}}."""
+    if not 0 < low < high:
+        raise ValueError(f"need 0 < low < high, got {low!r}, {high!r}")
+
+    def ratio(eps: float) -> float:
+        return privacy.analytic_gaussian_epsilon(paper_noise_sd(eps, delta, 1.0, "dp_data"), delta, 1.0) / eps
+
+    grid = np.geomspace(low, high, points)
+    r = np.array([ratio(e) for e in grid])
+    ok = r <= 1.0
+    out = {"grid": (low, high, points), "ratio": dict(zip(grid.tolist(), r.tolist()))}
+    if ok.all():
+        return {**out, "valid up to": math.inf, "one crossing": True}
+    if not ok[0]:
+        return {**out, "valid up to": math.nan, "one crossing": bool(not ok.any())}
+    k = int(np.argmin(ok))            # the first grid point where the calibration fails
+    a, b = float(grid[k - 1]), float(grid[k])
+    while b - a > rtol * a:
+        mid = math.sqrt(a * b)
+        a, b = (mid, b) if ratio(mid) <= 1.0 else (a, mid)
+    return {**out, "valid up to": a, "one crossing": bool(ok[:k].all() and not ok[k:].any())}
 
 
 def reconstruction_table(client, X, rng: np.random.Generator, grid: Sequence[int] = (10, 40, 65, 100),

@@ -583,13 +583,6 @@ def step_summary(table: pd.DataFrame, at: int = 50) -> pd.DataFrame:
         rounds=("rounds run", "mean"))
 
 
-def converging_step(summary: pd.DataFrame, gain: float = 0.02) -> float | None:
-    """The smallest step c of :func:`step_summary` at which F descends in every run and no run's D-hat
-    10-NN overlap gains more than ``gain`` after the summary's round; None when there is none."""
-    ok = summary[summary["descends"] & (summary["largest_gain"] <= gain)]
-    return float(ok.index.min()) if len(ok) else None
-
-
 def benchmark_runs(data: dict, scorers: dict, traces: dict, seeds: Sequence[int], methods: Sequence[str], *,
                    num_clients: int, n_landmarks: int, beta: float, window: float = 0.1, min_window: int = 10,
                    embed_kwargs: dict | None = None, dtype: str = "float64",

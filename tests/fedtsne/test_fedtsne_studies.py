@@ -18,6 +18,7 @@ from fedlib.fedtsne import feddl as ft_feddl
 from fedlib.fedtsne import mmd as ft_mmd
 from fedlib.fedtsne import pipelines as ft_pipelines
 from fedlib.fedtsne import studies as ft_studies
+from fedlib.fedtsne import verdicts as ft_verdicts
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -160,13 +161,39 @@ def test_calibration_table_analytic_sd_buys_its_epsilon():
     assert t["its true epsilon"].iloc[0] < 0.5 < t["its true epsilon"].iloc[1] / 4 * 0.5 + 0.5
 
 
-def test_theorem4_validity():
-    calib = pd.DataFrame({"epsilon": [0.5, 2.0, 8.0], "its true epsilon": [0.4, 2.5, 9.0]})
-    ok, first, buys = ft_checks.theorem4_validity(calib)
-    assert ok and first == 2.0 and buys == 2.5
-    ok, first, buys = ft_checks.theorem4_validity(calib.assign(**{"its true epsilon": [0.6, 1.0, 2.0]}))
-    assert not ok and first == 0.5 and buys == 0.6
-    assert math.isnan(ft_checks.theorem4_validity(calib.assign(**{"its true epsilon": [0.1, 1.0, 2.0]}))[1])
+def test_theorem4_threshold_brackets_the_crossing():
+    """The Dwork-Roth sd buys at most its epsilon up to the crossing and more beyond it (at delta = 1e-5
+    about 8.4); a grid that ends before the crossing reports inf, one that starts after it NaN."""
+    delta = 1e-5
+    out = ft_checks.theorem4_threshold(delta, low=0.1, high=64.0, points=25)
+    star = out["valid up to"]
+    assert out["one crossing"] and 1.0 < star < 64.0
+
+    def buys(eps):
+        return privacy.analytic_gaussian_epsilon(ft_dp.paper_noise_sd(eps, delta, 1.0, "dp_data"), delta, 1.0)
+
+    assert buys(star * 0.999) <= star * 0.999 and buys(star * 1.01) > star * 1.01
+    assert ft_checks.theorem4_threshold(delta, low=0.1, high=2.0, points=5)["valid up to"] == math.inf
+    assert math.isnan(ft_checks.theorem4_threshold(delta, low=16.0, high=64.0, points=5)["valid up to"])
+    with pytest.raises(ValueError):
+        ft_checks.theorem4_threshold(delta, low=2.0, high=1.0)
+
+
+def test_theorem1_first_term_on_hand_made_runs():
+    """The bound 4 (F0 - FS) / (S Q L) against the average squared step, L = 1/lr: held and broken by runs
+    made by hand, and checked on a real gradient-mode FedDL run at step 1/L."""
+    run = SimpleNamespace(step_sq_norms=np.array([0.5, 0.3]), objective=np.array([2.0, 1.5, 1.0]), lr=0.5,
+                          local_steps=1)
+    out = ft_checks.theorem1_first_term(run)     # L = 2: bound 4 * 1 / (2 * 1 * 2) = 1, average step 0.4
+    assert out["bound"] == pytest.approx(1.0) and out["average squared step"] == pytest.approx(0.4)
+    assert out["ratio"] == pytest.approx(0.4)
+    broken = ft_checks.theorem1_first_term(SimpleNamespace(**{**vars(run), "objective": np.array([2.0, 1.95, 1.9])}))
+    assert broken["ratio"] > 1
+    assert ft_checks.theorem1_first_term(SimpleNamespace(**{**vars(run), "objective": np.ones(3)}))["ratio"] == math.inf
+    X, _ = _blobs(n=60, m=4)
+    res = ft_feddl.feddl([X[:30], X[30:]], 6, rounds=15, seed=0)
+    real = ft_checks.theorem1_first_term(res)
+    assert real["S"] == 15 and real["Q"] == 1 and real["ratio"] <= 1.0
 
 
 def test_reconstruction_table_exact_from_clean_uploads_only():
@@ -455,10 +482,10 @@ def test_convergence_study_and_plateau_tables(bench_small):
     assert math.isnan(ft_studies.gain_after(traces, wide, 0, at=50)[0])
 
 
-def test_step_study_table_and_converging_step(bench_small):
+def test_step_study_table_and_steps_converged(bench_small):
     """The step study's runs are the convergence study's at lr_scale c; the table's columns follow from the
-    traces (F's largest rise, the overlap at round ``at`` and at the end); converging_step picks the
-    smallest step at which F descends and nothing gains more than ``gain`` after ``at``."""
+    traces (F's largest rise, the overlap at round ``at`` and at the end); steps_converged lists the steps
+    at which nothing gains more than ``gain`` after ``at``, whether F descends there or not."""
     data, scorers, traces, conv, _ = bench_small
     rule = dict(tol=0.01, window=0.1, min_window=10, check_every=20, max_rounds=40, stop_at_plateau=False,
                 checkpoints=[10, 30])
@@ -487,8 +514,8 @@ def test_step_study_table_and_converging_step(bench_small):
     assert table["F descends"].iloc[:2].all() and not table["F descends"].iloc[2]   # 64/L overshoots
     assert ft_studies.step_table(traces, conv, step_traces, step_conv, 0, at=40)["gain after 40"].isna().all()
 
-    # step_summary and converging_step on a table made by hand: the smallest step that descends and gains
-    # <= gain everywhere (a run stopped by round 50, NaN, gains nothing)
+    # step_summary and steps_converged on a table made by hand: the steps that gain <= gain everywhere (a run
+    # stopped by round 50, NaN, gains nothing), on both sides of the bound
     made = pd.DataFrame({"step (x 1/L)": [1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 8.0, 8.0],
                          "F descends": [True, True, True, True, True, True, False, False],
                          "gain after 50": [0.1, 0.0, 0.03, np.nan, 0.01, np.nan, 0.0, 0.0],
@@ -498,8 +525,12 @@ def test_step_study_table_and_converging_step(bench_small):
     assert list(summary["descends"]) == [True, True, True, False]
     assert summary["largest_gain"].tolist() == [0.1, 0.03, 0.01, 0.0]
     assert summary.loc[1.0, "end"] == pytest.approx(0.7) and summary.loc[2.0, "rounds"] == 100
-    assert ft_studies.converging_step(summary) == 4.0 and ft_studies.converging_step(summary, gain=0.05) == 2.0
-    assert ft_studies.converging_step(summary, gain=0.001) is None
+    assert ft_verdicts.steps_converged(summary, 0.02) == [4.0, 8.0]
+    assert ft_verdicts.steps_converged(summary, 0.05) == [2.0, 4.0, 8.0]
+    assert ft_verdicts.steps_converged(summary, 0.03) == [2.0, 4.0, 8.0]        # the bound itself is converged
+    assert ft_verdicts.steps_converged(summary.assign(largest_gain=[0.1, 0.2, 0.3, 0.4]), 0.02) == []
+    with pytest.raises(ValueError):
+        ft_verdicts.steps_converged(summary, 0.0)
 
 
 def test_benchmark_runs(bench_small):
