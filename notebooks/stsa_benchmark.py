@@ -14,6 +14,9 @@
 # %% [markdown]
 # # STSA / STSA-E: class-incremental benchmark
 #
+# ```{include} /book/generated/findings/stsa_benchmark.md
+# ```
+#
 # The protocol of the paper {cite:p}`guan2025stsa` (Sec. 4.1), on data that installs offline: $T$ tasks of disjoint
 # classes in a seeded order, $K$ clients, a Dirichlet($\beta$) label-skew partition redrawn for
 # every task ({term}`Dirichlet concentration` $\beta$), accuracy on all classes seen after each {term}`stage`. Two stage-1 backbones, as in the paper:
@@ -67,6 +70,7 @@ baselines = ["finetune", "fedewc", "fedlwf"]
 baseline_hparams = {"fedewc": {"lam": 10.0}, "fedlwf": {"lam": 10.0}}   # our choices (the paper gives none)
 baseline_seeds = [0, 1, 2, 3, 4]   # seeds of the gradient baselines (a subset of seeds)
 rounds_per_task = 5        # gradient baselines: FedAvg rounds per stage
+converge_pp = 0.5          # convergence rule: a baseline's mean last-task curve moves < this (pp) over its last 20 % of rounds
 local_epochs = 1
 lr = 0.01
 scratch = True             # run the from-scratch setting
@@ -92,7 +96,6 @@ workers = None             # processes running the pretrained table's seeds (for
 
 # %% tags=["hide-input"]
 import time
-from functools import partial
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -103,6 +106,8 @@ import torch
 from IPython.display import Markdown
 
 from fedlib.evaluation import claims
+from fedlib.evaluation.records import differences, load_record, record_caption
+from fedlib.evaluation.stats import seeds_for_power
 
 from fedlib.stsa import tables as paper_results
 
@@ -148,18 +153,19 @@ for name in datasets:
 # method of a comparison uses the same partitions, drawn with that minimum client size.
 
 # %%
-fed_kwargs = dict(rounds=rounds_per_task, local_epochs=local_epochs, batch_size=64, lr=lr, weight_decay=0.0,
-                  device=device, num_threads=num_threads, eval_every=10**6)   # the gradient baselines' FedConfig
+# the gradient baselines' FedConfig keywords (rounds_per_task rounds per stage, lr, local_epochs, batch 64) and
 # one run: run(method, features, beta, seed, setting, M, **changes) -> IncrementalResult (stsa_studies.run_fcil).
 # The linear-head baselines train all clients of a round at once (batched_clients: the per-client loop's
 # result up to float round-off); the analytic methods of a seed share one random-feature expansion.
-run = partial(stsa_studies.run_fcil, num_tasks=num_tasks, num_clients=num_clients, gamma=gamma, num_dummy=num_dummy,
-              head=head, fed_kwargs={**fed_kwargs, "batched_clients": True}, baseline_hparams=baseline_hparams)
+fed_kwargs, run = stsa_studies.benchmark_runner(globals())
 
-results = []
+results, own_curves = [], {}
 for name in datasets:  # Joint ignores the partition: one run per seed, listed under every beta
-    results += stsa_studies.pretrained_grid(run, feats[name], f"pretrained / {name}", betas, seeds, baselines,
-                                    baseline_seeds, M, workers=workers)
+    # curves: each baseline's test accuracy after every round of the last task (the training is unchanged)
+    res, curves_ = stsa_studies.pretrained_grid(run, feats[name], f"pretrained / {name}", betas, seeds, baselines,
+                                                baseline_seeds, M, workers=workers, curves=True)
+    results += res
+    own_curves[f"pretrained / {name}"] = {str(beta): c for beta, c in curves_.items()}
     print(f"{name}: done")
 
 # %% [markdown]
@@ -246,21 +252,125 @@ claims.register(
              f"spread of A_T across beta {spread.max():.1e} points; largest |A_T(STSA) - A_T(Joint ridge)| "
              f"{gap_joint:.1e} points.")
 
+# %% [markdown]
+# ### The margin over the gradient baselines, at a converged budget (recorded run)
+#
+# The paper's Table 2 claim: STSA and STSA-E beat the best baseline by over 10 % (points of accuracy)
+# in A_avg and in A_T, in every case. The criteria were fixed before the run:
+#
+# * a baseline has **converged** when its mean (over seeds) test-accuracy curve over the rounds of
+#   the **last task** (accuracy on all seen classes, so its last point is the final A_T) moves by
+#   less than `converge_pp` percentage points over the last 20 % of those rounds
+#   (`fedlib.evaluation.stats.plateau`);
+# * a case (dataset, $\beta$, A_avg or A_T, STSA or STSA-E) **holds** when the paired 95 % interval
+#   of method − baseline lies above 10 points for **every** baseline (beating the best by more than 10
+#   points is beating each by more), **fails** when some baseline's interval lies below 10 points,
+#   and is unresolved otherwise.
+#
+# The profile's `rounds_per_task` is short, so the verdict rests on a **recorded run**: the same data,
+# features, partitions, hyperparameters and baseline seeds, with the baselines trained for longer,
+# run once by the command in its caption and committed with the book. Where no record matches this
+# run's parameters, the verdict rests on this run.
+
 # %%
-base = paired[paired["STSA minus"].isin(baselines) & paired.setting.str.startswith("pretrained")]
-if len(base):
-    worst = base.loc[base["low"].idxmin()]
+MARGIN = 10.0                                   # the paper's margin, points of A_avg / A_T
+REFS = list(stsa_studies.MARGIN_METHODS)        # STSA, STSA-E
+margin_seeds = [s for s in seeds if s in baseline_seeds]
+if baselines and len(margin_seeds) >= 2:
+    own_values = stsa_studies.margin_values(summary, REFS + baselines, margin_seeds)
+    own_cells = stsa_studies.margin_comparison(own_values, REFS, baselines, MARGIN)
+    own_plateaus = stsa_studies.curve_plateaus(own_curves, converge_pp)
+    for setting, by_beta in own_curves.items():   # the curve is the run's own: its last point is the final A_T
+        for beta, by_method in by_beta.items():
+            for m, per_seed in by_method.items():
+                final = own_values["A_T"][setting][beta][m]
+                assert np.allclose([c[-1] for c in per_seed], final, atol=1e-6), (setting, beta, m)
+    display(Markdown(f"At this profile's budget ({rounds_per_task} rounds per stage): "
+                     f"{stsa_studies.convergence_text(own_plateaus)}; smallest margin over the best baseline "
+                     f"{own_cells.d.map(lambda d: d.mean).min():+.2f} points (paired mean)."))
+
+# %%
+RECORD_KEYS = ["datasets", "subsets", "n_train", "n_test", "backbone", "input_size", "num_tasks", "num_clients",
+               "betas", "baseline_seeds", "M", "gamma", "num_dummy", "head", "baselines", "baseline_hparams",
+               "local_epochs", "lr"]
+record = load_record("stsa_converged", missing_ok=True)
+mismatch = differences(record, globals(), RECORD_KEYS)
+if baselines and len(margin_seeds) >= 2 and mismatch:   # the verdict rests on this run
+    display(Markdown(("There is no recorded run" if record is None else
+                      f"The recorded run used other parameters ({', '.join(mismatch[:4])})")
+                     + f", so the verdict below rests on this profile's own {rounds_per_task} rounds per stage."))
+    values, cells, plateaus, budget_rounds, rec_name = own_values, own_cells, own_plateaus, rounds_per_task, None
+    curves_shown = own_curves
+elif baselines and len(margin_seeds) >= 2:
+    res = record["results"]
+    values = {k: res[k] for k in stsa_studies.MARGIN_METRICS}
+    cells = stsa_studies.margin_comparison(values, REFS, baselines, MARGIN)
+    plateaus = stsa_studies.curve_plateaus(res["curves"], converge_pp)
+    budget_rounds, rec_name, curves_shown = record["parameters"]["rounds_per_task"], record["name"], res["curves"]
+    display(Markdown(record_caption(record)))
+if baselines and len(margin_seeds) >= 2:
+    display(stsa_studies.margin_table(values, cells, REFS, baselines).style.set_caption(
+        f"Ours ({', '.join(datasets)}, pretrained features, {len(margin_seeds)} seeds, baselines trained "
+        f"{budget_rounds} rounds per stage): A_avg and A_T (%) mean ± sample std; method − best baseline "
+        f"(highest mean), paired by seed, 95 % CI (points)"))
+    settings_ = list(curves_shown)
+    fig, axes = plt.subplots(len(settings_), len(betas), figsize=(max(5.0, 3.6 * len(betas)), 3.0 * len(settings_)),
+                             sharex=True, squeeze=False)
+    for i, setting in enumerate(settings_):
+        for j, beta in enumerate(betas):
+            ax = axes[i][j]
+            for m in baselines:
+                mean_curve = np.mean(curves_shown[setting][str(beta)][m], axis=0)
+                ax.plot(np.arange(1, len(mean_curve) + 1), mean_curve, lw=1.2, label=m,
+                        marker="o" if len(mean_curve) < 10 else None)
+            ax.axhline(np.mean(values["A_T"][setting][str(beta)]["STSA"]), color="black", ls="--", lw=1, label="STSA (A_T)")
+            ax.set(title=f"{setting.split(' / ')[-1]}, beta={beta}", xlabel="round of the last task" if i == len(settings_) - 1 else "",
+                   ylabel="test accuracy, seen classes (%)" if j == 0 else "")
+    axes[0][-1].legend(fontsize=7, loc="center right")
+    fig.suptitle(f"Gradient baselines during the last task (mean over {len(margin_seeds)} seeds; the end is A_T)", y=1.0)
+    plt.tight_layout()
+    plt.show()
+
+# %%
+if baselines and len(margin_seeds) >= 2:
+    converged = bool(plateaus.plateau.map(lambda q: q.converged).all())
+    above, below = bool(cells.above.all()), cells[cells.below]
+    short = cells.loc[cells.d.map(lambda d: d.mean).idxmin()]
+    lowest = cells.loc[cells.low.idxmin()]
+    cell_name = lambda c: f"{c.method} − {c.best}, {c.metric}, {c.setting.split(' / ')[-1]} beta={c.beta}"  # noqa: E731
+    unresolved = cells[~cells.above & ~cells.below]
+    ran = ["stsa", "stsa-e", *baselines]
+    rules_out = None
+    if not converged or (not above and below.empty):
+        rules_out = (f"the 95 % intervals rule out, in every case, a margin over any baseline below {lowest.low:+.2f} "
+                     f"points (the smallest lower bound: {cell_name(lowest)})")
+        if not converged:
+            rules_out = f"at this unconverged budget, {rules_out}"
+        for _, c in unresolved.head(3).iterrows():   # the cases left open, and the seeds that would close them
+            n_more = seeds_for_power(c.d.mean - MARGIN, c.d.std) if c.d.std > 0 else None
+            rules_out += (f"; {cell_name(c)}: {c.d.format(2)} points"
+                          + (f", {n_more} paired seeds would resolve the 10-point threshold at this spread"
+                             if n_more and n_more > c.d.n else ""))
     claims.register(
         "stsa-beats-baselines", "stsa",
         "STSA and STSA-E beat the best baseline by over 10 % in A_avg and A_T in all cases (Table 2, pretrained).",
-        holds=bool((base["low"] > 0).all()),
-        condition="on our stand-in data (frozen EfficientNet-Lite0 features) against the implemented baselines, "
-                  "which are linear heads on the same features; the 10 % margin itself belongs to the paper's data",
-        evidence=f"A_T of STSA minus {', '.join(baselines)} over {len(base)} (dataset, beta, baseline) cells, "
-                 f"{int(base['n'].min())} seeds each: smallest paired mean difference {base['mean'].min():+.2f} points "
-                 f"(verdict: every 95 % interval above 0); "
-                 f"least resolved: {worst['STSA minus']} at beta={worst['beta']} ({worst['setting']}), "
-                 f"{worst['A_T difference (points)']}.")
+        holds=above if below.empty else False, inconclusive=(not converged) or (not above and below.empty),
+        evidence=f"{len(cells)} cases ({len(datasets)} dataset(s) x {len(betas)} beta(s) x A_avg, A_T x STSA, STSA-E), "
+                 f"{len(margin_seeds)} paired seeds, baselines {', '.join(baselines)} at {budget_rounds} rounds per "
+                 f"stage: {int(cells.above.sum())} cases resolved above 10 points against every baseline, "
+                 f"{len(below)} with a baseline's interval below 10 points; smallest margin over the best baseline "
+                 f"{cell_name(short)} {short.d.format(2)} points",
+        key=f"STSA/STSA-E − best baseline ≥ {short.d.mean:+.1f} points (lowest 95 % bound {lowest.low:+.1f}) at "
+            f"{budget_rounds} rounds per stage",
+        condition=(f"the baselines are the {len(baselines)} that ran ({', '.join(baselines)}): linear heads on the same "
+                   "frozen EfficientNet-Lite0 features of our stand-in data, in place of the paper's ViT PEFT baselines "
+                   "(Fed-DualP, Fed-CODAP, Fed-CPrompt, PILoRA), which are not implemented") if above and converged else None,
+        rules_out=rules_out,
+        methods=["stsa", "stsa-e", "finetune", "fedewc", "fedlwf", "fed-dualp", "fed-codap", "fed-cprompt", "pilora"],
+        ran=ran,
+        budget=f"{budget_rounds} FedAvg rounds per stage x {local_epochs} local epoch(s), {num_tasks} stages, "
+               f"{len(margin_seeds)} seeds, {', '.join(datasets)}" + (" (recorded run)" if rec_name else ""),
+        convergence=stsa_studies.convergence_text(plateaus), converged=converged, record=rec_name)
 
 # %% [markdown]
 # ## The paper's tables beside ours
@@ -373,20 +483,26 @@ assert (e2 > 0).all(), "noisy counts reach the Gram estimate at every grid point
 # %%
 drop = changes["max |change|"].max() if len(changes) else 0.0
 mean_drop = max((abs(d.mean) for d in changes.d if d is not None), default=drop)
+ds_ = [d for d in changes.d if d is not None]
+# criterion fixed before the run: "barely changes" = every paired 95 % CI of noisy - clean inside (-1, +1) point
+ci_bound = max((max(abs(d.low), abs(d.high)) for d in ds_), default=float("nan"))
+robust, fragile = bool(ds_) and ci_bound < 1.0, any(d.low > 1.0 or d.high < -1.0 for d in ds_)
 print(f"largest change of A_T for noise sd q*s <= 0.1: {drop:.2f} points in one run, {mean_drop:.2f} points "
-      f"as a paired mean over seeds")
+      f"as a paired mean over seeds; largest 95 % CI bound {ci_bound:.2f} points")
 display(changes.assign(d=changes.d.astype(str)).rename(columns={"d": "noisy - clean, paired (points)"}))
 print("Paper, Table 7 (CIFAR-100, beta=0.5) - the paper's numbers")
 display(paper_results.stsa_table7())
 claims.register(
     "stsa-noise-robust", "stsa",
-    "Table 7 (version 000): small Gaussian noise on the uploaded statistics barely changes the accuracy of STSA and "
-    "STSA-E.",
-    holds=bool(mean_drop < 1.0),
-    evidence=f"{abl_name}, pretrained, beta={abl_beta}, {len(noise_seeds)} seeds: largest paired mean change of A_T at "
-             f"noise sd q*s <= 0.1 is {mean_drop:.2f} points ({drop:.2f} in a single run; criterion < 1 point), while "
-             f"the count noise moves STSA-E's Gram by "
-             f"{e2.min():.1e}-{e2.max():.1e} (relative; counts used unrounded).")
+    "Table 7: small Gaussian noise on the uploaded statistics barely changes the accuracy of STSA and STSA-E.",
+    holds=robust if (robust or fragile) else None, inconclusive=not (robust or fragile),
+    evidence=f"{abl_name}, pretrained, beta={abl_beta}, {len(noise_seeds)} seeds: at noise sd q*s <= 0.1 every paired "
+             f"95 % CI of the change of A_T lies within ±{ci_bound:.2f} points (criterion: within ±1 point; largest "
+             f"paired mean {mean_drop:.2f}, {drop:.2f} in a single run), while the count noise moves STSA-E's Gram by "
+             f"{e2.min():.1e}-{e2.max():.1e} (relative; counts used unrounded).",
+    key=f"A_T change within ±{ci_bound:.2f} points (95 % CI)",
+    rules_out=None if (robust or fragile) else
+    f"the intervals reach {ci_bound:.2f} points: they rule out changes beyond that, not beyond 1 point")
 
 # %% [markdown]
 # ## Feature skew: outside STSA-E's assumption

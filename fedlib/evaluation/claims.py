@@ -266,9 +266,10 @@ def findings_markdown(records: list[dict], link_prefix: str = "executed/") -> st
     return "\n".join(lines) + "\n"
 
 
-def _short(statement: str, limit: int = 110) -> str:
-    first = statement.split(". ")[0].rstrip(".")
-    return first if len(first) <= limit else first[:limit].rsplit(" ", 1)[0] + " …"
+def _short(text: str, limit: int = 110) -> str:
+    """``text`` cut at a word boundary to at most about ``limit`` characters."""
+    text = " ".join(text.split()).rstrip(".")
+    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " …"
 
 
 def chapter_findings_markdown(records: list[dict]) -> str:
@@ -278,5 +279,6 @@ def chapter_findings_markdown(records: list[dict]) -> str:
         return ""
     lines = ["**What this chapter finds** (each line links to the check; all claims: {doc}`/book/claims`):", ""]
     for r in records:
-        lines.append(f"- **{r['verdict']}**: {_short(r['statement'])} — {key_number(r)} [→](#claim-{r['id']})")
+        lines.append(f"- **{r['verdict']}**: {_cell(_short(r['statement']))} — {_cell(_short(key_number(r), 90))} "
+                     f'<a href="#claim-{r["id"]}">→</a>')
     return "\n".join(lines) + "\n"

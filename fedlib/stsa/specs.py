@@ -64,7 +64,7 @@ SPECS = {
         "seeds": Seeds(least=2), "M": Int(1), "M_scratch": Int(1), "gamma": NON_NEGATIVE, "num_dummy": Int(1),
         "head": Choice(HEADS), "baselines": List(Choice(METHODS), least=0, distinct=True),
         "baseline_hparams": Dict(Choice(METHODS), Dict(Str(), Real())), "baseline_seeds": List(Int(0), least=0),
-        "rounds_per_task": Int(1), "local_epochs": Int(1), "lr": POSITIVE, "scratch": Bool(),
+        "rounds_per_task": Int(1), "converge_pp": POSITIVE, "local_epochs": Int(1), "lr": POSITIVE, "scratch": Bool(),
         "scratch_dataset": Choice(DATASETS), "scratch_seeds": Seeds(), "scratch_rounds": Int(1),
         "scratch_widths": List(Int(1)), "scratch_baselines": List(Choice(METHODS), least=0, distinct=True),
         "scratch_baseline_rounds": Int(1), "ablation_M": List(Int(1)), "ablation_M_scratch": List(Int(1)),

@@ -31,7 +31,7 @@ from fedlib.data.datasets import load_dataset
 from fedlib.data.features import extract_features, feature_fingerprint
 from fedlib.data.partition import make_partition
 from fedlib.data.streams import make_stream
-from fedlib.evaluation.stats import mean_std, paired_difference
+from fedlib.evaluation.stats import mean_std, paired_difference, plateau
 from fedlib.federated.gradient import FedConfig, LinearHead
 from fedlib.federated.incremental import IncrementalResult, run_class_incremental, scratch_backbone_features
 from fedlib.federated.learner import GradientLearner
@@ -230,12 +230,13 @@ JOINT = "Joint (centralized ridge)"
 
 def make_fcil_learner(method: str, dim: int | None, num_classes: int, M: int | None, gamma: float, seed: int, *,
                       num_dummy: int = 1, head: str = "argmax", fed_kwargs: dict | None = None,
-                      baseline_hparams: dict | None = None, model_fn=None, **kw):
+                      baseline_hparams: dict | None = None, model_fn=None, eval_data=None, **kw):
     """The learner named ``method``: one of :data:`ANALYTIC`, :data:`JOINT` (random features of width
     M on d-dim features, R and the dummy splits seeded by ``seed``), or a gradient baseline of
     :data:`fedlib.federated.fcil.METHODS` (a :class:`fedlib.federated.learner.GradientLearner`) trained with
     ``FedConfig(seed=seed, **fed_kwargs)`` on
-    ``model_fn()`` (default: a linear head d -> num_classes) with ``baseline_hparams[method]``."""
+    ``model_fn()`` (default: a linear head d -> num_classes) with ``baseline_hparams[method]``
+    (``eval_data``: the learner's per-round test data of a stage, ``t -> (x, y) | None``)."""
     if method == "STSA":
         return STSALearner(dim, num_classes, M, gamma, head=head, rf_seed=seed, seed=seed, name=method, **kw)
     if method in ("STSA-E", "STSA-E (per-class K)"):
@@ -249,12 +250,13 @@ def make_fcil_learner(method: str, dim: int | None, num_classes: int, M: int | N
 
     model_fn = model_fn or partial(LinearHead, dim, num_classes)
     return GradientLearner(model_fn, FedConfig(seed=seed, **(fed_kwargs or {})), method, num_classes=num_classes,
-                           progress=False, **(baseline_hparams or {}).get(method, {}))
+                           progress=False, eval_data=eval_data, **(baseline_hparams or {}).get(method, {}))
 
 
 def run_fcil(method: str, features, beta: float | None, seed: int, setting: str, M: int | None, *, num_tasks: int,
              num_clients: int, gamma: float, num_dummy: int = 1, stream=None, skew: float = 0.0,
-             return_learner: bool = False, share_expansion: bool = True, final_only: bool = False, **kw):
+             return_learner: bool = False, share_expansion: bool = True, final_only: bool = False,
+             last_task_curve: bool = False, **kw):
     """One class-incremental run of ``method`` on cached ``features`` (a :class:`fedlib.data.features.Features`):
     class order and partitions from ``seed`` (``stream`` overrides the order), every client holding
     >= ``num_dummy`` samples per task. ``skew`` > 0 shifts client k's features by its own delta_k
@@ -267,9 +269,25 @@ def run_fcil(method: str, features, beta: float | None, seed: int, setting: str,
     with R the identity; each stage's ``wall_s`` then adds the measured expansion seconds per row
     times the stage's training rows, the clients' share of that work. Equal to the per-client
     expansion (``share_expansion=False``) up to float round-off. ``final_only``: evaluate after the last
-    stage only (A_T; A_avg and F_T are NaN), and STSA / STSA-E solve for the head once, at the end."""
+    stage only (A_T; A_avg and F_T are NaN), and STSA / STSA-E solve for the head once, at the end.
+
+    ``last_task_curve`` (gradient baselines, no skew): the learner also measures its test accuracy (%) on
+    the test samples of every class seen after each round of the last task, and the call returns
+    ``(result, curve)`` (``(result, learner, curve)`` with ``return_learner``): the curve the
+    convergence rule reads. Its last point is the run's final accuracy on all seen test samples,
+    ``100 * result.top1[-1]`` (A_T when the tasks' test sets are equally large). Evaluation does not
+    touch training: the result is that of the run without the curve."""
+    if last_task_curve and (method in ANALYTIC + (JOINT,) or skew > 0):
+        raise ValueError(f"last_task_curve: only a gradient baseline without feature skew has per-round "
+                         f"curves (got {method!r}, skew={skew})")
     default_stream = stream is None
     stream = stream or make_stream(features.y_train, features.y_test, num_tasks, seed=seed)
+    if last_task_curve:   # evaluated every round of the last stage only, on all seen classes (all of them then)
+        seen = np.concatenate([task.test_idx for task in stream.tasks])
+        last_test = (torch.from_numpy(np.ascontiguousarray(features.x_test[seen])),
+                     torch.from_numpy(stream.relabel(features.y_test)[seen]))
+        kw = {**kw, "fed_kwargs": {**(kw.get("fed_kwargs") or {}), "eval_every": 1},
+              "eval_data": lambda t: last_test if t == stream.num_tasks - 1 else None}
     dim = features.x_train.shape[1]
     per_row = None
     shared = share_expansion and M is not None and M != dim and method in ANALYTIC + (JOINT,)
@@ -303,6 +321,10 @@ def run_fcil(method: str, features, beta: float | None, seed: int, setting: str,
                                 evaluate="last_stage" if final_only else "every_stage")
     if per_row is not None:
         res.wall_s = res.wall_s + per_row * np.array([len(task.train_idx) for task in stream.tasks])
+    if last_task_curve:
+        curve = [100 * a for a in learner.histories[-1].test_acc]
+        learner.eval_data = None   # a closure over the test data, done with: the learner pickles (forked runs)
+        return (res, learner, curve) if return_learner else (res, curve)
     return (res, learner) if return_learner else res
 
 
@@ -712,21 +734,25 @@ def benchmark_features(name: str, subsets: dict, n_train: int | None, n_test: in
 
 
 def pretrained_grid(run, features, setting: str, betas, seeds, baselines, baseline_seeds, M: int,
-                    workers: int | None = 1) -> list:
+                    workers: int | None = 1, curves: bool = False, progress: bool = False):
     """Every run of the pretrained table on one dataset's ``features``: Joint once per seed (it ignores
     the partition; listed under every beta), then per beta and seed the :data:`ANALYTIC` methods and,
     for ``baseline_seeds``, the gradient ``baselines``. ``run`` is :func:`run_fcil` with the chapter's
     fixed keywords. The seeds are independent jobs of a :class:`fedlib.core.parallel.RunGrid` (``workers``
     processes; None: the cores; every run is seeded by its seed, so the results equal those of one
-    process). Returns the IncrementalResults."""
+    process). Returns the IncrementalResults; with ``curves``, ``(results, curves)``: every baseline
+    run's last-task curve (:func:`run_fcil`'s ``last_task_curve``), ``curves[beta][method]`` one list
+    per seed of ``baseline_seeds`` (the results are those of the runs without curves)."""
     requests = []
     for seed in seeds:   # a seed's runs share one random-feature expansion (cached in the process): one group
         requests.append((JOINT, None, seed))
         requests += [(method, beta, seed) for beta in betas
                      for method in list(ANALYTIC) + (list(baselines) if seed in baseline_seeds else [])]
-    grid = RunGrid(lambda r: run(r[0], features, r[1], r[2], setting, M))
-    grid.fill(requests, workers, group=lambda r: r[2], cost=lambda g: g[0][2] in baseline_seeds, progress=False)
-    done = grid.results
+    traced = lambda r: curves and r[0] in baselines  # noqa: E731
+    grid = RunGrid(lambda r: run(r[0], features, r[1], r[2], setting, M, **({"last_task_curve": True} if traced(r) else {})))
+    grid.fill(requests, workers, group=lambda r: r[2], cost=lambda g: g[0][2] in baseline_seeds, progress=progress,
+              desc=setting)
+    done = {r: grid.results[r][0] if traced(r) else grid.results[r] for r in grid.results}
     results = []
     for seed in seeds:
         joint = done[JOINT, None, seed]
@@ -735,7 +761,10 @@ def pretrained_grid(run, features, setting: str, betas, seeds, baselines, baseli
         for seed in seeds:
             results += [done[method, beta, seed] for method in ANALYTIC]
             results += [done[method, beta, seed] for method in (baselines if seed in baseline_seeds else [])]
-    return results
+    if not curves:
+        return results
+    return results, {beta: {m: [grid.results[m, beta, seed][1] for seed in seeds if seed in baseline_seeds]
+                            for m in baselines} for beta in betas}
 
 
 def scratch_features(dataset, num_tasks: int, num_clients: int, beta: float, seed: int, fed_kwargs: dict,
@@ -874,6 +903,101 @@ def paired_against(summary, reference: str = "STSA", metric: str = "A_T"):
                          f"{metric} difference (points)": str(d), "mean": d.mean, "low": d.low, "high": d.high,
                          "n": d.n})
     return pd.DataFrame(rows)
+
+
+MARGIN_METHODS = ("STSA", "STSA-E")   # the methods of the paper's margin claim (Table 2)
+MARGIN_METRICS = ("A_avg", "A_T")
+
+
+def benchmark_runner(p: dict):
+    """The benchmark chapter's gradient-baseline FedConfig keywords (``rounds_per_task`` rounds per stage,
+    no evaluation during training) and its one-run function ``run(method, features, beta, seed, setting,
+    M, **changes)``: :func:`run_fcil` with the chapter's fixed keywords from its parameters ``p``. The
+    linear-head baselines train all clients of a round at once (``batched_clients``: the per-client
+    loop's result up to float round-off). Returns ``(fed_kwargs, run)``."""
+    fed_kwargs = dict(rounds=p["rounds_per_task"], local_epochs=p["local_epochs"], batch_size=64, lr=p["lr"],
+                      weight_decay=0.0, device=p["device"], num_threads=p["num_threads"], eval_every=10**6)
+    return fed_kwargs, partial(run_fcil, num_tasks=p["num_tasks"], num_clients=p["num_clients"], gamma=p["gamma"],
+                               num_dummy=p["num_dummy"], head=p["head"], fed_kwargs={**fed_kwargs, "batched_clients": True},
+                               baseline_hparams=p["baseline_hparams"])
+
+
+def margin_values(summary, methods, seeds, metrics=MARGIN_METRICS) -> dict:
+    """``{metric: {setting: {beta: {method: [value (%) per seed of seeds]}}}}`` of the pretrained rows of
+    ``summary`` (beta as a string): the JSON-ready input of :func:`margin_comparison`."""
+    pre = summary[summary.setting.str.startswith("pretrained") & summary.method.isin(list(methods))]
+    out: dict = {metric: {} for metric in metrics}
+    for (setting, beta), grp in pre.groupby(["setting", "beta"], sort=False):
+        by = grp.set_index(["method", "seed"])
+        for metric in metrics:
+            out[metric].setdefault(setting, {})[str(beta)] = {m: [float(by.loc[(m, s), metric]) for s in seeds]
+                                                              for m in methods}
+    return out
+
+
+def margin_comparison(values: dict, references, baselines, margin: float, confidence: float = 0.95) -> pd.DataFrame:
+    """The paper's margin claim cell by cell: per metric, setting, beta and reference method (STSA,
+    STSA-E) of :func:`margin_values`, the paired difference reference − baseline against every
+    baseline (``confidence`` t-interval, points). The reference beats the best baseline by more than
+    ``margin`` exactly when it beats every baseline by more, so a cell is **resolved above** when
+    every baseline's lower bound exceeds ``margin`` and **resolved below** when some baseline's upper
+    bound lies under it. One row per cell: ``best`` (the baseline of the highest mean), ``d`` (the
+    difference to it), ``low`` (the smallest lower bound over the baselines), ``above``, ``below``."""
+    rows = []
+    for metric, settings in values.items():
+        for setting, betas in settings.items():
+            for beta, by in betas.items():
+                for ref in references:
+                    d = {b: paired_difference(by[ref], by[b], confidence) for b in baselines}
+                    best = max(baselines, key=lambda b: np.mean(by[b]))
+                    rows.append({"metric": metric, "setting": setting, "beta": float(beta), "method": ref, "best": best,
+                                 "d": d[best], "low": min(x.low for x in d.values()),
+                                 "above": all(x.low > margin for x in d.values()),
+                                 "below": any(x.high < margin for x in d.values())})
+    return pd.DataFrame(rows)
+
+
+def margin_table(values: dict, cells: pd.DataFrame, references, baselines) -> pd.DataFrame:
+    """Per setting and beta: every method's A_avg and A_T (mean ± sample std, %) and each reference's
+    margin over the best baseline (paired, 95 % CI, points; which baseline is best is named) from
+    :func:`margin_comparison`'s ``cells``. Columns (setting, beta as a string)."""
+    rows = []
+    for setting, betas in next(iter(values.values())).items():
+        for beta in betas:
+            row = {"setting": setting, "beta": beta}
+            for metric in values:
+                for m in [*references, *baselines]:
+                    row[f"{metric}: {m}"] = mean_std(values[metric][setting][beta][m])
+                for ref in references:
+                    c = cells[(cells.metric == metric) & (cells.setting == setting) & (cells.beta == float(beta))
+                              & (cells.method == ref)].iloc[0]
+                    row[f"{metric}: {ref} − best baseline"] = f"{c.d.format(2)} vs {c.best}"
+            rows.append(row)
+    return pd.DataFrame(rows).set_index(["setting", "beta"]).T
+
+
+def curve_plateaus(curves: dict, tol: float) -> pd.DataFrame:
+    """:func:`fedlib.evaluation.stats.plateau` (tolerance ``tol``, points) on each baseline's mean
+    last-task curve over seeds; ``curves[setting][beta][method]``: one curve (%) per seed. One row per
+    (setting, beta, method) with its Plateau."""
+    return pd.DataFrame([{"setting": setting, "beta": float(beta), "method": m,
+                          "plateau": plateau(np.mean(np.asarray(c, dtype=float), axis=0), tol)}
+                         for setting, betas in curves.items() for beta, by in betas.items() for m, c in by.items()])
+
+
+def convergence_text(plateaus: pd.DataFrame) -> str:
+    """The convergence evidence of :func:`curve_plateaus` in one sentence."""
+    if plateaus.empty:
+        return "no baseline ran: nothing to converge"
+    moved = plateaus.plateau.map(lambda p: abs(p.change) if np.isfinite(p.change) else np.inf)
+    worst = plateaus.loc[moved.idxmax()]
+    p = worst.plateau
+    what = (f"{p.points} rounds are too few to show a plateau" if not np.isfinite(p.change)
+            else f"{p.change:+.2f} pp")
+    ok = bool(plateaus.plateau.map(lambda q: q.converged).all())
+    return (f"rule: a baseline's mean last-task test-accuracy curve moves by less than {p.tol:.2f} pp over the last "
+            f"{100 * p.tail:.0f} % of its {p.points} rounds; {'every baseline converged' if ok else 'not all converged'}"
+            f" (largest move: {worst.method}, {worst.setting}, beta={worst.beta}: {what})")
 
 
 def exactness_check(summary):
