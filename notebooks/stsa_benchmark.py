@@ -324,9 +324,10 @@ if baselines and len(margin_seeds) >= 2:
                 ax.plot(np.arange(1, len(mean_curve) + 1), mean_curve, lw=1.2, label=m,
                         marker="o" if len(mean_curve) < 10 else None)
             ax.axhline(np.mean(values["A_T"][setting][str(beta)]["STSA"]), color="black", ls="--", lw=1, label="STSA (A_T)")
-            ax.set(title=f"{setting.split(' / ')[-1]}, beta={beta}", xlabel="round of the last task" if i == len(settings_) - 1 else "",
-                   ylabel="test accuracy, seen classes (%)" if j == 0 else "")
+            ax.set_title(f"{setting.split(' / ')[-1]}, beta={beta}")
     axes[0][-1].legend(fontsize=7, loc="center right")
+    fig.supxlabel("round of the last task")
+    fig.supylabel("test accuracy on the seen classes (%)")
     fig.suptitle(f"Gradient baselines during the last task (mean over {len(margin_seeds)} seeds; the end is A_T)", y=1.0)
     plt.tight_layout()
     plt.show()

@@ -111,7 +111,9 @@ def paired_power(effect: float, sd: float, n: int, confidence: float = 0.95) -> 
         raise ValueError(f"sd must be positive and finite, got {sd!r}")
     df, nc = n - 1, effect / (sd / math.sqrt(n))
     crit = float(_st.t.ppf(0.5 + confidence / 2, df))
-    return float(_st.nct.sf(crit, df, nc) + _st.nct.cdf(-crit, df, nc))
+    # the far tail by symmetry, T(df, nc) = -T(df, -nc): scipy's nct.cdf far from the mean can return NaN
+    # (n = 2, large nc), its survival function on the mirrored side does not
+    return float(_st.nct.sf(crit, df, nc) + _st.nct.sf(crit, df, -nc))
 
 
 def seeds_for_power(effect: float, sd: float, power: float = 0.8, confidence: float = 0.95,

@@ -61,6 +61,9 @@ def test_paired_power_matches_a_monte_carlo_of_the_paired_t_test():
     assert paired_power(1.0, 2.0, n) >= 0.8 > paired_power(1.0, 2.0, n - 1)
     assert 30 <= n <= 36          # normal approximation: ((1.96 + 0.84) * 2 / 1)^2 = 31.4, plus the t penalty
     assert seeds_for_power(0.0, 1.0) is None
+    p2 = paired_power(32.52, 4.93, 2)   # n = 2, a large effect: scipy's nct.cdf gave NaN in the far tail
+    d = rng.normal(32.52, 4.93, size=(20000, 2))
+    assert abs(p2 - (st.ttest_1samp(d, 0.0, axis=1).pvalue < 0.05).mean()) < 0.015
     assert seeds_for_power(1e-6, 1.0, limit=1000) is None
 
 
