@@ -322,10 +322,11 @@ for scen, (finals, curves_) in src.items():
     if "refed" not in finals or not baselines_here or len(src_seeds) < 2:
         continue
     diffs = {b: paired_difference(finals["refed"], finals[b]) for b in baselines_here}
+    v = replay_verdict({(scen, "refed", b, "A_T"): d for b, d in diffs.items()}, scen, baselines_here)
     plateaus = {m: plateau(np.mean(c, axis=0), converge_pp) for m, c in curves_.items()}
     slowest = max(plateaus, key=lambda m: abs(plateaus[m].change) if np.isfinite(plateaus[m].change) else np.inf)
     converged = all(p.converged for p in plateaus.values())
-    beats, loses = all(d.low > 0 for d in diffs.values()), any(d.high < 0 for d in diffs.values())
+    beats, loses = v["holds"], bool(v["worse"])
     rules_out = "; ".join(power_statement(d, paper_gap[scen], f"Re-Fed − {b}", unit=" pp") for b, d in diffs.items())
     claims.register(
         f"refed-beats-random-replay-{scen}", "refed",
