@@ -245,12 +245,19 @@ def test_scale_bench_tiny_report(tmp_path):
     assert text.startswith("machine: ") and "optdigits, 300 points x 64 features" in text
     assert "3 IID clients, n_y=12 landmarks" in text and "fixed: 2 rounds" in text
     assert re.search(r"time ratio Fed-tSNE / centralized\s+[\d.]+x", text)
-    values = [float(v) for v in re.findall(r"(?:CA|NPA) 10-NN (?:centralized|Fed-tSNE)\s+([\d.]+)", text)]
-    assert len(values) == 4 and all(0.0 <= v <= 1.0 for v in values)
-    assert 0.0 <= float(re.search(r"10-NN recall of the Nystrom estimate\s+([\d.]+)", text).group(1)) <= 1.0
+    values = [float(v) for v in re.findall(r"(?:CA|NPA) 10-NN (?:centralized|Fed-tSNE|best route)\s+([\d.]+)", text)]
+    assert len(values) == 6 and all(0.0 <= v <= 1.0 for v in values)
+    recalls = [float(v) for v in re.findall(r"10-NN recall of the (?:Nystrom estimate|best route)\s+([\d.]+)", text)]
+    assert len(recalls) == 2 and all(0.0 <= v <= 1.0 for v in recalls)
+    assert "best route: federated k-means landmarks" in text and "estimate: projection + residuals" in text
+    # the goal rows say met, or name every missed target with its number
+    goals = re.findall(r"goal (?:Fed-tSNE|best route) \(CA -0.02, NPA -0.05, time 2x\)\s+(met|missed: .+)", text)
+    assert len(goals) == 2 and all(g == "met" or re.fullmatch(r"missed: .*[\d.]+.*", g) for g in goals)
     assert "check < 8: passed" in text
     with pytest.raises(SystemExit):
         fedtsne_scale.main(argv[:-2] + ["--rounds", "zero", "--out", "-"])
+    with pytest.raises(SystemExit):        # the best route's closed form needs n_y <= m + 1
+        fedtsne_scale.main(["--dataset", "optdigits", "--points", "300", "--landmarks", "66", "--out", "-"])
     assert fedtsne_scale.overlap([[1, 2]], [[2, 3]]) == 0.5
 
 
