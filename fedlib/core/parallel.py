@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
@@ -53,6 +54,11 @@ def resolve_workers(workers: int | None, device="cpu") -> int:
 
 
 def _init_worker() -> None:
+    # the pool ends its workers with SIGTERM: a stop handler inherited from the parent (a runner's
+    # stop_on_signals) would keep a worker alive, blocked on the task queue, and the pool's exit would
+    # wait for it forever
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
     torch.set_num_threads(1)
     threadpool_limits(1)
 

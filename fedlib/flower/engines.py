@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import ExitStack, closing
 from pathlib import Path
@@ -34,6 +35,21 @@ from fedlib.flower.tasks import Outcome, Task, options_string
 APP_DIR = Path(__file__).with_name("app")
 
 
+@contextlib.contextmanager
+def _signal_handlers_kept():
+    """This process's SIGTERM, SIGINT and SIGHUP handlers as they were before the block (main thread
+    only: elsewhere no handler can be set, nor changed by the block)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    kept = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in kept.items():
+            signal.signal(s, h)
+
+
 def run_simulation_engine(config: dict[str, Any], faults: dict[int, str] | None = None,
                           num_cpus: int | None = None, verbose: bool = False) -> tuple[Outcome, dict]:
     """``config``'s protocol with ``config["num-clients"]`` virtual SuperNodes; returns (outcome, report).
@@ -47,8 +63,9 @@ def run_simulation_engine(config: dict[str, Any], faults: dict[int, str] | None 
     backend = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                "init_args": {"num_cpus": num_cpus or os.cpu_count() or 1, "include_dashboard": False,
                              "logging_level": logging.INFO if verbose else logging.ERROR}}
-    run_simulation(make_server_app(config, holder=holder), make_client_app(faults), config["num-clients"],
-                   backend_name="ray", backend_config=backend, verbose_logging=verbose)
+    with _signal_handlers_kept():   # ray.init installs its own SIGTERM handler and leaves it behind
+        run_simulation(make_server_app(config, holder=holder), make_client_app(faults), config["num-clients"],
+                       backend_name="ray", backend_config=backend, verbose_logging=verbose)
     if "outcome" not in holder:
         raise RuntimeError("the Flower simulation ended without a result (see the log above)")
     return holder["outcome"], holder["report"]

@@ -41,6 +41,20 @@ def test_workers_run_on_one_thread_and_errors_reach_the_caller():
         fork_map(fails, range(4), 2, progress=False)
 
 
+def test_workers_die_on_the_pools_sigterm_whatever_handler_the_parent_holds():
+    """Pool.terminate ends the workers with SIGTERM; a worker that kept the parent's stop handler
+    (a runner's stop_on_signals, installed before the chapter forks) hung the pool's exit."""
+    import signal
+
+    from fedlib.core.processes import stop_on_signals
+
+    with stop_on_signals():
+        handlers = fork_map(lambda _: (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)),
+                            range(4), 2, progress=False)
+        assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)   # the parent keeps its handler
+    assert handlers == [(signal.SIG_DFL, signal.SIG_DFL)] * 4
+
+
 def test_nested_forks_are_refused_and_bad_workers_named():
     def inner(i):
         return fork_map(lambda j: j, range(2), 2, progress=False)

@@ -28,9 +28,14 @@ def test_simulation_engine_equals_in_process(name, options, tol):
 
 
 def test_simulation_rejects_malformed_statistics(caplog):
+    import signal
+
     config = parse_options("afl", "num-clients=4")
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     with caplog.at_level("WARNING", logger="fedlib.flower"):
         outcome, report = run_simulation_engine(config, faults={1: "nan", 2: "shape"}, num_cpus=2)
+    # Ray's SIGTERM handler does not stay behind (it hung later forked pools of this process)
+    assert {s: signal.getsignal(s) for s in before} == before
     flower = report["flower"]
     assert flower["answered"] == [0, 3] and set(flower["rejected"]) == {"1", "2"}
     assert "non-finite" in flower["rejected"]["1"] and "shape" in flower["rejected"]["2"]
