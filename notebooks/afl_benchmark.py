@@ -99,7 +99,8 @@ from fedlib.core.parallel import resolve_workers
 from fedlib.runner import specs
 
 specs.check("afl_benchmark", globals())
-sns.set_theme(style="whitegrid")
+from fedlib.evaluation.style import book_style, fit_column
+book_style()   # the book's figure theme and table number style
 dev = resolve_device(device)
 workers = resolve_workers(workers, dev)   # None: the cores; 1 on a GPU (a CUDA context does not survive fork)
 print(f"profile={profile}, device={dev}, torch threads={torch.get_num_threads()}, baseline runs in {workers} process(es)")
@@ -164,8 +165,8 @@ assert ref["qr_error"] < qr_tol, "the normal-equations head must agree with the 
 # NIID-1 is Dirichlet label skew with {term}`concentration <Dirichlet concentration>` $\alpha$ (smaller is more skewed); NIID-2
 # gives each client $s$ shards of the label-sorted data. All methods share each partition.
 
-# %%
-fig, axes = plt.subplots(1, len(settings), figsize=(4 * len(settings), 4), squeeze=False)
+# %% mystnb={"figure": {"caption": "Per-client class counts of every partition setting as heat maps, one panel per setting: rows are the first 30 clients, columns the classes, colour the number of training samples. Under Dirichlet label skew and under sharding each client holds few classes, the more so for a smaller alpha or fewer shards."}, "image": {"alt": "Heat maps, one per partition setting, of training-sample counts per client and class for the first 30 clients"}}
+fig, axes = plt.subplots(1, len(settings), figsize=fit_column(4 * len(settings), 4), squeeze=False)
 for ax, setting in zip(axes[0], settings):
     plot_partition(partition_report(feats.y_train, partition(setting, num_clients, partition_seed), C), ax=ax,
                    max_clients=30)
@@ -185,7 +186,7 @@ plt.show()
 afl_runs = afl_studies.afl_setting_runs(feats, partition, settings, num_clients, [partition_seed, *seeds], gamma, dev, w_qr,
                                 cache=runs_cache)
 afl_summary = summarize(afl_runs, "setting", "accuracy")
-display(afl_summary.style.format({"mean": "{:.6f}", "std": "{:.2e}"}))
+display(afl_summary.style.format({"mean": "{:.6f}", "std": "{:.2e}"}, na_rep="—"))
 print(f"largest relative |W_AFL - W_QR| over all runs: {afl_runs['max rel. |W - W_QR|'].max():.1e} "
       f"(tolerance {qr_tol:.1e})")
 
@@ -247,8 +248,8 @@ display(paired.drop(columns="afl_low").set_index(["setting", "method"]))
 # of one setting, its bar the sample standard deviation over those seeds; the dashed line is AFL,
 # one value for every setting (no training seed).
 
-# %%
-fig, ax = plt.subplots(figsize=(8, 3.8))
+# %% mystnb={"figure": {"caption": "Test accuracy of each gradient-based method: the point is the mean over the training seeds and the error bar the sample standard deviation, one colour per partition setting; the dashed line is AFL, one value for every setting. Compare each method's points with the dashed line at this profile's training budget."}, "image": {"alt": "Point plot with error bars: test accuracy (%) per method, coloured by partition setting, with a dashed horizontal line for AFL"}}
+fig, ax = plt.subplots(figsize=fit_column(8, 3.8))
 sns.pointplot(data=runs.assign(acc=100 * runs["accuracy"]), x="method", y="acc", hue="setting", errorbar="sd",
               dodge=0.4 if len(settings) > 1 else False, linestyle="none", capsize=0.15, ax=ax)
 ax.axhline(100 * joint_acc, color="black", ls="--", lw=1, label="AFL (every setting)")
@@ -277,7 +278,7 @@ display(Markdown(
 # `converge_pp` percentage points over the last 20 % of its rounds (`fedlib.evaluation.stats.plateau`); AFL **leads** a method when the paired 95 % interval of
 # AFL − method lies above 0, **trails** it when the interval lies below 0.
 
-# %%
+# %% mystnb={"figure": {"caption": "Recorded longer run: test accuracy of each gradient-based method against the communication round, mean over the training seeds, one panel per setting; the dashed line is AFL after its single round. The curves show whether each baseline has levelled off and where it ends relative to AFL."}, "image": {"alt": "Line charts, one per setting: test accuracy (%) against round for each baseline, with a dashed horizontal line for AFL"}}
 RECORD_KEYS = ["dataset", "backbone", "input_size", "n_train", "n_test", "num_clients", "alphas", "shards", "methods",
                "partition_seed", "seeds", "local_epochs", "batch_size", "lr", "participation", "moon_hidden", "gamma"]
 record = load_record("afl_converged", missing_ok=True)
@@ -297,7 +298,7 @@ else:
         f"Ours ({dataset}, K={num_clients}, {len(seeds)} training seeds, {budget_rounds} rounds x {local_epochs} "
         f"local epoch(s)): final test accuracy (%) mean ± sample std, AFL − method paired by seed (95 % CI, pp), "
         f"and how far the mean curve moved over the last 20 % of the rounds (pp)"))
-    fig, axes = plt.subplots(1, len(res["afl"]), figsize=(4.4 * len(res["afl"]), 3.6), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(res["afl"]), figsize=fit_column(4.4 * len(res["afl"]), 3.6), sharey=True, squeeze=False)
     for ax, s in zip(axes[0], res["afl"]):
         for m in methods:
             ax.plot(np.arange(1, budget_rounds + 1), 100 * np.mean(res["curves"][s][m], axis=0), label=m, lw=1.2)
@@ -347,9 +348,9 @@ claims.register(
 # whose curve still rises at the right end had not converged within this profile's budget; AFL's
 # single round is final.
 
-# %%
+# %% mystnb={"figure": {"caption": "Test accuracy against wall-clock time (log scale) for the first training seed, one line per gradient-based method and one panel per setting; the black star is AFL's single round. A curve still rising at its right end had not converged within this profile's budget, whereas AFL's one round is final."}, "image": {"alt": "Line charts, one per setting: test accuracy against wall-clock seconds on a log scale for each baseline, with a star marking AFL"}}
 first = curves[curves.seed == seeds[0]]
-fig, axes = plt.subplots(1, len(settings), figsize=(4.2 * len(settings), 3.6), sharey=True, squeeze=False)
+fig, axes = plt.subplots(1, len(settings), figsize=fit_column(4.2 * len(settings), 3.6), sharey=True, squeeze=False)
 for ax, setting in zip(axes[0], settings):
     sub = first[first.setting == label(setting)]
     sns.lineplot(data=sub, x="wall_s", y="test_acc", hue="method", ax=ax, legend=ax is axes[0][-1])
@@ -368,9 +369,10 @@ display(Markdown(
 # %% [markdown]
 # ## 5. Which variance a ± holds: fixed partition vs a new partition per seed
 #
-# The benchmark before this version drew a new partition with every seed, so its ± mixed the
-# partition's variance with the training seed's. We re-run the methods in `resample_methods`
-# that way and compare the two sample standard deviations.
+# The runs above keep one partition per setting and vary only the training seed. Drawing a new
+# partition with every seed instead makes the ± mix the partition's variance with the training
+# seed's. We re-run the methods in `resample_methods` that way and compare the two sample standard
+# deviations.
 
 # %%
 if resample_methods:
@@ -394,7 +396,7 @@ if resample_methods:
 
 # %%
 cost, afl_seconds, afl_bytes = afl_studies.cost_table(runs, afl_runs, partition_seed, paper_rounds)
-display(cost.style.format({c: "{:.2f}" for c in cost.columns if "rounds until" not in c}))
+display(cost.style.format({c: "{:.2f}" for c in cost.columns if "rounds until" not in c}, na_rep="—"))
 print(f"AFL: {afl_seconds:.2f} s for its final head; upload {afl_bytes / 1e6:.2f} MB per client, once "
       f"(float64 statistics, d={feats.dim}, C={C}).")
 print(f"Paper (GPU, CIFAR-100, Fig. 2, incl. 224-px feature extraction): AFL "
@@ -455,11 +457,11 @@ if cross_linear is not None:
 # FedAvg's curve here is **one training seed on one partition per $K$**: it illustrates the
 # paper's Fig. 1 and carries no conclusion about FedAvg. AFL has no seed; its flatness is the claim.
 
-# %%
+# %% mystnb={"figure": {"caption": "Test accuracy against the number of clients K (log scale) on a Dirichlet partition, for AFL and for FedAvg (one training seed and one partition per K: an illustration, no conclusion about FedAvg). AFL's line is flat: its accuracy does not depend on K."}, "image": {"alt": "Line chart with markers: test accuracy against number of clients for AFL and FedAvg"}}
 knum = afl_studies.afl_vs_fedavg(feats, [(k, partition(("alpha", invariance_alpha), k, partition_seed)) for k in client_counts],
                          config, seeds[0], gamma, dev, index="K", desc="client counts", cache=runs_cache,
                          workers=workers)
-fig, ax = plt.subplots(figsize=(5, 3.5))
+fig, ax = plt.subplots(figsize=fit_column(5, 3.5))
 sns.lineplot(data=knum.reset_index().melt("K", value_name="accuracy"), x="K", y="accuracy", hue="method", marker="o",
              ax=ax)
 ax.set(xscale="log", xlabel="number of clients K (log scale)", ylabel="test accuracy",
@@ -483,7 +485,7 @@ claims.register(
 ri = afl_studies.ri_ablation(feats, [(k, partition(("alpha", invariance_alpha), k, partition_seed)) for k in ri_clients],
                      gammas, dev, base_gamma=gamma, cache=runs_cache)
 print(f"Ours ({dataset}): accuracy (%) without / with the RI restoration (one-solve server)")
-display(ri.style.format("{:.2f}"))
+display(ri.style.format("{:.2f}", na_rep="—"))
 with_ri = ri.xs("w/ RI", axis=1, level="RI")
 assert len(np.unique(with_ri.to_numpy())) == 1, "with RI the accuracy must not depend on K or gamma"
 # without RI the head is a joint ridge with lambda = K*gamma: equal K*gamma, equal accuracy (paper Table 4)
@@ -545,14 +547,14 @@ table3 = (100 * table3[["FedAvg (1 seed)", "AFL"]]).rename_axis(columns=None).T
 print("Paper, Table 3 (CIFAR-100, K=100, accuracy %):")
 display(paper_results.afl_table3())
 print(f"Ours ({dataset}, K={num_clients}, training seed {seeds[0]}, accuracy %):")
-display(table3.style.format("{:.2f}"))
+display(table3.style.format("{:.2f}", na_rep="—"))
 assert table3.loc["AFL"].nunique() == 1
 
 # %%
 print("Paper, Table 4 (CIFAR-100 inferred, α=0.1, accuracy %):")
 display(paper_results.afl_table4())
 print(f"Ours ({dataset}, α={invariance_alpha}, accuracy %):")
-display(ri.style.format("{:.2f}"))
+display(ri.style.format("{:.2f}", na_rep="—"))
 
 # %% [markdown]
 # ## Exercises

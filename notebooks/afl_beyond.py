@@ -88,7 +88,8 @@ from fedlib.afl import beyond as ab
 from fedlib.runner import specs
 
 specs.check("afl_beyond", globals())
-sns.set_theme(style="whitegrid")
+from fedlib.evaluation.style import book_style, fit_column
+book_style()   # the book's figure theme and table number style
 chapter_start = time.perf_counter()
 print(f"profile={profile}: {dataset} / {backbone}@{input_size}px, K={num_clients}, cond(X) in {conditions}, "
       f"{len(seeds)} seeds")
@@ -192,13 +193,13 @@ assert check_ls < 1e-10 and check_ridge < 1e-10
 study = ab.conditioning_study(conditions, cond_samples, cond_dim, C, cond_clients, seeds, gamma)
 summary = ab.conditioning_summary(study)
 display(summary.pivot_table(index="cond(X)", columns=["clients", "method"], values="median")
-        .style.format("{:.1e}").set_caption("median relative error vs lstsq over seeds"))
+        .style.format("{:.1e}", na_rep="—").set_caption("median relative error vs lstsq over seeds"))
 slopes = ab.error_slopes(study)
-display(slopes.to_frame().style.format("{:.2f}").set_caption(
+display(slopes.to_frame().style.format("{:.2f}", na_rep="—").set_caption(
     "slope of log10(median error) vs log10(cond(X)) while the error is < 0.1"))
 
-# %%
-fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+# %% mystnb={"figure": {"caption": "Relative error of the federated head against lstsq versus the condition number of X (both log scale) for TSQR and the two normal-equation servers: the line is the median over seeds and the band the range over seeds; left float64 clients, right float32 clients, the server in float64 in both, errors clipped at 10. The dashed and dotted guides are kappa times u and kappa squared times u: TSQR follows the first, the normal equations (whose two curves overlap) the second."}, "image": {"alt": "Two log-log line charts, float64 and float32 clients: relative error against condition number for three methods, with two reference lines"}}
+fig, axes = plt.subplots(1, 2, figsize=fit_column(11, 4.2), sharey=True)
 palette = dict(zip(study["method"].unique(), sns.color_palette("deep", 3)))
 for ax, prec in zip(axes, ["float64", "float32"]):
     sub = study[study.clients == prec].copy()
@@ -248,10 +249,10 @@ uploads, per_client, kappa_x = ab.upload_comparison(feats, parts, gamma, w_ref)
 print(f"cond(X) of the benchmark features (from the pooled TSQR factor): {kappa_x:.2e}; cond(X^T X) = {kappa_x ** 2:.2e}")
 display(uploads.style.format({"upload bytes/client (mean)": "{:,.0f}", "total upload (MiB)": "{:.1f}",
                               "rel. error vs QR reference": "{:.1e}", "test accuracy": "{:.4f}",
-                              "seconds": "{:.1f}"}))
+                              "seconds": "{:.1f}"}, na_rep="—"))
 
-# %%
-fig, ax = plt.subplots(figsize=(6.5, 4))
+# %% mystnb={"figure": {"caption": "Measured upload of every client (bytes) against the number of samples it holds (both log scale), one marker per client, colour and shape per protocol (AFL, TSQR with float64 or float32 clients); the dotted line marks N_k = d + C. Clients left of that line upload only N_k rows with TSQR, so fewer bytes than with AFL."}, "image": {"alt": "Log-log scatter plot: upload bytes against client sample count, one marker per client, coloured by protocol"}}
+fig, ax = plt.subplots(figsize=fit_column(6.5, 4))
 sns.scatterplot(data=per_client, x="N_k", y="upload bytes", hue="method", style="method", s=25, ax=ax)
 ax.axvline(d + C, color="gray", ls=":", lw=1)
 ax.text(d + C, ax.get_ylim()[1] * 0.9, "  N_k = d + C", color="gray", fontsize=8)
@@ -312,10 +313,10 @@ print(f"a one-sample client: feature vector recovered with rel. error {err_one:.
       f"(true {feats.y_train[i0]})")
 assert err_sums < 1e-10 and err_gram < 1e-10 and err_one < 1e-10 and lab == feats.y_train[i0]
 
-# %%
+# %% mystnb={"figure": {"caption": "A one-sample client's upload inverted by the server: the client's image (left), the image rebuilt from an AFL upload computed on its raw pixels (middle), and the rebuilt backbone features against the true ones (right). The rebuild is exact: the two images match and the feature points lie on the diagonal."}, "image": {"alt": "Two greyscale images, original and rebuilt by the server, and a scatter plot of rebuilt against true feature values"}}
 img = data.x_train[i0].astype(np.float64)
 pix, pix_lab = ab.recover_single_sample(afl.client_update(img.reshape(1, -1) / 255.0, data.y_train[i0:i0 + 1], C, gamma))
-fig, axes = plt.subplots(1, 3, figsize=(8.5, 3))
+fig, axes = plt.subplots(1, 3, figsize=fit_column(8.5, 3))
 axes[0].imshow(img.reshape(img.shape[0], img.shape[1], -1).squeeze(), cmap="gray")
 axes[0].set_title("client's image")
 axes[1].imshow(255.0 * pix.numpy().reshape(img.shape[0], img.shape[1], -1).squeeze(), cmap="gray")
@@ -384,9 +385,9 @@ display(secure)
 assert same_sum and err_masked < 1e-10
 assert abs(view["correlation"]) < 4 / np.sqrt(true0.shape[1])
 
-# %%
+# %% mystnb={"figure": {"caption": "What the server receives from client 0 against the true value of each statistic, for a random subset of the entries: without masks (left) the points lie on the diagonal; with pairwise masks (right) they show no relation to the true values."}, "image": {"alt": "Two scatter plots of received value against true statistic value, without and with pairwise masks"}}
 sel = np.random.default_rng(0).choice(true0.shape[1], size=min(3000, true0.shape[1]), replace=False)
-fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+fig, axes = plt.subplots(1, 2, figsize=fit_column(10, 3.8))
 axes[0].scatter(ab.decode_fixed(true0, masked.frac_bits)[sel], ab.decode_fixed(plain.seen[0], masked.frac_bits)[sel], s=3)
 axes[0].set(xlabel="client 0's statistic (true value)", ylabel="what the server receives", title="without masks")
 axes[1].scatter(ab.decode_fixed(true0, masked.frac_bits)[sel], ab.decode_fixed(masked.seen[0], masked.frac_bits)[sel], s=3)
@@ -459,15 +460,15 @@ assert err_path < 1e-10 and err_loco < 1e-9
 # %%
 hp_runs, hp_path = ab.hyperparameter_study(feats, loco_clients, loco_alpha, seeds, ridge_grid)
 display(hp_runs.style.format({"LOCO λ*": "{:g}", "best λ (hindsight)": "{:g}", "acc at LOCO λ*": "{:.4f}",
-                              "acc at λ=0 (AFL)": "{:.4f}", "best acc (hindsight)": "{:.4f}"}))
+                              "acc at λ=0 (AFL)": "{:.4f}", "best acc (hindsight)": "{:.4f}"}, na_rep="—"))
 d_loco = paired_difference(hp_runs["acc at LOCO λ*"], hp_runs["acc at λ=0 (AFL)"])
 gain_hindsight = float(hp_runs["best acc (hindsight)"].iloc[0] - hp_runs["acc at λ=0 (AFL)"].iloc[0])
 print(f"LOCO λ* minus λ=0, paired by partition seed: {d_loco.format(2, 100)} pp")
 print(f"best λ in hindsight ({hp_runs['best λ (hindsight)'].iloc[0]:g}) minus λ=0: {100 * gain_hindsight:+.2f} pp "
       "(the same for every partition: the pooled statistics do not depend on it)")
 
-# %%
-fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+# %% mystnb={"figure": {"caption": "Left: test accuracy of the ridge head on the pooled data against the ridge parameter lambda (log scale); the dashed line is lambda = 0 (AFL) and the red dotted lines the leave-one-client-out choice of each partition. Right: the leave-one-client-out squared error per training sample against lambda, one line per partition seed. Together they show how much tuning lambda could change AFL's accuracy."}, "image": {"alt": "Two line charts against the ridge parameter on a log scale: test accuracy with reference lines, and leave-one-client-out error per partition seed"}}
+fig, axes = plt.subplots(1, 2, figsize=fit_column(11, 4))
 pos = hp_path[hp_path["λ"] > 0]
 acc_curve = pos[pos.seed == seeds[0]]
 axes[0].plot(acc_curve["λ"], 100 * acc_curve["test accuracy"], "o-", label="ridge head on the pooled data")
@@ -548,3 +549,48 @@ lines = pd.DataFrame({"measured": [
            "3. tuning and unlearning from statistics"])
 display(lines.style.set_properties(**{"text-align": "left", "white-space": "normal"}))
 print(f"chapter time: {time.perf_counter() - chapter_start:.0f} s")
+
+# %% [markdown]
+# ## Exercises
+#
+# ```{exercise} Where the normal equations lose their last digit
+# :label: afl-beyond-ex-digits
+#
+# From {eq}`cond-bounds`, predict the condition number $\kappa(X)$ at which the normal-equation
+# servers keep no correct digit, with float64 clients and with float32 clients, and the one at which
+# TSQR would. Check with the table and the summary line of section 1.3; to see the float32 clients'
+# break, re-run with `conditions=[1.0e+2, 1.0e+3, 1.0e+4, 1.0e+6, 1.0e+8]`.
+# ```
+#
+# ````{solution} afl-beyond-ex-digits
+# :class: dropdown
+#
+# A relative error of order $\kappa^2u$ reaches 1 at $\kappa\approx u^{-1/2}$: about $10^8$ in float64
+# ($u\approx1.1\times10^{-16}$), where section 1.3 measures an error of order 1 for both
+# normal-equation servers, and about $4\times10^3$ with float32 clients ($u\approx6\times10^{-8}$), below
+# the default grid's smallest $\kappa=10^4$ (hence less than one correct digit there). TSQR's
+# $\kappa u$ reaches 1 only near $\kappa\approx u^{-1}$: about $10^{16}$ in float64, and $10^7$ to $10^8$
+# with float32 clients. The constants of the bounds shift these points by a small factor, not by
+# orders of magnitude.
+# ````
+#
+# ```{exercise} A client with two samples
+# :label: afl-beyond-ex-two-samples
+#
+# Section 2.1 recovers a one-sample client's feature vector and label from the paper's upload. A
+# client now holds two different samples $x_1\ne x_2$ of the same class. What does the server learn
+# from its upload $\{W_k^r, C_k^r, \gamma\}$? Hint: with $s$ the non-zero column of $X_k^\top Y_k$, look
+# at $X_k^\top X_k-\tfrac12ss^\top$.
+# ```
+#
+# ````{solution} afl-beyond-ex-two-samples
+# :class: dropdown
+#
+# By {eq}`reveal` the server has $X_k^\top X_k=x_1x_1^\top+x_2x_2^\top$, the label, and $s=x_1+x_2$. Then
+# $X_k^\top X_k-\tfrac12ss^\top=\tfrac12(x_1-x_2)(x_1-x_2)^\top$ has rank one: its top eigenvector,
+# scaled by the square root of twice its eigenvalue, is $\delta=\pm(x_1-x_2)$, and
+# $\{x_1,x_2\}=\{\tfrac12(s+\delta),\tfrac12(s-\delta)\}$. The server has both samples exactly; only
+# their order is unknown. Two samples of different classes are simpler still: the two non-zero
+# columns of $X_k^\top Y_k$ are $x_1$ and $x_2$. Under secure aggregation ({eq}`secure-solve`) the
+# server sees neither.
+# ````

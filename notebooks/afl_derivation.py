@@ -73,7 +73,8 @@ from fedlib.data.datasets import load_dataset
 from fedlib.runner import specs
 
 specs.check("afl_derivation", globals())
-sns.set_theme(style="whitegrid")
+from fedlib.evaluation.style import book_style, fit_column
+book_style()   # the book's figure theme and table number style
 torch.set_num_threads(max(1, torch.get_num_threads()))
 rng = np.random.default_rng(seed)
 print(f"profile={profile}: N={n_samples}, d={dim}, C={num_classes}, K in {client_counts}")
@@ -124,8 +125,9 @@ print(f"profile={profile}: N={n_samples}, d={dim}, C={num_classes}, K in {client
 # The third term needs a **plus**. The paper prints a minus in eqs. (6), (8), (10) and in
 # Appendix A from (30) on; the authors' code uses the plus.
 #
-# ```{prf:theorem} AA law, two clients (the paper's Theorem 1, sign corrected)
+# ```{prf:theorem} AA law, two clients; AFL paper, sign corrected
 # :label: afl-thm-aa
+# :class: number-1
 #
 # {cite:t}`zhuang2024afl`:
 # Let $C_u, C_v$ be invertible Gram matrices, $S=C_u+C_v$, $R_u=C_u^{-1}$, and $\hat W_u,\hat W_v$ the local
@@ -286,8 +288,9 @@ claims.register(
 # $$\hat W = (C^r_{\text{agg},K}-K\gamma I)^{-1}C^r_{\text{agg},K}\hat W^r_{\text{agg},K}
 #          = (X^\top X)^{-1}X^\top Y .$$ (afl-eq-ri-restore)
 #
-# ```{prf:theorem} RI process (the paper's Theorem 2)
+# ```{prf:theorem} RI process; AFL paper
 # :label: afl-thm-ri
+# :class: number-2
 #
 # {cite:t}`zhuang2024afl`:
 # If every client uploads $C^r_k=C_k+\gamma I$ and $\hat W^r_k=(C^r_k)^{-1}B_k$ with $\gamma>0$, the AA-law aggregate is
@@ -318,10 +321,10 @@ claims.register(
 # %%
 table1 = afl_studies.table1_deviations(x2, y2, num_classes, table1_clients, w_joint2)
 paper_table1 = paper_results.afl_table1()
-display(table1.join(paper_table1, how="left").style.format("{:.2e}", subset=[c for c in table1.columns] + list(paper_table1.columns)))
+display(table1.join(paper_table1, how="left").style.format("{:.2e}", subset=[c for c in table1.columns] + list(paper_table1.columns), na_rep="—"))
 
-# %%
-fig, ax = plt.subplots(figsize=(6, 3.5))
+# %% mystnb={"figure": {"caption": "Deviation of the aggregated head from the joint least-squares head (sum of absolute differences) against the number of clients K (both log scale), without RI and with RI, on Gaussian dummy data. Without RI the deviation stays at round-off while every client has at least as many samples as dimensions and jumps once clients become rank-deficient; with RI it stays small for every K."}, "image": {"alt": "Log-log line chart: deviation of the aggregated weights against number of clients, with and without RI"}}
+fig, ax = plt.subplots(figsize=fit_column(6, 3.5))
 plot_df = table1.reset_index().melt("K", ["ΔW w/o RI (ours)", "ΔW w/ RI (ours)"], var_name="", value_name="ΔW")
 sns.lineplot(data=plot_df, x="K", y="ΔW", hue="", marker="o", ax=ax)
 ax.set(xscale="log", yscale="log", xlabel="number of clients K", ylabel="ΔW = Σ|W_joint − W_agg| (L1)",
@@ -387,7 +390,7 @@ reference_check = afl_studies.conditioning_check(conditions, f32_conditions, ref
                                          sweep_clients, seed)
 display(reference_check.style.format({"cond(XᵀX)": "{:.1e}", "rel. error vs lstsq": "{:.1e}",
                                       "tolerance 2·κ·u": "{:.1e}", "unrestored (wrong) head": "{:.1e}",
-                                      "error / tolerance": "{:.3f}"}))
+                                      "error / tolerance": "{:.3f}"}, na_rep="—"))
 
 # %%
 one = reference_check[reference_check.server == "one_solve"]
@@ -423,18 +426,18 @@ display(Markdown(
 # %%
 xm, ym = synthetic_features(n_samples, dim, num_classes, "mean_dominated", seed)
 report_m = gram_report(SufficientStats.from_data(xm, ym, num_classes).gram)
-print("pooled Gram:", {k: f"{v:.3g}" for k, v in report_m.items()})
+print("pooled Gram:", "; ".join(f"{k} {v:.3g}" for k, v in report_m.items()))
 w_ref = lstsq_reference(xm, ym, num_classes)
 fp_tol = {dt: normal_equations_tolerance(report_m["condition number"], dt) for dt in ["float64", "float32"]}
-print("tolerances 2·κ·u:", {k: f"{v:.1e}" for k, v in fp_tol.items()})
+print("tolerances 2·κ·u:", "; ".join(f"{k} {v:.1e}" for k, v in fp_tol.items()))
 fp = afl_studies.gamma_precision_sweep(xm, ym, num_classes, make_partition(ym, fp_clients, "iid", seed=seed), gammas, w_ref)
 display(fp.pivot_table(index=["dtype", "gamma"], columns="server",
                        values=["max rel. error", "changed predictions", "rank-deficient solves"]))
 print("rank-deficient solves: ridge_solve calls (clients and server) that found the matrix numerically singular "
       "at relative tolerance d·eps(dtype), warned, and returned the minimum-norm solution")
 
-# %%
-fig, ax = plt.subplots(figsize=(6.5, 3.5))
+# %% mystnb={"figure": {"caption": "Largest relative error of the restored head against the float64 joint least-squares head versus the ridge parameter gamma (both log scale); colour is the server (recursive pairwise form or one-solve form), line style the precision, and a failed solve is drawn at 1e6. A tiny gamma breaks the recursive form and a huge one costs digits in the restoration, most in float32, while the one-solve form in float64 stays accurate for every gamma."}, "image": {"alt": "Log-log line chart: relative error against gamma for two servers in float64 and float32"}}
+fig, ax = plt.subplots(figsize=fit_column(6.5, 3.5))
 sns.lineplot(data=fp.fillna({"max rel. error": 1e6}), x="gamma", y="max rel. error", hue="server", style="dtype",
              marker="o", ax=ax)
 ax.set(xscale="log", yscale="log", xlabel="ridge parameter γ (log scale)",

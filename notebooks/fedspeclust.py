@@ -91,7 +91,8 @@ from fedlib.runner import specs
 
 specs.check("fedspeclust", globals())
 
-sns.set_theme(style="whitegrid")
+from fedlib.evaluation.style import book_style, fit_column
+book_style()   # the book's figure theme and table number style
 # Many small matrix products (FedDL: one per client and round) and k-means on 10-dimensional
 # spectral embeddings: on the shared 2-core build machine, multi-threaded BLAS/OpenMP spin-wait and
 # run up to 14x slower than one thread. A many-core machine can lift the limit (threads: null).
@@ -111,7 +112,7 @@ print(f"profile={profile}: datasets={datasets}, <= {max_points} points each, P={
 # $$H=\begin{bmatrix}W & C^\top\\ C & Z\end{bmatrix},\qquad W=k(Y,Y)\in\mathbb R^{n_y\times n_y},\quad
 # C=k(X,Y)\in\mathbb R^{n\times n_y},\quad Z=k(X,X).$$ (fedsc-eq-blocks)
 #
-# ```{prf:lemma} When the Nyström estimate is exact
+# ```{prf:lemma} When the Nyström estimate is exact (our statement)
 # :label: fedsc-lemma-exact
 #
 # For $H$ of {eq}`fedsc-eq-blocks`: if $\operatorname{rank}H=\operatorname{rank}W$ then $Z=CW^{+}C^\top$ exactly. When $W$
@@ -156,7 +157,7 @@ print(f"profile={profile}: datasets={datasets}, <= {max_points} points each, P={
 # sets), relative Frobenius error $\|Z-CW^{+}C^\top\|_F/\|Z\|_F$ with `fedlib.fedtsne.nystrom`, and
 # the ranks of $H$ and $W$ ({prf:ref}`fedsc-lemma-exact`).
 
-# %%
+# %% mystnb={"figure": {"caption": "Left: relative Frobenius error of the Nyström estimate against the number of landmarks (log scale) for squared distances, the polynomial kernel and the Gaussian kernel on synthetic points. Right: the first 60 eigenvalues of H relative to the largest (log scale). The two low-rank matrices become exact once the number of landmarks reaches their rank, where their spectrum drops off a cliff; the Gaussian kernel's error keeps falling without reaching zero and its spectrum has no cliff."}, "image": {"alt": "Two semi-log line charts for three kernels: Nyström error against number of landmarks, and normalised eigenvalue spectra"}}
 rng = np.random.default_rng(0)
 m_syn, n_syn = derivation_dim, derivation_points
 X_syn = rng.standard_normal((n_syn, m_syn))
@@ -166,7 +167,7 @@ kernels = ft_checks.exact_rank_kernels(m_syn, gamma_syn)   # name -> (k(A, B), e
 syn = ft_checks.nystrom_rank_table(kernels, X_syn, Y_pool)
 spectra = ft_checks.kernel_spectra(kernels, np.vstack([Y_pool, X_syn]))
 
-fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+fig, axes = plt.subplots(1, 2, figsize=fit_column(11, 3.8))
 for kname, g in syn.groupby("kernel", sort=False):
     axes[0].semilogy(g["n_y"], g["rel. error"].clip(lower=1e-17), marker=".", label=kname)
 axes[0].set(xlabel="number of landmarks $n_y$", ylabel=r"$\|Z-CW^+C^\top\|_F/\|Z\|_F$ (log)",
@@ -236,7 +237,7 @@ display(info)
 #
 # FedDL runs in gradient mode (one gradient per client and round, Eq. 16) with size weights
 # $w_p=n_p/n$: the averaged gradient is then *exactly* the gradient on the pooled data whatever the
-# split (notes Sec. 2.2). Without noise, IID and non-IID must therefore give the same landmarks.
+# split ({eq}`fedtsne-eq-pooled`). Without noise, IID and non-IID must therefore give the same landmarks.
 # The first seed runs FedDL on both splits and this is asserted below (landmarks to $10^{-8}$ in
 # float64, to $10^{-4}$ in float32, where the two splits' different orders of summation round
 # differently in every round; the objectives a constant apart); on the other seeds the noise-free
@@ -259,8 +260,9 @@ first_runs = {name: (ft_feddl.plateau_run(clients, n_landmarks, gamma=gamma_rule
                      ft_feddl.feddl(clients, n_landmarks, rounds=rounds, gamma=gamma_rule, seed=seeds[0], dtype=feddl_dtype))
               for name in datasets for clients in [[data[name][0][p] for p in splits[name][seeds[0]]["IID"]]]}
 rounds_for = {name: first_runs[name].rounds for name in datasets}
+rounds_text = ", ".join(f"{name} {s}" for name, s in rounds_for.items())
 print("FedDL rounds per dataset" + (" (run until the objective plateaus)" if rounds == "plateau" else "") + ":",
-      rounds_for)
+      rounds_text)
 
 VARIANTS = [("Fed", "IID", "none"), ("Fed+", "IID", "heuristic"), ("Fed", "non-IID", "none"),
             ("Fed+", "non-IID", "heuristic")]
@@ -299,7 +301,7 @@ paper = paper_results.fedtsne_table5()
 paper_fmt = report.pm_table(paper, COLS).set_axis(COL_NAMES, axis=1)
 print("PAPER, Table 5 (its datasets; mean ± std over an unstated number of runs):")
 display(paper_fmt)
-print(f"OURS, stand-in datasets (n <= {max_points}, P={num_clients}, n_y={n_landmarks}, S={rounds_for}, beta={beta}; "
+print(f"OURS, stand-in datasets (n <= {max_points}, P={num_clients}, n_y={n_landmarks}, S={rounds_text}, beta={beta}; "
       f"mean ± sample std over {len(seeds)} seeds; Fed+ = paper's heuristic noise (no formal DP guarantee; see the "
       "privacy chapter)):")
 display(ours)
@@ -330,13 +332,13 @@ _ = claims.register(
     "fedspeclust-comparable-to-speclust", "fedtsne",
     "Fed-SpeClust achieves results comparable to the original spectral clustering, despite a slight decrease "
     f"(Table 5: NMI at most {SPECLUST_MARGIN:.4f} below centralized without noise).",
-    evidence=(f"NMI, Fed - central, paired over {len(seeds)} seeds (FedDL rounds {rounds_for}): "
+    evidence=(f"NMI, Fed - central, paired over {len(seeds)} seeds (FedDL rounds {rounds_text}): "
               + "; ".join(f"{n} {lab}: {d.format(4)}" for (n, lab), d in ours_nmi.items())
               + f"; {speclust_check.criterion('drop', 4)} (margin: the paper's largest drop, {SPECLUST_MARGIN:.4f}); "
               f"largest mean drop {ours_worst:+.4f}"),
     **ft_verdicts.verdict_fields(speclust_check, ours_nmi, converged=speclust_converged),
     methods=["Fed-SpeClust", "spectral clustering"], ran=["Fed-SpeClust", "spectral clustering"],
-    budget=f"{len(seeds)} seeds, FedDL rounds {rounds_for}, n_y = {n_landmarks}, {num_clients} clients",
+    budget=f"{len(seeds)} seeds, FedDL rounds {rounds_text}, n_y = {n_landmarks}, {num_clients} clients",
     convergence=("FedDL's share of its objective's decrease in the last 10 % of the rounds, first seed: "
                  + ", ".join(f"{k} {v:.4f}" for k, v in first_shares.items())
                  + " (the benchmark's plateau rule: at most 0.01; the other seeds run as many rounds)"),
@@ -351,14 +353,14 @@ _ = claims.register(
 
 # %%
 deltas = ft_studies.change_table(cells, paper, datasets, COLS, COL_NAMES, ("NMI", "ARI"), LABEL)
-display(deltas.style.format("{:+.4f}"))
+display(deltas.style.format("{:+.4f}", na_rep="—"))
 diag = runs[runs["variant"] != "central"].groupby(["dataset", "variant", "split"])[
     ["kernel rel. error", "final F(Y)", "mean noise sd", "FedDL upload (MB)", "kernel upload (MB)", "seconds"]].mean()
 display(diag.style.format({"kernel rel. error": "{:.4f}", "final F(Y)": "{:.2e}", "mean noise sd": "{:.2e}",
-                           "FedDL upload (MB)": "{:.1f}", "kernel upload (MB)": "{:.2f}", "seconds": "{:.1f}"}))
+                           "FedDL upload (MB)": "{:.1f}", "kernel upload (MB)": "{:.2f}", "seconds": "{:.1f}"}, na_rep="—"))
 noise = runs[runs["variant"] == "Fed+"].pivot_table(index="dataset", columns="split", values="mean noise sd")
 print("mean gradient-noise sd of Fed+ (per client and round), non-IID / IID:",
-      (noise["non-IID"] / noise["IID"]).round(2).to_dict())
+      ", ".join(f"{name} {r:.2f}" for name, r in (noise["non-IID"] / noise["IID"]).items()))
 assert (noise["non-IID"] > noise["IID"]).all()
 nmi_d = {src: deltas.loc[src].xs("NMI", level="metric") for src in ("ours", "paper")}
 print(f"worst NMI change vs centralized, noise-free Fed-SpeClust: ours {nmi_d['ours']['Fed IID'].min():+.4f}, "
@@ -384,8 +386,8 @@ print(f"worst NMI change vs centralized, noise-free Fed-SpeClust: ours {nmi_d['o
 # by a constant, and prints whether $F$ is still falling at the last round (if so, more rounds
 # would give better landmarks; exercise 6).
 
-# %%
-fig, axes = plt.subplots(1, len(datasets), figsize=(4.2 * len(datasets), 3.4), squeeze=False)
+# %% mystnb={"figure": {"caption": "FedDL's objective F(Y), the weighted sum of the per-client MMD estimates, against the round for the first seed, one panel per dataset; solid lines are the IID split, dashed the non-IID split, for noise-free Fed and noisy Fed+. The noise-free non-IID curve lies above the IID one by a constant; a curve still falling at the right end means more rounds would give better landmarks."}, "image": {"alt": "Line charts, one per dataset: FedDL objective against round for four combinations of variant and split"}}
+fig, axes = plt.subplots(1, len(datasets), figsize=fit_column(4.2 * len(datasets), 3.4), squeeze=False)
 for ax, name in zip(axes[0], datasets):
     for variant, split, _ in VARIANTS:
         ax.plot(objectives[name, seeds[0], variant, split], label=f"{variant} {split}",
@@ -404,16 +406,17 @@ for name in datasets:
         assert offset.max() - offset.min() < (1e-10 if feddl_dtype == "float64" else 1e-6), (name, seed, offset)
 still = {name: bool(objectives[name, seeds[0], "Fed", "IID"][-1] < objectives[name, seeds[0], "Fed", "IID"][-2])
          for name in datasets}
-print(f"F(Y) still decreasing at the last of {rounds_for} rounds (noise-free, IID, first seed): {still}")
+print(f"F(Y) still decreasing at the last round (rounds: {rounds_text}; noise-free, IID, first seed): "
+      + ", ".join(f"{name} {'yes' if d else 'no'}" for name, d in still.items()))
 plateau_shares = {name: ft_feddl.plateau_share(objectives[name, seeds[0], "Fed", "IID"]) for name in datasets}
 print("share of F's total decrease made in the last 10 % of the rounds (plateau rule of the benchmark chapter: "
-      "at most 0.01):", {k: round(v, 4) for k, v in plateau_shares.items()})
+      "at most 0.01):", ", ".join(f"{k} {'—' if v != v else f'{v:.4f}'}" for k, v in plateau_shares.items()))
 not_flat = [name for name, v in plateau_shares.items() if not v <= 0.01]
 display(Markdown(
-    f"**FedDL has not plateaued here** for {', '.join(not_flat)} after {rounds_for} rounds (a fixed count was "
+    f"**FedDL has not plateaued here** for {', '.join(not_flat)} after {rounds_text} rounds (a fixed count was "
     "asked for): the federated columns are from landmarks that are still moving, and more rounds would lower the "
     "kernel error (exercise 6; `rounds='plateau'` runs FedDL until its objective plateaus)."
-    if not_flat else f"FedDL's objective has plateaued after {rounds_for} rounds for every dataset (rule: at most 1 % "
+    if not_flat else f"FedDL's objective has plateaued after {rounds_text} rounds for every dataset (rule: at most 1 % "
     "of the decrease in the last 10 % of the rounds)."))
 if rounds == "plateau":
     assert not not_flat, plateau_shares
@@ -437,7 +440,7 @@ print("noise-free F(Y): non-IID minus IID is constant over the rounds (to 1e-10)
 # `SpectralClustering` call as above). For FedDL we also check that the server's matrix assembled
 # from the clients' uploads (`fed_spectral_clustering`) equals the formula.
 
-# %%
+# %% mystnb={"figure": {"caption": "Left: relative Frobenius error of the Nyström kernel against the number of landmarks (both log scale) for FedDL's landmarks, a uniform sample of the pooled data (an oracle, not federated) and FedDL's untrained initial landmarks. Right: NMI of spectral clustering on each estimated kernel, with the centralized clustering on the exact kernel as a dotted line. One dataset, IID split, one seed: a check of the mechanism, not an estimate with a spread."}, "image": {"alt": "Two line charts against number of landmarks for three landmark sets: kernel error on log axes, and clustering NMI with a centralized reference line"}}
 X, y, n_classes = data[sweep_dataset]
 seed0 = seeds[0]
 parts0 = splits[sweep_dataset][seed0]["IID"]
@@ -456,7 +459,7 @@ gamma_s, K, cen_nmi, res = study["gamma"], study["K"], study["central NMI"], stu
 assert study["assembly gap"] <= 1e-8, "server assembly != C W^+ C^T"
 print(f"{sweep_dataset}: {len(landmark_grid)} landmark counts in {time.perf_counter() - t0:.0f} s")
 
-fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+fig, axes = plt.subplots(1, 2, figsize=fit_column(11, 3.8))
 sns.lineplot(data=sweep, x="n_y", y="kernel rel. error", hue="landmarks", marker="o", ax=axes[0])
 axes[0].set(xscale="log", yscale="log", xlabel="number of landmarks $n_y$ (log)",
             ylabel=r"$\|\hat K-K\|_F/\|K\|_F$ (log)", title=f"Nyström kernel error, {sweep_dataset} (n={len(X)})")
@@ -468,14 +471,14 @@ axes[1].legend(fontsize=8)
 plt.tight_layout()
 plt.show()
 table = sweep.pivot(index="n_y", columns="landmarks", values=["kernel rel. error", "NMI"])
-display(table.style.format("{:.4f}"))
+display(table.style.format("{:.4f}", na_rep="—"))
 
 # %%
 err = sweep.pivot(index="n_y", columns="landmarks", values="kernel rel. error")
 feddl_vs_init = (err["FedDL"] < err["untrained (FedDL init)"]).all()
 share = sweep.pivot(index="n_y", columns="landmarks", values="top share of C")
 print("share of ||C||_F^2 in C's top singular direction:")
-display(share.style.format("{:.4f}"))
+display(share.style.format("{:.4f}", na_rep="—"))
 assert (share["untrained (FedDL init)"] > share["FedDL"]).all()
 feddl_above_oracle = int((share["FedDL"] > share["uniform sample (oracle, not federated)"]).sum())
 display(Markdown(f"FedDL's top share is above the uniform sample's at {feddl_above_oracle} of {len(share)} values "

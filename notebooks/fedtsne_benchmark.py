@@ -50,7 +50,7 @@
 # block (`EmbeddingScorer.landmark_quality`); the Fed-tSNE performance page shows both paths agree
 # and the full 70,000 images embedded on a 2-core machine.
 #
-# Choices the paper leaves open (notes `papers/fedtsne.md` Sec. 2.8; `fedlib.fedtsne` defaults):
+# Choices the paper leaves open (the defaults of `fedlib.fedtsne`):
 # gradient-averaging FedDL with one step per round and size weights, $\gamma$ from the clients'
 # median squared distances, landmarks initialized from the pooled moments, step $1/L$ from a
 # data-free Lipschitz bound, Nyström on **squared** distances (the paper does not say which;
@@ -130,7 +130,8 @@ from fedlib.runner import specs
 
 specs.check("fedtsne_benchmark", globals())
 
-sns.set_theme(style="whitegrid")
+from fedlib.evaluation.style import book_style, facet_size, fit_column
+book_style()   # the book's figure theme and table number style
 threadpool_limits(num_threads)
 # FedDL multiplies many small matrices (one client block per product): a second BLAS thread gains little
 # there and, on a shared 2-core machine, spin-waits (measured: 20 rounds 6x slower with 2 BLAS threads)
@@ -259,15 +260,15 @@ if rounds == "plateau":
 print(f"rounds run by the noise-free FedDL (stopping rule: {'plateau, tol ' + str(plateau_tol) if rounds == 'plateau' else 'fixed'}), "
       "mean ± sample std over seeds:")
 display(ft_studies.plateau_summary(study).style.format(
-    {"largest share in last 10 %": "{:.4f}", "F(Y^0)": "{:.5f}", "F(Y^S)": "{:.5f}", "FedDL seconds": "{:.1f}"}))
+    {"largest share in last 10 %": "{:.4f}", "F(Y^0)": "{:.5f}", "F(Y^S)": "{:.5f}", "FedDL seconds": "{:.1f}"}, na_rep="—"))
 # per dataset, the most rounds any of its noise-free runs needed
 rounds_used = {name: int(study[study.dataset == name]["rounds run"].max()) for name in datasets}
 wide_conv = conv.pivot_table(index=["dataset", "split"], columns="round", values="D-hat 10-NN")
 print("10-NN overlap of D-hat with the exact neighbours after s rounds (round 0 = untrained landmarks), first seed:")
 display(wide_conv.style.format("{:.3f}", na_rep="-"))
 
-# %%
-fig, axes = plt.subplots(1, 3, figsize=(17, 4.4))
+# %% mystnb={"figure": {"caption": "FedDL convergence for the first seed, one line per dataset and split, against the FedDL round: the share of the objective's total decrease made so far (left; dotted verticals mark each run's plateau round), the 10-NN overlap of the server's distance estimate D-hat with the exact neighbours (middle; round 0 is the untrained landmarks) and how far the landmarks have moved as a share of their total displacement (right). Compare where each run met the plateau rule with where its overlap and landmark movement level off."}, "image": {"alt": "Three line charts against FedDL round, one line per dataset and split: share of the objective decrease, neighbour overlap of the distance estimate, and landmark movement"}}
+fig, axes = plt.subplots(1, 3, figsize=fit_column(17, 4.4))
 for (name, split, seed), tr in traces.items():
     if seed != seeds[0]:
         continue
@@ -309,7 +310,7 @@ plt.show()
 # guarantees; the last line under the table says what a larger step that still descends would add to
 # the overlap of $\hat D$ (one seed: orientation, not a conclusion).
 
-# %%
+# %% mystnb={"figure": {"caption": "10-NN overlap of the distance estimate D-hat with the exact neighbours against the FedDL round for the first seed, one panel per dataset; colour is the step as a multiple of 1/L, solid lines the IID split and dashed the non-IID split. It shows how the step changes how fast the overlap rises and where it levels off."}, "image": {"alt": "Line charts, one per dataset: neighbour overlap against FedDL round for several step sizes and both splits"}}
 steps = ft_studies.step_table(traces, conv, step_traces, step_conv, seeds[0], at=50)
 display(steps.style.format({"F(Y^S)": "{:.5f}", "largest rise of F": "{:.1e}", "D-hat 10-NN at 0": "{:.3f}",
                             "at 50": "{:.3f}", "at the end": "{:.3f}", "gain after 50": "{:+.3f}",
@@ -331,7 +332,7 @@ if largest_descending is not None and largest_descending > 1:
           f"{per_step.rounds[largest_descending] / per_step.rounds[1.0]:.2f} times the rounds")
 
 curves = pd.concat([conv.assign(step=1.0), step_conv], ignore_index=True)
-fig, axes = plt.subplots(1, len(datasets), figsize=(6.0 * len(datasets), 4.2), squeeze=False)
+fig, axes = plt.subplots(1, len(datasets), figsize=fit_column(6.0 * len(datasets), 4.2), squeeze=False)
 step_colors = dict(zip(sorted(curves.step.unique()), sns.color_palette("viridis", curves.step.nunique())))
 for ax, name in zip(axes[0], datasets):
     for (split, c), q in curves[curves.dataset == name].groupby(["split", "step"]):
@@ -444,10 +445,10 @@ else:
 # clients, seed and settings). Then every dataset: centralized, untrained landmarks, Fed and Fed+
 # under both splits.
 
-# %%
+# %% mystnb={"figure": {"caption": "Fed-tSNE embeddings of the first dataset (IID split, first seed) from the landmarks after 0, 10, 50 and all FedDL rounds, the same subsample of points in every panel, coloured by true class; each title gives the 10-NN overlap of D-hat. Compare how the class structure of the embedding changes as the landmarks train."}, "image": {"alt": "Row of scatter plots of 2-D embeddings after increasing numbers of FedDL rounds, points coloured by class"}}
 X, y, classes = data[first]
 idx = np.random.default_rng(0).permutation(len(y))[:scatter_points]
-fig, axes = plt.subplots(1, len(SHOW_ROUNDS), figsize=(4.2 * len(SHOW_ROUNDS), 4.0), squeeze=False)
+fig, axes = plt.subplots(1, len(SHOW_ROUNDS), figsize=fit_column(4.2 * len(SHOW_ROUNDS), 4.0), squeeze=False)
 for ax, s in zip(axes[0], SHOW_ROUNDS):
     Z = show_Z[s]
     sns.scatterplot(x=Z[idx, 0], y=Z[idx, 1], hue=np.asarray(classes, dtype=object)[y[idx]], hue_order=list(classes),
@@ -460,7 +461,7 @@ fig.suptitle(f"{first}, IID, seed {seeds[0]}: the embedding as FedDL trains (pap
 fig.tight_layout()
 plt.show()
 
-# %%
+# %% mystnb={"figure": {"caption": "Two-dimensional embeddings of one dataset for the first seed, a subsample of points coloured by true class: one row per embedding method and one column per setting (centralized, untrained landmarks, and Fed and Fed+ under the IID and the non-IID split); one such figure per dataset. Compare each federated panel with the centralized one."}, "image": {"alt": "Grid of scatter plots of 2-D embeddings, rows for embedding methods and columns for settings, points coloured by class"}}
 SETTING_ORDER = [("central", "pooled"), ("untrained", "any"), ("Fed", "IID"), ("Fed+", "IID"), ("Fed", "non-IID"),
                  ("Fed+", "non-IID")]
 palette = sns.color_palette("tab10", 10)
@@ -468,7 +469,7 @@ for name, (X, y, classes) in data.items():
     seed = seeds[0]
     idx = np.random.default_rng(0).permutation(len(y))[:scatter_points]
     ncol = len(SETTING_ORDER)
-    fig, axes = plt.subplots(len(methods), ncol, figsize=(3.2 * ncol, 3.3 * len(methods) + 0.6), squeeze=False)
+    fig, axes = plt.subplots(len(methods), ncol, figsize=fit_column(3.2 * ncol, 3.3 * len(methods) + 0.6), squeeze=False)
     for r, method in enumerate(methods):
         for c, (variant, split) in enumerate(SETTING_ORDER):
             ax = axes[r, c]
@@ -512,12 +513,12 @@ for title, table in ft_studies.metric_tables(results, data, seeds, METRICS, ROW_
 # The tables' headline metric (CA 10-NN, the one section 8 reads) as a figure: mean over seeds,
 # bars = sample standard deviation, one colour per embedding, one panel per dataset.
 
-# %%
+# %% mystnb={"figure": {"caption": "The tables' headline metric (10-NN classification accuracy in the embedding, CA 10-NN) per setting (variant and split): the point is the mean over seeds and the error bar the sample standard deviation, one colour per embedding method, one panel per dataset. Compare the federated settings with the centralized one, and Fed+ with Fed."}, "image": {"alt": "Point plots with error bars, one per dataset: classification accuracy per setting, coloured by embedding method"}}
 fig_metric = "CA 10-NN" if "CA 10-NN" in METRICS else METRICS[0]
 fig_df = results.assign(setting=results["variant"] + " " + results["split"])
 g = sns.catplot(data=fig_df, x="setting", y=fig_metric, hue="embedding", col="dataset", kind="point", errorbar="sd",
                 dodge=0.3 if fig_df["embedding"].nunique() > 1 else False, linestyle="none", capsize=0.15,
-                order=[f"{v} {s}" for v, s in SETTING_ORDER], height=3.4, aspect=1.5)
+                order=[f"{v} {s}" for v, s in SETTING_ORDER], **facet_size(fig_df["dataset"].nunique(), 1.5))
 g.set_axis_labels("setting (variant, split)", f"{fig_metric} (fraction)")
 for ax in g.axes.flat:
     plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
@@ -549,8 +550,8 @@ display(diff_table.style.format({"paper: difference of means": "{:+.4f}"}, na_re
 # ### How good is the server's distance matrix?
 #
 # The Nyström estimate on squared distances is exact once the landmarks' affine span contains the
-# data (rank argument, notes Sec. 3): with $n_y\ge m+2$ landmarks in general position, whatever
-# their positions. For 784 pixels and a few hundred landmarks it is not, and the estimate is as good
+# data (the rank argument of the derivation chapter, section 3): with $n_y\ge m+2$ landmarks in general
+# position, whatever their positions. For 784 pixels and a few hundred landmarks it is not, and the estimate is as good
 # as the landmarks' span covers the data's variance: that is what FedDL's training has to achieve.
 # Below: the relative error of $\hat D$ and its 10-NN overlap with the exact neighbours (mean ±
 # sample std over seeds), then the paired differences of the overlap.
@@ -571,7 +572,7 @@ assert all(ok for _, ok in verdicts), verdicts
 # ### The split changes the kernel width
 #
 # With size weights $w_p=n_p/n$, one step per round and **the same** $\gamma$, the averaged client
-# gradient is exactly the pooled gradient for every split (notes Sec. 2.2), so IID and non-IID
+# gradient is exactly the pooled gradient for every split ({eq}`fedtsne-eq-pooled`), so IID and non-IID
 # FedDL would be the same gradient descent. But $\gamma$ comes from the clients' median squared
 # distances ($\gamma=1/\sum_pw_p\,\mathrm{med}_p$), and under label skew a client's points are one
 # class, closer together: the median is smaller and $\gamma$ larger. The two splits therefore run
@@ -604,10 +605,10 @@ assert ctl_gap < 1e-8
 
 # %%
 emb_s = results.groupby(["dataset", "embedding", "variant"])["seconds"].mean().unstack(["embedding", "variant"])
-display(emb_s.style.format("{:.1f}").set_caption("embedding seconds (Nyström + t-SNE/UMAP; central: exact distances + embedding)"))
+display(emb_s.style.format("{:.1f}", na_rep="—").set_caption("embedding seconds (Nyström + t-SNE/UMAP; central: exact distances + embedding)"))
 display(costs.groupby(["dataset", "variant", "split"])[["rounds", "FedDL s", "FedDL upload MiB", "distance upload MiB"]]
         .mean().style.format({"rounds": "{:.0f}", "FedDL s": "{:.1f}", "FedDL upload MiB": "{:.1f}",
-                              "distance upload MiB": "{:.1f}"}))
+                              "distance upload MiB": "{:.1f}"}, na_rep="—"))
 
 # %% [markdown]
 # ## 6. Number of clients (paper Tables 3 and 4)
@@ -630,8 +631,8 @@ print(f"{int(clients_df['reused'].sum())} of {len(clients_df)} sweep runs are ma
 display(clients_df.pivot_table(index=["split", "method"], columns="clients", values="rounds", aggfunc="max")
         .style.format("{:.0f}", na_rep="-"))
 
-# %%
-fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+# %% mystnb={"figure": {"caption": "NMI (left) and 10-NN neighbourhood preservation NPA (right) of the embedding against the number of clients (log scale) on the sweep dataset, colour per method and line style per split; error bars are the sample standard deviation when the sweep has several seeds. A one-seed sweep is shown for orientation only."}, "image": {"alt": "Two line charts against number of clients: NMI and neighbourhood preservation, by method and split"}}
+fig, axes = plt.subplots(1, 2, figsize=fit_column(11, 3.6))
 for ax, metric in zip(axes, ["NMI", "NPA 10-NN"]):
     sns.lineplot(data=clients_df, x="clients", y=metric, hue="method", style="split", markers=True, ax=ax,
                  errorbar=("sd" if len(sweep_seeds) > 1 else None))
@@ -673,8 +674,8 @@ display(report.pm_table(paper_results.fedtsne_table4(), digits=3))
 #
 # (These runs were made in Sec. 2's cell, in the same worker processes as the convergence runs.)
 
-# %%
-fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
+# %% mystnb={"figure": {"caption": "Landmark sweep against the number of landmarks n_y (log scale): NMI of k-means on the embedding (left), the 10-NN overlap of D-hat with the exact neighbours (middle) and its relative Frobenius error (right, log scale), for FedDL landmarks with squared distances, untrained landmarks and FedDL landmarks with plain distances. Where drawn, the dotted line marks n_y = m + 2, from which the squared-distance estimate is exact."}, "image": {"alt": "Three line charts against number of landmarks: NMI, neighbour overlap and relative error, for the Nyström variants and splits"}}
+fig, axes = plt.subplots(1, 3, figsize=fit_column(16, 4.6))
 sns.lineplot(data=landmarks_df, x="n_y", y="NMI", hue="method", style="split", markers=True, ax=axes[0],
              errorbar=("sd" if len(sweep_seeds) > 1 else None))
 axes[0].set_ylabel("NMI of k-means on the embedding (fraction)")
@@ -699,10 +700,10 @@ plt.show()
 
 # %%
 print(f"Ours: NMI against n_y ({SWEEP_NOTE})")
-display(landmarks_df.groupby(["method", "split", "n_y"])["NMI"].mean().unstack("n_y").style.format("{:.4f}"))
+display(landmarks_df.groupby(["method", "split", "n_y"])["NMI"].mean().unstack("n_y").style.format("{:.4f}", na_rep="—"))
 print(f"Ours: 10-NN overlap of D-hat with the exact neighbours ({SWEEP_NOTE})")
-display(quality_df.groupby(["estimate", "split", "n_y"])["D-hat 10-NN"].mean().unstack("n_y").style.format("{:.4f}"))
-print("FedDL rounds of each run:", quality_df.groupby("n_y")["rounds"].max().to_dict())
+display(quality_df.groupby(["estimate", "split", "n_y"])["D-hat 10-NN"].mean().unstack("n_y").style.format("{:.4f}", na_rep="—"))
+print("FedDL rounds of each run:", ", ".join(f"n_y = {ny}: {r}" for ny, r in quality_df.groupby("n_y")["rounds"].max().items()))
 print("plateau share of each run (share of F's decrease in the last 10 % of the rounds):",
       quality_df.groupby("n_y")["plateau share"].max().round(4).to_dict())
 exact = quality_df[(quality_df.n_y >= m_dim + 2) & (quality_df.estimate != "FedDL landmarks, plain")]
@@ -826,7 +827,7 @@ lines.append("* **Absolute values** (CA, NMI, SC) differ from the paper's: other
              "landmarks and t-SNE iterations at `quick`.")
 display(Markdown("\n".join(lines)))
 timings["total"] = time.perf_counter() - T_START
-display(pd.Series(timings, name="seconds").to_frame().style.format("{:.0f}"))
+display(pd.Series(timings, name="seconds").to_frame().style.format("{:.0f}", na_rep="—"))
 
 # %% [markdown]
 # ## Exercises

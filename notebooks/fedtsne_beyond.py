@@ -86,7 +86,8 @@ from fedlib.fedtsne import verdicts as ft_verdicts
 from fedlib.runner import specs
 
 specs.check("fedtsne_beyond", globals())
-sns.set_theme(style="whitegrid")
+from fedlib.evaluation.style import book_style, fit_column
+book_style()   # the book's figure theme and table number style
 threadpool_limits(num_threads)
 threadpool_limits(1, user_api="blas")       # many small products: a second BLAS thread only spins (benchmark chapter)
 warnings.filterwarnings("ignore", category=FutureWarning)
@@ -209,7 +210,7 @@ for kind, Y in sets0.items():
         "variance revealed": 1 - float((dec.residual ** 2).sum() / ((X - X.mean(0)) ** 2).sum()),
     })
 checks = pd.DataFrame(check_rows).set_index("landmarks")
-display(checks.T.style.format(lambda v: f"{v:.2e}" if isinstance(v, float) else str(v)))
+display(checks.T.style.format(lambda v: f"{v:.2e}" if isinstance(v, float) else str(v), na_rep="—"))
 assert (checks["closed form vs B W+ B^T (rel.)"] < 1e-10).all()
 assert (checks["1'W^-1 1 vs 1/(2a^2) (rel.)"] < 1e-8).all()
 assert (checks["projection from upload (rel.)"] < 1e-10).all() and (checks["barycentric -> projection (rel.)"] < 1e-8).all()
@@ -336,8 +337,8 @@ display(costs.groupby(["landmarks", "n_y"], sort=False)[COST_COLUMNS]
 # $\sum_i\rho_i^2/\sum_i\lVert x_i-\bar x\rVert^2$, what the hull misses; "Nyström outside
 # feasible" the share of pairs where {eq}`ftsb-closed` leaves the interval {eq}`ftsb-interval`.
 
-# %%
-fig, axes = plt.subplots(1, 2, figsize=(13, 4.2), sharey=True)
+# %% mystnb={"figure": {"caption": "Neighbour recall of the server's distance estimate (the share of each point's true nearest neighbours it recovers) against the number of landmarks (log scale), one line per estimator, mean over seeds with sample-standard-deviation bands; one panel per kind of landmarks (FedDL and federated k-means). Compare the estimators on the same upload, and the two kinds of landmarks."}, "image": {"alt": "Two line charts, one per landmark kind: neighbour recall against number of landmarks for several estimators"}}
+fig, axes = plt.subplots(1, 2, figsize=fit_column(13, 4.2), sharey=True)
 for ax, (kind_name, g) in zip(axes, recall.groupby("landmarks", sort=False)):
     sns.lineplot(data=g, x="n_y", y=RECALL, hue="estimator", style="estimator", markers=True, dashes=False, ax=ax,
                  errorbar="sd")
@@ -379,7 +380,7 @@ display(pd.Series({k: d.format(3) for k, d in recall_diff.items()}, name=f"{RECA
 # std over the seeds; the centralized t-SNE (same openTSNE call on the exact neighbours) is the grey
 # band (mean ± std).
 
-# %%
+# %% mystnb={"figure": {"caption": "The paper's four metrics (CA 10-NN, NPA 10-NN, NMI, SC) of the embedding computed from the server's estimate against the number of landmarks (log scale), one line per pair of landmarks and estimator, mean over seeds with sample-standard-deviation bands; the grey band is the centralized embedding (mean and standard deviation). One figure per embedding method; compare each line with the grey band."}, "image": {"alt": "Four line charts against number of landmarks, one per metric, for landmark and estimator pairs, with a grey band for the centralized embedding"}}
 t0 = time.perf_counter()
 central, central_Z = bd.central_runs(X, scorer, seeds, methods, embed_kwargs=EMBED)
 timings["central t-SNE / UMAP"] = time.perf_counter() - t0
@@ -387,7 +388,7 @@ SHOW = ["CA 10-NN", "NPA 10-NN", "NMI", "SC"]
 if len(metrics):
     metrics["pair"] = metrics.landmarks + ", " + metrics.estimator
     for method_name, g in metrics.groupby("method", sort=False):
-        fig, axes = plt.subplots(1, len(SHOW), figsize=(4.2 * len(SHOW), 4.0))
+        fig, axes = plt.subplots(1, len(SHOW), figsize=fit_column(4.2 * len(SHOW), 4.0))
         cen = central[central.method == method_name]
         for ax, metric in zip(axes, SHOW):
             sns.lineplot(data=g, x="n_y", y=metric, hue="pair", style="pair", markers=True, dashes=False, ax=ax,
@@ -533,7 +534,7 @@ if len(placement):
     display(pd.Series({k: d.format(3) for k, d in place_diff.items()}, name="mean [95% CI]")
             .rename_axis(["method", "landmarks", "comparison", "metric"]).unstack("metric"))
 
-# %%
+# %% mystnb={"figure": {"caption": "Embeddings of all points for the first seed, coloured by class: centralized, Fed-tSNE with the Nyström estimate on each kind of landmarks, and local placement, where each client places its own points relative to the server's embedded landmarks (black crosses). Compare the class structure of local placement with the centralized and the federated embeddings."}, "image": {"alt": "Row of scatter plots of 2-D embeddings coloured by class, with landmarks marked as crosses in the local-placement panels"}}
 if len(placement):
     method = methods[0]
     panels = [("centralized", central_Z[seed0, method], None)]
@@ -543,7 +544,7 @@ if len(placement):
             panels.append((f"Fed ({bd.LANDMARK_NAMES[kind]}, Nyström)", kept[key], None))
         Zp, ZY = placed[seed0, kind, method]
         panels.append((f"local placement ({bd.LANDMARK_NAMES[kind]})", Zp, ZY))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.0 * len(panels), 4.0))
+    fig, axes = plt.subplots(1, len(panels), figsize=fit_column(4.0 * len(panels), 4.0))
     names = np.asarray(classes, dtype=object)[y]
     for ax, (title, Z, ZY) in zip(axes, panels):
         sns.scatterplot(x=Z[:, 0], y=Z[:, 1], hue=names, hue_order=list(classes), palette="tab10", s=5, linewidth=0,
@@ -595,28 +596,43 @@ for (meth, kind, comp, metric), d in place_diff.items():
         lines.append(f"3. **{meth}, local placement on {kind} landmarks ({comp}), {metric}**: {d.format(3)}.")
 display(Markdown("\n".join(f"* {line}" for line in lines)))
 timings["total"] = time.perf_counter() - T_START
-display(pd.Series(timings, name="seconds").to_frame().style.format("{:.0f}"))
+display(pd.Series(timings, name="seconds").to_frame().style.format("{:.0f}", na_rep="—"))
 
 # %% [markdown]
 # ## Exercises
 #
-# 1. **Landmarks on the data.** Draw the landmarks uniformly from the pooled data (the notes'
-#    "oracle") and decompose the upload. Why is the residual share then close to that of k-means,
-#    and what does the server learn about the points that became landmarks?
-# 2. **The best hull.** Among all affine subspaces of dimension $r$, which one minimizes
-#    $\sum_i\rho_i^2$? Can it be learned federatedly from per-client sums, and which of the four
-#    estimators depend on the landmarks only through their hull?
+# ```{exercise} Landmarks on the data
+# :label: fedtsne-beyond-ex-oracle
 #
-# ```{admonition} Solutions
-# :class: dropdown
-# 1. Random data points span the data's principal directions about as well as k-means centres do, so
-#    the hull misses a similar share. A landmark that is a client's point has $\rho=0$ and $z$ equal to
-#    its own coordinates: the server holds that point exactly (it chose it), which is why the paper
-#    calls sampling points from the clients prohibitive.
-# 2. The PCA subspace through the mean (top $r$ principal directions), by the Eckart-Young theorem; it
-#    needs only $\sum_p\sum_{x\in X_p}x$ and $\sum_p\sum_{x\in X_p}xx^\top$, i.e. per-client sums again.
-#    Any $r+1$ affinely independent points of that subspace are landmarks with that hull. The three
-#    projection estimators depend on the landmarks only through the hull ($z$ up to a rotation, and
-#    $\rho$); the Nyström estimate {eq}`ftsb-closed` also depends on where the points sit in it
-#    (through $a$ and $\pi$).
+# Draw the landmarks uniformly from the pooled data (an "oracle", not federated) and decompose the upload.
+# Why is the residual share then close to that of k-means, and what does the server learn about the
+# points that became landmarks?
 # ```
+#
+# ````{solution} fedtsne-beyond-ex-oracle
+# :class: dropdown
+#
+# Random data points span the data's principal directions about as well as k-means centres do, so
+# the hull misses a similar share. A landmark that is a client's point has $\rho=0$ and $z$ equal to
+# its own coordinates: the server holds that point exactly (it chose it), which is why the paper
+# calls sampling points from the clients prohibitive.
+# ````
+#
+# ```{exercise} The best hull
+# :label: fedtsne-beyond-ex-hull
+#
+# Among all affine subspaces of dimension $r$, which one minimizes $\sum_i\rho_i^2$? Can it be
+# learned federatedly from per-client sums, and which of the four estimators depend on the landmarks
+# only through their hull?
+# ```
+#
+# ````{solution} fedtsne-beyond-ex-hull
+# :class: dropdown
+#
+# The PCA subspace through the mean (top $r$ principal directions), by the Eckart-Young theorem; it
+# needs only $\sum_p\sum_{x\in X_p}x$ and $\sum_p\sum_{x\in X_p}xx^\top$, i.e. per-client sums again.
+# Any $r+1$ affinely independent points of that subspace are landmarks with that hull. The three
+# projection estimators depend on the landmarks only through the hull ($z$ up to a rotation, and
+# $\rho$); the Nyström estimate {eq}`ftsb-closed` also depends on where the points sit in it
+# (through $a$ and $\pi$).
+# ````

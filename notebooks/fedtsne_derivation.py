@@ -62,7 +62,8 @@ from fedlib.fedtsne import mmd as ft_mmd
 from fedlib.runner import specs
 
 specs.check("fedtsne_derivation", globals())
-sns.set_theme(style="whitegrid")
+from fedlib.evaluation.style import book_style, facet_size, fit_column
+book_style()   # the book's figure theme and table number style
 rng = np.random.default_rng(seed)
 x_all, y_all, _ = ft_chapters.load_points("optdigits")     # train and test pooled, pixels / 255
 keep = rng.choice(len(x_all), min(n_points, len(x_all)), replace=False)
@@ -190,10 +191,10 @@ claims.register(
 # ($Q=1$) and for model averaging with $Q=5$ local steps, IID vs one class per client (the theorem
 # says nothing about the latter).
 
-# %%
+# %% mystnb={"figure": {"caption": "FedDL's objective F (the MMD estimate, log scale) against the number of local gradient steps, one panel per split (IID and one class per client), one colour per mode: gradient mode with Q = 1 and model averaging with Q = 5 local steps. Theorem 1's bound says something only for Q = 1; the model-averaging curves are where client drift appears."}, "image": {"alt": "Line charts, one per split: objective on a log scale against gradient steps for two FedDL modes"}}
 curves = ft_checks.objective_curves(X, parts, n_landmarks, feddl_rounds, init=Y0, gamma=gamma, seed=seed)
 g = sns.relplot(data=curves, x="gradient steps", y="objective F (MMD^2)", hue="mode", col="split", kind="line",
-                height=3.2, aspect=1.2)
+                **facet_size(curves["split"].nunique(), 1.2))
 g.set(yscale="log")
 g.figure.suptitle("FedDL objective vs local gradient steps", y=1.04)
 plt.show()
@@ -294,9 +295,9 @@ claims.register(
 # pooled data (an **oracle**, not federated), and the untrained initial landmarks $Y^0$: relative
 # error of $\hat D$ and the overlap of each point's 10 nearest neighbours under $\hat D$ and under $D$.
 
-# %%
+# %% mystnb={"figure": {"caption": "Relative Frobenius error of the Nyström distance estimate (left, log scale) and the 10-NN overlap with the true neighbours (right) against the number of landmarks (log scale) on optdigits, for FedDL landmarks (IID and one class per client), an oracle uniform sample of the pooled data and the untrained landmarks; the dotted line is m + 2. From m + 2 landmarks on, the FedDL estimates are exact up to rounding."}, "image": {"alt": "Two line charts against number of landmarks for four landmark sets: relative error on log axes, and 10-NN overlap"}}
 sweep = ft_checks.landmark_quality_sweep(X, parts, landmark_grid, feddl_rounds, gamma=gamma, rng=rng, seed=seed)
-fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+fig, axes = plt.subplots(1, 2, figsize=fit_column(10, 3.6))
 sns.lineplot(data=sweep, x="n_y", y="rel. error of D_hat", hue="landmarks", marker="o", ax=axes[0])
 sns.lineplot(data=sweep, x="n_y", y="10-NN overlap", hue="landmarks", marker="o", ax=axes[1], legend=False)
 axes[0].set(xscale="log", yscale="log", xlabel="landmarks n_y", ylabel=r"$\|\hat D-D\|_F/\|D\|_F$")
@@ -457,9 +458,9 @@ claims.register(
     key=f"sd buys its epsilon for epsilon <= {eps_star:.3g} (delta = {delta:g})")
 
 # %% [markdown]
-# The issue's reproduction: 600 points, 2 clients, 30 landmarks, 20 rounds, $\varepsilon=1$,
-# $\delta=10^{-5}$. With the sensitivity re-measured from the noisy landmarks every round, the sd grew
-# round after round until the run crashed; with $\Delta_K$ it is fixed before the first round. Here
+# A stress case for the noise: 600 points, 2 clients, 30 landmarks, 20 rounds, $\varepsilon=1$,
+# $\delta=10^{-5}$. A sensitivity re-measured from the noisy landmarks every round would make the sd grow
+# round after round until the run fails; with $\Delta_K$ it is fixed before the first round. Here
 # $\gamma$ is treated as public (the privacy chapter takes it from a disjoint public sample) and $Y^0$
 # is uniform on $[0,1]^m$.
 
@@ -512,14 +513,14 @@ claims.register(
 # The same attack against landmarks that are not trained at all, and against an upload computed from
 # perturbed data, for several $n_y$:
 
-# %%
+# %% mystnb={"figure": {"caption": "Three of client 0's 8x8 digit images (top row, left of each pair) and the server's reconstructions from the client's distance upload: below each image, from the landmarks of the differentially private FedDL run (an exact copy once there are at least m + 2 landmarks); beside it, from 40 landmarks, fewer than m + 2, only the projection onto the landmarks' span."}, "image": {"alt": "Grid of small greyscale digit images: three client samples and the server's reconstructions of them"}}
 recon = ft_checks.reconstruction_table(client0, X, rng, [10, 40, 65, 100], noise_sd=0.5)
 print(recon.to_string(index=False, float_format="%.2e"))
 clean = recon[recon["upload from"].str.startswith("clean")]
 assert clean[clean.n_y >= m + 1]["rel. reconstruction error"].max() < 1e-8
 assert recon[recon["upload from"].str.startswith("perturbed")]["rel. reconstruction error"].min() > 0.3
 
-fig, axes = plt.subplots(2, 6, figsize=(9, 3.2))
+fig, axes = plt.subplots(2, 6, figsize=fit_column(9, 3.2))
 yl = X.mean(0) + rng.standard_normal((40, m)) * X.std(0)
 proj = ft_checks.reconstruct_from_sq_distances(ft_mmd.sq_distances(client0[:3], yl), yl)
 exact_rec = rebuilt[:3]
@@ -549,7 +550,7 @@ plt.show()
 # | Theorems 3 and 5 | size of the terms | true but vacuous ($+2n_x$ exceeds any possible error) |
 # | Theorem 4 calibration | exact epsilon of its sd, dense grid and bisection | valid up to the printed $\varepsilon$ (about 8 at $\delta=10^{-5}$), not for every $\varepsilon$; the analytic Gaussian mechanism replaces it |
 # | Theorem 6 sensitivity | audit over replacements | holds given enforced bounds; the data-free kernel bound holds and is far smaller |
-# | dp_gradient, 20 rounds | the issue's reproduction | finite landmarks, fixed sd, $\varepsilon$ spent $\le$ requested |
+# | dp_gradient, 20 rounds | 600 points, 2 clients, 30 landmarks | finite landmarks, fixed sd, $\varepsilon$ spent $\le$ requested |
 # | privacy of the uploads | reconstruction attack after DP FedDL | exact recovery with $n_y\ge m+2$: gradient noise protects nothing |
 #
 # All assertions above passed when this page was built.

@@ -87,7 +87,8 @@ from fedlib.runner import specs
 
 specs.check("fedtsne_privacy", globals())
 
-sns.set_theme(style="whitegrid")
+from fedlib.evaluation.style import book_style, fit_column
+book_style()   # the book's figure theme and table number style
 threadpool_limits(num_threads)
 threadpool_limits(1, user_api="blas")       # many small products: a second BLAS thread only spins (benchmark chapter)
 rng = np.random.default_rng(seed)
@@ -142,10 +143,10 @@ with pd.option_context("display.max_colwidth", 60, "display.width", 250):
     print()
     print(nmi_table.drop(columns=["FedDL epsilon spent", "end-to-end epsilon"]).to_string(index=False))
 
-# %%
+# %% mystnb={"figure": {"caption": "CA 10-NN (10-NN classification accuracy in the embedding) against the requested epsilon (log scale) for data perturbation and gradient perturbation, mean over seeds with sample-standard-deviation bands, one panel per embedding method; the dashed grey line is Fed without noise. It shows from which epsilon the private runs come close to the noise-free quality; gradient perturbation's end-to-end epsilon is infinite (the distance upload)."}, "image": {"alt": "Line charts, one per embedding method: classification accuracy against epsilon for two privacy mechanisms, with a dashed no-noise reference"}}
 dp = runs[runs.noise.str.startswith("dp")].assign(mechanism=lambda d: d.noise.map(MECHANISMS))
 ref_mean = runs[runs.noise == "none"].groupby("method")[["CA 10-NN", "NMI"]].mean()
-fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+fig, axes = plt.subplots(1, 2, figsize=fit_column(10, 3.6), sharey=True)
 for ax, method in zip(axes, methods + [None] * (2 - len(methods))):
     if method is None:
         ax.axis("off")
@@ -230,7 +231,7 @@ if data_by_eps:
 # public, relative to $\Delta_K$, and composes the rounds with the RDP accountant; it is **not** an
 # $\varepsilon$ the protocol spends.
 
-# %%
+# %% mystnb={"figure": {"caption": "NMI of k-means on the embedding against the heuristic noise level beta on optdigits, one line per method, mean over seeds with sample-standard-deviation bands (the analogue of the paper's Figure 7). This noise has no privacy guarantee; the plot shows whether NMI falls as beta grows."}, "image": {"alt": "Line chart with markers: NMI against noise level beta for each embedding method"}}
 beta_runs = ft_studies.beta_runs(runs)
 nominal = {b: ft_studies.nominal_epsilon(ft_studies.public_feddl(X, parts, X_pub, n_landmarks, rounds, gamma, seeds[0],
                                                  noise="heuristic", beta=b), parts, gamma, delta)
@@ -247,7 +248,7 @@ trend = ft_studies.beta_trend(beta_runs, methods)
 b_max = max(betas)
 diffs = {method: d for method in methods
          if b_max > 0 and (d := ft_studies.paired_vs_reference(runs, "NMI", method, "heuristic", b_max)) is not None}
-print("Spearman correlation of beta and NMI over all runs:", {k: round(v, 3) for k, v in trend.items()})
+print("Spearman correlation of beta and NMI over all runs:", "; ".join(f"{k} {v:.3f}" for k, v in trend.items()))
 # the paper's effect of its noise on NMI, per embedding: Fed+ (beta = 1) minus Fed in its Tables 1-2 on IID clients (our
 # split; the smaller of its two splits' effects), mean of the two datasets. If Fig. 7 holds, the larger beta compared
 # here has at least this effect, so the seeds it needs are an upper bound
@@ -319,7 +320,7 @@ display(Markdown("\n".join(lines)))
 # %% [markdown]
 # ## Exercises
 #
-# ```{exercise}
+# ```{exercise} Enough landmarks
 # :label: fedtsne-priv-ex-landmarks
 #
 # Set `n_landmarks = 70` and re-run: what happens to the gradient-perturbation curve, and why? See
@@ -346,7 +347,7 @@ print(selfcheck.fedtsne_nystrom_exact([ft_checks.upload_leak(X, parts, res_ex.la
                                       exercise="Fed-tSNE privacy, ex. landmarks"))
 
 # %% [markdown]
-# ```{exercise}
+# ```{exercise} RDP or PLD accountant
 # :label: fedtsne-priv-ex-accountant
 #
 # Replace `accountant = "pld"` by `"rdp"`: how much more noise does the RDP bound ask for at

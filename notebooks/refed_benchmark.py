@@ -22,7 +22,7 @@
 # global model with a proximal pull of weight $q(\lambda)=(1-\lambda)/(2\lambda)$ ({eq}`refed-eq-pim` of the theory chapter), records every
 # sample's squared gradient norm $G^p$ at every PIM epoch $p$, and caches the samples with the
 # largest early-emphasis score $I=\sum_p G^p/p$. Training is then plain FedAvg on cache $\cup$ new
-# task ({cite:t}`mcmahan2017fedavg`). The implementation and the decisions the paper leaves open ([D1]-[D21]) are in
+# task ({cite:t}`mcmahan2017fedavg`). The implementation and the decisions the paper leaves open are in
 # `fedlib.refed.algorithm`; the theory chapter checks {prf:ref}`refed-lemma-1` and {prf:ref}`refed-thm-3-1`.
 #
 # This chapter runs the paper's two protocols on data that installs offline:
@@ -46,8 +46,8 @@
 # norm of the output layer only, a cheaper stand-in for Eq. 4, labelled as such wherever it appears);
 # **class-balanced Re-Fed** (`refed_balanced`, ours, not in the paper: the same scores, but every
 # class of a client's pool gets the same share of the budget, capped at what the pool holds of it,
-# and its own top-$k$ [D6]); FedAvg without memory; FedAvg and FedProx with a uniformly random cache
-# under the same budget rule (the paper's "FedAvg"/"FedProx" with a "naive caching method", [D16]);
+# and its own top-$k$); FedAvg without memory; FedAvg and FedProx with a uniformly random cache
+# under the same budget rule (the paper's "FedAvg"/"FedProx" with a "naive caching method" it does not specify);
 # Fixed (trained on task 1 only); FedEWC and FedLwF (memory-free regularisation baselines, not in
 # the paper; off by default at `quick` to keep its runtime). **Not run**: FCIL (= GLFC: gradient-compensation
 # losses, relation distillation and a proxy server that reconstructs samples from gradients),
@@ -88,7 +88,7 @@ memory = 60                # M, samples per client (about 3/4 of a client's new 
 memory_domain = 100
 memory_mode = "replay"     # replay (M old samples on top of the new task) | total (M counts both)
 lam = 0.8                  # Re-Fed lambda, class-incremental (Table 2's CIFAR10 choice)
-lam_domain = 0.2           # Re-Fed lambda, domain-incremental (our choice for alpha 0.1, notes D9)
+lam_domain = 0.2           # Re-Fed lambda, domain-incremental (our choice for alpha 0.1, as Table 2 implies)
 pim_epochs = 2
 grad_norm = "exact"        # Re-Fed's norms (Eq. 4): exact (all parameters, ghost norms) | last_layer (closed-form proxy)
 methods = ["refed", "refed_balanced", "refed_proxy", "fedavg_replay", "fedprox_replay", "fedavg", "fixed"]
@@ -134,7 +134,8 @@ from fedlib.refed.specs import check_total_memory
 # option, not a method of its own: fedlib.refed.studies.PIM_METHODS); every other name is a method of
 # fedlib.refed.algorithm.LEARNERS (fedlib.refed.specs.METHOD_NAMES)
 specs.check("refed_benchmark", globals())   # the runner ran the same checks before executing
-sns.set_theme(style="whitegrid")
+from fedlib.evaluation.style import book_style, facet_size, fit_column
+book_style()   # the book's figure theme and table number style
 torch.set_num_threads(num_threads)
 workers = resolve_workers(workers, device)   # None: the cores; 1 on a GPU
 
@@ -146,7 +147,7 @@ if domain:
           f"{len(SCEN['domain']['y_test'])} test images")
 channels = int(SCEN["class"]["x_train"].shape[1])   # the same in both scenarios (checked by the spec)
 
-# memory_mode 'total' needs M above every client's new-task size (notes D1): checked for every run now
+# memory_mode 'total' needs M above every client's new-task size: checked for every run now
 check_total_memory(memory_mode, [(key, s["stream"], s["y_train"], [s["memory"]] + (memories if key == "class" else []),
                                   [s["alpha"]] + (alphas + lam_alphas if key == "class" else [])) for key, s in SCEN.items()],
                    set(seeds) | set(sweep_seeds), num_clients)
@@ -159,7 +160,7 @@ print("model:", model, f"{sum(p.numel() for p in model_fn().parameters()):,} par
 #
 # The paper's Tables 1-4 and 10, **the paper's numbers on the paper's datasets** (CIFAR10,
 # CIFAR100, Tiny-ImageNet, Digit10, Office31, DomainNet; ResNet-18, 20 clients, 150 rounds per
-# task, 20 local epochs), transcribed from the seed text (values checked against it line by
+# task, 20 local epochs), transcribed from the paper (values checked against it line by
 # line). Mean ± std over 3 runs; Tiny-ImageNet and DomainNet report Top-10 accuracy. The cell
 # checks the cross-references between the tables.
 
@@ -178,16 +179,18 @@ display(paper1)
 #
 # `fedlib.refed.studies.run_scenario` runs one method through one stream and returns its metrics row;
 # `ScenarioRuns` caches the runs by their settings. Every learner gets the same `FedConfig`
-# (plain SGD as Eqs. 3 and 6, [D7]). The run's seed drives the model initialisation, the class
-# order and the partitions; every task draws its own participating clients and mini-batch orders
+# (plain SGD as Eqs. 3 and 6; the paper names no optimizer). The run's seed drives the model
+# initialisation, the class order and the partitions; every task draws its own participating
+# clients and mini-batch orders
 # from a seed derived from the run's seed and the task (`fedlib.federated.learner.stage_config`; task 1 uses
 # the run's seed itself; every client shuffles its mini-batches with its own generator), so the methods of one seed share data, partitions and client draws and pair
-# by seed. Re-Fed's cache is rebuilt once per task by all clients [D3], its PIM starts at the
-# global model [D4] and selects a plain top-$k$ [D6] (class-balanced Re-Fed: per-class top-$k$
-# with equal quotas).
+# by seed. Re-Fed's cache is rebuilt once per task, at the task boundary, by all clients (the paper's
+# Algorithm 1 caches inside every round, which cannot be literal once old samples are discarded), its
+# PIM starts at the global model (the paper does not say which model) and selects a plain top-$k$
+# (the paper mentions no class balance; class-balanced Re-Fed: per-class top-$k$ with equal quotas).
 # `memory_mode = "replay"` reads $M$ as the replay-buffer size (Sec. 4.1 of the paper); under
 # `"total"` (Sec. 3.1) a Dirichlet partition with small $\alpha$ gives some client a new task larger
-# than any small $M$, so the $\alpha$ sweep would be infeasible [D1]. After every run the storage
+# than any small $M$, so the $\alpha$ sweep would be infeasible. After every run the storage
 # constraint of the mode is checked on what the clients hold (`GradientLearner.check_memory`:
 # earlier-task samples counted from their task ids; `"replay"`: at most $M$ of them; `"total"`:
 # cache plus new task at most $M$; both: the cache is as full as the rule allows). In the
@@ -223,8 +226,9 @@ print(f"storage constraint of memory_mode {memory_mode!r} checked after every ru
 #
 # Mean ± sample standard deviation (ddof 1) over the seeds, `n` runs each. $A_T$ averages the
 # final accuracy over tasks (domains); `top1_T` is the final accuracy on all test samples pooled
-# (for the domain stream the two differ: the domains' test sets have different sizes, [D18]). The
-# paper averages the last 10 rounds of the final task [D17]; we report the final global model.
+# (for the domain stream the two differ: the domains' test sets have different sizes, and the paper
+# does not say which it reports). The paper averages the last 10 rounds of the final task; we report
+# the final global model.
 # The spread is between seeds, each seed with its own class order, partitions, client draws and
 # initialisation.
 
@@ -248,9 +252,9 @@ print("Checked: on task 1, " + ", ".join(m for m in same_first if m in methods +
 # The table's $A_T$ column as a figure: mean over seeds, bars = sample standard deviation, one panel
 # per scenario.
 
-# %%
+# %% mystnb={"figure": {"caption": "Final accuracy A_T of each method: the point is the mean over seeds and the error bar the sample standard deviation, one panel per scenario (class-incremental and domain-incremental). Compare Re-Fed with the other methods; the paired differences below say which gaps the seeds resolve."}, "image": {"alt": "Point plots with error bars, one per scenario: final accuracy per method"}}
 g = sns.catplot(data=main, x="method", y="A_T", col="scenario", kind="point", errorbar="sd", linestyle="none",
-                capsize=0.15, height=3.6, aspect=1.5, sharey=False, sharex=False)
+                capsize=0.15, **facet_size(main["scenario"].nunique(), 1.3, legend=False), sharey=False, sharex=False)
 g.set_axis_labels("method", "final accuracy A_T (%)")
 for ax in g.axes.flat:
     plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
@@ -285,7 +289,7 @@ else:
 # detect the paper's own effect (its smallest Re-Fed − FedAvg or − FedProx gap in Table 1 for this
 # kind of stream) with 80 % power at the spread measured here.
 
-# %%
+# %% mystnb={"figure": {"caption": "Recorded run: test accuracy against the round of the last task, mean over seeds, one line per method (Re-Fed and FedAvg and FedProx with random replay), one panel per scenario. The curves show whether every method had levelled off by the end of the task, which the verdict requires."}, "image": {"alt": "Line charts, one per scenario: test accuracy against round of the last task for each method"}}
 paper_gap = refed_paper_gaps(paper_tables.refed_table1())   # {scenario: smallest Re-Fed - baseline gap, pp}
 RECORD_KEYS = ["dataset", "n_train", "n_test", "num_tasks", "domain", "domains", "n_per_domain", "num_clients",
                "participation", "alpha", "alpha_domain", "lr", "lr_domain", "memory", "memory_domain", "lam", "lam_domain",
@@ -307,7 +311,7 @@ else:
     src_seeds = record["parameters"]["seeds"]
     src = {scen: (record["results"]["A_T"][scen], record["results"]["curves"][scen]) for scen in record["results"]["A_T"]}
     src_rounds = {"class": record["parameters"]["rounds"], "domain": record["parameters"]["rounds_domain"]}
-    fig, axes = plt.subplots(1, len(src), figsize=(4.6 * len(src), 3.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(src), figsize=fit_column(4.6 * len(src), 3.4), squeeze=False)
     for ax, (scen, (_, curves_)) in zip(axes[0], src.items()):
         for m, c in curves_.items():
             ax.plot(np.arange(1, len(c[0]) + 1), np.mean(c, axis=0), label=m, lw=1.2)
@@ -364,7 +368,7 @@ for scen, (finals, curves_) in src.items():
 # differ in what they keep, not in how much). The final accuracy per task shows where the
 # forgetting lands; the accuracy gap against $M$ is in the memory sweep below.
 
-# %%
+# %% mystnb={"figure": {"caption": "Share of the last old task in the clients' caches at each task boundary, box plots over the seeds, one colour per replay method. If Re-Fed's boxes lie below random replay's, its importance-based cache keeps less of the task it has just learned, as the hypothesis predicts."}, "image": {"alt": "Box plots: share of the last old task in the cache against task boundary, coloured by method"}}
 replay_methods = [m for m in REPLAY_METHODS if m in methods]
 diag = cache_diagnostics(run, replay_methods, seeds, memory_mode, grad_norm)   # one row per (method, seed, boundary)
 if len(diag):
@@ -409,15 +413,15 @@ if "domain" in SCEN:
 # %% [markdown]
 # ## Accuracy after each task
 
-# %%
+# %% mystnb={"figure": {"caption": "Accuracy of every method over the stream, one panel per scenario: in the first figure the mean accuracy over the tasks seen so far after each task (mean over seeds, sample-standard-deviation bands), in the second the global model's test accuracy on the seen tasks after every communication round, for one seed. Drops at the task boundaries show forgetting."}, "image": {"alt": "Line charts, one per scenario, of each method's accuracy, after each task or after every communication round"}}
 g = sns.relplot(data=stage_curves(run), x="stage", y="A_t", hue="method", col="scenario", kind="line", marker="o",
-                errorbar="sd", height=3.6, aspect=1.15, facet_kws={"sharey": False, "sharex": False})
+                errorbar="sd", **facet_size(len(SCEN), 1.15), facet_kws={"sharey": False, "sharex": False})
 g.set_axis_labels("task t (tasks seen)", "A_t: mean accuracy over seen tasks (%)")
 g.figure.suptitle("Accuracy after each task (mean ± sample sd over seeds)", y=1.03)
 plt.show()
 
-g = sns.relplot(data=round_curves(run, seeds[0]), x="round", y="accuracy", hue="method", col="scenario", kind="line", height=3.6,
-                aspect=1.3, facet_kws={"sharey": False, "sharex": False})
+g = sns.relplot(data=round_curves(run, seeds[0]), x="round", y="accuracy", hue="method", col="scenario", kind="line",
+                **facet_size(len(SCEN), 1.3), facet_kws={"sharey": False, "sharex": False})
 g.set_axis_labels("communication round (all tasks)", "test accuracy on seen tasks (%)")
 g.figure.suptitle(f"Global model after every round, seed {seeds[0]}", y=1.03)
 plt.show()
@@ -447,7 +451,7 @@ display(paper3)
 # keeps, so the two coincide (the paper's ties at $M=3000$); checked below when the largest $M$ is
 # that large. Beside the accuracy gap, the last old task's share of the Re-Fed caches at each $M$.
 
-# %%
+# %% mystnb={"figure": {"caption": "Final accuracy A_T against the memory size M (samples per client) in the class-incremental stream, one line per method, from a one-seed sweep (no error bars, no conclusion drawn). When M holds a client's whole pool, Re-Fed and random replay keep the same samples and coincide."}, "image": {"alt": "Line chart with markers: final accuracy against memory size for each method"}}
 m_grid = sorted(set(memories) | {memory})
 a_grid = sorted(set(alphas) | {alpha})
 l_grid = sorted(set(lams) | {lam})
@@ -492,13 +496,13 @@ display(paper4)
 # pins the PIM to the global model, $\lambda\to 1$ lets it fit the client's pool; the paper finds
 # $\lambda=0.2$ best at $\alpha=0.1$ and $\lambda=0.8$ best for $\alpha\ge 1$.
 
-# %%
+# %% mystnb={"figure": {"caption": "Left: final accuracy A_T against the Dirichlet alpha (log scale; smaller means more label skew), one line per method. Right: Re-Fed's A_T against its lambda, one line per alpha. One-seed sweeps without error bars: a pattern, not a result."}, "image": {"alt": "Two line charts: final accuracy against alpha for each method, and against lambda for each alpha"}}
 # the runs come from the cache: the memory sweep's cell made them (ScenarioRuns.prefetch)
 rows = [run("class", m, seed, alpha=a)["row"] for a in a_grid for m in sweep_methods for seed in sweep_seeds]
 by_alpha = pd.DataFrame(rows)
 rows = [run("class", "refed", seed, alpha=a, lam=l)["row"] for a in lam_alphas for l in l_grid for seed in sweep_seeds]
 by_lam = pd.DataFrame(rows)
-fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+fig, axes = plt.subplots(1, 2, figsize=fit_column(10, 3.6))
 sns.lineplot(data=by_alpha, x="alpha", y="A_T", hue="method", marker="o", errorbar=None, ax=axes[0])
 axes[0].set(xscale="log", xlabel="Dirichlet alpha (log scale)", ylabel="final accuracy A_T (%)",
             title=f"Accuracy versus alpha (seeds {sweep_seeds})")
@@ -543,7 +547,7 @@ display(paper10)
 # accuracy that each choice gives is the paired difference `refed [exact Eq. 4] - refed
 # [last-layer proxy]` above.
 
-# %%
+# %% mystnb={"figure": {"caption": "Early score of every sample in one client's pool from exact all-parameter gradient norms (x) against the last-layer closed form (y), both log scale, coloured by class; the title gives the Spearman rank correlation. The closer the points lie to an increasing curve, the more alike the two rank the samples."}, "image": {"alt": "Log-log scatter plot: exact against last-layer importance scores for the samples of one pool, coloured by class"}}
 if exact_check:
     cmp = compare_grad_norms(run("class", "refed", seeds[0], track=True)["learner"], lam=lam, epochs=pim_epochs, lr=lr,
                              batch_size=batch_size, memory=memory, num_seen=10, device=device)   # same PIM trajectory
@@ -572,7 +576,7 @@ if exact_check:
 # %%
 cost = main.groupby(["scenario", "method"], sort=False)[["wall_s", "MiB_up"]].mean()
 display(cost.rename(columns={"wall_s": "learner seconds per run", "MiB_up": "upload per run, all clients (MiB)"})
-        .style.format("{:.2f}"))
+        .style.format("{:.2f}", na_rep="—"))
 print("\n".join(cost_lines(main, SCEN, pim_epochs=pim_epochs, participation=participation, grad_norm=grad_norm)))
 
 # %% [markdown]
@@ -640,7 +644,7 @@ print(selfcheck.refed_pim_distance(pim_dist))
 # ```{exercise} Class balance of the cache
 # :label: refed-bench-ex-balance
 #
-# Re-Fed's top-$k$ is not class-balanced [D6]. For the first seed's Re-Fed run, count the classes in
+# Re-Fed's top-$k$ is not class-balanced. For the first seed's Re-Fed run, count the classes in
 # every client's cache (`learner.memory_log`, `learner.local_sets`) and compare with random replay.
 # What happens to a class whose samples are all easy? Predict first whose caches stay closer to
 # the pools' class proportions (fill in `my_prediction` below), then count and compare.

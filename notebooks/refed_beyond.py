@@ -100,7 +100,8 @@ from fedlib.refed.beyond import (noise_accuracy_table, noise_table, paired_rows,
 from fedlib.runner import specs
 
 specs.check("refed_beyond", globals())   # the runner ran the same checks before executing
-sns.set_theme(style="whitegrid")
+from fedlib.evaluation.style import book_style, fit_column
+book_style()   # the book's figure theme and table number style
 torch.set_num_threads(num_threads)
 workers = resolve_workers(workers, device)   # None: the cores; 1 on a GPU
 
@@ -127,7 +128,7 @@ print(f"q(lam) = {q_lambda(lam):.4g} for Re-Fed (lam = {lam}), {q_lambda(lam_loc
 #
 # At the boundary before task $t$, client $k$ holds a pool $P_k$ (its cache plus task $t-1$'s data)
 # and the global model $w$. Re-Fed trains a PIM $v$ from $v_0=w$ on the pool's cross-entropy $f$
-# with a proximal pull (the notes' [D5]: mini-batch SGD on the mean loss):
+# with a proximal pull (Eq. 3 sums the per-sample gradients; we take mini-batch SGD on the mean loss):
 #
 # $$v_{p}=v_{p-1}-\eta\Big(\nabla f(v_{p-1})+q(\lambda)\,(v_{p-1}-w)\Big),\qquad q(\lambda)=\frac{1-\lambda}{2\lambda}.$$ (refed-b-pim)
 #
@@ -197,9 +198,9 @@ display(rule_table(clean[clean.rule.isin(rules)], seeds))
 print(f"A_T: final accuracy averaged over tasks; A_avg: average over stages (%); mean ± sample std over "
       f"{len(seeds)} seeds; paired difference rule - refed with its 95% t-interval")
 
-# %%
+# %% mystnb={"figure": {"caption": "Final accuracy A_T of each control cache rule minus Re-Fed's (points): per seed in grey, and the paired mean with its 95 % confidence interval in blue; the line at 0 is parity with Re-Fed. A rule whose interval lies wholly below 0 does worse than Re-Fed, wholly above 0 better."}, "image": {"alt": "Dot plot with error bars: accuracy difference from Re-Fed for each control rule, with per-seed points and a zero line"}}
 diff1 = paired_rows(clean, "A_T", "refed", seeds, [r for r in rules if r != "refed"])
-fig, ax = plt.subplots(figsize=(7, 3.4))
+fig, ax = plt.subplots(figsize=fit_column(7, 3.4))
 per_seed = clean.pivot(index="seed", columns="rule", values="A_T")
 for i, r in enumerate(diff1):
     d = per_seed[r] - per_seed["refed"]
@@ -241,7 +242,7 @@ if grand_d is not None:
 # %% [markdown]
 # ## 2. The budget split by task and by class, top-$k$ inside each share
 #
-# Re-Fed takes a plain top-$k$ over the whole pool (the notes' [D6]). The split rules first share
+# Re-Fed takes a plain top-$k$ over the whole pool (the paper mentions no class balance). The split rules first share
 # the budget $B$ and then take Re-Fed's top-$k$ inside every share. Let $n_g$ be the pool size of a
 # group $g$. The equal shares are the water-filling
 #
@@ -282,7 +283,7 @@ else:
 # that enriches its caches also raises its later pools above the injected rate $\rho$ (dashed
 # line). The paired comparison is therefore cache against the rule's own pool.
 
-# %%
+# %% mystnb={"figure": {"caption": "Share of mislabeled samples (%) in the pools and in the caches of each cache rule, one point per seed; the dashed line is the injected flip rate. A rule whose cache points lie above its own pool points fills its caches with mislabeled samples."}, "image": {"alt": "Strip plot: percentage of mislabeled samples in pool and cache for each rule, with a dashed line at the flip rate"}}
 if noise_rules and noise > 0:
     t0 = time.perf_counter()
     noisy = run_rules(SCEN, noise_rules, seeds, settings=SETTINGS, lam_local=lam_local, noise=noise,
@@ -294,7 +295,7 @@ if noise_rules and noise > 0:
     print("pool: every client's candidates at every boundary; cache: what the rule kept; summed over clients and "
           "boundaries per seed, then mean ± sample std over seeds; cache - pool paired by seed (95% CI)")
     display(noise_accuracy_table(clean, noisy, seeds))
-    fig, ax = plt.subplots(figsize=(6, 3.4))
+    fig, ax = plt.subplots(figsize=fit_column(6, 3.4))
     sns.stripplot(data=noisy.melt(id_vars=["rule", "seed"], value_vars=["pool_rate", "cache_rate"],
                                   var_name="where", value_name="mislabeled (%)"),
                   x="rule", y="mislabeled (%)", hue="where", dodge=True, ax=ax)
@@ -325,16 +326,30 @@ print(f"\nnotebook compute time: {time.perf_counter() - T_START:.0f} s (profile 
 #
 # ## Exercises
 #
-# 1. **More PIM epochs.** Re-run with `pim_epochs=4`. Do Re-Fed and GraNd at $w$ drift apart? Where
-#    does the PIM move the ranking?
-# 2. **Heavier noise.** Re-run with `noise=0.4`. Which rules' caches now hold more mislabeled samples
-#    than their pools?
+# ```{exercise} More PIM epochs
+# :label: refed-beyond-ex-epochs
 #
-# ```{admonition} Solutions
-# :class: dropdown
-# 1. The $1/p$ weights of {eq}`refed-b-score` make the first epoch dominate, and in that epoch the PIM
-#    has barely left $w$. More epochs add terms at a trained PIM, and these move toward the local
-#    fit ($\lambda\to1$). Compare the paired differences of both controls.
-# 2. Read the "cache - pool" column of the noise table. A positive resolved difference means the
-#    rule enriches mislabeled samples.
+# Re-run with `pim_epochs=4`. Do Re-Fed and GraNd at $w$ drift apart? Where does the PIM move the
+# ranking?
 # ```
+#
+# ````{solution} refed-beyond-ex-epochs
+# :class: dropdown
+#
+# The $1/p$ weights of {eq}`refed-b-score` make the first epoch dominate, and in that epoch the PIM
+# has barely left $w$. More epochs add terms at a trained PIM, and these move toward the local
+# fit ($\lambda\to1$). Compare the paired differences of both controls.
+# ````
+#
+# ```{exercise} Heavier noise
+# :label: refed-beyond-ex-noise
+#
+# Re-run with `noise=0.4`. Which rules' caches now hold more mislabeled samples than their pools?
+# ```
+#
+# ````{solution} refed-beyond-ex-noise
+# :class: dropdown
+#
+# Read the "cache - pool" column of the noise table. A positive resolved difference means the
+# rule enriches mislabeled samples.
+# ````

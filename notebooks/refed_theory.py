@@ -33,8 +33,8 @@
 # the fact that the theorem does not describe the constant-step PIM that the algorithm runs.
 # It then checks the implementation in `fedlib.refed.algorithm`: the closed-form last-layer gradient norm
 # against autograd, the vectorised per-sample gradient norms against a per-sample loop, and that
-# Re-Fed is bit-for-bit FedAvg on the first task. Notation follows the notes (`papers/refed.md`,
-# Sections 2-3): $M$ is the distance bound of Assumption 1 here, not the memory size.
+# Re-Fed is bit-for-bit FedAvg on the first task. Notation follows the paper's Section 3 and App. F:
+# $M$ is the distance bound of Assumption 1 here, not the memory size.
 
 # %% tags=["parameters"]
 profile = "quick"          # set by the runner; recorded for the reader
@@ -97,7 +97,8 @@ from fedlib.runner import specs
 specs.check("refed_theory", globals())   # the runner ran the same checks before executing
 
 torch.set_num_threads(1)  # small models; the machine is shared
-sns.set_theme(style="whitegrid")
+from fedlib.evaluation.style import book_style, fit_column
+book_style()   # the book's figure theme and table number style
 rng = np.random.default_rng(seed)
 t_start = time.perf_counter()
 CHECKS = CheckLog()      # every asserted check, printed with its tolerance and summarised at the end
@@ -116,8 +117,8 @@ print(f"profile={profile}: d={dim}, mu={mu}, L={L_smooth}, horizon={horizon}, mc
 #
 # and eq. 3 is gradient descent on it, started at $w$. $q$ decreases strictly from $+\infty$
 # ($\lambda\to0$: $v$ pinned to the global model) to $0$ ($\lambda\to1$: pure local training), and
-# $\lambda=1/(1+2q)$. `fedlib.refed.algorithm.q_lambda` implements $q$ of {eq}`refed-eq-pim`; the notes' values are
-# $q(0.2)=2$, $q(0.5)=0.5$, $q(0.8)=0.125$.
+# $\lambda=1/(1+2q)$. `fedlib.refed.algorithm.q_lambda` implements $q$ of {eq}`refed-eq-pim`; at the $\lambda$ of
+# the paper's Table 2 its values are $q(0.2)=2$, $q(0.5)=0.5$, $q(0.8)=0.125$.
 #
 # The PIM as `fedlib` trains it: $s$ steps of eq. 3 from the global model, recording every sample's
 # squared gradient norm (eq. 4) before each step:
@@ -146,8 +147,9 @@ check("max |1/(1+2q(lam)) - lam|", float(np.abs(1 / (1 + 2 * q_grid) - lam_grid)
 # %% [markdown]
 # ## 2. Lemma 1: monotonicity in $\lambda$
 #
-# ```{prf:lemma} The paper's Lemma 1
+# ```{prf:lemma} Monotonicity in $\lambda$; Re-Fed paper
 # :label: refed-lemma-1
+# :class: number-1
 #
 # {cite:t}`li2024refed`:
 # For the PIM {eq}`refed-eq-pim` and every $\lambda\in(0,1)$,
@@ -187,7 +189,7 @@ check("max |1/(1+2q(lam)) - lam|", float(np.abs(1 / (1 + 2 * q_grid) - lam_grid)
 # We compute $\hat v$ by a linear solve (not from the eigen formulas), and compare the derivatives
 # with central finite differences.
 
-# %%
+# %% mystnb={"figure": {"caption": "The exact PIM on a random quadratic against lambda: its squared distance to the global optimum (left; the dashed line is the local optimum's) and its local loss (right). The distance grows and the loss falls with lambda, as Lemma 1 states."}, "image": {"alt": "Two line charts against lambda: distance of the PIM from the global optimum rising toward a dashed limit, and its local loss falling"}}
 quad = random_quadratic(rng, dim, mu, L_smooth)   # f(v) = (v - a)^T H (v - a) / 2; a = w_hat_k, global optimum w_hat
 lemma = lemma1_scan(quad, lam_grid, eps=1e-6)     # solved PIM, closed-form and finite-difference derivatives
 ddist, dloss = lemma["ddist"].to_numpy(), lemma["dloss"].to_numpy()
@@ -203,7 +205,7 @@ for lam_lim in [1e-4, 1e-6]:
     check(f"lam={lam_lim:g}: ||v-w_hat|| / (L ||a-w_hat|| / q)", limit_ratios(quad, lam_lim)[0], 1.0)
 check("lam=1-1e-6: ||v-a|| / (q ||a-w_hat|| / (mu+q))", limit_ratios(quad, 1 - 1e-6)[1], 1.0)
 
-fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+fig, axes = plt.subplots(1, 2, figsize=fit_column(9, 3.4))
 axes[0].plot(lemma["lambda"], lemma["dist"])
 axes[0].axhline(float(((quad.a - quad.w_hat) ** 2).sum()), ls="--", c="gray", label=r"$\|a-\hat w\|^2$ (local optimum)")
 axes[0].set(xlabel=r"$\lambda$", ylabel=r"$\|\hat v(\lambda)-\hat w\|^2$", title="distance to the global optimum")
@@ -255,8 +257,8 @@ _ = claims.register(
              f"min d dist/d lambda = {ddist.min():.3g} >= 0, max d loss/d lambda = {dloss.max():.3g} <= 0 "
              f"(finite differences agree to 1e-6); s-step PIM with eta (L + q) <= 1: monotone for every s in {pim_steps}.")
 
-# %%
-fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+# %% mystnb={"figure": {"caption": "The s-step PIM of eq. 3 on the quadratic against lambda, one line per number of steps s: its squared distance to the global optimum (left) and its local loss (right); the dashed line marks eta(L+q) = 1. To its right, where eta(L+q) is at most 1, both are monotone for every s; to its left Lemma 1 can fail."}, "image": {"alt": "Two line charts against lambda for several step counts: PIM distance and local loss, with a dashed vertical line"}}
+fig, axes = plt.subplots(1, 2, figsize=fit_column(9, 3.4))
 sns.lineplot(data=fin, x="lambda", y="dist", hue="s", palette="deep", ax=axes[0])
 sns.lineplot(data=fin, x="lambda", y="loss", hue="s", palette="deep", ax=axes[1], legend=False)
 lam_star = 1 / (1 + 2 * (1 / pim_eta - L_smooth)) if 1 / pim_eta > L_smooth else 1.0
@@ -287,8 +289,9 @@ check("train_pim (full batch) reaches the minimiser: max relative gap", float(lo
 # %% [markdown]
 # ## 3. Theorem 3.1 on strongly convex quadratics
 #
-# ```{prf:theorem} The paper's Theorem 3.1
+# ```{prf:theorem} The PIM follows the global rate; Re-Fed paper
 # :label: refed-thm-3-1
+# :class: number-3-1
 #
 # {cite:t}`li2024refed`:
 # One client, $t$ = communication round, one PIM step per round against the current global model $w^t$,
@@ -323,8 +326,8 @@ check("train_pim (full batch) reaches the minimiser: max relative gap", float(lo
 #
 # This recursion (from {eq}`refed-eq-error`) gives $\mathbb E\lVert e^t\rVert^2$ **exactly** (no Monte Carlo error,
 # `Quadratic.exact_error`); a Monte Carlo simulation in the rotated coordinates
-# (`Quadratic.monte_carlo_error`) checks it first. We use the notes' choice
-# $g(t)=g_0/\sqrt{t+1}$, $A=2g_0$.
+# (`Quadratic.monte_carlo_error`) checks it first. We choose
+# $g(t)=g_0/\sqrt{t+1}$, $A=2g_0$ (a rate the induction allows, unlike $g_0/(t+1)$).
 
 # %%
 A_paper = 2 * g0
@@ -341,11 +344,11 @@ check(f"Monte Carlo ({mc_reps} reps) vs exact recursion: max |z| over {T_mc} rou
 # in $B$; see 3.2), and the largest ratio of the two sides of Lemma 2 (eq. 13) over all rounds
 # (> 1 means eq. 13 is false at that round).
 
-# %%
+# %% mystnb={"figure": {"caption": "Ratio of the PIM's expected squared distance to its optimum over the global model's rate g(t), against the round (log-log), one panel per largest curvature L and one line per lambda; the dotted lines in the same colours are the paper's constant C. The ratios stay bounded; where a curve rises above its dotted line, the paper's constant is too small."}, "image": {"alt": "Log-log line charts, one per curvature value: distance ratio against round for several lambdas, with dotted constants"}}
 thm, curves = theorem31_table(quad, thm_L, thm_lambdas, A_paper, sigma=sigma, g0=g0, horizon=horizon)
 print(thm.to_string(index=False, float_format="%.4g"))
 
-fig, axes = plt.subplots(1, len(thm_L), figsize=(4 * len(thm_L), 3.4), sharey=True)
+fig, axes = plt.subplots(1, len(thm_L), figsize=fit_column(4 * len(thm_L), 3.4), sharey=True)
 for ax, L in zip(np.atleast_1d(axes), thm_L):
     sub = curves[curves.L == L]
     sns.lineplot(data=sub, x="t", y="ratio", hue="lambda", palette="crest", ax=ax)
@@ -468,7 +471,7 @@ check("item 4 (repaired A, t0): max E||v^t - v_hat||^2 / (C g(t))", float(repair
 # and with $\eta$ (variance). The exact recursion (now with a fixed $\zeta$ of squared norm $g_0$)
 # is compared with the formula.
 
-# %%
+# %% mystnb={"figure": {"caption": "Expected squared distance of the PIM iterate from the optimal PIM (log scale) against the PIM iterations with a constant step and a frozen received model, one line per lambda; the dotted lines are the floors of the formula. The iterates level off at these positive floors instead of converging."}, "image": {"alt": "Line chart on a log scale: expected distance against PIM iterations for several lambdas, with dotted floor lines"}}
 zeta = rng.standard_normal(dim)
 zeta *= np.sqrt(g0) / np.linalg.norm(zeta)
 const, floors = constant_step_table(quad, thm_lambdas, zeta, eta=const_eta, sigma=sigma, steps=const_steps)
@@ -479,7 +482,7 @@ check("constant eta: the floor is positive (min floor)", float(floors["floor (fo
 check("constant eta: the bias grows with q (min step, lambda ascending)",
       float(-np.diff(floors.sort_values("lambda")["bias"]).min()), 0.0, ">")
 
-fig, ax = plt.subplots(figsize=(5.5, 3.6))
+fig, ax = plt.subplots(figsize=fit_column(5.5, 3.6))
 sns.lineplot(data=const, x="s", y="E||v_s - v_hat||^2", hue="lambda", palette="crest", ax=ax)
 for f_ in floors["floor (formula)"]:
     ax.axhline(f_, ls=":", c="gray")
@@ -556,7 +559,7 @@ _ = claims.register(
 # pool loss still falls with $\lambda$. Each client uses the same mini-batch order for every
 # $\lambda$ (paired comparison).
 
-# %%
+# %% mystnb={"figure": {"caption": "The CNN's PIM at the first task boundary against lambda, one line per client: its squared distance from the global model (left) and its mean cross-entropy on the client's pool (right). Lemma 1 is not guaranteed here; the checks above say whether the distance still grows and the loss still falls with lambda."}, "image": {"alt": "Two line charts against lambda, one line per client: PIM distance from the global model and loss on the pool"}}
 w_task1 = model_fn()
 w_task1.load_state_dict(kept["fedavg"].weights[0])
 pos_tr = stream.relabel(y_tr)
@@ -569,7 +572,7 @@ check("CNN PIM: adjacent lambda pairs where the distance falls", adjacent_violat
 check("CNN PIM: adjacent lambda pairs where the pool loss rises",
       adjacent_violations(dnn, "client", "pool loss", increasing=False), 0, "==")
 
-fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+fig, axes = plt.subplots(1, 2, figsize=fit_column(9, 3.4))
 sns.lineplot(data=dnn, x="lambda", y="||v - w||^2", hue="client", marker="o", palette="tab10", ax=axes[0])
 sns.lineplot(data=dnn, x="lambda", y="pool loss", hue="client", marker="o", palette="tab10", ax=axes[1], legend=False)
 axes[0].set(xlabel=r"$\lambda$", ylabel=r"$\|v-w^{t-1}\|^2$", title=f"CNN PIM after {dnn_pim_epochs} epochs")
@@ -594,7 +597,7 @@ plt.show()
 # last layer: the identity itself evaluated in the model's precision (float64: tolerance
 # $10^{-10}$, float32: $10^{-4}$), `grad_sq_norms(names=[last layer])` (same tolerances),
 # and `fedlib`'s closed form, which computes in float32 whatever the model's precision (its
-# docstring; tolerance $10^{-5}$). Then the question the notes raise ([D13]): how well does the
+# docstring; tolerance $10^{-5}$). Then the question that decides whether it can stand in: how well does the
 # cheap last-layer norm rank samples like the exact all-parameter norm of eq. 4? Only one thing
 # is certain, and asserted: the last layer's coordinates are a subset, so its norm is at most
 # eq. 4's. The rank correlation is measured and printed below, not asserted: it depends on the
@@ -602,7 +605,7 @@ plt.show()
 # `grad_norm="last_layer"` is a proxy whose agreement with eq. 4 has to be checked in each
 # setting; the benchmark chapter measures what it costs in accuracy.
 
-# %%
+# %% mystnb={"figure": {"caption": "Squared gradient norm of every sample in client 0's pool after task 1: the exact all-parameter norm of eq. 4 (x) against the last-layer closed form (y), both log scale. The last-layer norm never exceeds the exact one; how closely the points follow an increasing curve shows how well the cheap norm ranks the samples like the exact one."}, "image": {"alt": "Log-log scatter plot: last-layer against all-parameter squared gradient norms for one client's samples"}}
 pick = rng.choice(len(y_tr), grad_samples, replace=False)
 xg = torch.from_numpy(x_tr[pick])
 yg = torch.from_numpy(pos_tr[pick]) % 3   # labels < num_seen = 3 (classes 3.. masked)
@@ -633,7 +636,7 @@ check("last-layer norm <= all-parameter norm: max share over all pools", float(r
 print(f"Spearman rank correlation (measured, not asserted): min {rank.iloc[:, 2].min():.3f}, "
       f"max {rank.iloc[:, 2].max():.3f} over {len(rank)} clients")
 
-fig, ax = plt.subplots(figsize=(4.6, 3.8))
+fig, ax = plt.subplots(figsize=fit_column(4.6, 3.8))
 xk, yk = pools[0]
 ax.loglog(grad_sq_norms(w_task1, xk, yk, stream.num_seen(0)), last_layer_grad_sq_norms(w_task1, xk, yk, stream.num_seen(0)), "o", alpha=0.6)
 ax.set(xlabel=r"all parameters $\|\nabla_\theta\ell\|^2$ (eq. 4)", ylabel=r"last layer $\|\pi-e_y\|^2(\|h\|^2+1)$",
@@ -652,7 +655,7 @@ plt.show()
 # for the CNN and for a small ResNet with BatchNorm (eval mode uses the running statistics, which we
 # set to non-trivial values), with a chunk size that does not divide $n$, in float64 and float32.
 # Then two facts about `train_pim`: its first recorded row $G^1$ for the first mini-batch is the
-# per-sample norm at $v=w$ (the norms are taken *before* the step, [D12]), and its scores are eq. 5.
+# per-sample norm at $v=w$ (the norms are taken *before* the step), and its scores are eq. 5.
 #
 # The scores from the recorded norms:
 #

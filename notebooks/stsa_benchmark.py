@@ -121,7 +121,8 @@ specs.check("stsa_benchmark", globals())   # every parameter is checked before a
 # the pretrained table's seeds go to `workers` forked processes (1 on an accelerator); every run is seeded by
 # its seed, so the results are those of one process (tests/stsa/test_stsa_chapters.py)
 workers = resolve_workers(workers, resolve_device(device))
-sns.set_theme(style="whitegrid")
+from fedlib.evaluation.style import book_style, facet_size, fit_column
+book_style()   # the book's figure theme and table number style
 torch.set_num_threads(num_threads)
 
 names = datasets + ([scratch_dataset] if scratch else [])
@@ -210,10 +211,10 @@ display(table)
 # The table's $A_T$ column as a figure: mean over seeds, bars = sample standard deviation, one
 # colour per Dirichlet $\beta$, one panel per setting.
 
-# %%
+# %% mystnb={"figure": {"caption": "Final accuracy A_T of each method: the point is the mean over seeds and the error bar the sample standard deviation, one colour per Dirichlet beta, one panel per setting (dataset and backbone). Compare the analytic methods with the gradient baselines, and each method across beta."}, "image": {"alt": "Point plots with error bars, one per setting: final accuracy per method, coloured by beta"}}
 g = sns.catplot(data=summary.assign(beta=summary["beta"].astype(str)), x="method", y="A_T", hue="beta", col="setting",
                 kind="point", errorbar="sd", dodge=0.4 if summary["beta"].nunique() > 1 else False, linestyle="none",
-                capsize=0.15, height=3.6, aspect=1.5, sharey=False, sharex=False)
+                capsize=0.15, **facet_size(summary["setting"].nunique(), 1.3), sharey=False, sharex=False)
 g.set_axis_labels("method", "final accuracy A_T (%)")
 for ax in g.axes.flat:
     plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
@@ -289,7 +290,7 @@ if baselines and len(margin_seeds) >= 2:
                      f"{stsa_studies.convergence_text(own_plateaus)}; smallest margin over the best baseline "
                      f"{own_cells.d.map(lambda d: d.mean).min():+.2f} points (paired mean)."))
 
-# %%
+# %% mystnb={"figure": {"caption": "Test accuracy on the seen classes during the last task against the round, mean over seeds, one line per gradient baseline, one panel per setting (row) and beta (column); the dashed line is STSA's final accuracy A_T. The end of each curve is that baseline's A_T, so its distance to the dashed line is the margin the claim tests; a curve still rising has not converged."}, "image": {"alt": "Grid of line charts by setting and beta: baseline test accuracy against round of the last task, with a dashed line for STSA"}}
 RECORD_KEYS = ["datasets", "subsets", "n_train", "n_test", "backbone", "input_size", "num_tasks", "num_clients",
                "betas", "baseline_seeds", "M", "gamma", "num_dummy", "head", "baselines", "baseline_hparams",
                "local_epochs", "lr"]
@@ -314,7 +315,7 @@ if baselines and len(margin_seeds) >= 2:
         f"{budget_rounds} rounds per stage): A_avg and A_T (%) mean ± sample std; method − best baseline "
         f"(highest mean), paired by seed, 95 % CI (points)"))
     settings_ = list(curves_shown)
-    fig, axes = plt.subplots(len(settings_), len(betas), figsize=(max(5.0, 3.6 * len(betas)), 3.0 * len(settings_)),
+    fig, axes = plt.subplots(len(settings_), len(betas), figsize=fit_column(max(5.0, 3.6 * len(betas)), 3.0 * len(settings_)),
                              sharex=True, squeeze=False)
     for i, setting in enumerate(settings_):
         for j, beta in enumerate(betas):
@@ -390,12 +391,12 @@ display(paper_results.stsa_table1())
 # %% [markdown]
 # ## Accuracy after each stage ($A_t$)
 
-# %%
+# %% mystnb={"figure": {"caption": "Mean accuracy over the tasks seen so far, A_t, after each stage for every method at the middle Dirichlet beta, mean over seeds with sample-standard-deviation bands, one panel per setting. Compare how each method's accuracy falls as tasks are added."}, "image": {"alt": "Line charts, one per setting: accuracy over seen tasks against stage for each method"}}
 curves = pd.concat([r.curve() for r in results], ignore_index=True)
 mid = sorted(betas)[len(betas) // 2]
 plot = curves[curves.beta == mid]
 g = sns.relplot(data=plot, x="stage", y="A_t", hue="method", col="setting", kind="line", marker="o",
-                errorbar="sd", height=3.4, aspect=1.1, facet_kws={"sharey": False})
+                errorbar="sd", **facet_size(plot["setting"].nunique(), 1.1), facet_kws={"sharey": False})
 g.set_axis_labels("stage t (tasks seen)", "A_t: mean accuracy over seen tasks (%)")
 g.figure.suptitle(f"Accuracy after each stage, beta = {mid} (mean ± sd over seeds)", y=1.03)
 plt.show()
@@ -413,7 +414,7 @@ plt.show()
 # %%
 cost = (summary.groupby(["setting", "method"])[["MiB_up", "wall_s"]].mean()
         .rename(columns={"MiB_up": "upload per run, all clients (MiB)", "wall_s": "learner seconds per run"}))
-display(cost.style.format("{:.2f}"))
+display(cost.style.format("{:.2f}", na_rep="—"))
 if stage1:
     s1 = pd.DataFrame(stage1)
     print(f"scratch stage 1 (FedAvg, {scratch_rounds} rounds): {s1.bytes_up.mean() / 2**20:.1f} MiB up, "
@@ -445,9 +446,10 @@ if scratch:   # the scratch backbone of (abl_beta, abl_seed), its random-feature
 ablation = stsa_studies.ablation_runs(run, f0, abl_beta, abl_seed, M, ablation_M, ablation_K, ablation_clients_total,
                               ablation_dummy, ablation_gamma, scratch=scratch_abl)
 
-# %%
+# %% mystnb={"figure": {"caption": "Final accuracy A_T against each ablated parameter (log scale), one panel per ablation (random-feature width M, number of clients K with K times K_D fixed, dummy clients K_D, ridge parameter gamma) and one line per method; one seed per point. Only STSA's flat line across K is a result (exact invariance, asserted); the other shapes carry no conclusion."}, "image": {"alt": "Line charts, one per ablation: final accuracy against the parameter value on a log scale for the STSA variants"}}
 g = sns.relplot(data=ablation, x="value", y="A_T", hue="method", col="ablation", kind="line", marker="o",
-                height=3.0, aspect=1.0, facet_kws={"sharex": False, "sharey": False}, col_wrap=3)
+                **facet_size(min(3, ablation["ablation"].nunique()), 1.0), facet_kws={"sharex": False, "sharey": False},
+                col_wrap=3)
 for ax in g.axes.flat:
     ax.set_xscale("log")
 g.set_axis_labels("value (log scale)", "final accuracy A_T (%)")
@@ -458,7 +460,7 @@ print("STSA A_T across K:", k_rows.A_T.round(4).tolist())
 assert k_rows.A_T.max() - k_rows.A_T.min() < 1e-9, "STSA is invariant to the number of clients"
 
 # %% [markdown]
-# ## Upload noise (version 000's Table 7)
+# ## Upload noise (Table 7 of the paper's earlier version)
 #
 # $q\cdot\mathcal N(0,s^2)$ added to the uploads: STSA on $G$ and $C$; STSA-E1 on the class sums,
 # STSA-E2 on the counts, STSA-E3 on both. The statistics are unnormalized sums, so the same $(q,s)$
@@ -477,7 +479,7 @@ print(f"Ours: A_T (%) with upload noise, {abl_name}, pretrained, beta={abl_beta}
       f"{len(noise_seeds)} seeds")
 display(noise)
 print(f"relative change of the server's Gram matrix (seed {noise_seeds[0]}):")
-display(moved.style.format("{:.1e}"))
+display(moved.style.format("{:.1e}", na_rep="—"))
 e2 = moved[("||G_noisy - G|| / ||G||", "STSA-E2")]
 assert (e2 > 0).all(), "noisy counts reach the Gram estimate at every grid point"
 
@@ -490,7 +492,8 @@ ci_bound = max((max(abs(d.low), abs(d.high)) for d in ds_), default=float("nan")
 robust, fragile = bool(ds_) and ci_bound < 1.0, any(d.low > 1.0 or d.high < -1.0 for d in ds_)
 print(f"largest change of A_T for noise sd q*s <= 0.1: {drop:.2f} points in one run, {mean_drop:.2f} points "
       f"as a paired mean over seeds; largest 95 % CI bound {ci_bound:.2f} points")
-display(changes.assign(d=changes.d.astype(str)).rename(columns={"d": "noisy - clean, paired (points)"}))
+display(changes.assign(d=changes.d.map(lambda d: "—" if d is None or pd.isna(d) else str(d)))
+        .rename(columns={"d": "noisy - clean, paired (points)"}))
 print("Paper, Table 7 (CIFAR-100, beta=0.5) - the paper's numbers")
 display(paper_results.stsa_table7())
 claims.register(

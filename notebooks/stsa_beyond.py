@@ -26,7 +26,7 @@
 #    ResNet-18, $10^6$ for ViT) although $G$ and $C$ are unnormalized sums whose scale changes with the
 #    data. Generalized cross-validation (GCV) {cite}`golub1979gcv` needs only $G$, $C$ and the number
 #    of samples, so the server can choose $\gamma$ at every stage from what it already holds.
-# 2. **How private are the uploads?** Version 000 of the paper adds $q\,\mathcal N(0,s^2)$ with
+# 2. **How private are the uploads?** The paper's earlier version adds $q\,\mathcal N(0,s^2)$ with
 #    $q=0.2$, $s=0.05$ to the uploads and calls that "sufficient to ensure privacy protection". Below,
 #    a Gaussian mechanism is calibrated to an $(\varepsilon,\delta)$ target (clipped features,
 #    sensitivities derived, the privacy loss computed by an accountant library) and set beside the
@@ -65,7 +65,7 @@ clip_norm = 1000.0         # B: every random-feature row is clipped to norm at m
 epsilons = [1.0, 4.0, 16.0]   # privacy targets per record
 delta = 1.0e-5
 aggregations = ["local", "secure"]   # noise on every upload, or split over the K clients (secure aggregation)
-paper_noise = [0.2, 0.05]  # version 000's q and s
+paper_noise = [0.2, 0.05]  # q and s of the paper's earlier version (App. E.2)
 accountant = "pld"         # dp-accounting's PLD (tight) or RDP (looser) accountant for the reported epsilon
 num_threads = 1            # torch threads; LAPACK's eigh was slower with 2 threads on the shared 2-core machine
 
@@ -87,7 +87,8 @@ from fedlib.stsa import beyond as sb
 from fedlib.runner import specs
 
 specs.check("stsa_beyond", globals())   # every parameter is checked before any work
-sns.set_theme(style="whitegrid")
+from fedlib.evaluation.style import book_style, fit_column
+book_style()   # the book's figure theme and table number style
 torch.set_num_threads(num_threads)
 dev = "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
 feats = stsa_studies.benchmark_features(dataset, subsets, n_train, n_test, backbone=backbone, input_size=input_size,
@@ -147,7 +148,7 @@ print(f"profile={profile}: {feats.name}, {len(feats.y_train)} train / {len(feats
 # %%
 check = sb.gcv_check(feats, beta, seeds[0], num_clients=num_clients, M=M, samples=check_samples, gammas=check_gammas,
                      device=dev)
-display(check["table"].style.format({c: "{:.2e}" for c in check["table"].columns if c != "gamma"} | {"gamma": "{:g}"}))
+display(check["table"].style.format({c: "{:.2e}" for c in check["table"].columns if c != "gamma"} | {"gamma": "{:g}"}, na_rep="—"))
 print(f"N={check['n']}: largest relative error {check['max_rel']:.1e} (tolerance 1e-8); timings on this machine: "
       + ", ".join(f"{k} {v:.2e}" for k, v in check["seconds"].items()))
 assert check["max_rel"] < 1e-8
@@ -189,23 +190,23 @@ table = (runs.groupby("method", sort=False)
          .reindex(order))
 print(f"{dataset}, beta={beta}, T={num_tasks}, K={num_clients}, M={M}: mean ± sample std over {len(seeds)} seeds (%); "
       "gamma_median: the median gamma used at the last stage")
-display(table.style.format({"gamma_median": "{:.3g}"}))
+display(table.style.format({"gamma_median": "{:.3g}"}, na_rep="—"))
 paired = sb.gcv_paired(runs, metric="A_T")
 paired_avg = sb.gcv_paired(runs, metric="A_avg")
 display(paired.drop(columns=["mean", "low", "high", "n"]).merge(
     paired_avg[["GCV (per stage) minus", "A_avg difference (points)"]], on="GCV (per stage) minus"))
 chosen = study["chosen"].pivot(index="seed", columns="stage", values="gamma (GCV)")
 print("gamma chosen by GCV at each stage (rows: seeds)")
-display(chosen.style.format("{:.3g}"))
+display(chosen.style.format("{:.3g}", na_rep="—"))
 n_counts = sb.counts_bytes(num_clients, [len(feats.classes) // num_tasks] * num_tasks)
 up = study["bytes_up"][0]
 print(f"measured upload of one run (seed {seeds[0]}): {up / 2**20:.2f} MiB (all clients, all stages, float64), of which "
       f"the class counts are {n_counts} bytes ({100 * n_counts / up:.4f} %)")
 
-# %%
+# %% mystnb={"figure": {"caption": "Left: the GCV criterion from the server's statistics at the last stage, relative to its minimum, against the ridge coefficient gamma (log-log), one line per seed. Right: the final test accuracy A_T of every fixed gamma, one line per seed, with GCV's choices as black triangles. Compare GCV's choice with the gamma of the highest test accuracy."}, "image": {"alt": "Two line charts against gamma on a log scale, one line per seed: normalised GCV, and test accuracy with GCV's choices marked"}}
 curves = study["curves"].copy()
 curves["GCV / min GCV"] = curves["GCV"] / curves.groupby("seed")["GCV"].transform("min")
-fig, axes = plt.subplots(1, 2, figsize=(10.5, 3.6))
+fig, axes = plt.subplots(1, 2, figsize=fit_column(10.5, 3.6))
 sns.lineplot(data=curves, x="gamma", y="GCV / min GCV", hue="seed", palette="tab10", ax=axes[0], legend=False)
 axes[0].set(xscale="log", yscale="log", xlabel="ridge coefficient gamma", ylabel="GCV / its minimum (last stage)",
             title="GCV from the server's statistics")
@@ -305,12 +306,12 @@ z_table = pd.DataFrame([{"target epsilon": e, "delta": delta, "noise multiplier 
                          f"epsilon if composed over T={num_tasks} stages (analytic)":
                              sb.composed_gaussian_epsilon([z] * 3 * num_tasks, delta)}
                         for e, z in z_cal.items()])
-display(z_table.style.format("{:.4g}"))
+display(z_table.style.format("{:.4g}", na_rep="—"))
 acc_err = (z_table[f"epsilon, {accountant} accountant"] / z_table["target epsilon"] - 1).abs().max()
 print(f"largest relative gap between the accountant's epsilon and the target: {acc_err:.1e} (tolerance 1e-2)")
 assert acc_err < 1e-2
 noise = sb.noise_check(float(z_table["noise multiplier z"].iloc[0]), clip_norm, M, 20000, seeds[0])
-display(noise.style.format({"sd wanted": "{:.4g}", "sd measured": "{:.4g}", "rel. difference": "{:.1e}"}))
+display(noise.style.format({"sd wanted": "{:.4g}", "sd measured": "{:.4g}", "rel. difference": "{:.1e}"}, na_rep="—"))
 assert noise["rel. difference"].max() < 0.05
 vanish = sb.vanishing_noise_check(feats, seeds[0], M=M, samples=check_samples, gamma=fixed_gammas[0], device=dev)
 print(f"noise multiplier 1e-20, B above every row: {vanish} (relative tolerance 1e-8)")
@@ -349,12 +350,12 @@ print(f"per setting, mean over seeds: negative eigenvalues of the noisy G clippe
 display(dp_runs[dp_runs["gamma rule"] == "GCV (noisy statistics)"].groupby(["setting", "epsilon"], sort=False)
         [["negative eigenvalues clipped", "GCV undefined (largest gamma used)"]].mean().T)
 
-# %%
+# %% mystnb={"figure": {"caption": "Final accuracy A_T against the privacy budget epsilon per record (log scale) for the calibrated noise with local and with secure aggregation, mean over seeds with sample-standard-deviation error bars; solid lines choose gamma by GCV on the noisy statistics, dotted lines take the best grid gamma on the test set (an oracle). The horizontal lines are the run without noise and clipping, the clipped run without noise and, where run, the paper's noise, which has no finite epsilon."}, "image": {"alt": "Line chart with error bars: final accuracy against epsilon for noise settings and gamma rules, with horizontal reference lines"}}
 nonpriv = runs[runs.method == "GCV (per stage)"].A_T
 clean_clip = dp[(dp.setting.str.startswith("no noise")) & (dp["gamma rule"] == "GCV (noisy statistics)")].iloc[0]
 paper_row = dp[(dp.setting.str.startswith("paper")) & (dp["gamma rule"] == "GCV (noisy statistics)")]
 cal = dp[dp.setting.str.startswith("calibrated") & (dp["gamma rule"] != f"fixed gamma = {fixed_gammas[0]:g}")]
-fig, ax = plt.subplots(figsize=(7.5, 4.2))
+fig, ax = plt.subplots(figsize=fit_column(7.5, 4.2))
 for (setting, rule), grp in cal.groupby(["setting", "gamma rule"], sort=False):
     ax.errorbar(grp.epsilon, grp["mean"], yerr=grp["std"], marker="o" if "GCV" in rule else "s", capsize=3,
                 linestyle="-" if "GCV" in rule else ":", label=f"{setting}; gamma: {rule}")
@@ -380,8 +381,8 @@ row_lo = dp[(dp.setting == "calibrated, local") & (dp.epsilon == lo_eps) & (dp["
 paper_delta = (float(paper_row["mean"].iloc[0]) - nonpriv.mean()) if len(paper_row) else float("nan")
 _ = claims.register(
     "stsa-noise-privacy", "stsa",
-    "Version 000 (App. E.2): adding q N(0, s^2) with q = 0.2, s = 0.05 to the uploaded statistics is sufficient to "
-    "ensure privacy protection.",
+    "The paper's earlier version (App. E.2): adding q N(0, s^2) with q = 0.2, s = 0.05 to the uploaded statistics "
+    "is sufficient to ensure privacy protection.",
     holds=bool(eps_paper_clipped <= 10.0),
     evidence=f"Criterion: a finite epsilon <= 10 at delta = {delta:g} for one upload. The noise sd q s = {q * s:g} does not scale with the statistics. Without clipping the sensitivity of "
              f"G and C is unbounded, so no finite epsilon exists. The count vector alone (sensitivity 1) gives "
@@ -417,25 +418,49 @@ display(Markdown("\n".join(lines)))
 # %% [markdown]
 # ## Exercises
 #
-# 1. **GCV and the scale of $\gamma$.** Multiply every feature by 10 (for example with a larger
-#    random-feature scale). By how much does the $\gamma$ chosen by GCV move, and why does a fixed
-#    $\gamma$ not move with it?
-# 2. **Where the privacy budget goes.** With $K=5$, how much less noise variance does the server's
-#    sum carry under secure aggregation than with per-upload noise, for the same $\varepsilon$?
-#    Compare with the gap between the two curves.
-# 3. **Fewer random features.** The noise on $G$ has Frobenius norm of about $\sigma_G M$. Run
-#    `make run NB=stsa_beyond ARGS="M=300"` and explain the change in the private accuracy.
+# ```{exercise} GCV and the scale of the features
+# :label: stsa-beyond-ex-gcv
 #
-# ```{admonition} Solutions
-# :class: dropdown
-# 1. Scaling $\Phi$ by $s$ scales $G$ by $s^2$ and $C$ by $s$. The ridge head with $s^2\gamma$ then
-#    gives the same predictions as before, and GCV ({eq}`sb-gcv` is scale-free in this sense)
-#    selects $s^2$ times the previous $\gamma$ (up to the grid spacing). A fixed $\gamma$ regularizes
-#    $100$ times less in relative terms.
-# 2. With per-upload noise, the sum of $K$ independent noises has variance $K\sigma^2$; with secure
-#    aggregation it has $\sigma^2$. That is a factor $K=5$ in variance ($\sqrt5$ in standard
-#    deviation), at the cost of trusting the aggregation protocol and the other clients.
-# 3. Fewer features mean fewer noisy directions ($M(M+1)/2$ noisy entries of $G$) and a smaller
-#    noise norm relative to the signal, but less expressive features. Which effect wins depends on
-#    $\varepsilon$: the smaller $\varepsilon$, the more a smaller $M$ helps.
+# Multiply every feature by 10 (for example with a larger random-feature scale). By how much does
+# the $\gamma$ chosen by GCV move, and why does a fixed $\gamma$ not move with it?
 # ```
+#
+# ````{solution} stsa-beyond-ex-gcv
+# :class: dropdown
+#
+# Scaling $\Phi$ by $s$ scales $G$ by $s^2$ and $C$ by $s$. The ridge head with $s^2\gamma$ then
+# gives the same predictions as before, and GCV ({eq}`sb-gcv` is scale-free in this sense)
+# selects $s^2$ times the previous $\gamma$ (up to the grid spacing). A fixed $\gamma$ regularizes
+# $100$ times less in relative terms.
+# ````
+#
+# ```{exercise} Where the privacy budget goes
+# :label: stsa-beyond-ex-budget
+#
+# With $K=5$, how much less noise variance does the server's sum carry under secure aggregation
+# than with per-upload noise, for the same $\varepsilon$? Compare with the gap between the two
+# curves.
+# ```
+#
+# ````{solution} stsa-beyond-ex-budget
+# :class: dropdown
+#
+# With per-upload noise, the sum of $K$ independent noises has variance $K\sigma^2$; with secure
+# aggregation it has $\sigma^2$. That is a factor $K=5$ in variance ($\sqrt5$ in standard
+# deviation), at the cost of trusting the aggregation protocol and the other clients.
+# ````
+#
+# ```{exercise} Fewer random features
+# :label: stsa-beyond-ex-features
+#
+# The noise on $G$ has Frobenius norm of about $\sigma_G M$. Run
+# `make run NB=stsa_beyond ARGS="M=300"` and explain the change in the private accuracy.
+# ```
+#
+# ````{solution} stsa-beyond-ex-features
+# :class: dropdown
+#
+# Fewer features mean fewer noisy directions ($M(M+1)/2$ noisy entries of $G$) and a smaller
+# noise norm relative to the signal, but less expressive features. Which effect wins depends on
+# $\varepsilon$: the smaller $\varepsilon$, the more a smaller $M$ helps.
+# ````

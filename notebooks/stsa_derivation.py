@@ -87,7 +87,8 @@ from fedlib.data.partition import make_partition
 from fedlib.runner import specs
 
 specs.check("stsa_derivation", globals())
-sns.set_theme(style="whitegrid")
+from fedlib.evaluation.style import book_style, fit_column
+book_style()   # the book's figure theme and table number style
 rng = np.random.default_rng(seed)
 x_all, y_all = synthetic_features(n_samples + n_samples // 5, dim, num_classes, kind="mean_dominated", seed=seed)
 x_all, y_all, x_test, y_test = x_all[:n_samples], y_all[:n_samples], x_all[n_samples:], y_all[n_samples:]
@@ -154,7 +155,7 @@ assert checks["max |gradient| / max |X^T Y|"] < tol_w and checks["max |W - W_skl
 # %%
 spatial = stsa_studies.spatial_check(x_all, y_all, num_classes, rf, betas + [None], client_counts, seed, stats, w_star,
                              rf(x_test), gamma)
-display(spatial.style.format({c: "{:.1e}" for c in spatial.columns if c.startswith("rel")}))
+display(spatial.style.format({c: "{:.1e}" for c in spatial.columns if c.startswith("rel")}, na_rep="—"))
 assert spatial["rel. err. sum G_k"].max() < 1e-12 and spatial["rel. err. sum C_k"].max() < 1e-12
 assert spatial["rel. err. W"].max() < tol_w and spatial["same predictions"].all()
 claims.register(
@@ -221,20 +222,20 @@ claims.register(
 # the joint solution), but every new task adds competitors in the argmax, so old-task accuracy
 # can drop. With a fixed $F$ this matrix is the same for every partition and client count.
 
-# %%
-fig, ax = plt.subplots(figsize=(4.5, 3.6))
+# %% mystnb={"figure": {"caption": "STSA's accuracy matrix on the synthetic stream as a heat map: row t is the stage after which the head is tested, column tau the task whose test classes are scored, colour and number the accuracy (%). Old tasks keep their joint head but can lose accuracy as every new task adds competing classes."}, "image": {"alt": "Annotated heat map of accuracy by stage and task"}}
+fig, ax = plt.subplots(figsize=fit_column(4.5, 3.6))
 sns.heatmap(pd.DataFrame(100 * result.acc, index=range(1, num_tasks + 1), columns=range(1, num_tasks + 1)),
             annot=True, fmt=".0f", cmap="viridis", ax=ax, cbar_kws={"label": "accuracy (%)"})
 ax.set(xlabel="task τ (test classes)", ylabel="after stage t", title="STSA accuracy matrix $A_{t,τ}$ (synthetic)")
 plt.show()
-print({k: round(100 * v, 2) for k, v in result.metrics.items()})
+print("; ".join(f"{k} {100 * v:.2f} %" for k, v in result.metrics.items()))
 
 # %% [markdown]
 # ## 4. STSA-E: a Gram matrix from first-order statistics (Prop. 3.1, eq. 9)
 #
 # STSA-E uploads only $C_{t,k}$ and the label counts $\mathbf n_{t,k}$. For class $i$ write
 # $s_k=C^{(i)}_{t,k}$ (client $k$'s class sum), $n_k$ its count, $n=\sum_k n_k$, $s=\sum_k s_k$,
-# $m=s/n$ and $m_k=s_k/n_k$. The server forms (eq. 9, with $C\,C^\top$ outer products; version 001's
+# $m=s/n$ and $m_k=s_k/n_k$. The server forms (eq. 9, with $C\,C^\top$ outer products; the revised version's
 # main text prints the scalar $C^\top C$, a typo)
 #
 # $$\hat G^{(i)}=\frac{n-1}{K-1}\sum_k\frac{s_ks_k^\top}{n_k}-\frac{n-K}{n(K-1)}ss^\top .$$ (stsa-eq-ghat)
@@ -263,8 +264,9 @@ print({k: round(100 * v, 2) for k, v in result.metrics.items()})
 # :caption: fedlib/stsa/algorithm.py: the Gram estimate (eq. 9) as D D^T + E E^T
 # ```
 #
-# ```{prf:proposition} Unbiased Gram estimate (the paper's Prop. 3.1, under label skew)
+# ```{prf:proposition} Unbiased Gram estimate; STSA paper, under label skew
 # :label: stsa-prop-unbiased
+# :class: number-3-1
 #
 # {cite:t}`guan2025stsa`, in the form we prove:
 # If the $n$ samples of class $i$ are assigned at random to $K\ge2$ clients of fixed sizes $n_1,\dots,n_K\ge1$,
@@ -286,7 +288,7 @@ print({k: round(100 * v, 2) for k, v in result.metrics.items()})
 # the PSD forms agree; one sample per client ($K=n$) is exact; the Monte Carlo mean converges to $G$
 # at the rate $R^{-1/2}$.
 
-# %%
+# %% mystnb={"figure": {"caption": "Relative Frobenius error of the Monte Carlo mean of the Gram estimate against the true class Gram matrix versus the number of repetitions R (log-log), with a dashed reference line of slope minus one half. The mean converges at that rate, as it does for an unbiased estimator."}, "image": {"alt": "Log-log line chart: relative error of the averaged Gram estimate against number of repetitions, with a dashed reference slope"}}
 cls_idx = np.flatnonzero(y_all == 0)[:60]
 xc = phi[cls_idx]
 counts = np.array([1, 3, 6, 10, 15, 25])
@@ -296,7 +298,7 @@ assert identity_err < 1e-10 and exact_err < 1e-10
 
 mc, mean_ghat = stsa_studies.design_monte_carlo(xc[:, :48], counts, "global", mc_reps, rng)
 slope = np.polyfit(np.log(mc["repetitions"]), np.log(mc["rel. error of the mean"]), 1)[0]
-fig, ax = plt.subplots(figsize=(5, 3.5))
+fig, ax = plt.subplots(figsize=fit_column(5, 3.5))
 ax.loglog(mc["repetitions"], mc["rel. error of the mean"], "o-", label=f"Monte Carlo (slope {slope:.2f})")
 ax.loglog(mc["repetitions"], mc["rel. error of the mean"].iloc[0] * (mc["repetitions"] / mc["repetitions"].iloc[0]) ** -0.5,
           "k--", label="$R^{-1/2}$")
@@ -399,7 +401,7 @@ claims.register(
 #
 # $$E\lVert\hat G^{(i)}-G^{(i)}\rVert_F^2=\frac{n-K}{K-1}\big[(n-K)\operatorname{tr}\Sigma^2+(n-1)(\operatorname{tr}\Sigma)^2\big]+(n-K)\operatorname{tr}\Sigma^2$$ (stsa-eq-error-law)
 #
-# ([derived] in the notes; $\approx n^2(\operatorname{tr}\Sigma^2+(\operatorname{tr}\Sigma)^2)/(K-1)$).
+# (our derivation, not the paper's; $\approx n^2(\operatorname{tr}\Sigma^2+(\operatorname{tr}\Sigma)^2)/(K-1)$).
 # It vanishes at $K=n$. The paper's bound (Prop. 3.2) has the shape $((K+1)/(K-1))^2n^2$, which
 # does **not** vanish as $K$ grows: it is loose by a factor that grows like $K$. Its proof rests on
 # Lemma 3.5, $E\lVert\mathbf M\rVert_F^2=\frac{n-1}{n}(\operatorname{tr}\Sigma)^2$, which is false:
@@ -414,8 +416,8 @@ inner = law[law.K < mse_n]
 assert (abs(inner["Monte Carlo"] - inner["exact law"]) < 5 * inner["MC std. error"] + 1e-9).all()
 assert law["Monte Carlo"].iloc[-1] < 1e-9 * law["Monte Carlo"].iloc[0] if mse_clients[-1] == mse_n else True
 
-# %%
-fig, ax = plt.subplots(figsize=(5.5, 3.8))
+# %% mystnb={"figure": {"caption": "Expected squared Frobenius error of the Gram estimate against the number of clients K (class split evenly; log-log): Monte Carlo points, the exact law derived above (line) and the shape of the paper's bound scaled to agree at K = 2 (dashed). The Monte Carlo points follow the exact law, which falls as K grows, while the paper's bound shape does not vanish."}, "image": {"alt": "Log-log chart: Gram-estimate error against number of clients, Monte Carlo points with the exact law and the paper's bound shape"}}
+fig, ax = plt.subplots(figsize=fit_column(5.5, 3.8))
 ax.loglog(inner["K"], inner["Monte Carlo"], "o", label="Monte Carlo")
 ax.loglog(inner["K"], inner["exact law"], "-", label="exact law (derived)")
 ax.loglog(law["K"], law["paper shape (scaled at K=2)"], "--", label="paper's bound shape, scaled at K=2")
@@ -465,14 +467,14 @@ rate, rate_k, slopes, slope_k = stsa_studies.plugin_rate_study(rate_ns, rate_cli
 per_sample = "plug-in, per sample ||X(W_E - W*)||/sqrt(n)"
 print(f"K = 5, against n (mean of {rate_reps} draws):")
 print(rate.drop(columns="K K_D").to_string(float_format="%.3e"))
-print("fitted log-log slopes in n:", {k: round(v, 2) for k, v in slopes.items()},
+print("fitted log-log slopes in n:", ", ".join(f"{k} {v:.2f}" for k, v in slopes.items()),
       "(paper: -1 for the plug-in term, -0.5 for the oracle)")
 print(f"\nn = {rate_n_fixed}, against K K_D:")
 print(rate_k[[per_sample]].to_string(float_format="%.3e"))
 print(f"fitted log-log slope of the per-sample error in K K_D: {slope_k:.2f}")
 
-# %%
-fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+# %% mystnb={"figure": {"caption": "Plug-in error of the STSA-E head on synthetic Gaussian classes (log-log). Left: against the number of samples n at K = 5, per sample (RMS) and in the paper's normalization (Frobenius norm over n). Right: the per-sample error against the number of (dummy) clients K times K_D at fixed n. The paper's normalization falls with n while the per-sample error hardly moves; only more clients lower it."}, "image": {"alt": "Two log-log line charts: plug-in error against sample count in two normalizations, and per-sample error against number of clients"}}
+fig, axes = plt.subplots(1, 2, figsize=fit_column(10, 3.6))
 axes[0].loglog(rate.index, rate[per_sample], "o-", label="per sample (RMS)")
 axes[0].loglog(rate.index, rate["plug-in (1/n)||X(W_E - W*)||"], "s--", label="paper's (1/n)||.||_F")
 axes[0].set(xlabel="samples n (K = 5)", ylabel="plug-in error of the STSA-E head", title="against n")
@@ -535,7 +537,7 @@ assert err_sum < 1e-9 and err_masked > 1.0
 # (float32, one stage, one client, measured by `Message.nbytes`) times $T$; STSA-E is cheaper iff
 # roughly $c_tK_D<M$.
 
-# %%
+# %% mystnb={"figure": {"caption": "Upload per client over T = 10 stages (MiB, float32) against the number of random features M (log-log), one line per method, in the paper's CIFAR-100 setting (10 classes per task, 50 dummy clients). STSA's upload grows with the square of M and STSA-E's linearly, so STSA-E is the cheaper once M exceeds about c_t times K_D."}, "image": {"alt": "Log-log line chart: upload per client against number of random features for STSA and STSA-E"}}
 comm = stsa_studies.communication_table(paper_results.stsa_table5(), rng)
 print(comm.to_string(index=False))
 assert np.allclose(comm["formula (MiB)"], comm["paper (MB)"], atol=0.05)
@@ -551,7 +553,7 @@ claims.register(
         f"(paper {r['paper (MB)']})" for _, r in comm.iterrows()) + ". Counted as float32, MiB, stage 1 included.")
 
 curve = stsa_studies.communication_curve(comm_M, num_dummy=50)
-fig, ax = plt.subplots(figsize=(5, 3.5))
+fig, ax = plt.subplots(figsize=fit_column(5, 3.5))
 sns.lineplot(data=curve, x="M", y="MiB per client (T=10)", hue="method", marker="o", ax=ax)
 ax.set(xscale="log", yscale="log", xlabel="random features M", ylabel="upload per client (MiB, float32)",
        title="Communication vs M (paper Fig. 7, CIFAR-100, c_t=10)")

@@ -1,4 +1,4 @@
-"""Beyond the AFL paper (issue 14): QR aggregation, what the uploads reveal, secure aggregation,
+"""Beyond the AFL paper: QR aggregation, what the uploads reveal, secure aggregation,
 hyperparameter selection and unlearning from the uploaded statistics alone.
 
 Everything here reuses :mod:`fedlib.afl.algorithm` (the paper's client and servers) and

@@ -1,6 +1,6 @@
-"""AFL paper (Analytic Federated Learning, seed 004_5c121622d76fc9ca.txt): the printed tables.
+"""AFL paper (Analytic Federated Learning): the printed tables.
 
-The paper's numbers on the paper's datasets, never ours. Source: ``shared/papers/afl.md``.
+The paper's numbers on the paper's datasets, never ours, transcribed from the paper.
 """
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 
 Reads papermill's record (``metadata.papermill.duration`` and the per-cell durations) of every
 executed chapter in ``book/executed/`` and the baseline file (default
-``book/benchmarks/book_time_baseline_quick.json``: the durations of the quick run before the
-speed-up work, saved from that run's executed notebooks, which are build outputs and not in git),
+``book/benchmarks/book_time_baseline_quick.json``: the durations of a reference quick run,
+saved from that run's executed notebooks, which are build outputs and not in git),
 and prints per chapter the seconds before and now, their ratio, and the slowest cell now.
 Both sides are durations recorded when the chapters ran (each run's own load: see the record of the
 whole run, ``book/benchmarks/book_run_PROFILE.txt``), not runs in this process: the whole book
@@ -55,7 +55,7 @@ def current() -> dict[str, dict]:
     return out
 
 
-ALONE_GOAL_S = 180.0     # issue "scale and speed": any single chapter re-executed in at most 3 minutes
+ALONE_GOAL_S = 180.0     # the goal: any single chapter re-executed in at most 3 minutes
 
 
 def run_chapter(name: str, profile: str, out: Path) -> tuple[float, float]:

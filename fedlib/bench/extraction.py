@@ -2,16 +2,16 @@
 
 The book's first run passes every image of the AFL and STSA chapters once through EfficientNet-Lite0
 at 64 px (:func:`fedlib.data.features.extract_features`), and STSA's scratch setting embeds every
-image through each stage-1 SmallResNet (:func:`fedlib.federated.models.embed`). Both used to run
-in large batches (256 and 1024 images). On a CPU a smaller batch keeps a layer's activations in the
-cache. Timed here on one thread (what a chapter gets when two run side by side), interleaved
+image through each stage-1 SmallResNet (:func:`fedlib.federated.models.embed`). On a CPU a batch
+smaller than 256 or 1024 images keeps a layer's activations in the cache. Timed here on one thread
+(what a chapter gets when two run side by side), interleaved
 (:func:`fedlib.bench.measure`), on ``--images`` random 28 x 28 grayscale images:
 
-(a) EfficientNet-Lite0 @ 64 px in batches of 256 (the former default: the baseline), 128, 64, 32
-    (``features.CPU_BATCH``, the default now; batches are split evenly, so none is under 16 images:
+(a) EfficientNet-Lite0 @ 64 px in batches of 256 (the baseline), 128, 64, 32
+    (``features.CPU_BATCH``, the default; batches are split evenly, so none is under 16 images:
     below that, another convolution kernel changes the features in round-off);
-(b) a SmallResNet of widths (8, 16, 32) (STSA's scratch backbone) in batches of 1024 (the former
-    default: the baseline) and 256 (the default now).
+(b) a SmallResNet of widths (8, 16, 32) (STSA's scratch backbone) in batches of 1024 (the
+    baseline) and 256 (the default).
 
 Each variant's features are checked equal, bit for bit, to the baseline's (max |difference| = 0).
 

@@ -1,7 +1,7 @@
 """Domain-incremental digit streams: offline stand-ins for Re-Fed's Digit-10 (MNIST -> EMNIST -> USPS -> SVHN).
 
 **These are stand-ins, not the paper's data.** Digit-10's sources (MNIST, EMNIST-Digits, USPS, SVHN)
-cannot be downloaded on the project's machines (Re-Fed notes [D20]), so :func:`digit_domains` builds
+are not available offline, so :func:`digit_domains` builds
 digit domains with the same 10 labels from what ships offline:
 
 =========  =========================================================================================
@@ -29,7 +29,7 @@ a :class:`fedlib.data.streams.ClassIncrementalStream` whose tasks are the domain
 all C classes (``offset`` 0, ``classes`` = 0..C-1), ``relabel`` is the identity and
 ``num_seen(t) = C``. The class-incremental runner :func:`fedlib.federated.incremental.run_class_incremental`
 then runs domain-incremental learning unchanged: stage t partitions domain t's training data over
-the clients (Dirichlet(beta) label skew inside the domain, redrawn per task, Re-Fed [D2]; beta None
+the clients (Dirichlet(beta) label skew inside the domain, redrawn per task; beta None
 = IID) and ``A[t, tau]`` is the accuracy on domain tau's test set after stage t, predicted by argmax
 over all C classes (no task identity at test time).
 """

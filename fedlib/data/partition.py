@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from fedlib.core.validate import check_choice, check_int, check_positive
+from fedlib.evaluation.style import fit_column
 
 SCHEMES = ("iid", "dirichlet", "shards", "one_class")
 
@@ -232,7 +233,7 @@ def plot_partition(report: pd.DataFrame, ax=None, max_clients: int = 50):
 
     max_clients = check_int("max_clients", max_clients, 1)
     if ax is None:
-        _, ax = plt.subplots(figsize=(max(4.0, 0.45 * report.shape[1] + 2), max(3.0, 0.22 * min(len(report), max_clients) + 1.5)))
+        _, ax = plt.subplots(figsize=fit_column(max(4.0, 0.45 * report.shape[1] + 2), max(3.0, 0.22 * min(len(report), max_clients) + 1.5)))
     k = len(report)
     shown = report.iloc[:max_clients]
     annot = shown.shape[0] <= 20 and shown.shape[1] <= 12

@@ -1,8 +1,7 @@
 """Embedding and clustering metrics of "Federated t-SNE and UMAP" (Qiao, Ma, Fan; AAAI 2025), App. A.2.
 
-The paper names its metrics but not their recipes (``shared/papers/fedtsne.md`` section 5 and
-section 8 item 11). Every choice below is written in the function's docstring; the defaults are the
-notes' DECIDE defaults:
+The paper names its metrics but not their recipes. Every choice below is ours and is written in the
+function's docstring:
 
 * **CA k-NN**  (:func:`knn_accuracy`): k-NN classifier (Euclidean, uniform vote) fitted on a seeded,
   stratified 70 % of the embedded points, accuracy on the other 30 %. k in {1, 10, 50}.
@@ -180,7 +179,8 @@ def neighborhood_preservation(X_high, Z, k: int = 10, *, metric_high: str = "euc
     embedding error) and N_k^Z(i) the same in the embedding Z (Euclidean). Point i itself is excluded
     from both sets by index (so duplicates count as neighbours); both come from scikit-learn's exact
     ``NearestNeighbors.kneighbors()``, ties at the k-th distance are broken by its ordering. Not
-    label-based (notes §5 item 2). 1 for any similarity transform of X; k = n - 1 always gives 1.
+    label-based (the paper's numbers only fit this kNN-set overlap). 1 for any similarity transform of X;
+    k = n - 1 always gives 1.
 
     Raises ValueError for: non-2-D / non-finite inputs, ``Z`` and ``X_high`` with different numbers
     of points, k < 1 or k >= number of points, an unknown ``metric_high`` or a non-square /

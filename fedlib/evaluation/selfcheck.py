@@ -2,12 +2,15 @@
 
 Each exercise of a chapter is followed by one cell that calls a function of this module on what
 the chapter measured (a table, a number). The function states the prediction, measures it on
-the data it is given and returns a :class:`Verdict`, printed as one line, e.g.
+the data it is given and returns a :class:`Verdict`, printed with the verdict on its own first
+line and the prediction and measurement below it, wrapped at :data:`WIDTH` columns (a page shows
+all of it without scrolling sideways), e.g.
 
-    AFL benchmark, ex. invariance: AFL's accuracy is the same in every run and equals the centralized
-    head's; measured max |acc - centralized| = 0.0e+00 <= 1e-12 over 12 runs: as predicted
+    as predicted
+      AFL benchmark, ex. invariance: AFL's accuracy is the same in every run and equals the
+      centralized head's; measured max |acc - centralized| = 0.0e+00 <= 1e-12 over 12 runs
 
-A student changes the chapter's parameter, re-runs it, and reads the line: "as predicted" or
+A student changes the chapter's parameter, re-runs it, and reads the first line: "as predicted" or
 "NOT as predicted". The predictions are laws that hold for every parameter value (that is what
 the exercise asks the student to discover), so the check is meaningful at the default values too.
 Nothing here raises on a failed prediction; bad *input* (a table without the needed columns)
@@ -20,9 +23,12 @@ compared with, never the answer (:func:`pending`); once filled, :func:`answer_nu
 """
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 
 import pandas as pd
+
+WIDTH = 100   # columns of a printed verdict (the book's output boxes show about this many)
 
 
 @dataclass(frozen=True)
@@ -33,11 +39,17 @@ class Verdict:
     measured: str
     as_predicted: bool | None          # None: nothing to judge yet (the student has not answered)
 
-    def __str__(self) -> str:
+    def headline(self) -> str:
+        """The first printed line: the verdict alone (or, before the student answers, what to do)."""
         if self.as_predicted is None:
-            return f"{self.exercise}: {self.prediction}; {self.measured}"
-        end = "as predicted" if self.as_predicted else "NOT as predicted: re-read the exercise and its hint"
-        return f"{self.exercise}: {self.prediction}; {self.measured}: {end}"
+            return "not checked yet: see below"
+        return "as predicted" if self.as_predicted else "NOT as predicted: re-read the exercise and its hint"
+
+    def __str__(self) -> str:
+        body = textwrap.fill(f"{self.exercise}: {self.prediction}; {self.measured}", width=WIDTH,
+                             initial_indent="  ", subsequent_indent="  ", break_long_words=False,
+                             break_on_hyphens=False)
+        return f"{self.headline()}\n{body}"
 
     __repr__ = __str__
 

@@ -190,7 +190,7 @@ class SelectionContext:
 
 
 class Replay:
-    """A replay policy: memory M (samples per client) and its meaning ``memory_mode`` ([D1] of Re-Fed):
+    """A replay policy: memory M (samples per client) and its meaning ``memory_mode`` (Re-Fed's two readings):
     ``"total"`` M counts cache + new data (cache budget M - N_k), ``"replay"`` M is the cache alone.
     ``select(x, y, budget, ctx)`` -> (kept indices into the pool, sorted; a log dict or None)."""
 
@@ -226,7 +226,7 @@ class Replay:
 
 
 class RandomReplay(Replay):
-    """Uniformly random cache ([D16] of Re-Fed: the FedAvg/FedProx replay baselines); with
+    """Uniformly random cache (Re-Fed's FedAvg/FedProx replay baselines); with
     ``class_balanced`` (see :func:`select_top`) a random cache with per-class quotas."""
 
     name = "random"

@@ -62,7 +62,7 @@ __all__ = ["mmd2_u_grad_loop", "load_points", "relative_error", "feddl_dtype_row
 
 
 def mmd2_u_grad_loop(X, Y, gamma: float) -> np.ndarray:
-    """Eq. 13 column by column, written out as loops (notes Sec. 2.2):
+    """Eq. 13 column by column, written out as loops:
 
         grad_{y_j} f = -(4 gamma/(n n_y)) sum_i k(x_i, y_j)(x_i - y_j)
                        + (4 gamma/(n_y (n_y-1))) sum_{i != j} k(y_i, y_j)(y_i - y_j),

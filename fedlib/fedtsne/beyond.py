@@ -1,4 +1,4 @@
-"""Beyond the paper (issue 14, Fed-tSNE / Fed-UMAP items): what the distance upload of Algorithm 2 is,
+"""Beyond the Fed-tSNE / Fed-UMAP paper: what the distance upload of Algorithm 2 is,
 better estimates from the same upload, federated k-means landmarks, and local placement.
 
 **1. The upload is a projection and a residual** (chapter ``fedtsne_beyond``, Sec. 1). Landmarks

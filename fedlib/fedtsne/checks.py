@@ -52,9 +52,9 @@ def gradient_fd_error(X, Y, gamma: float, h: float = 1e-6) -> float:
 
 
 def gradient_identity_table(X, parts: Mapping[str, Sequence], Y, gamma: float) -> pd.DataFrame:
-    """The federated = pooled identity (notes Sec. 2.2): for every split (name -> index arrays) and the
-    weights n_p/n and 1/P, the max relative error of sum_p w_p grad f_p(Y) against the pooled gradient
-    grad MMD_u(X, Y). One row per (split, weights)."""
+    """The federated = pooled identity (the derivation chapter's section 2): for every split
+    (name -> index arrays) and the weights n_p/n and 1/P, the max relative error of sum_p w_p grad f_p(Y)
+    against the pooled gradient grad MMD_u(X, Y). One row per (split, weights)."""
     pooled = mmd2_u_grad(X, Y, gamma)
     rows = []
     for name, pp in parts.items():

@@ -1,4 +1,4 @@
-"""The "+" variants' differential privacy (Sec. 5; notes Sec. 2.6, 3, 8.7): row clipping, Theorem 4's
+"""The "+" variants' differential privacy (Sec. 5): row clipping, Theorem 4's
 data sensitivity, Theorem 6's gradient sensitivity and the data-free kernel bound, the noise sd
 calibrated by :mod:`fedlib.core.privacy` (dp-accounting), the paper's own calibrations for comparison,
 and the ledger of what a run spent."""

@@ -159,7 +159,7 @@ def feddl(client_data: Sequence, n_landmarks: int = 500, *, rounds: int = 100, l
     data by minimizing F(Y) = sum_p w_p MMD_u^2(X_p, Y) (Eqs. 8-16), run as :class:`FedDLClient` and
     :class:`FedDLServer` by :func:`fedlib.core.protocol.simulate` (one set-up round, then ``rounds``).
 
-    client_data: P arrays (n_p, m), n_p >= 2. Options (defaults = notes Sec. 2.8 DECIDE):
+    client_data: P arrays (n_p, m), n_p >= 2. Options (the defaults are our choices where the paper leaves one open):
 
     * ``mode``: "gradient" (Eq. 16, one gradient per client per round; ``local_steps`` must be 1) or
       "average" (Eqs. 14-15, ``local_steps`` = Q local steps, then weighted landmark averaging).

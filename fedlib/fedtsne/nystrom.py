@@ -35,7 +35,7 @@ def landmark_pinv_factors(W, *, inverse: str = "pinv", rank: int | None = None, 
     indefinite (a distance matrix), so the k eigenvalues of largest |lambda| are kept (k = ``rank``,
     default all), and those with |lambda| <= rcond max|lambda| dropped; mu = 1/lambda. ``"ridge"``:
     (W + lambda I)^{-1} ("add an identity matrix", Sec. 4.1), lambda = ``ridge``, default 1e-8 ||W||_2
-    (the notes' trace rule is 0 for a distance matrix); mu = 1/(lambda_i + lambda)."""
+    (a rule scaled by tr W would give 0: a distance matrix has a zero diagonal); mu = 1/(lambda_i + lambda)."""
     W = np.asarray(W, dtype=np.float64)
     if W.ndim != 2 or W.shape[0] != W.shape[1]:
         raise ValueError(f"W must be square, got shape {W.shape}")

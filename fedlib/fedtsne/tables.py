@@ -1,4 +1,4 @@
-"""Fed-tSNE / Fed-UMAP paper (seed 002_53e863fef0865499.txt): the printed tables (mean ± std).
+"""Fed-tSNE / Fed-UMAP paper: the printed tables (mean ± std).
 
 The paper's numbers on the paper's datasets, never ours.
 """
@@ -9,9 +9,8 @@ import pandas as pd
 from fedlib.evaluation.printed import pm_frame
 
 # Fed-tSNE / Fed-UMAP paper ("Federated t-SNE and UMAP for Distributed Data Visualization", Qiao,
-# Ma, Fan; AAAI 2025, arXiv:2412.13495) = shared/seeds/002_53e863fef0865499.txt.
-# Source: shared/papers/fedtsne.md section 6; every row below was compared, number by number,
-# with the seed text (they agree). Cells are stored as printed, "mean±std", and split into two
+# Ma, Fan; AAAI 2025, arXiv:2412.13495). Every row below was compared, number by number, with
+# the paper's text (they agree). Cells are stored as printed, "mean±std", and split into two
 # float columns (stat = mean / std). Metrics are fractions, not %: CA = k-NN classification
 # accuracy in the 2-D embedding, NPA = k-NN neighbour preservation, NMI / SC of k-means on the
 # embedding, ARI of spectral clustering (recipes: fedlib.evaluation.embedding). Setting of Tables

@@ -1,5 +1,5 @@
 """Re-Fed: replay-buffer selection for federated incremental learning (Li et al., CVPR 2024,
-"Towards Efficient Replay in Federated Incremental Learning"; seed 003, notes: papers/refed.md).
+"Towards Efficient Replay in Federated Incremental Learning").
 
 Every client k keeps its own cache of old samples under a storage budget M. When task t arrives
 (before training on it), every client rebuilds its cache from its previous local set
@@ -22,34 +22,33 @@ f(v_hat(lam)) falls as lam grows.
 
 The client-side cache selection is the replay policy :class:`RefedReplay` of the one incremental
 learner :class:`fedlib.federated.learner.GradientLearner`; :func:`make_learner` builds every
-method of the chapter. Decisions the paper leaves open (notes Sec. 8), all options of
-:func:`make_learner`:
+method of the chapter. Decisions the paper leaves open, all options of :func:`make_learner`:
 
-* [D1] ``memory_mode="total"`` (default, Sec. 3.1): M counts the whole local set, so the cache
+* Meaning of M: ``memory_mode="total"`` (default, Sec. 3.1): M counts the whole local set, so the cache
   keeps ``M - N_k^t`` old samples and cache u new data has at most M samples; every client's new
   task must then satisfy N_k^t < M (else ValueError: use ``"replay"``). At the first task nothing
   is dropped even if N_k^1 > M. ``"replay"`` (Sec. 4.1): M is the replay-buffer size, the cache
   keeps min(M, |pool|) old samples on top of the new data.
-* [D3] caches are rebuilt once per task, at the boundary, by **all** K clients, from the final
+* When and who: caches are rebuilt once per task, at the boundary, by **all** K clients, from the final
   global model of the previous task (not per round as Alg. 1 prints), each client from its own
   data and the broadcast model. Each task runs FedAvg with its own seed
   (:func:`fedlib.federated.learner.stage_config`), so each task samples its own clients.
-* [D4] the PIM starts at w^{t-1}. [D5] mini-batch SGD on mean CE + (q/2)||v - w||^2
+* PIM: it starts at w^{t-1}; mini-batch SGD on mean CE + (q/2)||v - w||^2
   (``prox_scaling="mean"``); ``"sum"`` divides q by |pool| (Eq. 3's summed gradient, literally).
-  [D7] PIM: plain SGD (momentum ``pim_momentum=0``), lr ``pim_lr`` (default ``config.lr``).
-* [D6] plain top-k over the whole pool: no per-task or per-class split of the budget
+  plain SGD (momentum ``pim_momentum=0``), lr ``pim_lr`` (default ``config.lr``).
+* Class balance: plain top-k over the whole pool: no per-task or per-class split of the budget
   (ours: ``class_balanced=True`` / ``"proportional"``: per-class top-k with a budget proportional
   to the class's pool share, the class mix random replay keeps in expectation; ``"equal"``, method
   ``"refed_balanced"`` of :func:`make_learner`: the same quota for every class of the pool).
-* [D11] ``aggregation="uniform"`` (Alg. 2) for every method; ``"size"``: n_k-weighted FedAvg.
-* [D12] iteration p = PIM epoch; every sample gets one G^p per epoch, taken at the parameters
+* Aggregation: ``aggregation="uniform"`` (Alg. 2) for every method; ``"size"``: n_k-weighted FedAvg.
+* Iteration p of Eqs. 4-5 = PIM epoch; every sample gets one G^p per epoch, taken at the parameters
   current when its mini-batch is processed (before the step).
-* [D13] ``grad_norm="exact"``: the exact per-sample squared norms over all trainable parameters,
+* Per-sample norms: ``grad_norm="exact"``: the exact per-sample squared norms over all trainable parameters,
   model in eval mode (:func:`fedlib.core.persample.grad_sq_norms`: ghost norms, one forward and one
   backward per mini-batch, no per-sample gradient formed; ``torch.func.vmap`` for layers it does
   not cover); ``"last_layer"``: the closed form of
   :func:`fedlib.core.persample.last_layer_grad_sq_norms`, a cheaper proxy (the output layer only).
-* [D16] FedAvg/FedProx replay baselines cache a uniformly random subset of the pool under the same
+* Baselines: FedAvg/FedProx replay cache a uniformly random subset of the pool under the same
   budget rule; FedProx mu = 0.01.
 
 Class-incremental (``scenario="class"``): a single head over all classes, CE on the first
@@ -141,7 +140,7 @@ def train_pim(global_model: nn.Module, x: Tensor, y: Tensor, num_seen: int, *, l
     """Train a PIM v from a copy of ``global_model`` (= w, left untouched) on the pool x (n, ...),
     y (n,) < num_seen, recording every sample's G^p once per epoch (before its mini-batch step).
 
-    Step (Eq. 3 with [D5]): SGD on mean CE(v(x_b)[:, :num_seen], y_b) + (q_eff/2)||v - w||^2,
+    Step (Eq. 3, loss averaged over the mini-batch): SGD on mean CE(v(x_b)[:, :num_seen], y_b) + (q_eff/2)||v - w||^2,
     q_eff = q(lam) (``prox_scaling="mean"``) or q(lam)/n (``"sum"``). Only ``names`` (default:
     parameters with requires_grad, or all) are trained and enter the norms. The explicit step
     diverges on the proximal term alone when lr * q_eff >= 2: ValueError (raise lam or lower lr).
@@ -296,7 +295,7 @@ def make_learner(method: str, model_fn: Callable[[], nn.Module], config: FedConf
 
     ``memory`` (M) is used by "refed", "refed_balanced" (Re-Fed with ``class_balanced="equal"``),
     "fedavg_replay", "fedprox_replay" (required there) and ignored by the memory-free methods, so
-    one loop can pass it to all. ``aggregation`` defaults to Re-Fed's uniform mean ([D11]).
+    one loop can pass it to all. ``aggregation`` defaults to Re-Fed's uniform mean (Alg. 2).
     ``kwargs``: names taken by the method's loss (FedProx ``mu`` (default 0.01); EWC ``lam``; LwF
     ``lam``, ``T``) go to the loss, then those of the replay policy (Re-Fed's ``lam``,
     ``weighting``, ``pim_epochs``, ``pim_lr``, ``pim_momentum``, ``prox_scaling``, ``grad_norm``,

@@ -1,7 +1,7 @@
 """Re-Fed importance scoring: per-sample squared gradient norms (Eq. 4), ghost norms against vmap and a loop.
 
 Every client of Re-Fed scores every sample of its candidate pool once per PIM epoch with
-G(x_i) = ||grad_theta CE(f(x_i), y_i)||^2 over all trainable parameters (notes Sec. 2.3, [D13]).
+G(x_i) = ||grad_theta CE(f(x_i), y_i)||^2 over all trainable parameters.
 This benchmark measures that scoring step alone (no PIM update), in float32 (what the notebook
 runs), with random inputs, labels and weights (the arithmetic does not depend on the values), on
 

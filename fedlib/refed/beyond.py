@@ -1,4 +1,4 @@
-"""Re-Fed, beyond the paper (issue 14): what the PIM adds, budget shares, label noise.
+"""Re-Fed, beyond the paper: what the PIM adds, budget shares, label noise.
 
 Every cache rule here is a replay policy of :class:`fedlib.federated.learner.GradientLearner`, run by
 :func:`fedlib.refed.studies.run_scenario` on the benchmark's data, model and seeds under the same

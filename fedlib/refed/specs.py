@@ -3,7 +3,7 @@
 cell, and the cross-parameter rules (each raises ValueError naming the parameters).
 
 :func:`check_total_memory` is the one data-dependent check (``memory_mode="total"`` needs M above
-every client's new task, notes [D1]); the benchmark chapter calls it once its data is loaded.
+every client's new task); the benchmark chapter calls it once its data is loaded.
 """
 from __future__ import annotations
 
@@ -167,7 +167,7 @@ SPECS = {
 
 def check_total_memory(memory_mode: str, streams: Iterable[tuple[str, Callable, object, list[int], list[float]]],
                        seeds: Iterable[int], num_clients: int) -> None:
-    """Under ``memory_mode="total"`` every M must exceed every client's new task (notes [D1]).
+    """Under ``memory_mode="total"`` every M must exceed every client's new task (Sec. 3.1's reading of M).
 
     ``streams``: (scenario name, ``stream(seed)`` factory or the stream itself, training labels (n,), the M values, the
     Dirichlet alphas it runs). ValueError naming the scenario, M, alpha and seed of the first

@@ -62,7 +62,8 @@ def run_scenario(scenario: dict, kind: str, method: str, seed: int, *, model_fn:
     ``rounds``, ``first_rounds`` (or None), ``epochs``; ``kind`` is ``"class"`` or ``"domain"``
     (:func:`make_learner`'s ``scenario``). ``alpha``, ``memory``, ``lam`` override the scenario's;
     ``method_hparams`` {method: keyword arguments of its loss}; ``num_classes`` of the model's head.
-    Plain SGD (Eqs. 3 and 6, [D7]); ``track`` evaluates after every round (Table 3's rounds to best).
+    Plain SGD (Eqs. 3 and 6; the paper names no optimizer); ``track`` evaluates after every round
+    (Table 3's rounds to best).
     ``share_first_stage``: a :class:`fedlib.federated.learner.FirstStageShare`; the task-1 training, the same
     for every method with the plain loss (no cache exists yet), is then done once and restored by
     the other runs (bit-identical); its measured seconds still count in every run's ``wall_s``.

@@ -1,10 +1,10 @@
-"""Re-Fed paper (Towards Efficient Replay in Federated Incremental Learning, CVPR 2024; seed
-003_352a55dc42dd420c.txt): the printed Tables 1-4 and 10.
+"""Re-Fed paper (Towards Efficient Replay in Federated Incremental Learning, CVPR 2024): the printed
+Tables 1-4 and 10.
 
 The paper's numbers on the paper's datasets (CIFAR10, CIFAR100, Tiny-ImageNet, Digit10, Office31,
-DomainNet; ResNet-18, 20 clients, 150 rounds per task, 20 local epochs), never ours. Source:
-``shared/papers/refed.md`` section 6; every row below appears verbatim in the seed text (checked
-string by string). Cells are stored as printed ("mean±std", 3 runs; Table 10 has no std).
+DomainNet; ResNet-18, 20 clients, 150 rounds per task, 20 local epochs), never ours, transcribed
+from the paper; every row below appears verbatim in the paper's text (checked string by string).
+Cells are stored as printed ("mean±std", 3 runs; Table 10 has no std).
 Tiny-ImageNet and DomainNet report Top-10 accuracy. Each ``refed_tableN(printed=True)`` returns the
 cells as printed (strings, for display); ``printed=False`` (default) returns floats, one
 (column..., stat) column per cell and stat in (mean, std), like the Fed-tSNE tables.
@@ -70,7 +70,7 @@ def refed_table1(printed: bool = False) -> pd.DataFrame:
     """Re-Fed paper, Table 1: final accuracy (%) of the global model after all tasks (mean ± std).
 
     Rows: "dataset (alpha)" as printed (3 class-incremental, then 3 domain-incremental); columns:
-    :data:`REFED_METHODS` (the paper's FedAvg / FedProx cache at random, [D16]). ``printed``: the
+    :data:`REFED_METHODS` (the paper's FedAvg / FedProx cache at random; the paper gives no rule). ``printed``: the
     cells as strings; else floats with columns (method, stat).
     """
     return _frame(_REFED_TABLE1, REFED_METHODS, printed, "dataset (paper)", ["method"])
@@ -81,7 +81,7 @@ def refed_table2(printed: bool = False) -> pd.DataFrame:
 
     Rows: CIFAR10, Office31, Tiny-ImageNet; columns (alpha, lambda) in :data:`REFED_TABLE2_COLUMNS`
     (+ stat unless ``printed``). Office31 at (1.0, 0.8) prints 50.08 where Tables 1 and 10 print
-    50.80 (kept as printed; notes Sec. 6.8).
+    50.80 (kept as printed).
     """
     if printed:
         return printed_frame(_REFED_TABLE2, pd.MultiIndex.from_tuples(REFED_TABLE2_COLUMNS, names=["alpha", "lambda"]))

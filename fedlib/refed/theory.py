@@ -1,6 +1,6 @@
 """Re-Fed's theory (Li et al., CVPR 2024, Appendix F) on instances where everything is exact.
 
-Used by the chapter ``notebooks/refed_theory.py`` (notes: papers/refed.md, Sec. 3). Notation: q =
+Used by the chapter ``notebooks/refed_theory.py``. Notation: q =
 q(lam) = (1 - lam) / (2 lam) (Eq. 3, :func:`fedlib.refed.algorithm.q_lambda`); the PIM objective of
 Definition 1 (Eq. 10) is f(v) + (q/2)||v - w||^2.
 
@@ -47,7 +47,7 @@ __all__ = ["Quadratic", "random_quadratic", "g_rate", "repaired_schedule", "exac
 
 def g_rate(t, g0: float, t0: float = 1.0) -> np.ndarray:
     """g(t) = g0 sqrt(t0 / (t + t0)) for rounds t (scalar or array): Theorem 3.1's assumed rate
-    E||w^t - w_hat||^2 <= g(t) (t0 = 1: the notes' g0 / sqrt(t + 1))."""
+    E||w^t - w_hat||^2 <= g(t) (t0 = 1: g0 / sqrt(t + 1), the rate the refed_theory chapter uses)."""
     return g0 * np.sqrt(t0 / (np.asarray(t, dtype=float) + t0))
 
 

@@ -131,18 +131,25 @@ def to_ipynb(name: str, dest: Path) -> Path:
     return dest
 
 
+def measured_durations(profile: str) -> dict[str, float]:
+    """``{chapter: seconds}`` measured at ``profile`` and committed (``notebooks/profiles.yml``:
+    ``durations``), so that a fresh clone also schedules its longest chapters first."""
+    with open(PROFILE_FILE) as f:
+        table = (read_yaml(f).get("durations") or {}).get(profile) or {}
+    return {name: float(seconds) for name, seconds in table.items()}
+
+
 def last_duration(name: str, profile: str) -> float | None:
-    """Seconds the chapter's executed notebook in the book took at ``profile`` (papermill's record),
-    or None when there is none (first run) or it ran at another profile."""
+    """Seconds the chapter's executed notebook in the book took at ``profile`` (papermill's record);
+    without one (first run, or a run at another profile) the committed measurement
+    (:func:`measured_durations`), or None."""
     path = EXECUTED_DIR / f"{name}.ipynb"
-    if not path.exists():
-        return None
     try:
         meta = json.loads(path.read_text()).get("metadata", {}).get("papermill", {})
     except (OSError, ValueError):
-        return None
+        meta = {}
     if meta.get("parameters", {}).get("profile") != profile or meta.get("duration") is None:
-        return None
+        return measured_durations(profile).get(name)
     return float(meta["duration"])
 
 
@@ -160,17 +167,26 @@ def cell_timings(path: Path, top: int | None = None) -> list[tuple[int, float, s
     return rows[:top] if top else rows
 
 
+REGISTERS_A_CLAIM = "claims.register("
+
+
 def _finish(notebook_json: str, profile: str, overrides: Mapping[str, Any] | None) -> str:
     """The executed notebook with the run's profile and overrides in its metadata (the claims ledger
     shows them beside each verdict) and its ``parameters`` cell (the notebook's own defaults) tagged
     ``hide-input``: the book folds it, and shows papermill's ``injected-parameters`` cell (the values
-    this run used) open, instead of two parameter cells one after the other."""
+    this run used) open, instead of two parameter cells one after the other. A cell that registers a
+    claim is plumbing: its code is removed from the page (``remove-input``) and so is its return
+    value's repr; the verdict box it displays stays."""
     nb = json.loads(notebook_json)
     nb.setdefault("metadata", {})[claims.RUN_KEY] = {"profile": profile, "overrides": dict(overrides or {})}
     for cell in nb["cells"]:
         tags = cell.setdefault("metadata", {}).setdefault("tags", [])
         if "parameters" in tags and "hide-input" not in tags:
             tags.append("hide-input")
+        if cell["cell_type"] == "code" and REGISTERS_A_CLAIM in "".join(cell.get("source", "")):
+            if "remove-input" not in tags:
+                tags.append("remove-input")
+            cell["outputs"] = [o for o in cell.get("outputs", []) if o.get("output_type") != "execute_result"]
     return json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
 
 

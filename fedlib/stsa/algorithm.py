@@ -1,5 +1,5 @@
 """STSA and STSA-E: federated class-incremental learning by spatial-temporal statistics aggregation
-(Guan et al.; equations numbered as in the revised version, seed 001; notes: papers/stsa.md).
+(Guan et al.; equations numbered as in the paper's revised version).
 
 After stage 1 the backbone F is frozen; a random ReLU layer R (regenerated on every client from a
 shared seed) maps its d-dim features to Phi(x) = ReLU(F(x) W_rand) in R^M (eq. 1). Per stage t:
@@ -18,12 +18,13 @@ Eq. 9 per class i with K (dummy) clients, class total n, class sums s_k, s = sum
 
 The paper's K is the total number of clients (``k_mode="global"``). Clients with n_k = 0 then
 contribute nothing to B while still counting in K, so the covariance part is biased low under label
-skew; ``k_mode="per_class"`` uses K_i = #{k : n_k > 0}, which is unbiased under label skew (notes
-Sec. 8.1). On the library's one protocol (:mod:`fedlib.core.protocol`): :class:`STSAClient` is the client
-program (its state keeps the regenerated R; the dummy split and the upload noise come from
-``derive_seed(seed, purpose, t, k)``), :class:`STSAServer` the server (its broadcast is the public
-R as ``rf_seed`` / ``M``, the stage and its class block); the learners run one round of
-:func:`~fedlib.core.protocol.simulate` per stage and add its measured cost to ``learner.cost``.
+skew; ``k_mode="per_class"`` uses K_i = #{k : n_k > 0}, which is unbiased under label skew (our
+derivation; the derivation chapter checks it). On the library's one protocol
+(:mod:`fedlib.core.protocol`): :class:`STSAClient` is the client program (its state keeps the
+regenerated R; the dummy split and the upload noise come from ``derive_seed(seed, purpose, t, k)``),
+:class:`STSAServer` the server (its broadcast is the public R as ``rf_seed`` / ``M``, the stage and
+its class block); the learners run one round of :func:`~fedlib.core.protocol.simulate` per stage and
+add its measured cost to ``learner.cost``.
 
 Unbiasedness needs P_k(x | y) to be the same on every client (label skew only): under
 feature skew (client-specific shifts, :class:`FeatureSkewLearner`) B also holds the spread of the
@@ -150,7 +151,7 @@ def class_coefficients(counts: Tensor, k_mode: str, clip: bool):
     (= n_i; with ``clip`` the authors' code's max(0, .) on (n_i-K) gives a_i n_i when n_i < K).
 
     a_i multiplies the between-client scatter B_i, the stand-in for the within-class scatter S_i,
-    whose n_i - 1 degrees of freedom it carries (notes Sec. 2.7). With n_i <= 1 the class holds at
+    whose n_i - 1 degrees of freedom it carries. With n_i <= 1 the class holds at
     most one sample, so S_i = 0 and its estimate is 0: a_i = 0. That case only arises with real-valued
     (noisy, Table 7) counts, n_i in [MIN_COUNT, 1); the printed (n_i-1)/(K-1) is negative there, which
     makes G_hat indefinite (and sqrt(a_i) in :func:`gram_estimate` NaN)."""

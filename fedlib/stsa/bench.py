@@ -1,6 +1,6 @@
 """STSA-E server cost: the Gram estimate (eq. 9) vectorized, as a per-class loop, and as printed.
 
-The server side of STSA-E at the paper's ResNet-18 scale (notes Sec. 2.7 / 2.14): M = 5000 random
+The server side of STSA-E at the paper's ResNet-18 scale: M = 5000 random
 features, 100 classes, K = 5 real clients x K_D = 50 dummy clients = 250 (dummy) clients, gamma = 1e4.
 All 100 classes go into one estimate: eq. 9 is a sum over classes, so this is the total estimation
 work of the T = 10 stages of 10 classes (the per-stage calls split the same terms); one ridge solve.

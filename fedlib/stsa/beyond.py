@@ -1,4 +1,4 @@
-"""Beyond the STSA paper (issue 14): what the aggregated statistics also allow.
+"""Beyond the STSA paper: what the aggregated statistics also allow.
 
 1. **Ridge gamma by generalized cross-validation (GCV) from the statistics alone.** With
    G = Phi^T Phi = V diag(lambda) V^T (one symmetric eigendecomposition), C_hat = V^T C and
@@ -244,7 +244,7 @@ class StatsClient(STSAClient):
     (:func:`privatize_upload`, noise drawn from ``torch_generator(seed, "dp_noise", t, k)``).
     ``noise_share`` scales every sd: 1 (each upload is private) or 1/sqrt(K) (secure aggregation:
     the K noises add up to multiplier z in the sum the server sees). ``noise=(q, s)`` adds the
-    paper's uncalibrated q N(0, s^2) to ``noise_entries`` instead (version 000, Table 7)."""
+    paper's uncalibrated q N(0, s^2) to ``noise_entries`` instead (the paper's earlier version, Table 7)."""
 
     clip_norm: float | None = None
     noise_multiplier: float = 0.0

@@ -15,7 +15,7 @@ from fedlib.core.validate import check_positive
 
 def add_upload_noise(msg: Message, q: float, s: float, generator: torch.Generator | None,
                      entries: Sequence[str] = ("G", "C", "n"), draws: dict[str, Tensor] | None = None) -> Message:
-    """The privacy experiment of version 000 (App. E.2, Table 7): add q * N(0, s^2) to the named
+    """The privacy experiment of the paper's earlier version (App. E.2, Table 7): add q * N(0, s^2) to the named
     upload entries. G's noise is symmetrized ((E + E^T)/sqrt(2), same variance) so G stays
     symmetric. Noisy counts stay real numbers: :class:`STSAServer` uses them as they are (no
     rounding, which would undo noise of sd < 0.5 exactly), except that a count below

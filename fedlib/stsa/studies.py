@@ -399,7 +399,7 @@ def feature_skew_scatter_ratio(x: np.ndarray, features: RandomFeatures, sizes, s
 
 def gram_error_law(n: int, k: int, sigma: np.ndarray) -> float:
     """Exact E||G_hat - G||_F^2 of eq. 9 for one class of n Gaussian samples (covariance sigma (d, d))
-    over k >= 2 non-empty clients (the corrected Prop. 3.2, notes Sec. 8):
+    over k >= 2 non-empty clients (the exact law that Prop. 3.2 bounds; our derivation):
     (n-k)/(k-1) [(n-k) tr S^2 + (n-1)(tr S)^2] + (n-k) tr S^2."""
     check_int("k", k, 2)
     tr1, tr2 = float(np.trace(sigma)), float(np.trace(sigma @ sigma))
@@ -1047,10 +1047,10 @@ NOISE_VARIANTS = {"STSA": ("STSA", ("G", "C"), False), "STSA-E1": ("STSA-E", ("C
 
 
 def noise_study(run, features, beta: float, seeds, M: int, grid):
-    """Version 000's Table 7: A_T with q * N(0, s^2) noise on the uploads (:data:`NOISE_VARIANTS`: which
-    entries, counts rounded or not) for every (q, s) of ``grid`` and seed, plus the clean runs
-    ("Original"; one clean STSA-E run serves every E variant). A run whose q * s was already run for
-    that variant and seed is reused (the noise is q s N(0, 1) from each client's own stream).
+    """Table 7 of the paper's earlier version: A_T with q * N(0, s^2) noise on the uploads
+    (:data:`NOISE_VARIANTS`: which entries, counts rounded or not) for every (q, s) of ``grid`` and seed,
+    plus the clean runs ("Original"; one clean STSA-E run serves every E variant). A run whose q * s was
+    already run for that variant and seed is reused (the noise is q s N(0, 1) from each client's own stream).
     Returns ``(runs: setting, variant, seed, A_T; grams: {(setting, variant, seed): server Gram})``."""
     points = [(q, s, "Original" if q == 0 else f"q={q}, s={s}") for q, s in [[0.0, 0.0]] + list(grid)]
     # without noise E1, E2, E3 and the rounded variant are the same STSA-E run

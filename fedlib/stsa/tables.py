@@ -1,5 +1,5 @@
-"""STSA / STSA-E paper (seeds 000_e25577ccf93265ea.txt, 001_7af26fce2ee7bc1e.txt): the printed tables
-and the deltas quoted in the text. The paper's numbers on the paper's datasets, never ours.
+"""STSA / STSA-E paper (both versions): the printed tables and the deltas quoted in the text.
+The paper's numbers on the paper's datasets, never ours.
 """
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from fedlib.evaluation.printed import multi_frame
 
 # ---------------------------------------------------------------------------------------------
 # STSA / STSA-E paper ("Spatial-Temporal Statistics Aggregation" for federated class-incremental
-# learning). Two versions: [000] = shared/seeds/000_e25577ccf93265ea.txt, [001] =
-# shared/seeds/001_7af26fce2ee7bc1e.txt; Tables 1-6 are identical in both, Table 7 is in [000] only.
-# Source: shared/papers/stsa.md section 5, every number checked against both seed texts.
+# learning). Two versions: [000] = the earlier version ("STSA: Federated Class-Incremental Learning
+# via Spatial-Temporal Statistics Aggregation"), [001] = the revised version ("Enhancing Federated
+# Class-Incremental Learning via Spatial-Temporal Statistics Aggregation"); Tables 1-6 are identical
+# in both, Table 7 is in [000] only. Every number was checked against both versions' text.
 # All numbers are percentages (accuracy / forgetting) unless stated. Method names drop the
 # citations and "(Ours)"; "Joint" is printed "Joint (Upper-bound)"; [001] misspells PILoRA "PLoRA".
 # ---------------------------------------------------------------------------------------------

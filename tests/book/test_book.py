@@ -167,6 +167,15 @@ def test_every_chapter_opens_with_its_findings(book, name):
         assert f'href="#claim-{r["id"]}"' in block and r["verdict"] in block, r["id"]
 
 
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_figures_are_numbered_per_chapter_and_captioned(book, name):
+    """Fig. 1, 2, ... on every chapter (fedlib.runner.numbering), each with its caption."""
+    html = (book / "_build" / "html" / "book" / "executed" / f"{name}.html").read_text()
+    numbers = re.findall(r'<span class="caption-number">Fig\. (\d+) </span>', html)
+    assert numbers and numbers == [str(i) for i in range(1, len(numbers) + 1)], numbers
+    assert html.count("<figcaption>") >= len(numbers)
+
+
 def test_first_page_opens_with_the_books_findings(book):
     recs = claims.collect(book / "book" / "executed", NOTEBOOKS)
     page = (book / "_build" / "html" / "book" / "intro.html").read_text()
@@ -195,7 +204,7 @@ def test_claims_ledger_page_lists_every_registered_claim(book):
 CHROMIUM = Path(os.environ.get("FEDLIB_CHROMIUM", "/usr/bin/chromium"))
 CHROMEDRIVER = Path(os.environ.get("FEDLIB_CHROMEDRIVER", "/usr/bin/chromedriver"))
 SCREENSHOTS = REPO / "_build" / "screenshots"   # kept after the tests, for review (git-ignored)
-WINDOW = (1280, 2000)
+WINDOW = (1400, 1000)   # one "screen" of the page
 RAW_TEX = ("$$", "\\(", "\\[", "\\begin{")
 REMOTE_TAG = re.compile(r"<(?:script|img|iframe|link|source|audio|video|embed)\b[^>]*?\s(?:src|href)=[\"']?(?:https?:)?//",
                         re.IGNORECASE)
@@ -241,6 +250,19 @@ const mathjax = window.MathJax && window.MathJax.startup && window.MathJax.start
     nav: Array.from(document.querySelectorAll('nav.bd-docs-nav a[href]')).map(a => a.href),
     resources: performance.getEntriesByType('resource').map(e => e.name),
     overflow: overflow,
+    // what a reader meets (the book's reading standards): text in outputs, table cells, boxes whose
+    // content is wider than the box, figures (shown width, natural width, alt text, caption), length
+    outputs: Array.from(document.querySelectorAll('.cell_output')).map(e => e.textContent).join(' | '),
+    cells: Array.from(document.querySelectorAll('article td, article th')).map(e => e.textContent.trim()),
+    clipped: article ? Array.from(article.querySelectorAll(
+        '.cell_output .output, div.highlight pre, .pst-scrollable-table-container, div.math'))
+      .filter(e => e.scrollWidth > e.clientWidth + 2)
+      .map(e => `${e.className.split(' ')[0] || e.tagName.toLowerCase()}: ${e.textContent.trim().slice(0, 50)}`) : [],
+    figures: article ? Array.from(article.querySelectorAll('.cell_output img')).map(i => ({
+      src: (i.currentSrc || i.src).slice(-40), shown: i.getBoundingClientRect().width, natural: i.naturalWidth,
+      alt: i.getAttribute('alt') || '', caption: Boolean(i.closest('figure') && i.closest('figure').querySelector('figcaption'))
+    })) : [],
+    screens: document.documentElement.scrollHeight / window.innerHeight,
   });
 }).catch(e => done({error: String(e)}));
 """
@@ -364,6 +386,70 @@ def test_wide_content_scrolls_inside_the_content_column(browser_visits):
     column unless it sits in a box that scrolls horizontally (book/_static/fedlib.css)."""
     bad = {p: v["overflow"][:3] for p, v in browser_visits.items() if v.get("overflow")}
     assert not bad, bad
+
+
+REPR = re.compile(r"\{'[\w-]+': |<[\w.]+ object at 0x[0-9a-f]+>|\bdict_(?:keys|values|items)\(")
+MISSING_CELLS = {"nan", "NaN", "None", "<NA>", "NaT"}
+
+
+def test_no_dollar_sign_reaches_the_reader(browser_visits):
+    """Math in generated Markdown is typeset too (myst-nb renders displayed Markdown as MyST)."""
+    bad = {p: v["text"][max(0, i - 50):i + 50] for p, v in browser_visits.items() if (i := v["text"].find("$")) >= 0}
+    assert not bad, bad
+
+
+def test_no_python_repr_in_the_outputs(browser_visits):
+    """No dict or object repr under a verdict box or anywhere else (claim cells show their box only)."""
+    bad = {p: m.group(0) for p, v in browser_visits.items() if (m := REPR.search(v["outputs"]))}
+    assert not bad, bad
+
+
+def test_no_table_cell_reads_nan_or_none(browser_visits):
+    """Missing values read "—" (fedlib.evaluation.style)."""
+    bad = {p: sorted(set(v["cells"]) & MISSING_CELLS) for p, v in browser_visits.items() if set(v["cells"]) & MISSING_CELLS}
+    assert not bad, bad
+
+
+def has_alt(figure: dict) -> bool:
+    """Alt text that describes the figure (not empty, not the image's file name)."""
+    alt = figure["alt"].strip()
+    return bool(alt) and not re.search(r"\.(?:png|svg|jpe?g)$", alt)
+
+
+def reading_audit(visits: dict) -> dict:
+    """Counts of what the book's reading standards ask for, page by page and in total: boxes whose
+    content is wider than the box, figures shown at under 80 % of their width or without a caption
+    or alt text, and the page's length in screens (WINDOW)."""
+    pages = {}
+    for page, v in visits.items():
+        figs = v.get("figures", [])
+        pages[page] = {"clipped boxes": len(v.get("clipped", [])),
+                       "figures under 80 %": sum(f["natural"] and f["shown"] < 0.8 * f["natural"] for f in figs),
+                       "figures without caption": sum(not f["caption"] for f in figs),
+                       "figures without alt text": sum(not has_alt(f) for f in figs),
+                       "figures": len(figs), "screens": round(v.get("screens", 0), 1)}
+    total = {k: sum(p[k] for p in pages.values()) for k in next(iter(pages.values())) if k != "screens"}
+    total["pages over 15 screens"] = sum(p["screens"] > 15 for p in pages.values())
+    return {"window": list(WINDOW), "total": total, "pages": pages}
+
+
+def test_every_figure_has_a_caption_and_alt_text(browser_visits):
+    """Each chapter figure sits in a <figure> with its <figcaption> and has alt text (the cell's
+    ``mystnb`` metadata: figure.caption, image.alt)."""
+    bad = {p: [f["src"] for f in v["figures"] if not (f["caption"] and has_alt(f))] for p, v in browser_visits.items()}
+    bad = {p: srcs for p, srcs in bad.items() if srcs}
+    assert not bad, bad
+
+
+def test_reading_audit_is_written_and_counts_every_page(browser_visits):
+    """The audit (_build/screenshots/audit.json) covers every visited page; figures stay within the
+    column (never scaled past it, book/_static/fedlib.css)."""
+    audit = reading_audit(browser_visits)
+    (SCREENSHOTS / "audit.json").write_text(json.dumps(audit, indent=1))
+    assert set(audit["pages"]) == set(browser_visits)
+    too_wide = {p: [f for f in v["figures"] if f["shown"] > 0 and f["shown"] > f["natural"] + 1]
+                for p, v in browser_visits.items()}
+    assert not any(too_wide.values()), too_wide
 
 
 def test_every_formula_is_typeset_from_the_build(browser_visits):

@@ -1,18 +1,26 @@
 """Coursework and textbook apparatus of the book (fast: no chapter is executed).
 
 * every self-check of `fedlib.evaluation.selfcheck` says "as predicted" on a case that follows the
-  prediction and "NOT as predicted" on one that does not;
-* a tiny book with one exercise and its solution, built with jupyter-book in normal and in student
-  mode (`fedlib.runner.student`, what `make html-student` runs): the solution is in the first and
-  absent from the second, the exercise in both;
+  prediction and "NOT as predicted" on one that does not; the verdict is printed on its own first
+  line and no printed line is wider than `selfcheck.WIDTH`;
+* a tiny book of two pages with exercises, solutions and theorems, built with jupyter-book in normal
+  and in student mode (`fedlib.runner.student`, what `make html-student` runs): the solution is in
+  the first and absent from the second, the exercise in both; exercises are numbered per page and a
+  theorem with `:class: number-3-1` reads "Theorem 3.1" (`fedlib.runner.numbering`);
 * every `{eq}`, `{cite}`, `{term}`, `{ref}`/`{numref}`/`{prf:ref}` target used in the notebooks and
   prose pages exists, parsed from the sources;
 * every chapter cites a paper, and every derivation chapter has a labelled equation (chapters
   whose notebook does not exist yet are skipped);
-* every exercise has a solution and a self-check cell.
+* every exercise of every chapter has a title and a `{solution}` block (none in a plain dropdown);
+  every exercise of a chapter that reproduces a paper has a self-check cell;
+* the coursework page's index lists every exercise, in order, with its number, title, goal and run
+  time (checked against `notebooks/profiles.yml`);
+* a statement quoted from a paper (`{prf:...}` opening with its citation) carries the paper's number
+  (`:class: number-...`), and no title says "the paper's Lemma N" beside another number.
 """
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
@@ -28,7 +36,8 @@ from fedlib.evaluation import selfcheck
 from fedlib.fedtsne import selfcheck as fedtsne_selfcheck
 from fedlib.refed import selfcheck as refed_selfcheck
 from fedlib.stsa import selfcheck as stsa_selfcheck
-from fedlib.runner import student
+from fedlib.runner import numbering, student
+from fedlib.runner.profiles import measured_durations
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "notebooks"
@@ -43,11 +52,25 @@ DERIVATIONS = ["afl_derivation", "stsa_derivation", "fedtsne_derivation", "fedsp
 # ---------------------------------------------------------------------------------------------
 # self-checks: one case where the prediction holds, one where it does not
 # ---------------------------------------------------------------------------------------------
-def test_verdict_prints_one_line_with_the_outcome():
+def _flat(v) -> str:
+    """A verdict's text on one line (the printed text is wrapped at selfcheck.WIDTH columns)."""
+    return " ".join(str(v).split())
+
+
+def test_verdict_prints_the_outcome_first_and_wraps():
     yes = selfcheck.Verdict("ex", "p", "measured m", True)
     no = selfcheck.Verdict("ex", "p", "measured m", False)
-    assert str(yes).endswith(": as predicted") and bool(yes)
-    assert "NOT as predicted" in str(no) and not bool(no)
+    assert str(yes).splitlines()[0] == "as predicted" and bool(yes)
+    assert str(no).splitlines()[0].startswith("NOT as predicted") and not bool(no)
+    assert str(yes).splitlines()[1:] == ["  ex: p; measured m"]
+    long = selfcheck.Verdict("AFL benchmark, ex. clients", "AFL's accuracy is the same in every run " * 6,
+                             "measured max |acc - centralized| = 0.0e+00 <= 1e-12 over 3 runs", False)
+    lines = str(long).splitlines()
+    assert lines[0].startswith("NOT as predicted") and len(lines) > 2
+    assert all(len(line) <= selfcheck.WIDTH for line in lines), [len(line) for line in lines]
+    assert _flat(long).endswith("over 3 runs") and "AFL benchmark, ex. clients:" in _flat(long)
+    pending = selfcheck.Verdict("ex", "fill in `my_x`", "it will be compared with y", None)
+    assert "predicted" not in str(pending) and not bool(pending)
 
 
 def test_afl_printed_sign():
@@ -63,7 +86,7 @@ def test_afl_table1_break():
     k = pd.Index([2, 10, 20, 50], name="K")
     table = pd.DataFrame({"N_k": [5000, 1000, 500, 200], "ΔW w/o RI (ours)": [1e-9, 1e-9, 40.0, 90.0]}, index=k)
     v = afl_selfcheck.afl_table1_break(table, 512)
-    assert v and "first at K = 20" in str(v)
+    assert v and "first at K = 20" in _flat(v)
     assert not afl_selfcheck.afl_table1_break(table, 100)        # predicts no break, but K=20 and 50 broke
     with pytest.raises(ValueError, match="dim"):
         afl_selfcheck.afl_table1_break(table, 0)
@@ -93,7 +116,7 @@ def test_stsa_checks():
     assert stsa_selfcheck.stsa_break_even(125, 1250, 10)
     assert not stsa_selfcheck.stsa_break_even(126, 1250, 10)
     assert stsa_selfcheck.stsa_break_even(None, 1250, 10).as_predicted is None
-    assert "125" not in str(stsa_selfcheck.stsa_break_even(None, 1250, 10)).replace("1250", "")
+    assert "125" not in _flat(stsa_selfcheck.stsa_break_even(None, 1250, 10)).replace("1250", "")
     assert stsa_selfcheck.stsa_rank({"rank": 40, "bound": 50}, 1250)
     assert not stsa_selfcheck.stsa_rank({"rank": 1250, "bound": 2000}, 1250)
 
@@ -104,7 +127,7 @@ def test_fedtsne_exact_landmarks():
     rows = [("FedDL IID", n, e) for n, e in [(4, 0.3), (6, 0.1), (8, 1e-9), (20, 1e-10)]]
     sweep = pd.DataFrame(rows + [("uniform sample (oracle)", 4, 0.2)], columns=["landmarks", "n_y", "rel. error of D_hat"])
     v = fedtsne_selfcheck.fedtsne_exact_landmarks(sweep, x)
-    assert v and "r + 2 = 8" in str(v)
+    assert v and "r + 2 = 8" in _flat(v)
     bad = sweep.copy()
     bad.loc[2, "rel. error of D_hat"] = 1e-2                    # n_y = 8 = r + 2 but not exact
     assert not fedtsne_selfcheck.fedtsne_exact_landmarks(bad, x)
@@ -122,7 +145,7 @@ def test_refed_checks():
     assert refed_selfcheck.refed_mean_lambda(1 / 1.0005, 0.8, 500)
     assert not refed_selfcheck.refed_mean_lambda(0.8, 0.8, 500)
     none = refed_selfcheck.refed_mean_lambda(None, 0.8, 500)
-    assert none.as_predicted is None and "my_lambda" in str(none) and "0.9995" not in str(none)
+    assert none.as_predicted is None and "my_lambda" in _flat(none) and "0.9995" not in _flat(none)
     fin = pd.DataFrame({"s": [1, 1, 1, 5, 5], "lambda": [0.2, 0.5, 0.8, 0.2, 0.8], "dist": [0.3, 0.3, 0.3, 0.1, 0.5]})
     assert refed_selfcheck.refed_one_step_flat(fin)
     assert not refed_selfcheck.refed_one_step_flat(fin.assign(dist=[0.3, 0.31, 0.3, 0.1, 0.5]))
@@ -141,10 +164,17 @@ $$ a = b $$ (tiny-eq)
 THEOREMTEXT
 ```
 
+```{prf:theorem} A paper's law
+:label: tiny-paper-thm
+:class: number-3-1
+
+PAPERTHEOREM
+```
+
 ```{exercise} A question
 :label: tiny-ex
 
-EXERCISETEXT, see {eq}`tiny-eq` and {prf:ref}`tiny-thm`.
+EXERCISETEXT, see {eq}`tiny-eq`, {prf:ref}`tiny-thm` and {prf:ref}`tiny-paper-thm`.
 ```
 
 ````{solution} tiny-ex
@@ -153,30 +183,79 @@ EXERCISETEXT, see {eq}`tiny-eq` and {prf:ref}`tiny-thm`.
 SOLUTIONTEXT
 ````
 
+```{exercise} Another question
+:label: tiny-ex-2
+
+SECONDTEXT
+```
+
 See {numref}`tiny-ex`.
 """
+
+TINY_PAGE_2 = """# Second
+
+```{exercise} A question on the second page
+:label: tiny-two-ex
+
+PAGETWOTEXT
+```
+
+````{solution} tiny-two-ex
+:class: dropdown
+
+SOLUTIONTWO
+````
+
+See {numref}`tiny-ex-2`.
+"""
+
+
+def _text(html: str) -> str:
+    return " ".join(re.sub(r"<[^>]+>", " ", html).split())
 
 
 def test_student_build_removes_solutions_and_keeps_exercises(tmp_path):
     cfg = yaml.safe_load((REPO / "_config.yml").read_text())
     extensions = cfg["sphinx"]["extra_extensions"]
     assert "sphinx_exercise" in extensions and "sphinx_proof" in extensions
+    assert "fedlib.runner.numbering" in extensions
     tiny = {"title": "tiny", "only_build_toc_files": True, "execute": {"execute_notebooks": "off"},
-            "parse": cfg["parse"], "sphinx": {"extra_extensions": ["sphinx_exercise", "sphinx_proof"]}}
+            "parse": cfg["parse"],
+            "sphinx": {"extra_extensions": ["sphinx_exercise", "sphinx_proof", "fedlib.runner.numbering"]}}
     (tmp_path / "_config.yml").write_text(yaml.safe_dump(tiny))
-    (tmp_path / "_toc.yml").write_text("format: jb-book\nroot: intro\n")
+    (tmp_path / "_toc.yml").write_text("format: jb-book\nroot: intro\nchapters:\n  - file: second\n")
     (tmp_path / "intro.md").write_text(TINY_PAGE)
+    (tmp_path / "second.md").write_text(TINY_PAGE_2)
     jb = Path(sys.executable).with_name("jupyter-book")
     proc = subprocess.run([str(jb), "build", str(tmp_path), "-W", "--keep-going"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     normal = (tmp_path / "_build" / "html" / "intro.html").read_text()
+    second = _text((tmp_path / "_build" / "html" / "second.html").read_text())
     out = student.build(tmp_path)
     assert out == tmp_path / "_build" / "student" / "html"
     students = (out / "intro.html").read_text()
     for html in (normal, students):
         assert "EXERCISETEXT" in html and "THEOREMTEXT" in html and "Exercise 1" in html
     assert "SOLUTIONTEXT" in normal
-    assert "SOLUTIONTEXT" not in students
+    assert "SOLUTIONTEXT" not in students and "SOLUTIONTWO" not in (out / "second.html").read_text()
+    # numbered per page: the second page starts again at 1; its reference to the first page's
+    # second exercise reads "Exercise 2"
+    first = _text(normal)
+    assert "Exercise 1 (A question)" in first and "Exercise 2 (Another question)" in first
+    assert "Exercise 1 (A question on the second page)" in second and "Exercise 3" not in second
+    assert "See Exercise 2" in second and "Solution to Exercise 1 (A question on the second page)" in second
+    # a fixed number: the paper's Theorem 3.1 reads so in its title and in a {prf:ref}; the other theorem is 1
+    assert "Theorem 3.1 (A paper" in first and "Theorem 1 (A law)" in first
+    assert "Theorem 1 and Theorem 3.1" in first
+
+
+def test_page_numbers():
+    assert numbering.fixed_number(["proof", "number-3-1"]) == (3, 1)
+    assert numbering.fixed_number(["number-2"]) == (2,) and numbering.fixed_number(["numbered"]) is None
+    ids = ["a", "b", "c", "d"]
+    assert numbering.page_numbers(ids, {}) == {"a": (1,), "b": (2,), "c": (3,), "d": (4,)}
+    # b fixed at 1: the automatic numbers skip it; a fixed 3.1 does not take 3
+    assert numbering.page_numbers(ids, {"b": (1,), "d": (3, 1)}) == {"a": (2,), "b": (1,), "c": (3,), "d": (3, 1)}
 
 
 def test_student_config_needs_sphinx_exercise(tmp_path):
@@ -295,20 +374,34 @@ def test_glossary_is_in_the_toc_and_used():
 # ---------------------------------------------------------------------------------------------
 # coursework: exercises with solutions and self-checks, at least two per paper
 # ---------------------------------------------------------------------------------------------
+def _exercises(text: str) -> list[tuple[str, str]]:
+    """(title, label) of every {exercise} of a page's markdown, in order (title "" when it has none)."""
+    return [(t.strip(), lab) for t, lab in re.findall(r"```\{exercise\}([^\n]*)\n:label:\s*(\S+)", text)]
+
+
 def _exercise_labels(text: str) -> list[str]:
-    return re.findall(r"```\{exercise\}[^\n]*\n:label:\s*(\S+)", text)
+    return [label for _, label in _exercises(text)]
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_exercises_have_titles_and_solutions(chapter):
+    """Every chapter, the beyond-the-paper ones included: exercises with a title, each solved in a
+    {solution} block (what the student build removes), no solution in a plain admonition."""
+    text = _markdown(NOTEBOOKS / f"{chapter}.py")
+    exercises = _exercises(text)
+    assert exercises, f"{chapter} has no {{exercise}}"
+    assert all(title for title, _ in exercises), f"{chapter}: exercises without a title: {exercises}"
+    labels = [label for _, label in exercises]
+    solved = re.findall(r"`\{solution\}\s+(\S+)", text)
+    assert set(labels) <= set(solved), f"{chapter}: exercises without a solution: {set(labels) - set(solved)}"
+    assert set(solved) <= set(labels), f"{chapter}: solutions of no exercise on the page: {set(solved) - set(labels)}"
+    assert not re.search(r"\{admonition\}[^\n]*[Ss]olution", text), \
+        f"{chapter}: solutions must be {{solution}} blocks (removed from the student build), not admonitions"
 
 
 @pytest.mark.parametrize("chapter", [c for c in CHAPTERS if not c.endswith("_beyond")])
-def test_exercises_have_solutions_and_selfchecks(chapter):
-    src = (NOTEBOOKS / f"{chapter}.py").read_text()
-    text = _markdown(NOTEBOOKS / f"{chapter}.py")
-    labels = _exercise_labels(text)
-    assert labels, f"{chapter} has no {{exercise}}"
-    solved = set(re.findall(r"`\{solution\}\s+(\S+)", text))
-    assert set(labels) <= solved, f"{chapter}: exercises without a solution: {set(labels) - solved}"
-    assert "{admonition} Solutions" not in text, "solutions must be {solution} blocks (hidden in the student build)"
-    assert "selfcheck." in src, f"{chapter} has no self-check cell"
+def test_paper_chapters_have_selfchecks(chapter):
+    assert "selfcheck." in (NOTEBOOKS / f"{chapter}.py").read_text(), f"{chapter} has no self-check cell"
 
 
 def test_at_least_two_selfchecked_exercises_per_paper():
@@ -319,14 +412,64 @@ def test_at_least_two_selfchecked_exercises_per_paper():
         assert calls >= 2, f"{paper}: {calls} self-check cells"
 
 
+INDEX_ROW = re.compile(r"^\| \{doc\}`(?P<chapter>[^`<]+?) <executed/(?P<nb>\w+)>` \| Ex\. (?P<n>\d+): "
+                       r"\{ref\}`(?P<title>[^`<]+?) <(?P<label>[^>]+)>` \| (?P<goal>[^|]+) \| (?P<time>[^|]+) \| "
+                       r"(?P<check>[^|]+) \|$", re.M)
+
+
+def _minutes(seconds: float) -> int:
+    return max(1, math.floor(seconds / 60 + 0.5))
+
+
 def test_coursework_page_lists_every_exercise():
+    """The index of book/coursework.md: one row per exercise of every chapter, in the book's order,
+    with the chapter, the exercise's number in its chapter, its title (as in the directive) and label,
+    a one-line goal, the run time (the chapter's measured quick duration, or "none") and the self-check
+    the cell under it calls (none for the beyond-the-paper chapters)."""
     page = (REPO / "book" / "coursework.md").read_text()
     assert "make html-student" in page
-    for chapter in CHAPTERS:
-        path = NOTEBOOKS / f"{chapter}.py"
-        if path.exists() and not chapter.endswith("_beyond"):
-            for label in _exercise_labels(_markdown(path)):
-                assert f"{{ref}}`{label}`" in page or f"{{numref}}`{label}`" in page, f"{label} not listed"
+    rows = [m.groupdict() for m in INDEX_ROW.finditer(page)]
+    expected = [(chapter, str(n), title, label) for chapter in CHAPTERS
+                for n, (title, label) in enumerate(_exercises(_markdown(NOTEBOOKS / f"{chapter}.py")), 1)]
+    assert [(r["nb"], r["n"], r["title"], r["label"]) for r in rows] == expected
+    durations = measured_durations("quick")
+    for r in rows:
+        chapter, time, check = r["nb"], r["time"].strip(), r["check"].strip()
+        assert 10 < len(r["goal"].strip()) < 160, r
+        minutes = re.match(r"~(\d+) min", time)
+        assert minutes or time.startswith("none"), r
+        if minutes:
+            assert int(minutes.group(1)) == _minutes(durations[chapter]), (r, durations[chapter])
+        src = (NOTEBOOKS / f"{chapter}.py").read_text()
+        if chapter.endswith("_beyond"):
+            assert check.startswith("none"), r
+        else:
+            fn = re.search(r"`(\w+)`", check)
+            assert fn and re.search(rf"^[^#\n]*\bselfcheck\.{fn.group(1)}\(", src, re.M), r
+
+
+# a statement quoted from a paper keeps the paper's number (fedlib.runner.numbering's `number-...` class)
+PAPER_NUMBERS = {"afl-thm-aa": "1", "afl-thm-ri": "2", "stsa-prop-unbiased": "3-1", "refed-lemma-1": "1",
+                 "refed-thm-3-1": "3-1"}
+PRF = re.compile(r"```\{prf:(?P<kind>\w+)\}(?P<title>[^\n]*)\n(?P<options>(?::[^\n]*\n)*)\s*(?P<body>[^\n]*)")
+
+
+def test_paper_statements_carry_the_papers_numbers():
+    found = {}
+    for name, text in _sources().items():
+        for m in PRF.finditer(text):
+            if m["kind"] == "proof":
+                continue
+            label = re.search(r":label:\s*(\S+)", m["options"])
+            fixed = re.search(r":class:[^\n]*\bnumber-([\d-]+)", m["options"])
+            where = f"{name}: {m['kind']} {label.group(1) if label else m['title']}"
+            assert not re.search(r"paper's (Lemma|Theorem|Prop)", m["title"], re.I), \
+                f"{where}: the title names the paper's number; fix the number instead (:class: number-N)"
+            if m["body"].lstrip().startswith("{cite"):        # quoted from a paper
+                assert fixed, f"{where} quotes a paper but has no :class: number-... (the paper's number)"
+            if label and fixed:
+                found[label.group(1)] = fixed.group(1)
+    assert found == PAPER_NUMBERS
 
 
 def test_later_selfchecks():
@@ -355,7 +498,7 @@ def test_later_selfchecks():
 # ---------------------------------------------------------------------------------------------
 def _pending(v, *hidden):
     """A fill-in check while the answer is None: no verdict, names what to fill in, hides the answer."""
-    text = str(v)
+    text = _flat(v)
     assert v.as_predicted is None and not bool(v) and "fill in" in text and "predicted" not in text, text
     for h in hidden:
         assert str(h) not in text, (h, text)

@@ -105,6 +105,20 @@ def test_environment_yml_agrees_with_pyproject():
     assert sorted(map(norm, pip)) == sorted(map(norm, wanted))
 
 
+def test_a_fresh_clone_schedules_the_longest_quick_chapters_first(tmp_path, monkeypatch):
+    from fedlib.runner import schedule
+
+    monkeypatch.setattr(profiles, "EXECUTED_DIR", tmp_path)           # nothing executed yet
+    names = profiles.notebook_names()
+    measured = profiles.measured_durations("quick")
+    assert set(measured) == set(names) and all(s > 0 for s in measured.values())
+    last = {n: profiles.last_duration(n, "quick") for n in names}
+    assert last == measured
+    order = schedule.plan(names, profiles.chapter_after(), last)
+    assert order[0] == max(measured, key=measured.get)
+    assert profiles.last_duration("afl_derivation", "smoke") is None   # none committed for smoke
+
+
 def test_all_refuses_overrides():
     with pytest.raises(ValueError, match="one notebook"):
         cli.main(["all", "--profile", "smoke", "num_clients=3"])
@@ -151,6 +165,19 @@ def test_executed_notebook_folds_the_default_parameters_cell():
     out = json.loads(profiles._finish(json.dumps(nb), "quick", {"rounds": 200}))
     assert [c["metadata"]["tags"] for c in out["cells"]] == [["parameters", "hide-input"], ["injected-parameters"], []]
     assert [c["source"] for c in out["cells"]] == ["a = 1", "a = 2", "b = a"]
+
+
+def test_executed_notebook_hides_claim_registration_but_keeps_the_verdict_box():
+    import json
+
+    box = {"output_type": "display_data", "data": {"text/html": "<div>verdict</div>"}, "metadata": {}}
+    repr_ = {"output_type": "execute_result", "data": {"text/plain": "{'id': 'x'}"}, "metadata": {}, "execution_count": 1}
+    nb = {"cells": [{"cell_type": "code", "source": "claims.register(\n  'x', 'afl')", "metadata": {},
+                     "outputs": [box, repr_]},
+                    {"cell_type": "code", "source": "df", "metadata": {}, "outputs": [repr_]}], "metadata": {}}
+    out = json.loads(profiles._finish(json.dumps(nb), "quick", {}))
+    assert out["cells"][0]["metadata"]["tags"] == ["remove-input"] and out["cells"][0]["outputs"] == [box]
+    assert out["cells"][1]["metadata"]["tags"] == [] and out["cells"][1]["outputs"] == [repr_]
 
 
 def test_executed_notebook_records_its_profile_and_overrides_for_the_ledger(tmp_path):

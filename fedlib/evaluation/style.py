@@ -1,0 +1,84 @@
+"""The book's look, set by one call at the top of every chapter: ``book_style()``.
+
+* Numbers in tables: one style (:func:`number`): whole numbers with thousands separators (51,248, not
+  51248.00; values from 10,000 up rounded to whole numbers), other values to 4 significant digits (0.8485, not 0.848500; 1e-06, not 0.000001).
+* Missing values in tables read "—", never ``nan`` or ``None`` (plain DataFrames and Stylers).
+* Figures: seaborn's whitegrid theme at 110 dpi; :func:`fit_column` sizes a figure for the page's
+  column (at most :data:`COLUMN_INCHES` wide), so that the page shows it at 80 % of its size or more
+  and its 10-point labels stay legible.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import pandas as pd
+
+__all__ = ["COLUMN_INCHES", "MISSING", "number", "frame_html", "fit_column", "facet_size", "book_style"]
+
+# a figure's output box is 784 px wide in a 1400 px window: a figure up to 980 px (8.9 in at 110 dpi)
+# is shown at 80 % of its size or more; 8 in leaves room for labels and legends outside the axes
+COLUMN_INCHES = 8.0
+MISSING = "—"
+
+
+def number(x) -> str:
+    """One number as the book prints it in a table: "—" for a missing value, whole numbers with
+    thousands separators, anything else to 4 significant digits (exponent form below 1e-4)."""
+    if x is None or (isinstance(x, numbers.Real) and math.isnan(x)):
+        return MISSING
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        return str(x)
+    if math.isinf(x):
+        return "∞" if x > 0 else "−∞"
+    if float(x).is_integer() or abs(x) >= 1e4:
+        return f"{round(x):,}"
+    return f"{x:.4g}" if abs(x) >= 1e-4 else f"{x:.2g}"
+
+
+def frame_html(df) -> str:
+    """A DataFrame's HTML for the book: pandas' own table (class ``dataframe``, the display options'
+    row and column limits) with :func:`number` on every float and "—" for every missing cell or label."""
+    def label(v):
+        return MISSING if v is None or (isinstance(v, float) and math.isnan(v)) else v
+
+    df = df.rename(index=label, columns=label)
+    return df.to_html(na_rep=MISSING, float_format=number, max_rows=pd.get_option("display.max_rows"),
+                      max_cols=pd.get_option("display.max_columns"), notebook=True)
+
+
+def fit_column(width: float, height: float, min_scale: float = 0.7) -> tuple[float, float]:
+    """A ``figsize`` (inches) for the column: a figure wider than :data:`COLUMN_INCHES` is narrowed to
+    it, and its height scaled by the same factor but never below ``min_scale`` of itself (panels
+    side by side stay tall enough to read)."""
+    if width <= 0 or height <= 0:
+        raise ValueError(f"figsize must be positive, got ({width}, {height})")
+    scale = min(1.0, COLUMN_INCHES / width)
+    return width * scale, height * max(scale, min_scale)
+
+
+def facet_size(columns: int, aspect: float = 1.3, legend: bool = True) -> dict:
+    """``height`` and ``aspect`` for a seaborn figure-level plot (``relplot``, ``catplot``) with
+    ``columns`` panels in a row that fits :data:`COLUMN_INCHES` (1.6 in kept for a legend at the
+    right), each panel at most 3.6 in tall."""
+    columns = max(1, int(columns))
+    width = COLUMN_INCHES - (1.6 if legend else 0.0)
+    return {"height": min(3.6, width / (columns * aspect)), "aspect": aspect}
+
+
+def book_style() -> None:
+    """Set the figure theme and register :func:`frame_html` as the HTML of every DataFrame shown in
+    this kernel (and "—" for the missing cells of Stylers). Safe to call again."""
+    import matplotlib as mpl
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid")
+    mpl.rcParams["figure.dpi"] = 110
+    pd.set_option("styler.format.na_rep", MISSING)
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython ships with the book extra
+        return
+    shell = get_ipython()
+    if shell is not None:
+        shell.display_formatter.formatters["text/html"].for_type(pd.DataFrame, frame_html)

@@ -1,0 +1,41 @@
+"""The book speaks of the work only: no project history, no internal decision ids, no references to
+files outside the repository. Every chapter source (``notebooks/*.py``: Markdown and printed
+strings), every prose page (``book/*.md``, top level only) and every ``fedlib`` source file (its
+docstrings are shown in the book) is scanned for the forbidden patterns; a failure names every
+offending file:line, so they can all be fixed in one pass."""
+import re
+
+from fedlib.core.paths import REPO
+
+FORBIDDEN = {
+    "decision id": re.compile(r"\[D\d+\]"),
+    "notes file": re.compile(r"papers/\w+\.md"),
+    "paper version id": re.compile(r"version 000", re.IGNORECASE),
+    "seed text": re.compile(r"seed text", re.IGNORECASE),
+    "issue number": re.compile(r"issue \d+", re.IGNORECASE),
+    "project history": re.compile(r"before this version", re.IGNORECASE),
+}
+
+
+def scanned_files():
+    files = sorted((REPO / "notebooks").glob("*.py")) + sorted((REPO / "book").glob("*.md"))
+    files += sorted((REPO / "fedlib").rglob("*.py"))
+    return files
+
+
+def test_the_scanned_files_exist():
+    files = scanned_files()
+    assert any(f.parent.name == "notebooks" for f in files)
+    assert any(f.parent.name == "book" for f in files)
+    assert any("fedlib" in f.parts for f in files)
+
+
+def test_no_history_decision_ids_or_outside_files_in_the_book_sources():
+    found = []
+    for path in scanned_files():
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for what, pattern in FORBIDDEN.items():
+                match = pattern.search(line)
+                if match:
+                    found.append(f"{path.relative_to(REPO)}:{lineno}: {what} {match.group(0)!r}: {line.strip()}")
+    assert not found, "text that is not about the work:\n" + "\n".join(found)

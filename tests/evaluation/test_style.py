@@ -1,0 +1,52 @@
+"""The book's number style in tables (fedlib.evaluation.style)."""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fedlib.evaluation.style import MISSING, frame_html, number
+
+
+@pytest.mark.parametrize("value, text", [
+    (0.8485, "0.8485"), (0.848500, "0.8485"), (84.85, "84.85"), (51248.0, "51,248"), (8903.0, "8,903"),
+    (12345.67, "12,346"), (1e-6, "1e-06"), (-0.01234567, "-0.01235"), (3, "3"), (None, MISSING),
+    (math.nan, MISSING), (np.float32(0.5), "0.5"), (np.int64(70000), "70,000"), (True, "True"), ("x", "x"),
+])
+def test_one_number_style(value, text):
+    assert number(value) == text
+
+
+def test_frames_show_no_nan_or_none_and_one_style():
+    df = pd.DataFrame({"acc": [0.848500, math.nan], "bytes": [51248.0, 8903.0], "name": ["a", None]})
+    html = frame_html(df)
+    cells = [c.split(">")[-1] for c in html.split("</td>")[:-1]]
+    assert cells == ["0.8485", "51,248", "a", MISSING, "8,903", MISSING]
+    assert 'class="dataframe"' in html
+
+
+def test_figures_fit_the_column():
+    from fedlib.evaluation.style import COLUMN_INCHES, fit_column
+
+    assert fit_column(6.0, 3.5) == (6.0, 3.5)                       # already fits: unchanged
+    w, h = fit_column(16.0, 4.0)
+    assert w == COLUMN_INCHES and h == pytest.approx(4.0 * 0.7)      # four panels: narrowed, height kept at 70 %
+    assert fit_column(10.0, 4.0) == (COLUMN_INCHES, pytest.approx(3.2))
+    with pytest.raises(ValueError, match="positive"):
+        fit_column(0.0, 3.0)
+
+
+def test_missing_labels_read_a_dash_too():
+    index = pd.MultiIndex.from_tuples([("Original", math.nan), ("noisy", 0.2)], names=["setting", "q"])
+    html = frame_html(pd.DataFrame({"A_T": [34.97, 33.1]}, index=index))
+    assert "NaN" not in html and "nan" not in html and f"<th>{MISSING}</th>" in html
+
+
+def test_facets_fit_the_column():
+    from fedlib.evaluation.style import COLUMN_INCHES, facet_size
+
+    for columns, aspect, legend in [(1, 1.3, True), (2, 1.5, True), (3, 1.0, False), (5, 1.2, True)]:
+        size = facet_size(columns, aspect, legend)
+        width = columns * size["height"] * size["aspect"] + (1.6 if legend else 0.0)
+        assert size["aspect"] == aspect and size["height"] <= 3.6 and width <= COLUMN_INCHES + 1e-9
+    assert facet_size(1, 1.3, False)["height"] == 3.6                # one panel: capped, not stretched
