@@ -66,7 +66,7 @@ ridge_grid = [0.001, 0.00316, 0.01, 0.0316, 0.1, 0.316, 1.0, 3.16, 10.0, 31.6, 1
 negligible_pp = 0.5              # a tuning gain below this (percentage points) counts as negligible
 unlearn_client = 0
 
-# %%
+# %% tags=["hide-input"]
 import time
 
 import numpy as np

@@ -288,7 +288,7 @@ axes[2].set(xlabel="FedDL round s", ylabel="|Y^s - Y^0| / |Y^S - Y^0| (fraction)
             title="how far the landmarks have moved")
 for ax in axes:
     ax.legend(fontsize=8)
-fig.suptitle(f"FedDL convergence, seed {seeds[0]}, {num_clients} clients, n_y = {n_landmarks}, step 1/L", y=1.02)
+fig.suptitle(f"FedDL convergence, seed {seeds[0]}, {num_clients} clients, n_y = {n_landmarks}, step 1/L", y=1.02, wrap=True)
 fig.tight_layout()
 plt.show()
 
@@ -342,7 +342,7 @@ for ax, name in zip(axes[0], datasets):
     ax.set(xlabel="FedDL round s", ylabel="10-NN overlap of D-hat (fraction)", title=name)
     ax.legend(fontsize=7, ncol=2)
 fig.suptitle(f"FedDL's step: the D-hat overlap against the rounds, seed {seeds[0]} (L: the data-free bound)",
-             y=1.02)
+             y=1.02, wrap=True)
 fig.tight_layout()
 plt.show()
 
@@ -457,7 +457,7 @@ for ax, s in zip(axes[0], SHOW_ROUNDS):
     ov = conv[(conv.dataset == first) & (conv.split == "IID") & (conv["round"] == s)]["D-hat 10-NN"].iloc[0]
     ax.set_title(f"Fed-tSNE after {s} FedDL rounds\n(D-hat 10-NN overlap {ov:.3f})", fontsize=10)
     ax.set(xlabel="t-SNE 1 (arbitrary units)", ylabel="t-SNE 2 (arbitrary units)")
-fig.suptitle(f"{first}, IID, seed {seeds[0]}: the embedding as FedDL trains (paper Figs. 3, 5)", y=1.03)
+fig.suptitle(f"{first}, IID, seed {seeds[0]}: the embedding as FedDL trains (paper Figs. 3, 5)", y=1.03, wrap=True)
 fig.tight_layout()
 plt.show()
 
@@ -469,7 +469,7 @@ for name, (X, y, classes) in data.items():
     seed = seeds[0]
     idx = np.random.default_rng(0).permutation(len(y))[:scatter_points]
     ncol = len(SETTING_ORDER)
-    fig, axes = plt.subplots(len(methods), ncol, figsize=fit_column(3.2 * ncol, 3.3 * len(methods) + 0.6), squeeze=False)
+    fig, axes = plt.subplots(len(methods), ncol, figsize=fit_column(3.2 * ncol, 3.3 * len(methods) + 0.6, legend=True), squeeze=False)
     for r, method in enumerate(methods):
         for c, (variant, split) in enumerate(SETTING_ORDER):
             ax = axes[r, c]
@@ -488,7 +488,7 @@ for name, (X, y, classes) in data.items():
     axes[0, ncol - 1].legend_.remove()
     fig.legend(handles, labels, loc="center right", markerscale=3, fontsize=8, title="class")
     fig.suptitle(f"{name}: {len(y)} points, {num_clients} clients, n_y = {n_landmarks}, "
-                 f"FedDL until plateau, seed {seed}; Fed+ = {FED_PLUS_LABEL}", y=1.0, fontsize=10)
+                 f"FedDL until plateau, seed {seed}; Fed+ = {FED_PLUS_LABEL}", y=1.0, fontsize=10, wrap=True)
     fig.tight_layout(rect=(0, 0, 0.94, 1))
     plt.show()
 
@@ -522,7 +522,7 @@ g = sns.catplot(data=fig_df, x="setting", y=fig_metric, hue="embedding", col="da
 g.set_axis_labels("setting (variant, split)", f"{fig_metric} (fraction)")
 for ax in g.axes.flat:
     plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
-g.figure.suptitle(f"{fig_metric}: mean ± sample std over {len(seeds)} seeds", y=1.03)
+g.figure.suptitle(f"{fig_metric}: mean ± sample std over {len(seeds)} seeds", y=1.03, wrap=True)
 plt.show()
 
 # %% [markdown]
@@ -632,7 +632,7 @@ display(clients_df.pivot_table(index=["split", "method"], columns="clients", val
         .style.format("{:.0f}", na_rep="-"))
 
 # %% mystnb={"figure": {"caption": "NMI (left) and 10-NN neighbourhood preservation NPA (right) of the embedding against the number of clients (log scale) on the sweep dataset, colour per method and line style per split; error bars are the sample standard deviation when the sweep has several seeds. A one-seed sweep is shown for orientation only."}, "image": {"alt": "Two line charts against number of clients: NMI and neighbourhood preservation, by method and split"}}
-fig, axes = plt.subplots(1, 2, figsize=fit_column(11, 3.6))
+fig, axes = plt.subplots(1, 2, figsize=fit_column(11, 3.6, legend=True))
 for ax, metric in zip(axes, ["NMI", "NPA 10-NN"]):
     sns.lineplot(data=clients_df, x="clients", y=metric, hue="method", style="split", markers=True, ax=ax,
                  errorbar=("sd" if len(sweep_seeds) > 1 else None))
@@ -643,7 +643,7 @@ for ax, metric in zip(axes, ["NMI", "NPA 10-NN"]):
     ax.set_ylabel(f"{metric} (fraction)")
     sns.move_legend(ax, "upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, title_fontsize=8)
 fig.suptitle(f"Client sweep: {sweep_dataset}, {len(sweep_y)} points, n_y = {n_landmarks}, {ROUNDS_NOTE}; {SWEEP_NOTE}",
-             y=1.02, fontsize=10)
+             y=1.02, fontsize=10, wrap=True)
 fig.tight_layout()
 plt.show()
 
@@ -694,7 +694,7 @@ for ax in axes:
         ax.axvline(m_dim + 2, color="grey", ls=":", lw=1)
     sns.move_legend(ax, "upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, fontsize=8, title_fontsize=8)
 fig.suptitle(f"Landmark sweep: {sweep_dataset}, {len(sweep_y)} points, {num_clients} clients, {ROUNDS_NOTE}; "
-             f"{SWEEP_NOTE}", y=1.02, fontsize=10)
+             f"{SWEEP_NOTE}", y=1.02, fontsize=10, wrap=True)
 fig.tight_layout()
 plt.show()
 

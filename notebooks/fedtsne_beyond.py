@@ -57,7 +57,7 @@ knn_k = 10                 # neighbour recall: k nearest neighbours under the es
 num_threads = None         # OpenMP threads of the work in this process (t-SNE, k-means); null: the default, the cores
                            # or, in `fedlib.runner all --jobs N`, this chapter's share of them (OMP_NUM_THREADS)
 
-# %%
+# %% tags=["hide-input"]
 import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # sklearn / numba threads must not spin on a shared machine
@@ -347,7 +347,7 @@ for ax, (kind_name, g) in zip(axes, recall.groupby("landmarks", sort=False)):
     ax.set_xticks(landmark_grid, [str(v) for v in landmark_grid])
     ax.minorticks_off()
 fig.suptitle(f"Neighbour recall of the server's estimate, {dataset}, {n} points, mean ± sample std over "
-             f"{len(seeds)} seeds", y=1.02)
+             f"{len(seeds)} seeds", y=1.02, wrap=True)
 fig.tight_layout()
 plt.show()
 display(recall.pivot_table(index=["landmarks", "estimator"], columns="n_y", values=RECALL,
@@ -388,7 +388,7 @@ SHOW = ["CA 10-NN", "NPA 10-NN", "NMI", "SC"]
 if len(metrics):
     metrics["pair"] = metrics.landmarks + ", " + metrics.estimator
     for method_name, g in metrics.groupby("method", sort=False):
-        fig, axes = plt.subplots(1, len(SHOW), figsize=fit_column(4.2 * len(SHOW), 4.0))
+        fig, axes = plt.subplots(1, len(SHOW), figsize=fit_column(4.2 * len(SHOW), 4.0, legend=True))
         cen = central[central.method == method_name]
         for ax, metric in zip(axes, SHOW):
             sns.lineplot(data=g, x="n_y", y=metric, hue="pair", style="pair", markers=True, dashes=False, ax=ax,
@@ -401,7 +401,7 @@ if len(metrics):
             ax.minorticks_off()
         sns.move_legend(axes[-1], "upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, title="landmarks, estimator")
         fig.suptitle(f"{method_name} on the server's estimate: the paper's metrics against n_y, {dataset}, "
-                     f"{len(seeds)} seeds (mean ± sample std)", y=1.02)
+                     f"{len(seeds)} seeds (mean ± sample std)", y=1.02, wrap=True)
         fig.tight_layout()
         plt.show()
     display(metrics.pivot_table(index=["method", "n_y", "pair"], values=SHOW, aggfunc=lambda v: mean_std(v, 3)))
@@ -544,7 +544,7 @@ if len(placement):
             panels.append((f"Fed ({bd.LANDMARK_NAMES[kind]}, Nyström)", kept[key], None))
         Zp, ZY = placed[seed0, kind, method]
         panels.append((f"local placement ({bd.LANDMARK_NAMES[kind]})", Zp, ZY))
-    fig, axes = plt.subplots(1, len(panels), figsize=fit_column(4.0 * len(panels), 4.0))
+    fig, axes = plt.subplots(1, len(panels), figsize=fit_column(4.0 * len(panels), 4.0, legend=True))
     names = np.asarray(classes, dtype=object)[y]
     for ax, (title, Z, ZY) in zip(axes, panels):
         sns.scatterplot(x=Z[:, 0], y=Z[:, 1], hue=names, hue_order=list(classes), palette="tab10", s=5, linewidth=0,
@@ -555,7 +555,7 @@ if len(placement):
         ax.set(xlabel=f"{bd.METHOD_NAMES[method]} 1 (arbitrary units)", ylabel=f"{bd.METHOD_NAMES[method]} 2 (arbitrary units)")
     sns.move_legend(axes[-1], "upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, markerscale=3, title="class")
     fig.suptitle(f"{dataset}, seed {seed0}, n_y = {placement_landmarks}: centralized, Fed-tSNE, and each client placing "
-                 "its own points (x: landmarks)", y=1.03)
+                 "its own points (x: landmarks)", y=1.03, wrap=True)
     fig.tight_layout()
     plt.show()
 

@@ -196,7 +196,7 @@ curves = ft_checks.objective_curves(X, parts, n_landmarks, feddl_rounds, init=Y0
 g = sns.relplot(data=curves, x="gradient steps", y="objective F (MMD^2)", hue="mode", col="split", kind="line",
                 **facet_size(curves["split"].nunique(), 1.2))
 g.set(yscale="log")
-g.figure.suptitle("FedDL objective vs local gradient steps", y=1.04)
+g.figure.suptitle("FedDL objective vs local gradient steps", y=1.04, wrap=True)
 plt.show()
 denominators = {q: ft_checks.theorem1_denominator(q) for q in [1, 2, 5]}
 print("Theorem 1 denominator at its most favourable (rho_L = max L_p^2/L^2 = 1):", denominators)
@@ -304,7 +304,7 @@ axes[0].set(xscale="log", yscale="log", xlabel="landmarks n_y", ylabel=r"$\|\hat
 axes[1].set(xscale="log", xlabel="landmarks n_y", ylabel="10-NN overlap with true neighbours")
 for ax in axes:
     ax.axvline(m + 2, color="grey", ls=":")
-fig.suptitle("Nyström distance estimate on optdigits (dotted: m + 2)")
+fig.suptitle("Nyström distance estimate on optdigits (dotted: m + 2)", wrap=True)
 plt.tight_layout()
 plt.show()
 big = sweep[sweep.n_y >= m + 2]
@@ -533,7 +533,7 @@ for i in range(3):
     axes[1, 2 * i + 1].axis("off")
 for ax in axes.flat:
     ax.set_xticks([]), ax.set_yticks([])
-fig.suptitle("Reconstruction of client samples from their distance uploads (8x8 pixels)")
+fig.suptitle("Reconstruction of client samples from their distance uploads (8x8 pixels)", wrap=True)
 plt.show()
 
 # %% [markdown]

@@ -157,7 +157,7 @@ for ax, method in zip(axes, methods + [None] * (2 - len(methods))):
     ax.set(xscale="log", xlabel="epsilon requested (FedDL's spent epsilon <= it)", title=NAMES[method])
     ax.legend(fontsize=7)
 fig.suptitle(f"Utility vs epsilon (delta={delta:g}; mean ± sample std over {len(seeds)} seeds; "
-             "gradient perturbation: end-to-end epsilon = inf)", fontsize=9)
+             "gradient perturbation: end-to-end epsilon = inf)", fontsize=9, wrap=True)
 plt.tight_layout()
 plt.show()
 
@@ -240,7 +240,7 @@ print(ft_studies.beta_table(beta_runs, methods, nominal).to_string(index=False))
 g = sns.relplot(data=beta_runs, x="beta", y="NMI", hue="method", kind="line", marker="o", errorbar="sd",
                 height=3.2, aspect=1.4)
 g.figure.suptitle(f"NMI vs beta (Figure 7 analogue; optdigits, mean ± sample std over {len(seeds)} seeds)",
-                  y=1.04, fontsize=9)
+                  y=1.04, fontsize=9, wrap=True)
 plt.show()
 
 # %%

@@ -258,7 +258,7 @@ g = sns.catplot(data=main, x="method", y="A_T", col="scenario", kind="point", er
 g.set_axis_labels("method", "final accuracy A_T (%)")
 for ax in g.axes.flat:
     plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
-g.figure.suptitle("A_T: mean ± sample std over seeds", y=1.03)
+g.figure.suptitle("A_T: mean ± sample std over seeds", y=1.03, wrap=True)
 plt.show()
 
 # %% [markdown]
@@ -317,7 +317,7 @@ else:
             ax.plot(np.arange(1, len(c[0]) + 1), np.mean(c, axis=0), label=m, lw=1.2)
         ax.set(xlabel="round of the last task", ylabel="test accuracy (%)", title=SCEN[scen]["name"])
     axes[0][-1].legend(fontsize=8)
-    fig.suptitle(f"Recorded run: last task, mean over {len(src_seeds)} seeds", y=1.02)
+    fig.suptitle(f"Recorded run: last task, mean over {len(src_seeds)} seeds", y=1.02, wrap=True)
     plt.tight_layout()
     plt.show()
 
@@ -417,13 +417,13 @@ if "domain" in SCEN:
 g = sns.relplot(data=stage_curves(run), x="stage", y="A_t", hue="method", col="scenario", kind="line", marker="o",
                 errorbar="sd", **facet_size(len(SCEN), 1.15), facet_kws={"sharey": False, "sharex": False})
 g.set_axis_labels("task t (tasks seen)", "A_t: mean accuracy over seen tasks (%)")
-g.figure.suptitle("Accuracy after each task (mean ± sample sd over seeds)", y=1.03)
+g.figure.suptitle("Accuracy after each task (mean ± sample sd over seeds)", y=1.03, wrap=True)
 plt.show()
 
 g = sns.relplot(data=round_curves(run, seeds[0]), x="round", y="accuracy", hue="method", col="scenario", kind="line",
                 **facet_size(len(SCEN), 1.3), facet_kws={"sharey": False, "sharex": False})
 g.set_axis_labels("communication round (all tasks)", "test accuracy on seen tasks (%)")
-g.figure.suptitle(f"Global model after every round, seed {seeds[0]}", y=1.03)
+g.figure.suptitle(f"Global model after every round, seed {seeds[0]}", y=1.03, wrap=True)
 plt.show()
 
 # %% [markdown]

@@ -74,7 +74,7 @@ num_threads = 1
 workers = None             # processes running the (seed, rule) runs (forked, CPU only; 1 = in the kernel);
                            # None: the CPU cores (fedlib.core.parallel.default_workers), 1 on a GPU
 
-# %%
+# %% tags=["hide-input"]
 import time
 from functools import partial
 

@@ -218,7 +218,7 @@ g = sns.catplot(data=summary.assign(beta=summary["beta"].astype(str)), x="method
 g.set_axis_labels("method", "final accuracy A_T (%)")
 for ax in g.axes.flat:
     plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
-g.figure.suptitle("A_T: mean ± sample std over seeds", y=1.03)
+g.figure.suptitle("A_T: mean ± sample std over seeds", y=1.03, wrap=True)
 plt.show()
 
 # %% [markdown]
@@ -329,7 +329,7 @@ if baselines and len(margin_seeds) >= 2:
     axes[0][-1].legend(fontsize=7, loc="center right")
     fig.supxlabel("round of the last task")
     fig.supylabel("test accuracy on the seen classes (%)")
-    fig.suptitle(f"Gradient baselines during the last task (mean over {len(margin_seeds)} seeds; the end is A_T)", y=1.0)
+    fig.suptitle(f"Gradient baselines during the last task (mean over {len(margin_seeds)} seeds; the end is A_T)", y=1.0, wrap=True)
     plt.tight_layout()
     plt.show()
 
@@ -398,7 +398,7 @@ plot = curves[curves.beta == mid]
 g = sns.relplot(data=plot, x="stage", y="A_t", hue="method", col="setting", kind="line", marker="o",
                 errorbar="sd", **facet_size(plot["setting"].nunique(), 1.1), facet_kws={"sharey": False})
 g.set_axis_labels("stage t (tasks seen)", "A_t: mean accuracy over seen tasks (%)")
-g.figure.suptitle(f"Accuracy after each stage, beta = {mid} (mean ± sd over seeds)", y=1.03)
+g.figure.suptitle(f"Accuracy after each stage, beta = {mid} (mean ± sd over seeds)", y=1.03, wrap=True)
 plt.show()
 
 # %% [markdown]
@@ -453,7 +453,7 @@ g = sns.relplot(data=ablation, x="value", y="A_T", hue="method", col="ablation",
 for ax in g.axes.flat:
     ax.set_xscale("log")
 g.set_axis_labels("value (log scale)", "final accuracy A_T (%)")
-g.figure.suptitle(f"Ablations (one seed, no conclusion): {abl_name}, beta={abl_beta}, seed={abl_seed}", y=1.03)
+g.figure.suptitle(f"Ablations (one seed, no conclusion): {abl_name}, beta={abl_beta}, seed={abl_seed}", y=1.03, wrap=True)
 plt.show()
 k_rows = ablation[(ablation.ablation == "K (K·K_D fixed)") & (ablation.method == "STSA")]
 print("STSA A_T across K:", k_rows.A_T.round(4).tolist())

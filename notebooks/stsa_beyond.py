@@ -69,7 +69,7 @@ paper_noise = [0.2, 0.05]  # q and s of the paper's earlier version (App. E.2)
 accountant = "pld"         # dp-accounting's PLD (tight) or RDP (looser) accountant for the reported epsilon
 num_threads = 1            # torch threads; LAPACK's eigh was slower with 2 threads on the shared 2-core machine
 
-# %%
+# %% tags=["hide-input"]
 import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
@@ -216,7 +216,7 @@ axes[1].scatter(last.gamma, last.A_T, marker="v", color="k", zorder=5, label="GC
 axes[1].set(xscale="log", xlabel="ridge coefficient gamma", ylabel="final accuracy A_T on the test set (%)",
             title="Test accuracy of every fixed gamma")
 axes[1].legend(title="seed", fontsize=8)
-fig.suptitle(f"{dataset}, M={M}: GCV (left) and test accuracy (right) over the gamma grid, per seed", y=1.03)
+fig.suptitle(f"{dataset}, M={M}: GCV (left) and test accuracy (right) over the gamma grid, per seed", y=1.03, wrap=True)
 plt.show()
 
 # %%

@@ -14,11 +14,12 @@ import numbers
 
 import pandas as pd
 
-__all__ = ["COLUMN_INCHES", "MISSING", "number", "frame_html", "fit_column", "facet_size", "book_style"]
+__all__ = ["COLUMN_INCHES", "LEGEND_INCHES", "MISSING", "number", "frame_html", "fit_column", "facet_size", "book_style"]
 
-# a figure's output box is 784 px wide in a 1400 px window: a figure up to 980 px (8.9 in at 110 dpi)
-# is shown at 80 % of its size or more; 8 in leaves room for labels and legends outside the axes
-COLUMN_INCHES = 8.0
+# a figure's output box is 768 px wide in a 1400 px window: a figure up to 960 px (8.7 in at 110 dpi)
+# is shown at 80 % of its size or more; 7.2 in leaves room for tick labels and titles past the axes
+COLUMN_INCHES = 7.2
+LEGEND_INCHES = 1.6   # a legend placed to the right of the axes
 MISSING = "—"
 
 
@@ -47,22 +48,23 @@ def frame_html(df) -> str:
                       max_cols=pd.get_option("display.max_columns"), notebook=True)
 
 
-def fit_column(width: float, height: float, min_scale: float = 0.7) -> tuple[float, float]:
-    """A ``figsize`` (inches) for the column: a figure wider than :data:`COLUMN_INCHES` is narrowed to
-    it, and its height scaled by the same factor but never below ``min_scale`` of itself (panels
-    side by side stay tall enough to read)."""
+def fit_column(width: float, height: float, min_scale: float = 0.7, legend: bool = False) -> tuple[float, float]:
+    """A ``figsize`` (inches) for the column: a figure wider than :data:`COLUMN_INCHES` (less
+    :data:`LEGEND_INCHES` with ``legend``: one placed right of the axes) is narrowed to it, and its
+    height scaled by the same factor but never below ``min_scale`` of itself (panels side by side
+    stay tall enough to read)."""
     if width <= 0 or height <= 0:
         raise ValueError(f"figsize must be positive, got ({width}, {height})")
-    scale = min(1.0, COLUMN_INCHES / width)
+    scale = min(1.0, (COLUMN_INCHES - (LEGEND_INCHES if legend else 0.0)) / width)
     return width * scale, height * max(scale, min_scale)
 
 
 def facet_size(columns: int, aspect: float = 1.3, legend: bool = True) -> dict:
     """``height`` and ``aspect`` for a seaborn figure-level plot (``relplot``, ``catplot``) with
-    ``columns`` panels in a row that fits :data:`COLUMN_INCHES` (1.6 in kept for a legend at the
-    right), each panel at most 3.6 in tall."""
+    ``columns`` panels in a row that fits :data:`COLUMN_INCHES` (:data:`LEGEND_INCHES` kept for a
+    legend at the right), each panel at most 3.6 in tall."""
     columns = max(1, int(columns))
-    width = COLUMN_INCHES - (1.6 if legend else 0.0)
+    width = COLUMN_INCHES - (LEGEND_INCHES if legend else 0.0)
     return {"height": min(3.6, width / (columns * aspect)), "aspect": aspect}
 
 

@@ -441,6 +441,15 @@ def test_every_figure_has_a_caption_and_alt_text(browser_visits):
     assert not bad, bad
 
 
+def test_every_figure_is_shown_at_80_percent_of_its_width_or_more(browser_visits):
+    """Figures are drawn for the column (fedlib.evaluation.style.fit_column / facet_size), so the page
+    does not shrink them, and their labels, to illegible sizes."""
+    bad = {p: [(f["src"], round(f["shown"] / f["natural"], 2)) for f in v["figures"]
+               if f["natural"] and f["shown"] < 0.8 * f["natural"]] for p, v in browser_visits.items()}
+    bad = {p: figs for p, figs in bad.items() if figs}
+    assert not bad, bad
+
+
 def test_reading_audit_is_written_and_counts_every_page(browser_visits):
     """The audit (_build/screenshots/audit.json) covers every visited page; figures stay within the
     column (never scaled past it, book/_static/fedlib.css)."""

@@ -39,3 +39,15 @@ def test_no_history_decision_ids_or_outside_files_in_the_book_sources():
                 if match:
                     found.append(f"{path.relative_to(REPO)}:{lineno}: {what} {match.group(0)!r}: {line.strip()}")
     assert not found, "text that is not about the work:\n" + "\n".join(found)
+
+
+def test_every_chapter_folds_its_set_up_cell():
+    """The imports and set-up (the cell that calls book_style()) are plumbing: folded (hide-input)."""
+    import jupytext
+
+    unfolded = []
+    for path in sorted((REPO / "notebooks").glob("*.py")):
+        setup = [c for c in jupytext.read(path).cells if c.cell_type == "code" and "book_style()" in c.source]
+        if len(setup) != 1 or "hide-input" not in setup[0].metadata.get("tags", []):
+            unfolded.append(path.name)
+    assert not unfolded, unfolded

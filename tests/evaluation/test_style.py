@@ -28,10 +28,14 @@ def test_frames_show_no_nan_or_none_and_one_style():
 def test_figures_fit_the_column():
     from fedlib.evaluation.style import COLUMN_INCHES, fit_column
 
+    from fedlib.evaluation.style import LEGEND_INCHES
+
     assert fit_column(6.0, 3.5) == (6.0, 3.5)                       # already fits: unchanged
     w, h = fit_column(16.0, 4.0)
     assert w == COLUMN_INCHES and h == pytest.approx(4.0 * 0.7)      # four panels: narrowed, height kept at 70 %
-    assert fit_column(10.0, 4.0) == (COLUMN_INCHES, pytest.approx(3.2))
+    assert fit_column(9.0, 4.0) == (COLUMN_INCHES, pytest.approx(4.0 * COLUMN_INCHES / 9.0))
+    w, _ = fit_column(9.0, 4.0, legend=True)                         # room kept for a legend right of the axes
+    assert w == pytest.approx(COLUMN_INCHES - LEGEND_INCHES)
     with pytest.raises(ValueError, match="positive"):
         fit_column(0.0, 3.0)
 
