@@ -34,6 +34,8 @@ def test_committed_records_load_and_match_their_chapters_parameters():
         module = RECORDS[rec["name"]]
         specs.check(module.CHAPTER, rec["parameters"])   # a record's parameters are a valid run of its chapter
         assert rec["command"].startswith(f"python -m fedlib.records {rec['name']}")
+        # `make records` (the record's defaults) reproduces the committed run's budget and seeds
+        assert {k: rec["parameters"][k] for k in module.DEFAULTS} == module.DEFAULTS, path
     assert parameters("afl_converged", "quick", {})["rounds"] == RECORDS["afl_converged"].DEFAULTS["rounds"]
 
 
