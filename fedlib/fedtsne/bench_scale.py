@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.landmarks > min(n, m + 1):
         parser.error(f"--landmarks must be <= min(points, features + 1) = {min(n, m + 1)} (the best route's closed form)")
     parts = make_partition(y, args.clients, "iid", seed=args.seed)
+    order = np.concatenate(parts)          # row i of the stacked uploads is point order[i]
     tsne_kw = {"perplexity": args.perplexity, "seed": args.seed, "sparse": True,
                "tsne_kwargs": {"max_iter": args.tsne_max_iter, "n_jobs": args.threads}}
 
@@ -143,7 +144,6 @@ def main(argv: list[str] | None = None) -> int:
     block = args.block_mib * 2**20
 
     def knn_step():
-        order = np.concatenate(parts)
         B = np.vstack([ft.client_sq_distances(X[p], fd.landmarks)["sq_distances"] for p in parts])
         nbr, _ = ft_nystrom.nystrom_knn(B, ft_mmd.sq_distances(fd.landmarks), k_tsne, block_bytes=block)
         out = np.empty_like(nbr)
@@ -161,7 +161,6 @@ def main(argv: list[str] | None = None) -> int:
     run_tsne, _ = ft_pipelines.opentsne_runner(args.perplexity, tsne_kw["tsne_kwargs"], args.seed, n)
 
     def best_route():
-        order = np.concatenate(parts)
         B = np.vstack([ft.client_sq_distances(X[p], km.centers)["sq_distances"] for p in parts])
         idx_s, d2_s = bd.estimator_knn(bd.decompose_upload(B, km.centers), args.estimator, k_tsne, block_bytes=block)
         idx, dist = np.empty_like(idx_s), np.empty_like(d2_s)
