@@ -705,7 +705,7 @@ print(f"Ours: 10-NN overlap of D-hat with the exact neighbours ({SWEEP_NOTE})")
 display(quality_df.groupby(["estimate", "split", "n_y"])["D-hat 10-NN"].mean().unstack("n_y").style.format("{:.4f}", na_rep="—"))
 print("FedDL rounds of each run:", ", ".join(f"n_y = {ny}: {r}" for ny, r in quality_df.groupby("n_y")["rounds"].max().items()))
 print("plateau share of each run (share of F's decrease in the last 10 % of the rounds):",
-      quality_df.groupby("n_y")["plateau share"].max().round(4).to_dict())
+      ", ".join(f"n_y = {ny}: {v:.4f}" for ny, v in quality_df.groupby("n_y")["plateau share"].max().items()))
 exact = quality_df[(quality_df.n_y >= m_dim + 2) & (quality_df.estimate != "FedDL landmarks, plain")]
 if len(exact):
     print(f"n_y >= m + 2 = {m_dim + 2}: largest relative error of the squared estimate "

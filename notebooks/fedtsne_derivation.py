@@ -199,7 +199,8 @@ g.set(yscale="log")
 g.figure.suptitle("FedDL objective vs local gradient steps", y=1.04, wrap=True)
 plt.show()
 denominators = {q: ft_checks.theorem1_denominator(q) for q in [1, 2, 5]}
-print("Theorem 1 denominator at its most favourable (rho_L = max L_p^2/L^2 = 1):", denominators)
+print("Theorem 1 denominator at its most favourable (rho_L = max L_p^2/L^2 = 1):",
+      ", ".join(f"{v} at Q = {q}" for q, v in denominators.items()))
 assert all(v < 0 for q, v in denominators.items() if q >= 2)
 # at Q = 1 the drift term vanishes: the bound is the average squared step <= 4 (F(Y^0) - F(Y^S)) / (S L), checked on
 # the gradient-mode runs above (step 1/L, L the data-free bound)

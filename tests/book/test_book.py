@@ -388,7 +388,7 @@ def test_wide_content_scrolls_inside_the_content_column(browser_visits):
     assert not bad, bad
 
 
-REPR = re.compile(r"\{'[\w-]+': |<[\w.]+ object at 0x[0-9a-f]+>|\bdict_(?:keys|values|items)\(")
+REPR = re.compile(r"\{'[\w-]+': |\{-?\d+(?:\.\d+)?: |<[\w.]+ object at 0x[0-9a-f]+>|\bdict_(?:keys|values|items)\(")
 MISSING_CELLS = {"nan", "NaN", "None", "<NA>", "NaT"}
 
 
