@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import platform
 import subprocess
@@ -19,7 +20,7 @@ import torch
 
 from fedlib.core.paths import RECORD_DIR, REPO
 
-__all__ = ["machine", "write_record", "load_record", "record_caption", "differences"]
+__all__ = ["machine", "write_record", "load_record", "record_caption", "differences", "union"]
 FIELDS = ("name", "command", "machine", "date", "commit", "seconds", "parameters", "results")
 
 
@@ -46,13 +47,16 @@ def _commit() -> str:
 
 
 def write_record(name: str, command: str, parameters: dict[str, Any], results: dict[str, Any], seconds: float,
-                 folder: Path | None = None) -> Path:
-    """Write ``folder/NAME.json`` (default ``book/records``) atomically and return its path."""
+                 folder: Path | None = None, **provenance: Any) -> Path:
+    """Write ``folder/NAME.json`` (default ``book/records``) atomically and return its path.
+    ``provenance`` replaces the fields this process would fill (``machine``, ``date``, ``commit``) or
+    adds others (``parts``: the commands of a run made as several processes)."""
     folder = Path(folder) if folder is not None else RECORD_DIR
     folder.mkdir(parents=True, exist_ok=True)
     rec = {"name": name, "command": command, "machine": machine(),
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-           "commit": _commit(), "seconds": round(float(seconds), 1), "parameters": parameters, "results": results}
+           "commit": _commit(), "seconds": round(float(seconds), 1), "parameters": parameters, "results": results,
+           **provenance}
     path = folder / f"{name}.json"
     tmp = path.with_name(f".{path.name}.partial")
     try:
@@ -80,8 +84,20 @@ def load_record(name: str, folder: Path | None = None, missing_ok: bool = False)
 
 def record_caption(rec: dict[str, Any]) -> str:
     """One sentence on where a record comes from: command, machine, date, time taken."""
+    split = f", as {len(rec['parts'])} processes side by side" if rec.get("parts") else ""
     return (f"Recorded run `{rec['name']}`: `{rec['command']}`, run on {rec['date']} ({rec['machine']}; "
-            f"{rec['seconds'] / 60:.0f} min).")
+            f"{rec['seconds'] / 60:.0f} min{split}).")
+
+
+def union(a: Any, b: Any, where: str = "results") -> Any:
+    """Two parts' results as one: dictionaries merged key by key, any other value present in both
+    equal (floats to 1e-9 relative); a disagreement -> ValueError naming where."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return {**a, **{k: union(a[k], v, f"{where}[{k!r}]") if k in a else v for k, v in b.items()}}
+    same = (math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) if all(isinstance(v, float) for v in (a, b)) else a == b)
+    if not same:
+        raise ValueError(f"the parts disagree at {where}: {a!r} against {b!r}")
+    return a
 
 
 def differences(rec: dict[str, Any] | None, params: dict[str, Any], keys) -> list[str]:

@@ -19,6 +19,23 @@ from fedlib.data.features import extract_features
 
 CHAPTER = "afl_benchmark"
 DEFAULTS = {"rounds": 400}
+SPLIT = ("methods", "alphas", "shards", "resample_methods")   # a part may run a slice of these
+SPLIT_BY = "methods"   # ``--split``: one process per method
+
+
+def part(p: dict[str, Any], method: str) -> dict[str, Any]:
+    """The overrides of the part of run ``p`` that trains ``method`` only."""
+    return {"methods": [method], "resample_methods": [m for m in p["resample_methods"] if m == method]}
+
+
+def covered(p: dict[str, Any], results: dict[str, Any]) -> None:
+    """ValueError unless ``results`` hold every setting x method of the run ``p`` (merged parts)."""
+    labels = [afl_studies.setting_label(s) for s in [("alpha", a) for a in p["alphas"]] +
+              [("shards", s) for s in p["shards"]]]
+    missing = [f"{m} ({label})" for label in labels for m in p["methods"]
+               if m not in results.get("final", {}).get(label, {}) or m not in results.get("curves", {}).get(label, {})]
+    if missing:
+        raise ValueError(f"the parts leave out {', '.join(missing)}")
 
 
 def run(p: dict[str, Any], progress: bool = True) -> dict[str, Any]:
