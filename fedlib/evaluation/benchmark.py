@@ -12,7 +12,8 @@ Not tests: nothing here asserts a time; the book shows their output (``book/benc
   from :mod:`fedlib.evaluation.compare`).
 - :func:`check_row` (an agreement check: value, tolerance, passed or FAILED); :func:`finish`
   (peak-memory line, :func:`write_report`, exit code) ends every ``main``.
-- :func:`write_report` prints the report and writes it to ``--out``.
+- :func:`write_report` prints the report and writes it to ``--out``; :func:`read_rows` reads its rows
+  back (with :func:`leading_number`).
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ from fedlib.core.linalg import relative_error
 from fedlib.core.paths import BENCHMARK_DIR
 
 __all__ = ["parser", "require_positive", "default_out", "timed", "Timing", "measure", "ratio_rows", "row",
-           "check_row", "machine", "peak_memory_gib", "relative_error", "write_report", "finish"]
+           "check_row", "machine", "peak_memory_gib", "relative_error", "write_report", "finish", "read_rows",
+           "leading_number"]
 
 
 def default_out(name: str) -> Path:
@@ -107,6 +109,21 @@ def measure(methods: Mapping[str, Callable[[], object]], repeats: int = 3, warmu
 def row(label: str, value: str, width: int = 44) -> str:
     """One report line: two spaces, ``label`` left-aligned in ``width`` columns, ``value``."""
     return f"  {label:<{width}}{value}"
+
+
+def read_rows(path, width: int = 44) -> dict[str, str]:
+    """The rows of a written report (:func:`row`'s lines): label -> value text, for a chapter that
+    cites a committed benchmark (its numbers then come from the file, not from typed text)."""
+    rows = {}
+    for line in Path(path).read_text().splitlines():
+        if line.startswith("  ") and not line.startswith("   ") and len(line) > width + 2:
+            rows[line[2:width + 2].rstrip()] = line[width + 2:].strip()
+    return rows
+
+
+def leading_number(text: str) -> float:
+    """The number a report value starts with (``"0.7745  (ratio 0.923)"`` -> 0.7745)."""
+    return float(text.split()[0].rstrip("x"))
 
 
 def ratio_rows(seconds: Mapping[str, float], baseline: str, width: int = 44, note: str = "",

@@ -218,6 +218,12 @@ const mathjax = window.MathJax && window.MathJax.startup && window.MathJax.start
   await Promise.all(Array.from(document.images).filter(i => !i.complete)
                     .map(i => new Promise(r => { i.addEventListener('load', r); i.addEventListener('error', r); })));
   await document.fonts.ready;
+  // the page's length as it opens (folded sections closed); then every fold opened, so that what
+  // it holds (figures, tables, code) is measured like the rest, and closed again at the end
+  const screens = document.documentElement.scrollHeight / window.innerHeight;
+  const closed = Array.from(document.querySelectorAll('details:not([open])'));
+  closed.forEach(d => { d.open = true; });
+  await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
   const text = document.body.cloneNode(true);
   text.querySelectorAll('pre, code, script, style, textarea, mjx-container').forEach(e => e.remove());
   const math = Array.from(document.querySelectorAll('.math'));
@@ -237,7 +243,7 @@ const mathjax = window.MathJax && window.MathJax.startup && window.MathJax.start
     .filter(e => e.getBoundingClientRect().right > edge && !scrolls(e))
     .map(e => `${e.tagName.toLowerCase()} ${Math.round(e.getBoundingClientRect().right - edge)} px past the column: `
               + e.textContent.trim().slice(0, 60)) : [];
-  done({
+  const result = {
     mathjax: Boolean(mathjax),
     text: text.textContent,
     images: Array.from(document.images).map(i => [i.currentSrc || i.src, i.complete && i.naturalWidth > 0]),
@@ -262,8 +268,11 @@ const mathjax = window.MathJax && window.MathJax.startup && window.MathJax.start
       src: (i.currentSrc || i.src).slice(-40), shown: i.getBoundingClientRect().width, natural: i.naturalWidth,
       alt: i.getAttribute('alt') || '', caption: Boolean(i.closest('figure') && i.closest('figure').querySelector('figcaption'))
     })) : [],
-    screens: document.documentElement.scrollHeight / window.innerHeight,
-  });
+    screens: screens,
+    folds: document.querySelectorAll('details.fedlib-folded').length,
+  };
+  closed.forEach(d => { d.open = false; });
+  done(result);
 }).catch(e => done({error: String(e)}));
 """
 
@@ -427,7 +436,7 @@ def reading_audit(visits: dict) -> dict:
                        "figures under 80 %": sum(f["natural"] and f["shown"] < 0.8 * f["natural"] for f in figs),
                        "figures without caption": sum(not f["caption"] for f in figs),
                        "figures without alt text": sum(not has_alt(f) for f in figs),
-                       "figures": len(figs), "screens": round(v.get("screens", 0), 1)}
+                       "figures": len(figs), "folds": v.get("folds", 0), "screens": round(v.get("screens", 0), 1)}
     total = {k: sum(p[k] for p in pages.values()) for k in next(iter(pages.values())) if k != "screens"}
     total["pages over 15 screens"] = sum(p["screens"] > 15 for p in pages.values())
     return {"window": list(WINDOW), "total": total, "pages": pages}

@@ -148,3 +148,21 @@ def test_book_time_alone_runs_each_chapter_and_reports_it_against_the_baseline(t
     assert book_time.main(["--alone", "a", "--baseline", str(base)]) == 0
     assert (tmp_path / "chapters_alone_quick.txt").read_text().splitlines()[4].split()[0] == "a"
     assert not (tmp_path / "book_time.txt").exists()
+
+
+def test_read_rows_gives_back_what_row_wrote(tmp_path):
+    from fedlib.evaluation.benchmark import leading_number, read_rows, row
+    path = tmp_path / "r.txt"
+    path.write_text("\n".join(["machine: x", row("CA 10-NN Fed-tSNE", "0.7745  (ratio 0.923)"),
+                               "      indented detail", row("time ratio", "2.28x")]) + "\n")
+    rows = read_rows(path)
+    assert rows == {"CA 10-NN Fed-tSNE": "0.7745  (ratio 0.923)", "time ratio": "2.28x"}
+    assert leading_number(rows["CA 10-NN Fed-tSNE"]) == 0.7745 and leading_number(rows["time ratio"]) == 2.28
+
+
+def test_the_committed_scale_report_has_the_rows_the_benchmark_chapter_cites():
+    from fedlib.core.paths import BENCHMARK_DIR
+    from fedlib.evaluation.benchmark import leading_number, read_rows
+    rows = read_rows(BENCHMARK_DIR / "fedtsne_scale.txt")
+    for label in ("CA 10-NN centralized", "CA 10-NN Fed-tSNE", "CA 10-NN best route"):
+        assert 0 < leading_number(rows[label]) <= 1, label

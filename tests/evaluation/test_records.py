@@ -27,3 +27,13 @@ def test_a_missing_or_incomplete_record_says_how_to_make_it(tmp_path):
     (tmp_path / "broken.json").write_text(json.dumps({"name": "broken"}))
     with pytest.raises(ValueError, match="lacks command"):
         records.load_record("broken", folder=tmp_path)
+
+
+def test_union_merges_disjoint_keys_and_refuses_disagreeing_values():
+    a = {"afl": {"s": 0.8}, "final": {"s": {"fedavg": [0.7]}}}
+    b = {"afl": {"s": 0.8}, "final": {"s": {"moon": [0.6]}}}
+    assert records.union(a, b) == {"afl": {"s": 0.8}, "final": {"s": {"fedavg": [0.7], "moon": [0.6]}}}
+    with pytest.raises(ValueError, match=r"results\['afl'\]\['s'\]: 0.8 against 0.9"):
+        records.union(a, {"afl": {"s": 0.9}})
+    assert records.record_caption({"name": "n", "command": "c", "date": "d", "machine": "m", "seconds": 120,
+                                   "parts": ["p1", "p2"]}).endswith("2 min, as 2 processes side by side).")

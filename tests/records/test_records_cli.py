@@ -49,3 +49,30 @@ def test_refed_record_runs_small_with_every_seed_and_the_last_tasks_curves(tmp_p
         for m in RECORDS["refed_resolved"].METHODS:
             assert len(res["A_T"][kind][m]) == 2 and all(0 <= a <= 100 for a in res["A_T"][kind][m])
             assert [len(c) for c in res["curves"][kind][m]] == [rounds, rounds]
+
+
+def test_a_split_run_equals_the_whole_run_and_names_its_parts(tmp_path):
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    args = ["afl_converged", "--profile", "smoke", "rounds=2", "workers=1"]
+    assert main([*args, "--out", str(whole)]) == 0
+    assert main([*args, "--split", "--out", str(split)]) == 0
+    one, parts = load_record("afl_converged", folder=whole), load_record("afl_converged", folder=split)
+    assert [p.name for p in split.iterdir()] == ["afl_converged.json"]   # the parts' folder is gone
+    assert parts["command"].endswith("--split") and parts["parameters"] == one["parameters"]
+    methods = one["parameters"]["methods"]
+    assert len(parts["parts"]) == len(methods) and all(f'methods=["{m}"]' in c for m, c in zip(methods, parts["parts"]))
+    for key in ("afl", "final", "curves"):   # each run is seeded by its own configuration
+        assert parts["results"][key] == one["results"][key], key
+
+
+def test_merge_refuses_parts_of_another_run_or_that_leave_a_method_out(tmp_path, capsys):
+    args = ["afl_converged", "--profile", "smoke", "rounds=2", "workers=1"]
+    assert main([*args, "methods=[fedavg]", "--out", str(tmp_path / "a")]) == 0
+    assert main([*args, "methods=[moon]", "resample_methods=[]", "lr=0.02", "--out", str(tmp_path / "b")]) == 0
+    a, b = (str(tmp_path / x / "afl_converged.json") for x in "ab")
+    assert main([*args, "--merge", a, "--out", str(tmp_path / "m")]) == 2
+    assert "leave out moon" in capsys.readouterr().err
+    assert main([*args, "--merge", a, b, "--out", str(tmp_path / "m")]) == 2
+    assert "other lr" in capsys.readouterr().err and not (tmp_path / "m").exists()
+    assert main(["refed_resolved", "--profile", "smoke", "--split", "--out", str(tmp_path / "r")]) == 2
+    assert "not run in parts" in capsys.readouterr().err
