@@ -99,7 +99,8 @@ from fedlib.core.parallel import resolve_workers
 from fedlib.runner import specs
 
 specs.check("afl_benchmark", globals())
-from fedlib.evaluation.style import book_style, fit_column
+from fedlib.evaluation.report import stacked
+from fedlib.evaluation.style import book_style, fit_column, human
 book_style()   # the book's figure theme and table number style
 dev = resolve_device(device)
 workers = resolve_workers(workers, dev)   # None: the cores; 1 on a GPU (a CUDA context does not survive fork)
@@ -114,6 +115,10 @@ print(f"profile={profile}, device={dev}, torch threads={torch.get_num_threads()}
 # seconds, before the feature extraction and training. Partitions are drawn once per (setting, $K$,
 # seed) and shared by all methods (`afl_studies.SettingPartitions`); a run that several sections need (the same
 # partition, method and training seed) is computed once and handed on (`afl_studies.RunCache`).
+
+# %% [markdown]
+# :::{folded} Loading the data and the frozen features, and the centralized head checked against a QR of X
+# :::
 
 # %% tags=["hide-input"]
 data = load_dataset(dataset)
@@ -165,6 +170,10 @@ assert ref["qr_error"] < qr_tol, "the normal-equations head must agree with the 
 # NIID-1 is Dirichlet label skew with {term}`concentration <Dirichlet concentration>` $\alpha$ (smaller is more skewed); NIID-2
 # gives each client $s$ shards of the label-sorted data. All methods share each partition.
 
+# %% [markdown]
+# :::{folded} Heat maps of each setting's per-client class counts (first 30 clients)
+# :::
+
 # %% mystnb={"figure": {"caption": "Per-client class counts of every partition setting as heat maps, one panel per setting: rows are the first 30 clients, columns the classes, colour the number of training samples. Under Dirichlet label skew and under sharding each client holds few classes, the more so for a smaller alpha or fewer shards."}, "image": {"alt": "Heat maps, one per partition setting, of training-sample counts per client and class for the first 30 clients"}}
 fig, axes = plt.subplots(1, len(settings), figsize=fit_column(4 * len(settings), 4), squeeze=False)
 for ax, setting in zip(axes[0], settings):
@@ -181,6 +190,10 @@ plt.show()
 # invariance where it could break, on the re-drawn partition of every seed as well.
 # {term}`Weight invariance` ({prf:ref}`afl-thm-aa`, {prf:ref}`afl-thm-ri`) says the head, hence the accuracy, is the
 # same for all of them and equals the centralized least-squares head {eq}`afl-eq-joint` of the derivation chapter.
+
+# %% [markdown]
+# :::{folded} AFL's test accuracy per setting and partition draw: one value, the centralized head's (asserted)
+# :::
 
 # %%
 afl_runs = afl_studies.afl_setting_runs(feats, partition, settings, num_clients, [partition_seed, *seeds], gamma, dev, w_qr,
@@ -233,10 +246,15 @@ runs, curves = afl_studies.run_baselines("fixed partition", [(s, m, sd, partitio
 # %%
 afl_acc = afl_summary["mean"]
 table = afl_studies.accuracy_table(runs, [label(s) for s in settings], methods, afl_acc)
-print(f"Ours: {dataset}, {backbone}@{input_size}px, K={num_clients}, one fixed partition per setting "
-      f"(partition seed {partition_seed}), {len(seeds)} training seeds, {rounds} rounds x {local_epochs} local "
-      f"epoch(s); test accuracy (%) mean ± sample std over the training seeds (the partition's variance is not in it)")
-display(table)
+# the paper's Table 2 rows of our settings, then ours, method by method in the paper's order
+paper2 = paper_results.afl_table2()
+paper2 = paper2[paper2.index.get_level_values("setting").isin(table.index)]
+ours2 = table.set_axis(pd.MultiIndex.from_product([[human(dataset)], table.index], names=paper2.index.names))
+display(stacked(paper2, ours2, (f"paper ({paper_rounds} rounds, ResNet-18)",
+                                                          f"ours ({rounds} rounds, {human(backbone)})")).style.set_caption(
+    f"Test accuracy (%), K = {num_clients}, the settings we ran. Paper (Table 2): mean over 3 runs. Ours: one fixed "
+    f"partition per setting, {input_size}-px images, mean ± sample std over {len(seeds)} training seeds (the "
+    f"partition's variance is not in it). — : not run (FedGen is not implemented here)."))
 
 # paired by training seed: AFL (deterministic) minus each method, and each method minus FedAvg
 paired = afl_studies.paired_against_afl(runs, [label(s) for s in settings], methods, afl_acc)
@@ -254,7 +272,7 @@ sns.pointplot(data=runs.assign(acc=100 * runs["accuracy"]), x="method", y="acc",
               dodge=0.4 if len(settings) > 1 else False, linestyle="none", capsize=0.15, ax=ax)
 ax.axhline(100 * joint_acc, color="black", ls="--", lw=1, label="AFL (every setting)")
 ax.set(xlabel="method", ylabel="test accuracy (%)",
-       title=f"{dataset}, K={num_clients}: mean ± sample std over {len(seeds)} training seeds")
+       title=f"{human(dataset)}, K={num_clients}: mean ± sample std over {len(seeds)} training seeds")
 ax.legend(fontsize=8, loc="lower left")
 plt.show()
 
@@ -295,7 +313,7 @@ else:
     budget_rounds, rec_name = record["parameters"]["rounds"], record["name"]
     display(Markdown(record_caption(record)))
     display(afl_studies.comparison_table(evidence_cmp).style.set_caption(
-        f"Ours ({dataset}, K={num_clients}, {len(seeds)} training seeds, {budget_rounds} rounds x {local_epochs} "
+        f"Ours ({human(dataset)}, K={num_clients}, {len(seeds)} training seeds, {budget_rounds} rounds x {local_epochs} "
         f"local epoch(s)): final test accuracy (%) mean ± sample std, AFL − method paired by seed (95 % CI, pp), "
         f"and how far the mean curve moved over the last 20 % of the rounds (pp)"))
     fig, axes = plt.subplots(1, len(res["afl"]), figsize=fit_column(4.4 * len(res["afl"]), 3.6), sharey=True, squeeze=False)
@@ -319,7 +337,7 @@ claims.register(
     "AFL is more accurate than the gradient-based baselines (FedAvg, FedProx, MOON, FedDyn, FedNTD, FedDisco, "
     "FedGen) in 10 of the 12 settings of Table 2, FedDyn winning the two CIFAR-100 sharding settings.",
     holds=bool(leads) if not trails else False, inconclusive=bool(not trails and not leads) or not converged,
-    evidence=f"{dataset}, K={num_clients}, {len(evidence_cmp)} setting(s) x {len(methods)} methods, {len(seeds)} training "
+    evidence=f"{human(dataset)}, K={num_clients}, {len(evidence_cmp)} setting(s) x {len(methods)} methods, {len(seeds)} training "
              f"seeds, {budget_rounds} rounds: AFL leads (paired 95 % CI of AFL − method above 0) in "
              f"{sum(len(c.rows) - len(c.trails) - len(c.unresolved) for c in evidence_cmp.values())} of "
              f"{sum(len(c.rows) for c in evidence_cmp.values())} comparisons"
@@ -338,12 +356,15 @@ claims.register(
         "; ".join(f"{m} ({s}): {c.rows.loc[m, 'difference'].format(2, 100)} pp" for s, c in evidence_cmp.items()
                   for m in c.unresolved)),
     methods=["afl", "fedavg", "fedprox", "moon", "feddyn", "fedntd", "feddisco", "fedgen"], ran=["afl", *methods],
-    budget=f"{budget_rounds} rounds x {local_epochs} local epoch(s), {len(seeds)} seeds, {dataset}"
+    budget=f"{budget_rounds} rounds x {local_epochs} local epoch(s), {len(seeds)} seeds, {human(dataset)}"
            + (" (recorded run)" if rec_name else ""),
     convergence="; ".join(f"{s}: {c.convergence()}" for s, c in evidence_cmp.items()), converged=converged,
     record=rec_name)
 
 # %% [markdown]
+# :::{folded} Accuracy against wall-clock time for the first training seed, and the accuracy still gained in the last rounds
+# :::
+#
 # The curves below are test accuracy against wall-clock for the first training seed. A baseline
 # whose curve still rises at the right end had not converged within this profile's budget; AFL's
 # single round is final.
@@ -373,6 +394,10 @@ display(Markdown(
 # partition with every seed instead makes the ± mix the partition's variance with the training
 # seed's. We re-run the methods in `resample_methods` that way and compare the two sample standard
 # deviations.
+
+# %% [markdown]
+# :::{folded} The two standard deviations side by side (fixed partition vs a new one per seed) and their ratio
+# :::
 
 # %%
 if resample_methods:
@@ -465,7 +490,7 @@ fig, ax = plt.subplots(figsize=fit_column(5, 3.5))
 sns.lineplot(data=knum.reset_index().melt("K", value_name="accuracy"), x="K", y="accuracy", hue="method", marker="o",
              ax=ax)
 ax.set(xscale="log", xlabel="number of clients K (log scale)", ylabel="test accuracy",
-       title=f"α={invariance_alpha}, {dataset} (FedAvg: one seed)")
+       title=f"α={invariance_alpha}, {human(dataset)} (FedAvg: one seed)")
 plt.show()
 display(knum)
 assert knum["AFL"].nunique() == 1, "AFL must not depend on K"
@@ -484,7 +509,7 @@ claims.register(
 # %%
 ri = afl_studies.ri_ablation(feats, [(k, partition(("alpha", invariance_alpha), k, partition_seed)) for k in ri_clients],
                      gammas, dev, base_gamma=gamma, cache=runs_cache)
-print(f"Ours ({dataset}): accuracy (%) without / with the RI restoration (one-solve server)")
+print(f"Ours ({human(dataset)}): accuracy (%) without / with the RI restoration (one-solve server)")
 display(ri.style.format("{:.2f}", na_rep="—"))
 with_ri = ri.xs("w/ RI", axis=1, level="RI")
 assert len(np.unique(with_ri.to_numpy())) == 1, "with RI the accuracy must not depend on K or gamma"
@@ -499,10 +524,13 @@ claims.register(
     "With the RI process the accuracy is the same for every gamma in {0.1, 1, 10, 100} and K in {100, 500, 1000}; "
     "without it, accuracy drops as K*gamma grows (Table 4).",
     holds=bool(len(np.unique(with_ri.to_numpy())) == 1),
-    evidence=f"{dataset}: with RI one accuracy, {with_ri.to_numpy().max():.2f} %, in all {with_ri.size} (K, gamma) "
+    evidence=f"{human(dataset)}: with RI one accuracy, {with_ri.to_numpy().max():.2f} %, in all {with_ri.size} (K, gamma) "
              f"cells; without RI down to {no_ri['acc'].min():.2f} % (-{no_ri_drop:.2f} pp) at the largest K*gamma")
 
 # %% [markdown]
+# :::{folded} Why the accuracy without RI depends on Kγ alone, why γ = 0 is exact here but not in the paper, and how each cell is computed
+# :::
+#
 # Without RI the aggregate is a joint ridge with $\lambda=K\gamma$, eq. {eq}`afl-eq-ri-agg` of the derivation chapter (checked there), so accuracy depends on $K\gamma$ only (the table above groups the cells with equal
 # $K\gamma$ and the assertion checks them; the paper's Table 4 shows the same pattern); with RI
 # every cell is the least-squares accuracy of {eq}`afl-eq-ri-restore` of the derivation chapter (asserted). At $\gamma=0$ the one-solve server is exact
@@ -527,12 +555,14 @@ claims.register(
 # ours are on Fashion-MNIST with a frozen EfficientNet-Lite0.** Compare patterns (AFL flat across
 # settings, baselines dropping with heterogeneity), not values.
 
+# %% [markdown]
+# :::{folded} The paper's Tables 2, 3 and 4 (CIFAR / Tiny-ImageNet, ResNet-18), each printed above ours for the same protocol
+# :::
+
 # %%
-print("Paper, Table 2 (accuracy %, K=100, mean over 3 runs; AFL std 0.00):")
-display(paper_results.afl_table2())
-print(f"Ours, same protocol on {dataset} (accuracy %, K={num_clients}, one partition, mean ± sample std over "
-      f"{len(seeds)} training seeds):")
-display(table)
+display(paper_results.afl_table2().style.format("{:.2f}").set_caption(
+    "Paper, Table 2, all twelve settings: test accuracy (%), K = 100, mean over 3 runs (AFL's sample std 0.00). "
+    "The settings we ran stand beside ours in Section 4."))
 
 # %% [markdown]
 # The heterogeneity sweep below is **one training seed per setting** (FedAvg): like the paper's
@@ -544,17 +574,16 @@ table3 = afl_studies.afl_vs_fedavg(feats, [(label(s), partition(s, num_clients, 
                            workers=workers)
 print(f"runs reused from earlier cells instead of computed again: {runs_cache.hits}")
 table3 = (100 * table3[["FedAvg (1 seed)", "AFL"]]).rename_axis(columns=None).T
-print("Paper, Table 3 (CIFAR-100, K=100, accuracy %):")
-display(paper_results.afl_table3())
-print(f"Ours ({dataset}, K={num_clients}, training seed {seeds[0]}, accuracy %):")
-display(table3.style.format("{:.2f}", na_rep="—"))
+display(stacked(paper_results.afl_table3(), table3.rename(index={"FedAvg (1 seed)": "FedAvg"}).rename_axis("method"),
+              ("paper (CIFAR-100)", f"ours ({human(dataset)})")).style.set_caption(
+    f"Test accuracy (%) against label skew, K = {num_clients}: paper, Table 3, and ours (FedAvg: training seed "
+    f"{seeds[0]} only, a trend, not a result). — : a setting one side did not run."))
 assert table3.loc["AFL"].nunique() == 1
 
 # %%
-print("Paper, Table 4 (CIFAR-100 inferred, α=0.1, accuracy %):")
-display(paper_results.afl_table4())
-print(f"Ours ({dataset}, α={invariance_alpha}, accuracy %):")
-display(ri.style.format("{:.2f}", na_rep="—"))
+display(stacked(paper_results.afl_table4(), ri, ("paper (CIFAR-100)", f"ours ({human(dataset)})")).style.set_caption(
+    f"Test accuracy (%) without and with the RI restoration, by number of clients K and regularizer γ, α = "
+    f"{invariance_alpha}: paper, Table 4, and ours. — : not reported."))
 
 # %% [markdown]
 # ## Exercises

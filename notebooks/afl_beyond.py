@@ -88,10 +88,10 @@ from fedlib.afl import beyond as ab
 from fedlib.runner import specs
 
 specs.check("afl_beyond", globals())
-from fedlib.evaluation.style import book_style, fit_column
+from fedlib.evaluation.style import book_style, fit_column, human
 book_style()   # the book's figure theme and table number style
 chapter_start = time.perf_counter()
-print(f"profile={profile}: {dataset} / {backbone}@{input_size}px, K={num_clients}, cond(X) in {conditions}, "
+print(f"profile={profile}: {human(dataset)} / {human(backbone)}@{input_size}px, K={num_clients}, cond(X) in {conditions}, "
       f"{len(seeds)} seeds")
 
 # %% [markdown]
@@ -100,6 +100,10 @@ print(f"profile={profile}: {dataset} / {backbone}@{input_size}px, K={num_clients
 # The same stratified subsets and cached features as `afl_benchmark` (the cache makes this a load).
 # The reference head is a Householder QR of the whole feature matrix (NumPy, float64), independent
 # of every federated code path below.
+
+# %% [markdown]
+# :::{folded} Feature shapes, the partition's client sizes (how many hold fewer than d + C samples) and the reference head's accuracy
+# :::
 
 # %%
 data = load_dataset(dataset)
@@ -124,6 +128,9 @@ print(f"reference head (QR of X): test accuracy {ref_acc:.4f}")
 # R^{N_k\times(d+C)}$, and uploads the triangular factor of a Householder QR:
 #
 # $$A_k = Q_k R_k,\qquad R_k\in\mathbb R^{m_k\times(d+C)},\quad m_k=\min(N_k,\,d+C),\quad R_k^\top R_k=A_k^\top A_k .$$ (tsqr-client)
+#
+# :::{folded} The server's second QR, the head R₁₁⁻¹R₁₂, the ridge by appended rows, why the error scales as κ(X)·u, not κ(X)²·u, and the upload size
+# :::
 #
 # The server stacks the factors and factors them again:
 #
@@ -244,6 +251,10 @@ assert qr_top * 1e3 < ne_top, "at the largest condition number TSQR must beat th
 # server), TSQR with float64 clients and TSQR with float32 clients. Bytes are the measured sizes of
 # the uploaded `Message`s; the error is against the QR reference of section 0.
 
+# %% [markdown]
+# :::{folded} AFL and TSQR uploads on the benchmark partition: bytes per client, error and accuracy (small clients upload less with TSQR)
+# :::
+
 # %%
 uploads, per_client, kappa_x = ab.upload_comparison(feats, parts, gamma, w_ref)
 print(f"cond(X) of the benchmark features (from the pooled TSQR factor): {kappa_x:.2e}; cond(X^T X) = {kappa_x ** 2:.2e}")
@@ -335,7 +346,12 @@ print(f"raw-pixel upload: image recovered with max abs. error {np.abs(255.0 * pi
 #
 # The pooled head needs only sums: $\hat W=(\sum_kG_k)^{-1}\sum_kB_k$ with $G_k=X_k^\top X_k$,
 # $B_k=X_k^\top Y_k$ (fedlib's one-solve server). Sums are what pairwise additive masking
-# {cite}`bonawitz2017secagg` delivers. Each client $k$ encodes its statistics
+# {cite}`bonawitz2017secagg` delivers.
+#
+# :::{folded} Fixed-point encoding and pairwise masks, why the paper's pairwise law cannot run masked, and the masked run (the same head; uploads that look like noise)
+# :::
+#
+# Each client $k$ encodes its statistics
 # $s_k=[\mathrm{triu}(G_k),\,B_k,\,N_k]$ in a fixed-point ring $\mathbb Z_{2^{64}}$ (two words: a
 # coarse one and the remainder on a grid of $2^{-f_{lo}}$, so the encoding keeps float64 precision),
 #
@@ -419,6 +435,9 @@ display(Markdown(
 # Train on all clients but $k$: $\hat W_{-k}(\lambda)=(G-G_k+\lambda I)^{-1}(B-B_k)$. Its squared
 # error on client $k$'s own data expands into client $k$'s statistics only:
 #
+# :::{folded} The held-out error in terms of (G_k, B_k), the leave-one-client-out (LOCO) criterion, and the ridge path and LOCO checked against lstsq and retraining
+# :::
+#
 # $$\lVert Y_k-X_kW\rVert_F^2=\mathrm{tr}(Y_k^\top Y_k)-2\,\mathrm{tr}(W^\top X_k^\top Y_k)+\mathrm{tr}(W^\top X_k^\top X_kW)
 # = N_k-2\,\mathrm{tr}(W^\top B_k)+\mathrm{tr}(W^\top G_kW),$$ (loco-error)
 #
@@ -496,7 +515,7 @@ hp_claim = claims.register(
     "afl-hyperparameter-free", "afl",
     "AFL is hyperparameter-free: the RI process removes gamma, so the head needs no regularization to be tuned.",
     holds=negligible if (negligible or matters) else None, inconclusive=not (negligible or matters),
-    evidence=f"{dataset} / {backbone} features, {len(seeds)} Dirichlet(alpha={loco_alpha}) partitions into "
+    evidence=f"{human(dataset)} / {human(backbone)} features, {len(seeds)} Dirichlet(alpha={loco_alpha}) partitions into "
              f"{loco_clients} clients: the ridge parameter chosen by leave-one-client-out validation from the "
              f"uploads changes test accuracy by {d_loco.format(2, 100)} pp against lambda = 0; the best lambda on "
              f"the test set in hindsight gains {100 * gain_hindsight:+.2f} pp (criterion: both below "
@@ -519,6 +538,10 @@ hp_claim = claims.register(
 # client $k$'s own $(G_k,B_k)$: the paper's upload gives them (eq. {eq}`reveal`); under secure
 # aggregation client $k$ would re-send them. A TSQR server cannot subtract a factor: removing rows
 # from a QR factorization is a downdate, possible but not backward stable in general.
+
+# %% [markdown]
+# :::{folded} Unlearning checked: the head after subtraction against lstsq on the remaining data, on synthetic and on the benchmark features
+# :::
 
 # %%
 unl_syn = ab.unlearning_check(xs, ys, parts_s, C, unlearn_client % len(parts_s))

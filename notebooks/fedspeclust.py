@@ -153,6 +153,9 @@ print(f"profile={profile}: datasets={datasets}, <= {max_points} points each, P={
 # exactly when the landmarks' features span the data's. The Gaussian kernel's eigenvalues decay
 # fast on smooth data, which is why a few hundred well-placed landmarks can still do well.
 #
+# :::{folded} The numerical check: error and spectrum against the number of landmarks for squared distances, a polynomial and a Gaussian kernel, and a check that the Gaussian kernel's error is PSD
+# :::
+#
 # The check below: $n$ synthetic points in $\mathbb R^m$, landmarks drawn one after another (nested
 # sets), relative Frobenius error $\|Z-CW^{+}C^\top\|_F/\|Z\|_F$ with `fedlib.fedtsne.nystrom`, and
 # the ranks of $H$ and $W$ ({prf:ref}`fedsc-lemma-exact`).
@@ -210,8 +213,12 @@ assert lam_E.min() > -1e-9 * lam_E.max() and np.diag(Kg - E).max() <= 1 + 1e-12
 #
 # One rule for both Fed-tSNE chapters (`fedlib.fedtsne.chapters.load_points`, `fedlib.fedtsne.chapters.client_split`):
 # images are flattened and scaled to $[0,1]$, train and test splits pooled (clustering uses no
-# labels) and a stratified draw of `max_points` points kept (seed 0, the same for every run). The
-# kernel width is $\gamma=1/(2\sum_f\widehat{\operatorname{var}}_f)=1/\mathbb E\|x-x'\|^2$, computed by
+# labels) and a stratified draw of `max_points` points kept (seed 0, the same for every run).
+#
+# :::{folded} The kernel width (one for every split, by the moments rule), the client splits, and each data set's size and non-IID clients
+# :::
+#
+# The kernel width is $\gamma=1/(2\sum_f\widehat{\operatorname{var}}_f)=1/\mathbb E\|x-x'\|^2$, computed by
 # FedDL from the clients' sums and sums of squares (`gamma="moments"`). It does not depend on the
 # split, so the centralized baseline, IID and non-IID runs share the same $\gamma$ (asserted below);
 # the per-client median rule would not (within-client distances are smaller under label skew; the
@@ -234,6 +241,9 @@ display(info)
 # Laplacian embedding, then k-means). The seed changes the partition, the landmark initialisation,
 # the noise and the k-means start; the data subset is fixed. We record NMI and ARI against the true
 # labels, and the relative error $\|\hat K-K\|_F/\|K\|_F$ of the server's kernel.
+#
+# :::{folded} FedDL's rounds per data set, the runs, and the check that noise-free IID and non-IID FedDL give the same landmarks
+# :::
 #
 # FedDL runs in gradient mode (one gradient per client and round, Eq. 16) with size weights
 # $w_p=n_p/n$: the averaged gradient is then *exactly* the gradient on the pooled data whatever the
@@ -347,6 +357,9 @@ _ = claims.register(
          f"margin −{SPECLUST_MARGIN:.3f}"))
 
 # %% [markdown]
+# :::{folded} The tables as changes from centralized, each run's kernel error, noise and uploads, and FedDL's objective over the rounds
+# :::
+#
 # The same tables as changes from the centralized result (federated minus centralized, mean over
 # runs; negative is a drop), with the relative kernel error and the final FedDL objective of our
 # runs:
@@ -434,6 +447,9 @@ print("noise-free F(Y): non-IID minus IID is constant over the rounds (to 1e-10)
 # * **uniform sample (oracle, not federated)**: $n_y$ points drawn uniformly from the *pooled* data,
 #   the classical Nyström choice, which a federated server cannot make (nested draws);
 # * **untrained**: FedDL's initial landmarks $Y^0\sim\mathcal N(\hat\mu,\operatorname{diag}\hat v)$.
+#
+# :::{folded} Kernel error and clustering NMI against the number of landmarks for the three sets (FedDL beats its own initialisation at every size), and how much of each upload lies in one direction
+# :::
 #
 # For each we form $\hat K=\operatorname{clip}_0(CW^{+}C^\top)$ (`fedlib.fedtsne.algorithm.nystrom_kernel`) and
 # report $\|\hat K-K\|_F/\|K\|_F$ and the NMI of spectral clustering on $\hat K$ (same

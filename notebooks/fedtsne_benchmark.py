@@ -203,7 +203,17 @@ scorers = {name: ft_chapters.EmbeddingScorer(X, y) for name, (X, y, _) in data.i
 # $$\frac{F(Y^{S-w})-F(Y^{S})}{F(Y^{0})-F(Y^{S})}\le \texttt{plateau\_tol}.$$
 #
 # ($F$ is an unbiased estimate and can be negative, so the change is measured against the total
-# decrease, not against $|F|$.) With `rounds="plateau"` every noise-free FedDL run (every dataset,
+# decrease, not against $|F|$.)
+#
+# ### The rounds, the convergence curves and FedDL's step
+#
+# With the default `rounds="plateau"` every noise-free run stops by this rule; the rounds each took,
+# the curves and a study of FedDL's step are below.
+#
+# :::{folded} Rounds to the plateau per dataset and split, the 10-NN overlap of D-hat by round, the convergence figure, and the step study at steps c/L
+# :::
+#
+# With `rounds="plateau"` every noise-free FedDL run (every dataset,
 # split and seed) runs until the rule holds (`fedlib.fedtsne.feddl.feddl_until_plateau`; the rule is
 # asserted for every run below). It is checked every `plateau_check` rounds: a run stops at the first
 # checked round $S$ at which the rule holds at $S-1$, from the values of $F$ the clients report with
@@ -349,6 +359,8 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
+# ### Converged after about 50 rounds? (paper Fig. 2)
+#
 # The claim below checks the paper's Fig. 2 reading that the metrics converge after about 50 rounds, with
 # the overlap of $\hat D$ as the metric (an embedding adds t-SNE's own run-to-run noise), on every dataset
 # and split of the first seed. The rule, fixed in advance: at a step $c/L$ the quality has converged by
@@ -391,7 +403,12 @@ if late:
 # Per dataset and seed: centralized t-SNE / UMAP; FedDL noise-free (Fed) and with the paper's
 # heuristic noise (Fed+) on the IID and the non-IID split, each for the dataset's rounds from Sec. 2;
 # and the untrained landmarks $Y^0$ (one set per seed: the initialization uses the pooled moments
-# and the seed, not the split, which is asserted). Every federated run also records how good the
+# and the seed, not the split, which is asserted).
+#
+# :::{folded} How the runs are made and checked: the distance-matrix quality recorded per run, the cached centralized embeddings, and the plateau rule asserted for every noise-free run
+# :::
+#
+# Every federated run also records how good the
 # server's distance matrix is before any embedding: the relative Frobenius error
 # $\lVert\hat D-D\rVert_F/\lVert D\rVert_F$ and the 10-NN overlap of $\hat D$ with the exact
 # neighbours ("D-hat 10-NN"). The metrics come from `fedlib.fedtsne.chapters.EmbeddingScorer` (high-dimensional
@@ -512,6 +529,9 @@ for title, table in ft_studies.metric_tables(results, data, seeds, METRICS, ROW_
     display(table)
 
 # %% [markdown]
+# :::{folded} The headline metric as a figure, paired differences over the seeds, the quality of the server's distance matrix, the kernel width per split, and the cost
+# :::
+#
 # The tables' headline metric (CA 10-NN, the one section 8 reads) as a figure: mean over seeds,
 # bars = sample standard deviation, one colour per embedding, one panel per dataset.
 
@@ -617,7 +637,12 @@ display(costs.groupby(["dataset", "variant", "split"])[["rounds", "FedDL s", "Fe
 #
 # Fed-tSNE and Fed-tSNE+ on `sweep_dataset`, $k$ clients, NMI and NPA 10-NN, FedDL by the rule of
 # the main runs (Sec. 2): noise-free until its objective plateaus, Fed+ for as many rounds (the
-# rounds of each run are printed). The $k$ = `num_clients` runs of the sweep's seeds are the main
+# rounds of each run are printed).
+#
+# :::{folded} The client sweep: rounds per run, NMI and NPA 10-NN against the number of clients, and ours beside the paper's Tables 3 and 4
+# :::
+#
+# The $k$ = `num_clients` runs of the sweep's seeds are the main
 # runs of Sec. 3 (same data, clients, seed and rule: the same runs), reused, not run again; the
 # others were made in Sec. 2's cell. Paper Table 3 is non-IID with $k\in\{5,10\}$ (two classes / one
 # class per client), Table 4 IID with $k$ from 5 to 100. With size weights and one step per round,
@@ -662,7 +687,12 @@ display(report.pm_table(paper_results.fedtsne_table4(), digits=3))
 # ## 7. Number of landmarks (paper Fig. 6)
 #
 # The paper reports that NMI grows with $n_y$ "regardless of the method or conditions" (no numbers
-# printed). Here, for every $n_y$ and the splits in `landmark_splits` (10 clients, FedDL by the rule
+# printed).
+#
+# :::{folded} The landmark sweep: NMI, and the 10-NN overlap and error of the server's distance matrix, against the number of landmarks for squared, untrained and plain-distance estimates
+# :::
+#
+# Here, for every $n_y$ and the splits in `landmark_splits` (10 clients, FedDL by the rule
 # of Sec. 2 as in Sec. 6; the rounds and the plateau share of each run are printed): NMI of Fed-tSNE /
 # Fed-UMAP, and the quality of the server's $\hat D$ for three variants of the Nyström step:
 #

@@ -86,7 +86,7 @@ from fedlib.fedtsne import verdicts as ft_verdicts
 from fedlib.runner import specs
 
 specs.check("fedtsne_beyond", globals())
-from fedlib.evaluation.style import book_style, fit_column
+from fedlib.evaluation.style import book_style, fit_column, human
 book_style()   # the book's figure theme and table number style
 threadpool_limits(num_threads)
 threadpool_limits(1, user_api="blas")       # many small products: a second BLAS thread only spins (benchmark chapter)
@@ -102,7 +102,7 @@ parts_of_seed = partial(ft_chapters.client_split, y, num_clients, "iid")   # par
 scorer = ft_chapters.EmbeddingScorer(X, y)
 EMBED = dict(perplexity=perplexity, tsne_max_iter=tsne_max_iter, umap_neighbors=umap_neighbors,
              umap_min_dist=umap_min_dist, umap_epochs=umap_epochs)
-print(f"profile={profile}: {dataset}, {n} points in R^{m}, {num_clients} IID clients, seeds {seeds}, "
+print(f"profile={profile}: {human(dataset)}, {n} points in R^{m}, {num_clients} IID clients, seeds {seeds}, "
       f"FedDL / k-means rounds {rounds}, n_y in {landmark_grid}")
 if len(seeds) < 5:
     print(f"NOTE: {len(seeds)} seeds (fewer than 5): the intervals below carry no conclusion.")
@@ -141,7 +141,16 @@ if len(seeds) < 5:
 # uploads the same numbers. With $n_y=m+1$ the hull is the whole space, $\rho=0$, and the upload is
 # the point itself (the attack of the derivation chapter).
 #
-# **The Nyström estimate in closed form.** The landmarks lie on a sphere inside their hull: its
+# ### The Nyström estimate in closed form
+#
+# The Nyström estimate is a closed-form function of the projections, the residuals and the landmarks'
+# circumsphere; it errs by a term of that sphere and by the angle between residuals, which the upload
+# cannot see.
+#
+# :::{folded} The derivation, and its checks on the data: closed form against fedlib's Nyström estimate, projection and residual rebuilt from the upload, moved points that upload the same numbers
+# :::
+#
+# The landmarks lie on a sphere inside their hull: its
 # centre $\zeta^\ast$ solves $R^\top\zeta^\ast=\tfrac12(\lVert y_j-y_0\rVert^2)_j$, its radius is
 # $a=\lVert\zeta^\ast\rVert$. Call $\pi=\lVert z-\zeta^\ast\rVert^2+\rho^2-a^2$ the *power* of $x$
 # with respect to that sphere. For a point $p=\sum_j\lambda_jy_j$ of the hull ($\sum_j\lambda_j=1$),
@@ -219,6 +228,8 @@ assert (checks["moved points: upload change (rel.)"] < 1e-12).all() and (checks[
 timings["1. checks"] = time.perf_counter() - t0
 
 # %% [markdown]
+# ### What the upload reveals
+#
 # The table says what the server learns from Algorithm 2's upload: for every point, its projection
 # onto the hull, exactly (relative error at round-off), and its residual distance, exactly; and the
 # moved points show it learns no more. "Variance revealed" is the share of the data's variance
@@ -235,7 +246,7 @@ claims.register(
     evidence=(f"with n_y = {ny_top} <= m + 1 = {m + 1} landmarks the upload of each point is equivalent to its "
               f"projection onto the landmarks' affine hull plus its distance to the hull (this chapter, Sec. 1; "
               f"rebuilt to relative {checks['projection from upload (rel.)'].max():.0e}); the projections "
-              f"hold {', '.join(f'{v:.0%} ({k})' for k, v in revealed.items())} of the data's variance on {dataset}, "
+              f"hold {', '.join(f'{v:.0%} ({k})' for k, v in revealed.items())} of the data's variance on {human(dataset)}, "
               f"{rounds} rounds (holds = below 50 %)"),
     key=f"upload reveals {revealed.max():.0%} of the data's variance (n_y = {ny_top})")
 
@@ -279,8 +290,12 @@ claims.register(
 # $$ (ftsb-kmeans-bound)
 #
 # the k-means objective bounds the residual energy from above: k-means centres $c_k$ are landmarks
-# chosen to make the hull fit the data, which FedDL's MMD objective does not aim at. Lloyd's
-# algorithm is federated as is: with the centres broadcast, client $p$ assigns its points to the
+# chosen to make the hull fit the data, which FedDL's MMD objective does not aim at.
+#
+# :::{folded} Lloyd's step from per-client sums and counts is centralized Lloyd exactly (checked against scikit-learn), and what the server sees without secure aggregation
+# :::
+#
+# Lloyd's algorithm is federated as is: with the centres broadcast, client $p$ assigns its points to the
 # nearest centre and uploads per-cell sums $S_{pk}$ and counts $N_{pk}$, and
 #
 # $$
@@ -346,7 +361,7 @@ for ax, (kind_name, g) in zip(axes, recall.groupby("landmarks", sort=False)):
            title=f"{kind_name} landmarks")
     ax.set_xticks(landmark_grid, [str(v) for v in landmark_grid])
     ax.minorticks_off()
-fig.suptitle(f"Neighbour recall of the server's estimate, {dataset}, {n} points, mean ± sample std over "
+fig.suptitle(f"Neighbour recall of the server's estimate, {human(dataset)}, {n} points, mean ± sample std over "
              f"{len(seeds)} seeds", y=1.02, wrap=True)
 fig.tight_layout()
 plt.show()
@@ -400,7 +415,7 @@ if len(metrics):
             ax.set_xticks(metric_grid, [str(v) for v in metric_grid])
             ax.minorticks_off()
         sns.move_legend(axes[-1], "upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, title="landmarks, estimator")
-        fig.suptitle(f"{method_name} on the server's estimate: the paper's metrics against n_y, {dataset}, "
+        fig.suptitle(f"{method_name} on the server's estimate: the paper's metrics against n_y, {human(dataset)}, "
                      f"{len(seeds)} seeds (mean ± sample std)", y=1.02, wrap=True)
         fig.tight_layout()
         plt.show()
@@ -460,11 +475,11 @@ if len(metrics) and len(metric_grid) >= 2:
         rules_out=(("the comparison did not converge at its budget; " if not fig6_converged else "")
                    + ft_verdicts.bounds_text({f"{a}, {b}": d for (a, b), d in nmi_gain.items()})
                    + " (the paper prints no numbers for Fig. 6, so no effect size to aim at)") if fig6_open else None,
-        evidence=(f"{dataset}, {n} points, {len(seeds)} seeds, FedDL / k-means {rounds} rounds: paired NMI change from "
+        evidence=(f"{human(dataset)}, {n} points, {len(seeds)} seeds, FedDL / k-means {rounds} rounds: paired NMI change from "
                   f"n_y = {lo_ny} to {hi_ny}: {report.listing({f'{a}, {b}': d for (a, b), d in nmi_gain.items()})} "
                   "(rule: holds when every interval lies above 0, fails when one lies wholly below 0)"),
         methods=["t-SNE", "UMAP"], ran=ran_emb,
-        budget=f"FedDL and federated k-means {rounds} rounds, n_y = {lo_ny} and {hi_ny}, {len(seeds)} seeds, {dataset}",
+        budget=f"FedDL and federated k-means {rounds} rounds, n_y = {lo_ny} and {hi_ny}, {len(seeds)} seeds, {human(dataset)}",
         convergence=(f"FedDL's plateau share (share of its objective's decrease in the last 10 % of the rounds) up to "
                      f"{fed_share.max():.3f} (the benchmark's rule: at most 0.01); federated k-means stopped with "
                      f"unchanged centres in {int((km_rounds < rounds).sum())} of {len(km_rounds)} runs"),
@@ -508,6 +523,9 @@ if len(placement):
           f"{n / num_clients * placement_landmarks * 8 / 1024:.1f} KiB)")
 
 # %% [markdown]
+# :::{folded} Paired differences of local placement against Fed-tSNE and centralized t-SNE, and the first seed's embeddings side by side
+# :::
+#
 # Paired differences (95 % t-intervals over the seeds): placement minus Fed-tSNE / Fed-UMAP on the same
 # landmarks, minus Fed-tSNE / Fed-UMAP as the paper runs them (FedDL landmarks, Nyström), and minus
 # centralized.
@@ -554,7 +572,7 @@ if len(placement):
         ax.set_title(title, fontsize=10)
         ax.set(xlabel=f"{bd.METHOD_NAMES[method]} 1 (arbitrary units)", ylabel=f"{bd.METHOD_NAMES[method]} 2 (arbitrary units)")
     sns.move_legend(axes[-1], "upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, markerscale=3, title="class")
-    fig.suptitle(f"{dataset}, seed {seed0}, n_y = {placement_landmarks}: centralized, Fed-tSNE, and each client placing "
+    fig.suptitle(f"{human(dataset)}, seed {seed0}, n_y = {placement_landmarks}: centralized, Fed-tSNE, and each client placing "
                  "its own points (x: landmarks)", y=1.03, wrap=True)
     fig.tight_layout()
     plt.show()

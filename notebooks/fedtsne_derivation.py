@@ -91,6 +91,9 @@ print(f"profile={profile}: optdigits {n} points in R^{m}, {num_clients} clients,
 # $$\nabla_Y f_p=-\frac{4\gamma}{n_pn_y}\big[K_{XY}^\top X_p-\mathrm{diag}(\mathbf 1^\top K_{XY})Y\big]
 #   +\frac{4\gamma}{n_y(n_y-1)}\big[K_{YY}Y-\mathrm{diag}(\mathbf 1^\top K_{YY})Y\big].$$ (fedtsne-eq-grad)
 #
+# :::{folded} Both equations checked (Eq. 10's mean against the exact MMD², Eq. 13 against finite differences), and fedlib's code of both
+# :::
+#
 # The next cell checks that the mean of {eq}`fedtsne-eq-mmd` is the exact MMD² (`ft_checks.mmd_unbiasedness`) and
 # {eq}`fedtsne-eq-grad` against finite differences (`ft_checks.gradient_fd_error`).
 #
@@ -133,20 +136,6 @@ assert grad_err < 1e-7
 # gradient descent on the pooled data, for any split: IID and one-class-per-client clients give the
 # same landmarks without noise. The paper's Algorithm 1 writes $\omega_p=1/P$; then non-IID splits
 # with unequal $n_p$ weight small clients up, and the identity fails.
-#
-# A client's round and the server's update (weights $\omega_p$ by the `weights` rule, $n_p/n$ by default):
-#
-# ```{literalinclude} /fedlib/fedtsne/algorithm.py
-# :pyobject: FedDLClient.round
-# :lineno-match:
-# :caption: fedlib/fedtsne/algorithm.py: a client's round (Eqs. 13-14, noise for the DP variants)
-# ```
-#
-# ```{literalinclude} /fedlib/fedtsne/algorithm.py
-# :pyobject: FedDLServer.absorb
-# :lineno-match:
-# :caption: fedlib/fedtsne/algorithm.py: the server's update (Eqs. 15-16)
-# ```
 
 # %%
 parts = {"IID": make_partition(labels, num_clients, "iid", seed=seed),
@@ -176,6 +165,26 @@ claims.register(
              f"label skew the gradient is off by up to "
              f"{identity[(identity.weights == '1/P') & (identity.split != 'IID')]['rel. error vs pooled gradient'].max():.1e}",
     key=f"gradient gap {grad_gap:.0e}, landmark gap {max(landmark_gap.values()):.0e} (n_p/n weights)")
+
+# %% [markdown]
+# ### The code of a FedDL round
+#
+# A client's round and the server's update (weights $\omega_p$ by the `weights` rule, $n_p/n$ by default):
+#
+# :::{folded} fedlib's FedDLClient.round and FedDLServer.absorb (Eqs. 13-16)
+# :::
+#
+# ```{literalinclude} /fedlib/fedtsne/algorithm.py
+# :pyobject: FedDLClient.round
+# :lineno-match:
+# :caption: fedlib/fedtsne/algorithm.py: a client's round (Eqs. 13-14, noise for the DP variants)
+# ```
+#
+# ```{literalinclude} /fedlib/fedtsne/algorithm.py
+# :pyobject: FedDLServer.absorb
+# :lineno-match:
+# :caption: fedlib/fedtsne/algorithm.py: the server's update (Eqs. 15-16)
+# ```
 
 # %% [markdown]
 # ### Convergence, and why Theorem 1 does not cover local steps
@@ -236,26 +245,6 @@ claims.register(
 # have no such low-rank structure. The paper does not say which it means; we use squared distances,
 # clip at 0 and take the square root before t-SNE/UMAP.
 #
-# The upload and the server's estimate:
-#
-# ```{literalinclude} /fedlib/fedtsne/algorithm.py
-# :pyobject: client_sq_distances
-# :lineno-match:
-# :caption: fedlib/fedtsne/algorithm.py: a client's upload (Alg. 2, step 3)
-# ```
-#
-# ```{literalinclude} /fedlib/fedtsne/nystrom.py
-# :pyobject: nystrom
-# :lineno-match:
-# :caption: fedlib/fedtsne/nystrom.py: the Nyström estimate (Eq. 19)
-# ```
-#
-# ```{literalinclude} /fedlib/fedtsne/algorithm.py
-# :pyobject: nystrom_distances
-# :lineno-match:
-# :caption: fedlib/fedtsne/algorithm.py: squared distances to distances (Eq. 22)
-# ```
-#
 # ```{prf:proposition} Exact Nyström estimate of squared distances (our statement)
 # :label: fedtsne-prop-nystrom
 #
@@ -288,10 +277,40 @@ claims.register(
     key=f"squared, n_y >= m+2: rel. error {exact_err:.0e}; plain: >= {exactness['rel. error, plain distances'].min():.2f}")
 
 # %% [markdown]
+# ### The code of the upload and the Nyström estimate
+#
+# The upload and the server's estimate:
+#
+# :::{folded} fedlib's client_sq_distances, nystrom and nystrom_distances (Alg. 2 step 3, Eqs. 19 and 22)
+# :::
+#
+# ```{literalinclude} /fedlib/fedtsne/algorithm.py
+# :pyobject: client_sq_distances
+# :lineno-match:
+# :caption: fedlib/fedtsne/algorithm.py: a client's upload (Alg. 2, step 3)
+# ```
+#
+# ```{literalinclude} /fedlib/fedtsne/nystrom.py
+# :pyobject: nystrom
+# :lineno-match:
+# :caption: fedlib/fedtsne/nystrom.py: the Nyström estimate (Eq. 19)
+# ```
+#
+# ```{literalinclude} /fedlib/fedtsne/algorithm.py
+# :pyobject: nystrom_distances
+# :lineno-match:
+# :caption: fedlib/fedtsne/algorithm.py: squared distances to distances (Eq. 22)
+# ```
+
+# %% [markdown]
 # ### Error versus the number of landmarks on real data
 #
-# Optdigits lives in $\mathbb R^{64}$, so exactness needs 66 landmarks in general position. With
-# fewer, what matters is whether the landmarks' affine span covers the data's principal subspace.
+# Optdigits lives in $\mathbb R^{64}$, so exactness needs 66 landmarks in general position.
+#
+# :::{folded} The error of the distance estimate and its 10-NN overlap against the number of landmarks, for FedDL, oracle and untrained landmarks (exact from m + 2 on)
+# :::
+#
+# With fewer, what matters is whether the landmarks' affine span covers the data's principal subspace.
 # We compare FedDL landmarks (IID and one class per client), landmarks sampled uniformly from the
 # pooled data (an **oracle**, not federated), and the untrained initial landmarks $Y^0$: relative
 # error of $\hat D$ and the overlap of each point's 10 nearest neighbours under $\hat D$ and under $D$.
@@ -338,7 +357,12 @@ claims.register(
 # %% [markdown]
 # ### Theorems 3 and 5 hold, but say nothing
 #
-# Both bound $\lVert\hat H_{X}-K_{X,X}\rVert_2$ by a sum that contains $+2n_x$. But both matrices are PSD
+# Both bound $\lVert\hat H_{X}-K_{X,X}\rVert_2$ by a sum that contains $+2n_x$.
+#
+# :::{folded} Why that term alone exceeds any possible error (both sides are at most n_x), checked on the FedDL landmarks
+# :::
+#
+# But both matrices are PSD
 # with spectral norm at most $n_x$ (unit diagonal; the Nyström approximation from exact columns is
 # dominated by the kernel matrix), so $\lVert\hat H_X-K_{XX}\rVert_2\le n_x$ **always**: the bound's
 # last term alone exceeds anything the left side can be. We print the left side next to $2n_x$ for
@@ -459,6 +483,9 @@ claims.register(
     key=f"sd buys its epsilon for epsilon <= {eps_star:.3g} (delta = {delta:g})")
 
 # %% [markdown]
+# :::{folded} A stress case (600 points, 2 clients, 30 landmarks, 20 rounds at ε = 1): the noise sd stays fixed and the landmarks finite
+# :::
+#
 # A stress case for the noise: 600 points, 2 clients, 30 landmarks, 20 rounds, $\varepsilon=1$,
 # $\delta=10^{-5}$. A sensitivity re-measured from the noisy landmarks every round would make the sd grow
 # round after round until the run fails; with $\Delta_K$ it is fixed before the first round. Here
@@ -511,6 +538,9 @@ claims.register(
     key=f"points rebuilt from the upload: rel. error {rec_err:.0e} (epsilon spent {dp_run.epsilon:.2g})")
 
 # %% [markdown]
+# :::{folded} The attack on untrained landmarks, fewer landmarks and perturbed uploads, and three digits as the server rebuilds them
+# :::
+#
 # The same attack against landmarks that are not trained at all, and against an upload computed from
 # perturbed data, for several $n_y$:
 

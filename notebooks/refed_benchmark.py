@@ -134,14 +134,14 @@ from fedlib.refed.specs import check_total_memory
 # option, not a method of its own: fedlib.refed.studies.PIM_METHODS); every other name is a method of
 # fedlib.refed.algorithm.LEARNERS (fedlib.refed.specs.METHOD_NAMES)
 specs.check("refed_benchmark", globals())   # the runner ran the same checks before executing
-from fedlib.evaluation.style import book_style, facet_size, fit_column
+from fedlib.evaluation.style import book_style, facet_size, fit_column, human
 book_style()   # the book's figure theme and table number style
 torch.set_num_threads(num_threads)
 workers = resolve_workers(workers, device)   # None: the cores; 1 on a GPU
 
 # %% tags=["hide-input"]
 SCEN = benchmark_scenarios(globals())   # the class-incremental stream and, with `domain`, the digit domains
-print(f"{dataset}: {len(SCEN['class']['y_train'])} train / {len(SCEN['class']['y_test'])} test images, {num_tasks} tasks")
+print(f"{human(dataset)}: {len(SCEN['class']['y_train'])} train / {len(SCEN['class']['y_test'])} test images, {num_tasks} tasks")
 if domain:
     print(f"digit domains {', '.join(domains)}: {len(SCEN['domain']['y_train'])} train / "
           f"{len(SCEN['domain']['y_test'])} test images")
@@ -164,6 +164,10 @@ print("model:", model, f"{sum(p.numel() for p in model_fn().parameters()):,} par
 # line). Mean ± std over 3 runs; Tiny-ImageNet and DomainNet report Top-10 accuracy. The cell
 # checks the cross-references between the tables.
 
+# %% [markdown]
+# :::{folded} The paper's Table 1 and the cross-checks between its tables (the table is shown again beside ours below)
+# :::
+
 # %%
 from fedlib.refed import tables as paper_tables
 
@@ -178,7 +182,12 @@ display(paper1)
 # ## The runs
 #
 # `fedlib.refed.studies.run_scenario` runs one method through one stream and returns its metrics row;
-# `ScenarioRuns` caches the runs by their settings. Every learner gets the same `FedConfig`
+# `ScenarioRuns` caches the runs by their settings.
+#
+# :::{folded} The protocol in detail (seeds and pairing, Re-Fed's cache rule and PIM start, the memory modes and their checks, the shared first task, parallel workers) and the log of the runs
+# :::
+#
+# Every learner gets the same `FedConfig`
 # (plain SGD as Eqs. 3 and 6; the paper names no optimizer). The run's seed drives the model
 # initialisation, the class order and the partitions; every task draws its own participating
 # clients and mini-batch orders
@@ -269,6 +278,10 @@ plt.show()
 # seeds (`fedlib.evaluation.stats.paired_difference`). An interval that excludes 0 is a difference these runs
 # resolve; one that contains 0 is not.
 
+# %% [markdown]
+# :::{folded} The paired table: Re-Fed against each baseline and variant, A_T and A_avg, mean difference and 95 % t-interval per scenario
+# :::
+
 # %%
 PAIRS = [("refed", "fedavg_replay"), ("refed", "fedprox_replay"), ("refed_balanced", "fedavg_replay"),
          ("refed_balanced", "refed"), ("refed", "refed_proxy"), ("refed", "fedavg")]
@@ -358,7 +371,12 @@ for scen, (finals, curves_) in src.items():
 # top-$k$ would then keep mostly older, partly forgotten samples and few of the last old task's,
 # whose classes enter the next stage with little replay: Re-Fed would trade accuracy on the last
 # old task for accuracy on the older ones. The verdict is printed under the tables, from paired
-# differences. Random replay keeps every task in proportion to the pool (in expectation), and
+# differences.
+#
+# :::{folded} The caches at every task boundary (share of the last old task, smallest class count, classes lost, unused storage), the final accuracy per task, and the hypothesis's paired verdict
+# :::
+#
+# Random replay keeps every task in proportion to the pool (in expectation), and
 # class-balanced Re-Fed gives every class of the pool the same quota by construction. Measured at every
 # boundary with at least two old tasks, over all clients and seeds: the last old task's share of
 # the pool and of the cache, the smallest per-class count in the union of all caches, how many
@@ -412,6 +430,12 @@ if "domain" in SCEN:
 
 # %% [markdown]
 # ## Accuracy after each task
+#
+# Two views of forgetting over the stream: the mean accuracy over the tasks seen after each task, and
+# the accuracy after every communication round.
+#
+# :::{folded} The accuracy curves: A_t after each task (mean ± sd over seeds) and the global model after every round (first seed)
+# :::
 
 # %% mystnb={"figure": {"caption": "Accuracy of every method over the stream, one panel per scenario: in the first figure the mean accuracy over the tasks seen so far after each task (mean over seeds, sample-standard-deviation bands), in the second the global model's test accuracy on the seen tasks after every communication round, for one seed. Drops at the task boundaries show forgetting."}, "image": {"alt": "Line charts, one per scenario, of each method's accuracy, after each task or after every communication round"}}
 g = sns.relplot(data=stage_curves(run), x="stage", y="A_t", hue="method", col="scenario", kind="line", marker="o",
@@ -430,7 +454,12 @@ plt.show()
 # ## Rounds to the best accuracy (the paper's Table 3)
 #
 # Per task, the first round at which the global model reaches that task's best accuracy on the
-# seen test data (`fedlib.refed.studies.rounds_to_best`), summed over tasks. Our tasks have `rounds`
+# seen test data (`fedlib.refed.studies.rounds_to_best`), summed over tasks.
+#
+# :::{folded} Rounds to the best accuracy per method and scenario, and the paper's Table 3 (only the ordering of methods compares)
+# :::
+#
+# Our tasks have `rounds`
 # (class-incremental) or `rounds_domain` rounds each (`first_rounds_domain` for the first
 # domain), the paper's 150, so only the ordering of methods can be compared. Fixed trains task 1
 # only and counts 0 afterwards.
@@ -450,6 +479,10 @@ display(paper3)
 # `sweep_methods`. When $M$ holds a client's whole pool, Re-Fed keeps exactly what random replay
 # keeps, so the two coincide (the paper's ties at $M=3000$); checked below when the largest $M$ is
 # that large. Beside the accuracy gap, the last old task's share of the Re-Fed caches at each $M$.
+
+# %% [markdown]
+# :::{folded} The memory sweep: A_T against M (figure and table, with the Re-Fed − random gap and the last old task's share of the caches), the check at a memory that holds every pool, and the paper's Table 4
+# :::
 
 # %% mystnb={"figure": {"caption": "Final accuracy A_T against the memory size M (samples per client) in the class-incremental stream, one line per method, from a one-seed sweep (no error bars, no conclusion drawn). When M holds a client's whole pool, Re-Fed and random replay keep the same samples and coincide."}, "image": {"alt": "Line chart with markers: final accuracy against memory size for each method"}}
 m_grid = sorted(set(memories) | {memory})
@@ -496,6 +529,10 @@ display(paper4)
 # pins the PIM to the global model, $\lambda\to 1$ lets it fit the client's pool; the paper finds
 # $\lambda=0.2$ best at $\alpha=0.1$ and $\lambda=0.8$ best for $\alpha\ge 1$.
 
+# %% [markdown]
+# :::{folded} The α and λ sweeps: A_T against α for every method and against λ for every α (figure and tables), and the paper's Table 2
+# :::
+
 # %% mystnb={"figure": {"caption": "Left: final accuracy A_T against the Dirichlet alpha (log scale; smaller means more label skew), one line per method. Right: Re-Fed's A_T against its lambda, one line per alpha. One-seed sweeps without error bars: a pattern, not a result."}, "image": {"alt": "Two line charts: final accuracy against alpha for each method, and against lambda for each alpha"}}
 # the runs come from the cache: the memory sweep's cell made them (ScenarioRuns.prefetch)
 rows = [run("class", m, seed, alpha=a)["row"] for a in a_grid for m in sweep_methods for seed in sweep_seeds]
@@ -527,6 +564,10 @@ display(paper2)
 # definition: keep the lowest scores). With `pim_epochs` epochs the Early and Average weights
 # differ only through $1/p$ for $p\le$ `pim_epochs`.
 
+# %% [markdown]
+# :::{folded} A_T and A_avg for the Early, Average and Late weightings, and the paper's Table 10
+# :::
+
 # %%
 # the runs come from the cache: the memory sweep's cell made them (ScenarioRuns.prefetch)
 rows = [run("class", "refed", seed, weighting=w)["row"] for w in weightings for seed in sweep_seeds]
@@ -546,6 +587,10 @@ display(paper10)
 # model, all classes seen. How similar are the rankings, and the caches they select? The
 # accuracy that each choice gives is the paired difference `refed [exact Eq. 4] - refed
 # [last-layer proxy]` above.
+
+# %% [markdown]
+# :::{folded} Exact against last-layer scores on one pool: their rank correlation, the overlap of the caches they select, the last layer's share of the norm, the PIM's seconds, and the scatter plot
+# :::
 
 # %% mystnb={"figure": {"caption": "Early score of every sample in one client's pool from exact all-parameter gradient norms (x) against the last-layer closed form (y), both log scale, coloured by class; the title gives the Spearman rank correlation. The closer the points lie to an increasing curve, the more alike the two rank the samples."}, "image": {"alt": "Log-log scatter plot: exact against last-layer importance scores for the samples of one pool, coloured by class"}}
 if exact_check:
@@ -572,6 +617,10 @@ if exact_check:
 # of the other worker process running beside it) and upload per run. Re-Fed and random replay
 # train on the same amount of data; the difference of their times is the cost of the PIM and the
 # scoring. Re-Fed uploads nothing extra.
+
+# %% [markdown]
+# :::{folded} Learner seconds and upload per run for every method and scenario, and what the PIM and the scoring cost
+# :::
 
 # %%
 cost = main.groupby(["scenario", "method"], sort=False)[["wall_s", "MiB_up"]].mean()

@@ -100,13 +100,13 @@ from fedlib.refed.beyond import (noise_accuracy_table, noise_table, paired_rows,
 from fedlib.runner import specs
 
 specs.check("refed_beyond", globals())   # the runner ran the same checks before executing
-from fedlib.evaluation.style import book_style, fit_column
+from fedlib.evaluation.style import book_style, fit_column, human
 book_style()   # the book's figure theme and table number style
 torch.set_num_threads(num_threads)
 workers = resolve_workers(workers, device)   # None: the cores; 1 on a GPU
 
 ds = load_dataset(dataset).at_most(n_train, n_test)
-SCEN = make_scenario(f"class-incremental / {dataset}", ds.x_train, ds.y_train, ds.x_test, ds.y_test,
+SCEN = make_scenario(f"class-incremental / {human(dataset)}", ds.x_train, ds.y_train, ds.x_test, ds.y_test,
                      partial(make_stream, ds.y_train, ds.y_test, num_tasks), alpha=alpha, lr=lr, memory=memory, lam=lam,
                      rounds=rounds, first_rounds=None, epochs=local_epochs)
 channels = int(SCEN["x_train"].shape[1])
@@ -235,7 +235,7 @@ if grand_d is not None:
         + f"the 95 % CI of GraNd at w − Re-Fed rules out a difference below {grand_d.low:+.2f} or above "
           f"{grand_d.high:+.2f} pp",
         methods=["refed", "grand"], ran=["refed", "grand"],
-        budget=f"{rounds} rounds per task, {len(seeds)} seeds, {dataset}, M = {memory}",
+        budget=f"{rounds} rounds per task, {len(seeds)} seeds, {human(dataset)}, M = {memory}",
         convergence=f"last task, mean curve: {pair[slowest].describe(unit=' pp')} (largest move: {slowest})",
         converged=converged)
 

@@ -120,6 +120,9 @@ print(f"profile={profile}: d={dim}, mu={mu}, L={L_smooth}, horizon={horizon}, mc
 # $\lambda=1/(1+2q)$. `fedlib.refed.algorithm.q_lambda` implements $q$ of {eq}`refed-eq-pim`; at the $\lambda$ of
 # the paper's Table 2 its values are $q(0.2)=2$, $q(0.5)=0.5$, $q(0.8)=0.125$.
 #
+# :::{folded} fedlib's q(λ) and train_pim (the PIM of eq. 3, recording the squared gradient norms of eq. 4), and q checked on a grid of λ and at the paper's values
+# :::
+#
 # The PIM as `fedlib` trains it: $s$ steps of eq. 3 from the global model, recording every sample's
 # squared gradient norm (eq. 4) before each step:
 #
@@ -171,7 +174,17 @@ check("max |1/(1+2q(lam)) - lam|", float(np.abs(1 / (1 + 2 * q_grid) - lam_grid)
 # $$\frac{d f(\hat v)}{d\lambda}=\nabla f(\hat v)^\top\frac{d\hat v}{d\lambda}
 # =-\frac{q}{2}\,\frac{d\lVert\hat v-\hat w\rVert^2}{d\lambda},$$
 #
-# so the two statements of Lemma 1 are one. On the quadratic $f(v)=\frac12(v-a)^\top H(v-a)$
+# so the two statements of Lemma 1 are one.
+#
+# ### 2.1 The exact PIM on a quadratic
+#
+# On a quadratic the PIM, its distance and its loss have closed forms whose derivatives in $\lambda$
+# have the signs Lemma 1 states; below they are checked against a linear solve and finite differences.
+#
+# :::{folded} The closed forms on the quadratic and their check: derivatives against finite differences, the envelope identity, the solved grid, the limits λ → 0 and λ → 1, and the plot
+# :::
+#
+# On the quadratic $f(v)=\frac12(v-a)^\top H(v-a)$
 # with $H=Q\,\mathrm{diag}(h)\,Q^\top$, $\mu\le h_i\le L$, and $c=Q^\top(a-\hat w)$:
 #
 # $$\hat v(\lambda)=(H+qI)^{-1}(Ha+q\hat w),\quad
@@ -184,7 +197,6 @@ check("max |1/(1+2q(lam)) - lam|", float(np.abs(1 / (1 + 2 * q_grid) - lam_grid)
 # using $dq/d\lambda=-1/(2\lambda^2)$. Limits: $\lVert\hat v-\hat w\rVert\le\frac{L}{q}\lVert a-\hat w\rVert\to0$
 # as $\lambda\to0$ and $\lVert\hat v-a\rVert\le\frac{q}{\mu+q}\lVert a-\hat w\rVert\to0$ as $\lambda\to1$.
 #
-# ### 2.1 The exact PIM on a quadratic
 # A random rotation $Q$, spectrum evenly spaced in $[\mu, L]$ (`fedlib.refed.theory.Quadratic`).
 # We compute $\hat v$ by a linear solve (not from the eigen formulas), and compare the derivatives
 # with central finite differences.
@@ -257,6 +269,10 @@ _ = claims.register(
              f"min d dist/d lambda = {ddist.min():.3g} >= 0, max d loss/d lambda = {dloss.max():.3g} <= 0 "
              f"(finite differences agree to 1e-6); s-step PIM with eta (L + q) <= 1: monotone for every s in {pim_steps}.")
 
+# %% [markdown]
+# :::{folded} The s-step PIM against λ for every s: distance and local loss, with the line η(L+q) = 1
+# :::
+
 # %% mystnb={"figure": {"caption": "The s-step PIM of eq. 3 on the quadratic against lambda, one line per number of steps s: its squared distance to the global optimum (left) and its local loss (right); the dashed line marks eta(L+q) = 1. To its right, where eta(L+q) is at most 1, both are monotone for every s; to its left Lemma 1 can fail."}, "image": {"alt": "Two line charts against lambda for several step counts: PIM distance and local loss, with a dashed vertical line"}}
 fig, axes = plt.subplots(1, 2, figsize=fit_column(9, 3.4))
 sns.lineplot(data=fin, x="lambda", y="dist", hue="s", palette="deep", ax=axes[0])
@@ -273,7 +289,12 @@ plt.show()
 # ### 2.3 Beyond quadratics: `fedlib.refed.algorithm.train_pim` on softmax regression
 #
 # With a linear softmax model the PIM objective (mean cross-entropy $+\frac q2\lVert v-w\rVert^2$,
-# `prox_scaling="mean"`) is strongly convex but not quadratic. Full-batch `train_pim` for
+# `prox_scaling="mean"`) is strongly convex but not quadratic.
+#
+# :::{folded} train_pim against the exact minimiser (L-BFGS) on softmax regression, and the minimisers' distance and loss checked monotone in λ
+# :::
+#
+# Full-batch `train_pim` for
 # `logreg_epochs` epochs is compared with the exact minimiser (L-BFGS to machine precision, float64),
 # and the distance and loss of the exact minimisers are checked for monotonicity in $\lambda$.
 # Here $w$ is a random initial model, as at the start of training.
@@ -412,6 +433,13 @@ _ = claims.register(
 #
 # ### 3.2 Where the proof's constants fail, item by item
 #
+# The printed proof has five problems: a typo in eq. 14, a constant that depends on $t$, a rate
+# assumption that excludes $g_0/(t+1)$, a step-size condition that Lemma 2 needs but never states, and
+# a setting that is not the algorithm's; the first four are checked numerically below, with a repair.
+#
+# :::{folded} The five items, and the tables that check them: eq. 14 printed and corrected, B(t) ≤ B(0), which rates g(t) admit the constant A, and the repaired A and t₀
+# :::
+#
 # 1. **A typo in eq. 14.** Substituting $\eta_t$ into the last term of (13),
 #    $2\eta q\sqrt{Cg(t)\,g(t)}=\frac{4q\sqrt C}{A(\mu+q)}g(t)^2$, but (14) prints $g(t)$, not
 #    $g(t)^2$. With the printed term the induction cannot close: it is
@@ -468,7 +496,12 @@ check("item 4 (repaired A, t0): max E||v^t - v_hat||^2 / (C g(t))", float(repair
 # +\sum_i\frac{\eta^2\sigma^2/d}{1-(1-\eta(h_i+q))^2}\;\approx\;\lVert q(H+qI)^{-1}\zeta\rVert^2+\frac{\eta\sigma^2}{2d}\sum_i\frac1{h_i+q}$$
 #
 # ($\tilde\zeta=Q^\top\zeta$). Nothing in Theorem 3.1 covers this; the floor grows with $q$ (bias)
-# and with $\eta$ (variance). The exact recursion (now with a fixed $\zeta$ of squared norm $g_0$)
+# and with $\eta$ (variance).
+#
+# :::{folded} The exact recursion against the floor formula for each λ, and the iterates levelling off at their floors
+# :::
+#
+# The exact recursion (now with a fixed $\zeta$ of squared norm $g_0$)
 # is compared with the formula.
 
 # %% mystnb={"figure": {"caption": "Expected squared distance of the PIM iterate from the optimal PIM (log scale) against the PIM iterations with a constant step and a frozen received model, one line per lambda; the dotted lines are the floors of the formula. The iterates level off at these positive floors instead of converging."}, "image": {"alt": "Line chart on a log scale: expected distance against PIM iterations for several lambdas, with dotted floor lines"}}
@@ -559,6 +592,10 @@ _ = claims.register(
 # pool loss still falls with $\lambda$. Each client uses the same mini-batch order for every
 # $\lambda$ (paired comparison).
 
+# %% [markdown]
+# :::{folded} The CNN's PIM against λ for every client: distance from the global model and pool loss, the monotonicity checks, and the plot
+# :::
+
 # %% mystnb={"figure": {"caption": "The CNN's PIM at the first task boundary against lambda, one line per client: its squared distance from the global model (left) and its mean cross-entropy on the client's pool (right). Lemma 1 is not guaranteed here; the checks above say whether the distance still grows and the loss still falls with lambda."}, "image": {"alt": "Two line charts against lambda, one line per client: PIM distance from the global model and loss on the pool"}}
 w_task1 = model_fn()
 w_task1.load_state_dict(kept["fedavg"].weights[0])
@@ -592,7 +629,12 @@ plt.show()
 # =\lVert\pi-e_y\rVert^2\,(\lVert h\rVert^2+1)$$
 #
 # ($\lVert\pi-e_y\rVert^2\lVert h\rVert^2$ without a bias), because $\lVert uv^\top\rVert_F=\lVert u\rVert\lVert v\rVert$.
-# `last_layer_grad_sq_norms` evaluates it with one forward pass. Checks against a per-sample
+# `last_layer_grad_sq_norms` evaluates it with one forward pass.
+#
+# :::{folded} The closed form against a per-sample autograd loop (masked classes, no bias, float64 and float32), and how well the last-layer norm ranks samples like the exact one (it never exceeds it; the rank correlation is measured, not asserted)
+# :::
+#
+# Checks against a per-sample
 # autograd loop over the last layer's parameters, with $s<C$ (masked classes) and for a bias-free
 # last layer: the identity itself evaluated in the model's precision (float64: tolerance
 # $10^{-10}$, float32: $10^{-4}$), `grad_sq_norms(names=[last layer])` (same tolerances),
@@ -651,6 +693,10 @@ plt.show()
 # per chunk: for a linear layer $\lVert a_i\rVert^2\lVert g_i\rVert^2$, convolutions and norm layers
 # likewise exactly), in eval mode (a per-sample gradient of a batch statistic is ill-defined);
 # `vmap_grad_sq_norms` materialises the per-sample gradients with `torch.func.vmap(grad(...))`.
+#
+# :::{folded} Both against one backward pass per sample (the CNN and a BatchNorm ResNet, float64 and float32), train_pim's first recorded norms, and the importance scores of eq. 5 in code
+# :::
+#
 # We compare both with one backward pass per sample,
 # for the CNN and for a small ResNet with BatchNorm (eval mode uses the running statistics, which we
 # set to non-trivial values), with a chunk size that does not divide $n$, in float64 and float32.
@@ -702,6 +748,9 @@ check("Table 10: 'late' is the early ranking reversed (max |late + early|)",
 # | vectorised eq. 4 | vs per-sample loop, CNN and BN ResNet, float64/float32 | to round-off |
 #
 # The table below lists every assertion of this page with its measured value.
+#
+# :::{folded} Every assertion of this page, with its measured value and what it required
+# :::
 
 # %%
 summary_checks = CHECKS.frame()

@@ -153,6 +153,10 @@ for name in datasets:
 # STSA-E's $K_D$ dummy clients need every client to hold at least $K_D$ samples of a task, so every
 # method of a comparison uses the same partitions, drawn with that minimum client size.
 
+# %% [markdown]
+# :::{folded} The runs: every method on every pretrained setting, β and seed (the baselines' FedConfig and the shared random features)
+# :::
+
 # %%
 # the gradient baselines' FedConfig keywords (rounds_per_task rounds per stage, lr, local_epochs, batch 64) and
 # one run: run(method, features, beta, seed, setting, M, **changes) -> IncrementalResult (stsa_studies.run_fcil).
@@ -222,17 +226,6 @@ g.figure.suptitle("A_T: mean ± sample std over seeds", y=1.03, wrap=True)
 plt.show()
 
 # %% [markdown]
-# ### Paired differences
-#
-# A_T of STSA minus each other method, paired by seed (same class order, partitions and random
-# features within a seed), with 95 % t-intervals. A comparison is "resolved" when its interval
-# excludes 0.
-
-# %%
-paired = stsa_studies.paired_against(summary, "STSA", "A_T")
-display(paired.drop(columns=["mean", "low", "high", "n"]).set_index(["setting", "beta", "STSA minus"]))
-
-# %% [markdown]
 # With a frozen backbone STSA's head is *exactly* joint ridge (derivation chapter), so its numbers
 # do not move with $\beta$ at all in the pretrained setting (up to the class order, which follows
 # the seed). In the scratch setting $\beta$ acts through stage 1 only. Checked below: in the
@@ -252,6 +245,21 @@ claims.register(
     evidence=f"{len(pre)} pretrained runs ({len(betas)} betas x {len(seeds)} seeds x {len(datasets)} datasets): "
              f"spread of A_T across beta {spread.max():.1e} points; largest |A_T(STSA) - A_T(Joint ridge)| "
              f"{gap_joint:.1e} points.")
+
+# %% [markdown]
+# ### Paired differences
+#
+# A_T of STSA minus each other method, paired by seed (same class order, partitions and random
+# features within a seed), with 95 % t-intervals. A comparison is "resolved" when its interval
+# excludes 0.
+
+# %% [markdown]
+# :::{folded} The paired table: A_T of STSA minus each other method, per setting and β, with 95 % t-intervals
+# :::
+
+# %%
+paired = stsa_studies.paired_against(summary, "STSA", "A_T")
+display(paired.drop(columns=["mean", "low", "high", "n"]).set_index(["setting", "beta", "STSA minus"]))
 
 # %% [markdown]
 # ### The margin over the gradient baselines, at a converged budget (recorded run)
@@ -382,6 +390,10 @@ if baselines and len(margin_seeds) >= 2:
 # are on Fashion-MNIST / MNIST-5k with a different backbone: compare the pattern (ranking, spread
 # across $\beta$, forgetting), not the values.
 
+# %% [markdown]
+# :::{folded} The paper's Table 2 (pretrained ViT-B/16) and Table 1 (ResNet-18 from scratch): its numbers on its datasets
+# :::
+
 # %%
 print("Paper, Table 2 (pretrained ViT-B/16, T=10, K=5) - the paper's numbers")
 display(paper_results.stsa_table2())
@@ -411,6 +423,10 @@ plt.show()
 # (training the backbone) is listed separately; the paper's Table 5 also reports only the cost after
 # stage 1.
 
+# %% [markdown]
+# :::{folded} Upload (MiB) and learner seconds per run for every setting and method, the scratch backbone's stage 1, and the paper's Table 5
+# :::
+
 # %%
 cost = (summary.groupby(["setting", "method"])[["MiB_up", "wall_s"]].mean()
         .rename(columns={"MiB_up": "upload per run, all clients (MiB)", "wall_s": "learner seconds per run"}))
@@ -427,6 +443,9 @@ display(paper_results.stsa_table5())
 #
 # **One seed per point**: these sweeps show the shape of each dependence and carry no conclusion
 # beyond the exact invariance asserted below (which holds run by run, not on average).
+#
+# :::{folded} The sweeps of M, K, K_D and γ (one seed per point), and STSA's invariance to K (asserted)
+# :::
 #
 # * **M** (paper Figs. 5/8): raw features ($M=d$) against random expansions; also on the scratch
 #   backbone's 32-d features, where the expansion matters more.
@@ -530,6 +549,10 @@ display(Markdown(
 #
 # A base task of `first_task_classes` classes, then tasks of `later_task_classes` classes (the paper:
 # 50 + 10 x 5 on CIFAR-100). Pretrained features, first dataset, $\beta=0.5$.
+
+# %% [markdown]
+# :::{folded} A_T after a large first task: ours, and the paper's Table 4
+# :::
 
 # %%
 large = stsa_studies.large_first_task(run, f0, abl_beta, seeds, M, first_task_classes, later_task_classes,

@@ -87,7 +87,7 @@ from fedlib.stsa import beyond as sb
 from fedlib.runner import specs
 
 specs.check("stsa_beyond", globals())   # every parameter is checked before any work
-from fedlib.evaluation.style import book_style, fit_column
+from fedlib.evaluation.style import book_style, fit_column, human
 book_style()   # the book's figure theme and table number style
 torch.set_num_threads(num_threads)
 dev = "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
@@ -188,7 +188,7 @@ table = (runs.groupby("method", sort=False)
          .agg(A_T=("A_T", mean_std), A_avg=("A_avg", mean_std), F_T=("F_T", mean_std),
               gamma_median=("gamma", "median"))
          .reindex(order))
-print(f"{dataset}, beta={beta}, T={num_tasks}, K={num_clients}, M={M}: mean ± sample std over {len(seeds)} seeds (%); "
+print(f"{human(dataset)}, beta={beta}, T={num_tasks}, K={num_clients}, M={M}: mean ± sample std over {len(seeds)} seeds (%); "
       "gamma_median: the median gamma used at the last stage")
 display(table.style.format({"gamma_median": "{:.3g}"}, na_rep="—"))
 paired = sb.gcv_paired(runs, metric="A_T")
@@ -216,7 +216,7 @@ axes[1].scatter(last.gamma, last.A_T, marker="v", color="k", zorder=5, label="GC
 axes[1].set(xscale="log", xlabel="ridge coefficient gamma", ylabel="final accuracy A_T on the test set (%)",
             title="Test accuracy of every fixed gamma")
 axes[1].legend(title="seed", fontsize=8)
-fig.suptitle(f"{dataset}, M={M}: GCV (left) and test accuracy (right) over the gamma grid, per seed", y=1.03, wrap=True)
+fig.suptitle(f"{human(dataset)}, M={M}: GCV (left) and test accuracy (right) over the gamma grid, per seed", y=1.03, wrap=True)
 plt.show()
 
 # %%
@@ -365,7 +365,7 @@ if len(paper_row):
     ax.axhline(paper_row["mean"].iloc[0], color="tab:red", ls="-.", lw=1,
                label="paper's noise q=0.2, s=0.05 (epsilon = infinity)")
 ax.set(xscale="log", xlabel="epsilon per record (delta = %g)" % delta, ylabel="final accuracy A_T (%)",
-       title=f"{dataset}, M={M}, K={num_clients}: accuracy against privacy ({len(seeds)} seeds, ± sample std)")
+       title=f"{human(dataset)}, M={M}, K={num_clients}: accuracy against privacy ({len(seeds)} seeds, ± sample std)")
 ax.legend(fontsize=7, loc="lower right")
 plt.show()
 

@@ -112,7 +112,12 @@ print(f"profile={profile}: N={n_samples}, d={dim}, M={M}, C={num_classes}, T={nu
 # $$W^*=(X^\top X+\gamma I)^{-1}X^\top Y=(G+\gamma I)^{-1}C :$$ (stsa-eq-ridge)
 #
 # the data enter only through $G=X^\top X$ and $C=X^\top Y$ of {eq}`stsa-eq-stats`, which are sums over samples
-# ($\gamma$ is the {term}`ridge parameter`). The next cell (`stsa_studies.closed_form_checks`) checks
+# ($\gamma$ is the {term}`ridge parameter`).
+#
+# :::{folded} Eq. 7 checked in float64 against its gradient and scikit-learn's Ridge, and the tolerance 100 ε κ that every "same head" check below uses
+# :::
+#
+# The next cell (`stsa_studies.closed_form_checks`) checks
 # {eq}`stsa-eq-ridge` against its gradient and against scikit-learn's `Ridge`.
 #
 # A solve in float64 is accurate to about $\varepsilon\,\kappa$ in relative terms, where
@@ -136,21 +141,6 @@ assert checks["max |gradient| / max |X^T Y|"] < tol_w and checks["max |W - W_skl
 # Dirichlet label skew from $\beta=0.01$ (nearly one class per client) to $\beta=100$ and IID, and
 # $K$ from 1 to 50; the summed statistics, the heads and the test predictions are compared with the
 # centralized ones.
-#
-# A client's upload is {eq}`stsa-eq-stats` on its rows, and the server adds the uploads of a stage
-# (eqs. 2-3); with STSA-E it estimates the Gram matrix instead (section 4):
-#
-# ```{literalinclude} /fedlib/stsa/algorithm.py
-# :pyobject: stsa_client
-# :lineno-match:
-# :caption: fedlib/stsa/algorithm.py: the STSA upload (eq. 1 features, eqs. 2-3 statistics)
-# ```
-#
-# ```{literalinclude} /fedlib/stsa/algorithm.py
-# :pyobject: STSAServer.absorb
-# :lineno-match:
-# :caption: fedlib/stsa/algorithm.py: spatial aggregation (eqs. 2-3), and eq. 9 for STSA-E
-# ```
 
 # %%
 spatial = stsa_studies.spatial_check(x_all, y_all, num_classes, rf, betas + [None], client_counts, seed, stats, w_star,
@@ -168,6 +158,25 @@ claims.register(
              f"{spatial['rel. err. W'].max():.1e} (tolerance {tol_w:.1e}); test predictions identical in every case.")
 
 # %% [markdown]
+# :::{folded} fedlib's code: the STSA client's upload (eqs. 1-3) and the server's spatial sum (eqs. 2-3)
+# :::
+#
+# A client's upload is {eq}`stsa-eq-stats` on its rows, and the server adds the uploads of a stage
+# (eqs. 2-3); with STSA-E it estimates the Gram matrix instead (section 4):
+#
+# ```{literalinclude} /fedlib/stsa/algorithm.py
+# :pyobject: stsa_client
+# :lineno-match:
+# :caption: fedlib/stsa/algorithm.py: the STSA upload (eq. 1 features, eqs. 2-3 statistics)
+# ```
+#
+# ```{literalinclude} /fedlib/stsa/algorithm.py
+# :pyobject: STSAServer.absorb
+# :lineno-match:
+# :caption: fedlib/stsa/algorithm.py: spatial aggregation (eqs. 2-3), and eq. 9 for STSA-E
+# ```
+
+# %% [markdown]
 # ## 3. Temporal aggregation (eqs. 4-5, 8): exactly joint ridge on all data seen
 #
 # Classes of different stages are disjoint, so a sample's one-hot row is zero in the columns of
@@ -178,13 +187,6 @@ claims.register(
 #
 # **is** the joint ridge head {eq}`stsa-eq-ridge` after every {term}`stage` (the paper's eq. 8).
 #
-# The server's solve after each stage, {eq}`stsa-eq-temporal`:
-#
-# ```{literalinclude} /fedlib/stsa/algorithm.py
-# :pyobject: STSAServer.solve
-# :lineno-match:
-# :caption: fedlib/stsa/algorithm.py: temporal aggregation and the ridge solve (eqs. 4-5, 8)
-# ```
 # We run the full protocol (`fedlib.federated.incremental`: seeded class order, a Dirichlet partition redrawn
 # per task) and compare the head after each stage with joint ridge on the data seen so far; then the
 # same with the stages in reverse order, and with every stage cut into two sub-stages.
@@ -217,6 +219,17 @@ claims.register(
              f"{err_split:.1e} (tolerance {tol_w:.1e}).")
 
 # %% [markdown]
+# :::{folded} The server's solve in code, and STSA's accuracy matrix on the synthetic stream (old tasks keep their joint head but can lose accuracy to each new task's classes)
+# :::
+#
+# The server's solve after each stage, {eq}`stsa-eq-temporal`:
+#
+# ```{literalinclude} /fedlib/stsa/algorithm.py
+# :pyobject: STSAServer.solve
+# :lineno-match:
+# :caption: fedlib/stsa/algorithm.py: temporal aggregation and the ridge solve (eqs. 4-5, 8)
+# ```
+#
 # The accuracy matrix $A_{t,\tau}$ (accuracy on task $\tau$'s test classes after stage $t$) of this
 # run shows what "forgetting" means for STSA: the head of old classes is not overwritten (it is
 # the joint solution), but every new task adds competitors in the argmax, so old-task accuracy
@@ -239,6 +252,15 @@ print("; ".join(f"{k} {100 * v:.2f} %" for k, v in result.metrics.items()))
 # main text prints the scalar $C^\top C$, a typo)
 #
 # $$\hat G^{(i)}=\frac{n-1}{K-1}\sum_k\frac{s_ks_k^\top}{n_k}-\frac{n-K}{n(K-1)}ss^\top .$$ (stsa-eq-ghat)
+#
+# ### Why the estimate is unbiased under label skew (Prop. 3.1)
+#
+# Eq. 9 keeps the class's mean term exactly and replaces its within-class scatter by the scaled
+# between-client scatter; the estimate is unbiased when the class's samples are assigned to the clients
+# at random (label skew).
+#
+# :::{folded} The derivation: eq. 9 in positive semidefinite form, fedlib's STSA-E upload and estimate, Prop. 3.1 with its proof, and the Monte Carlo check that the mean of the estimate converges to G
+# :::
 #
 # Since $\sum_k s_ks_k^\top/n_k=\sum_k n_k(m_k-m)(m_k-m)^\top+n\,mm^\top$ and $ss^\top=n^2mm^\top$,
 #
@@ -317,6 +339,10 @@ assert -0.85 < slope < -0.25
 # skipped, but they still count in $K$. Then $E[B]=\frac{K_i-1}{n-1}S$ with
 # $K_i=\#\{k:n_k>0\}$, and the covariance part of $\hat G$ shrinks by the factor
 # $(K_i-1)/(K-1)$. Replacing $K$ by $K_i$ per class removes the bias (`k_mode="per_class"`).
+#
+# :::{folded} The covariance ratio measured for K_D dummy clients per client, with the printed global K (biased low) and with the per-class K_i (unbiased)
+# :::
+#
 # Below: a Dirichlet $\beta=0.1$ partition over 5 clients and $K_D$ dummy clients each; ratio of
 # the estimated to the true covariance part, $\operatorname{tr}(E[\hat G]-n\,mm^\top)/\operatorname{tr}S$
 # for class 0, the expectation taken (by Monte Carlo) over which of its samples land in which
@@ -357,23 +383,6 @@ assert (abs(unskewed[ratio_col] - 1) < 4 * unskewed["MC std. error"]).all(), "la
 assert (skew.loc[skew["shift scale s"] > 0, ratio_col] - 1 > 4 * skew.loc[skew["shift scale s"] > 0, "MC std. error"]).all(), \
     "feature skew: the within-class scatter is overestimated"
 
-# %% [markdown]
-# Does the overestimate cost accuracy? The full protocol on the synthetic features ($T$ tasks,
-# 5 clients, Dirichlet $\beta=0.5$, STSA-E with `skew_dummy` dummy clients each and per-class $K_i$),
-# once with label skew only and once with client shifts of scale `skew_accuracy_scale`
-# (`stsa_studies.FeatureSkewLearner`; the test samples carry the shift of a uniformly drawn client). The
-# runs pair by seed (same data, class order, partition, shifts), so differences are paired.
-
-# %%
-skew_acc = stsa_studies.feature_skew_accuracy(x_all, y_all, x_test, y_test, num_tasks, num_classes, M, gamma, skew_seeds,
-                                      skew_accuracy_scale, skew_dummy)
-rows_md, effect = paired_markdown_rows(skew_acc, [0.0, skew_accuracy_scale], "STSA", "STSA-E")
-display(Markdown(
-    f"A_T (%) over {len(skew_seeds)} seeds (mean ± sample std), synthetic features, K=5, beta=0.5, "
-    f"K_D={skew_dummy}:\n\n| shift scale | STSA | STSA-E | STSA-E − STSA (paired) |\n|---|---|---|---|\n" + rows_md
-    + f"\n\nEffect of the shifts (skewed − label skew only, paired by seed): STSA-E {effect['STSA-E']}; "
-    f"STSA {effect['STSA']}."))
-
 # %%
 ratio_max = float(ratios_skewed.max()) if len(ratios_skewed) else float("nan")
 claims.register(
@@ -390,6 +399,26 @@ claims.register(
              f"{bias[bias.k_mode == 'global']['covariance ratio'].max():.2f} (K_D {min(bias_dummy)}-{max(bias_dummy)}); "
              f"under feature skew {ratios_skewed.min():.2f}-{ratio_max:.2f} "
              f"(shift scales {min(s for s in skew_scales if s > 0)}-{max(skew_scales)}).")
+
+# %% [markdown]
+# :::{folded} Does the overestimate cost accuracy? STSA and STSA-E on the full protocol, with label skew only and with client shifts, paired by seed
+# :::
+#
+# Does the overestimate cost accuracy? The full protocol on the synthetic features ($T$ tasks,
+# 5 clients, Dirichlet $\beta=0.5$, STSA-E with `skew_dummy` dummy clients each and per-class $K_i$),
+# once with label skew only and once with client shifts of scale `skew_accuracy_scale`
+# (`stsa_studies.FeatureSkewLearner`; the test samples carry the shift of a uniformly drawn client). The
+# runs pair by seed (same data, class order, partition, shifts), so differences are paired.
+
+# %%
+skew_acc = stsa_studies.feature_skew_accuracy(x_all, y_all, x_test, y_test, num_tasks, num_classes, M, gamma, skew_seeds,
+                                      skew_accuracy_scale, skew_dummy)
+rows_md, effect = paired_markdown_rows(skew_acc, [0.0, skew_accuracy_scale], "STSA", "STSA-E")
+display(Markdown(
+    f"A_T (%) over {len(skew_seeds)} seeds (mean ± sample std), synthetic features, K=5, beta=0.5, "
+    f"K_D={skew_dummy}:\n\n| shift scale | STSA | STSA-E | STSA-E − STSA (paired) |\n|---|---|---|---|\n" + rows_md
+    + f"\n\nEffect of the shifts (skewed − label skew only, paired by seed): STSA-E {effect['STSA-E']}; "
+    f"STSA {effect['STSA']}."))
 
 # %% [markdown]
 # ## 5. How large is the error? Prop. 3.2 against the exact law
@@ -561,6 +590,11 @@ plt.show()
 
 # %% [markdown]
 # ## 9. The paper's quoted margins, recomputed from its own tables
+#
+# Each margin the paper quotes in its text, beside the smallest and largest value its own tables give.
+#
+# :::{folded} The quoted margins against the recomputed ones (not every quoted margin holds in every case)
+# :::
 
 # %%
 print(stsa_studies.recomputed_margins().to_string(index=False))

@@ -220,7 +220,7 @@ def _cell(text: str) -> str:
 def ledger_markdown(records: list[dict], link_prefix: str = "executed/") -> str:
     """The ledger as MyST markdown: a verdict count, then one table per paper (statement, verdict,
     evidence, a link to the cell that checked it) under a level-1 heading (include it with
-    ``:heading-offset: 1``)."""
+    ``:heading-offset: 1``), folded (``fedlib.runner.folding``) so that the page opens on the counts."""
     if not records:
         return "No chapter has been executed yet, so no claim is registered.\n"
     lines = ["| paper | " + " | ".join(VERDICTS) + " |", "|---" * (len(VERDICTS) + 1) + "|"]
@@ -234,7 +234,7 @@ def ledger_markdown(records: list[dict], link_prefix: str = "executed/") -> str:
         recs = [r for r in records if r["paper"] == key]
         if not recs:
             continue
-        lines += [f"# {title}", "",
+        lines += [f"# {title}", "", f":::{{folded}} The {len(recs)} claims of this paper, with their evidence", ":::", "",
                   "| claim (the paper's statement) | our verdict | evidence (measured) | ran at | where |",
                   "|---|---|---|---|---|"]
         for r in recs:
@@ -253,7 +253,8 @@ def key_number(rec: dict) -> str:
 
 def findings_markdown(records: list[dict], link_prefix: str = "executed/") -> str:
     """The book's findings, one row per claim: the claim, its paper, our verdict, the key number, the
-    budget it rests on (or the profile it ran at) and a link to the cell that decided it."""
+    budget it rests on (or the profile it ran at), each cut to a line or two (the ledger has them
+    whole), and a link to the cell that decided it."""
     if not records:
         return "No chapter has been executed yet, so there is no finding to show.\n"
     short = {"afl": "AFL", "stsa": "STSA", "fedtsne": "Fed-tSNE", "refed": "Re-Fed"}
@@ -261,8 +262,8 @@ def findings_markdown(records: list[dict], link_prefix: str = "executed/") -> st
     for r in records:
         link = f'<a href="{link_prefix}{r["chapter"]}.html#claim-{r["id"]}">{r["chapter"]}</a>'
         where = r.get("budget") or run_label(r)
-        lines.append(f"| {short[r['paper']]} | {_cell(r['statement'])} | **{_cell(r['verdict'])}** | "
-                     f"{_cell(key_number(r))} | {_cell(where)} | {link} |")
+        lines.append(f"| {short[r['paper']]} | {_cell(_short(r['statement'], 140))} | **{_cell(r['verdict'])}** | "
+                     f"{_cell(_short(key_number(r), 100))} | {_cell(_short(where, 90))} | {link} |")
     return "\n".join(lines) + "\n"
 
 

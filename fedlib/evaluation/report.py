@@ -10,7 +10,7 @@ import pandas as pd
 
 from fedlib.evaluation.stats import mean_std, paired_difference, pm
 
-__all__ = ["beside", "pm_table", "mean_std_table", "column_by", "listing", "mean_std_by"]
+__all__ = ["beside", "stacked", "pm_table", "mean_std_table", "column_by", "listing", "mean_std_by"]
 
 
 def beside(paper: pd.DataFrame, ours: pd.DataFrame, labels: tuple[str, str] = ("paper", "ours"),
@@ -26,6 +26,33 @@ def beside(paper: pd.DataFrame, ours: pd.DataFrame, labels: tuple[str, str] = ("
     both = both.reorder_levels([*names, level])
     keys = [(*(key if isinstance(key, tuple) else (key,)), source) for key in ours.index for source in labels]
     return both.reindex(pd.MultiIndex.from_tuples(keys, names=both.index.names))
+
+
+def stacked(paper: pd.DataFrame, ours: pd.DataFrame, sources: tuple[str, str], digits: int = 2,
+            names: Mapping[str, str] | None = None, level: str = "source") -> pd.DataFrame:
+    """The paper's table and ours as one table of text cells, aligned column by column: the paper's
+    rows, then ours, under a first index level ``level`` naming each row's ``sources`` (paper, ours:
+    say the data, e.g. "paper (CIFAR-10)" and "ours (Fashion-MNIST)"). Our columns take the paper's
+    names (``names`` maps ours to the paper's; otherwise matched ignoring case) and order; a column
+    only one side has comes last; a missing cell is "—". Numbers are written with ``digits``
+    decimals, text cells ("83.02 ± 0.41") as they are. The two tables' row indexes must have as
+    many levels (a paper's dataset level belongs in its ``sources`` label, or the rows' label)."""
+    if len(sources) != 2 or sources[0] == sources[1]:
+        raise ValueError(f"sources must be two distinct names (paper, ours), got {sources!r}")
+    if paper.index.nlevels != ours.index.nlevels:
+        raise ValueError(f"the paper's rows have {paper.index.nlevels} index level(s), ours {ours.index.nlevels}")
+    by_case = {str(c).lower(): c for c in paper.columns}
+    rename = {c: (names or {}).get(c, by_case.get(str(c).lower(), c)) for c in ours.columns}
+    ours = ours.rename(columns=rename)
+    columns = list(paper.columns) + [c for c in ours.columns if c not in set(paper.columns)]
+    cell = lambda v: "—" if v is None or (isinstance(v, float) and np.isnan(v)) else (
+        f"{v:.{digits}f}" if isinstance(v, (float, np.floating)) else str(v))
+    parts = {src: t.reindex(columns=columns).astype(object).map(cell) for src, t in zip(sources, (paper, ours))}
+    out = pd.concat(parts, names=[level])
+    out.index = out.index.set_names([level, *[n or "" for n in paper.index.names]])
+    label = lambda v: f"{v:g}" if isinstance(v, (float, np.floating)) else v   # γ = 0.1, not 0.100000
+    out.columns = out.columns.map(lambda c: tuple(map(label, c)) if isinstance(c, tuple) else label(c))
+    return out
 
 
 def pm_table(frame: pd.DataFrame, keys: Sequence | None = None, digits: int = 4, names=None,

@@ -3,6 +3,8 @@
 * Numbers in tables: one style (:func:`number`): whole numbers with thousands separators (51,248, not
   51248.00; values from 10,000 up rounded to whole numbers), other values to 4 significant digits (0.8485, not 0.848500; 1e-06, not 0.000001).
 * Missing values in tables read "—", never ``nan`` or ``None`` (plain DataFrames and Stylers).
+* Data sets, backbones and methods go by their names, not their identifiers (:func:`human`:
+  "Fashion-MNIST", not ``fashion_mnist``).
 * Figures: seaborn's whitegrid theme at 110 dpi; :func:`fit_column` sizes a figure for the page's
   column (at most :data:`COLUMN_INCHES` wide), so that the page shows it at 80 % of its size or more
   and its 10-point labels stay legible.
@@ -11,16 +13,35 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 
 import pandas as pd
 
-__all__ = ["COLUMN_INCHES", "LEGEND_INCHES", "MISSING", "number", "frame_html", "fit_column", "facet_size", "book_style"]
+__all__ = ["COLUMN_INCHES", "LEGEND_INCHES", "MISSING", "NAMES", "human", "number", "said_once", "frame_html", "fit_column", "facet_size", "book_style"]
 
 # a figure's output box is 768 px wide in a 1400 px window: a figure up to 960 px (8.7 in at 110 dpi)
 # is shown at 80 % of its size or more; 7.2 in leaves room for tick labels and titles past the axes
 COLUMN_INCHES = 7.2
 LEGEND_INCHES = 1.6   # a legend placed to the right of the axes
 MISSING = "—"
+
+
+# what a reader calls the data sets, backbones and methods that the parameters name by identifier
+NAMES = {
+    "fashion_mnist": "Fashion-MNIST", "mnist5k": "MNIST-5k", "mnist": "MNIST", "optdigits": "optdigits",
+    "animal_mnist": "Animal-MNIST", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "tiny_imagenet": "Tiny-ImageNet",
+    "efficientnet_lite0": "EfficientNet-Lite0", "resnet18": "ResNet-18", "raw": "raw pixels",
+    "fedavg": "FedAvg", "fedprox": "FedProx", "feddyn": "FedDyn", "fedntd": "FedNTD", "moon": "MOON",
+    "feddisco": "FedDisco", "fedgen": "FedGen", "afl": "AFL",
+}
+
+
+def human(identifier) -> str:
+    """What a reader calls ``identifier`` (a data set, backbone or method: "fashion_mnist" ->
+    "Fashion-MNIST"); a subset's name keeps its sizes; anything else is returned as text."""
+    text = str(identifier)
+    base, sep, rest = text.partition("[")
+    return NAMES.get(base, base) + sep + rest
 
 
 def number(x) -> str:
@@ -37,13 +58,32 @@ def number(x) -> str:
     return f"{x:.4g}" if abs(x) >= 1e-4 else f"{x:.2g}"
 
 
+SAID_ONCE = re.compile(r"\s*(\(\d+(?:\.\d+)?\s?% CI, n=\d+\))$")
+
+
+def said_once(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with a suffix that every filled cell of a column repeats ("(95% CI, n=5)") said once, in
+    the column's label, instead of in every cell."""
+    out = df.copy()
+    for j, col in enumerate(df.columns):
+        cells = [v for v in df.iloc[:, j] if isinstance(v, str) and v != MISSING]
+        found = {m.group(1) if m else None for m in (SAID_ONCE.search(v) for v in cells)}
+        if cells and len(found) == 1 and None not in found:
+            suffix = found.pop()
+            out.iloc[:, j] = [SAID_ONCE.sub("", v) if isinstance(v, str) else v for v in df.iloc[:, j]]
+            name = f"{col[-1] if isinstance(col, tuple) else col} {suffix}"
+            out = out.rename(columns={col: (*col[:-1], name) if isinstance(col, tuple) else name})
+    return out
+
+
 def frame_html(df) -> str:
     """A DataFrame's HTML for the book: pandas' own table (class ``dataframe``, the display options'
-    row and column limits) with :func:`number` on every float and "—" for every missing cell or label."""
+    row and column limits) with :func:`number` on every float, "—" for every missing cell or label,
+    and a confidence level that every cell of a column repeats said once (:func:`said_once`)."""
     def label(v):
         return MISSING if v is None or (isinstance(v, float) and math.isnan(v)) else v
 
-    df = df.rename(index=label, columns=label)
+    df = said_once(df.rename(index=label, columns=label))
     return df.to_html(na_rep=MISSING, float_format=number, max_rows=pd.get_option("display.max_rows"),
                       max_cols=pd.get_option("display.max_columns"), notebook=True)
 

@@ -176,7 +176,10 @@ def _finish(notebook_json: str, profile: str, overrides: Mapping[str, Any] | Non
     ``hide-input``: the book folds it, and shows papermill's ``injected-parameters`` cell (the values
     this run used) open, instead of two parameter cells one after the other. A cell that registers a
     claim is plumbing: its code is removed from the page (``remove-input``) and so is its return
-    value's repr; the verdict box it displays stays."""
+    value's repr; the verdict box it displays stays. A cell that writes prose (computed Markdown, the
+    book's equivalent of a glued sentence: it is parsed as MyST, so its math is typeset) shows the
+    prose only: its code is removed when Markdown is all it displays, folded (``hide-input``) when it
+    also shows a table or a figure."""
     nb = json.loads(notebook_json)
     nb.setdefault("metadata", {})[claims.RUN_KEY] = {"profile": profile, "overrides": dict(overrides or {})}
     for cell in nb["cells"]:
@@ -187,6 +190,10 @@ def _finish(notebook_json: str, profile: str, overrides: Mapping[str, Any] | Non
             if "remove-input" not in tags:
                 tags.append("remove-input")
             cell["outputs"] = [o for o in cell.get("outputs", []) if o.get("output_type") != "execute_result"]
+        shown = [o for o in cell.get("outputs", []) if o.get("output_type") in ("display_data", "execute_result")]
+        prose = [o for o in shown if "text/markdown" in o.get("data", {})]
+        if cell["cell_type"] == "code" and prose and not {"remove-input", "hide-input"} & set(tags):
+            tags.append("remove-input" if len(prose) == len(cell["outputs"]) else "hide-input")
     return json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
 
 

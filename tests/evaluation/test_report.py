@@ -49,3 +49,26 @@ def test_mean_std_table_column_by_and_listing():
         report.column_by(runs, "NMI", dataset="x")
     d = paired_difference(np.array([0.6, 0.4]), np.array([0.7, 0.9]))
     assert report.listing({("mnist", "t-SNE"): d}) == f"mnist t-SNE: {d.format(4)}"
+
+
+def test_stacked_aligns_our_columns_to_the_papers_and_marks_missing_cells():
+    import numpy as np
+    import pandas as pd
+
+    from fedlib.evaluation.report import stacked
+
+    paper = pd.DataFrame({"FedAvg": [64.02, 57.81], "FedGen": [64.5, np.nan], "AFL": [80.75, 80.75]},
+                         index=pd.Index(["α=0.1", "s=2"], name="setting"))
+    ours = pd.DataFrame({"afl": [84.85, 84.85], "fedavg": ["83.02 ± 0.41", "84.50 ± 0.20"], "extra": [1.0, 2.0]},
+                        index=pd.Index(["α=0.1", "s=2"], name="setting"))
+    t = stacked(paper, ours, ("paper (CIFAR-10)", "ours (Fashion-MNIST)"))
+    assert list(t.columns) == ["FedAvg", "FedGen", "AFL", "extra"]
+    assert t.index.names == ["source", "setting"]
+    assert t.loc[("paper (CIFAR-10)", "s=2")].tolist() == ["57.81", "—", "80.75", "—"]
+    assert t.loc[("ours (Fashion-MNIST)", "α=0.1")].tolist() == ["83.02 ± 0.41", "—", "84.85", "1.00"]
+    gammas = pd.DataFrame([[1.0, 2.0]], columns=pd.MultiIndex.from_product([[0.1], ["w/o", "w/"]], names=["γ", "RI"]))
+    assert list(stacked(gammas, gammas, ("p", "o")).columns) == [("0.1", "w/o"), ("0.1", "w/")]
+    with pytest.raises(ValueError, match="index level"):
+        stacked(paper, ours.set_index(pd.MultiIndex.from_tuples([("a", 1), ("b", 2)])), ("p", "o"))
+    with pytest.raises(ValueError, match="distinct"):
+        stacked(paper, ours, ("x", "x"))

@@ -54,3 +54,23 @@ def test_facets_fit_the_column():
         width = columns * size["height"] * size["aspect"] + (1.6 if legend else 0.0)
         assert size["aspect"] == aspect and size["height"] <= 3.6 and width <= COLUMN_INCHES + 1e-9
     assert facet_size(1, 1.3, False)["height"] == 3.6                # one panel: capped, not stretched
+
+
+def test_human_names_replace_identifiers():
+    from fedlib.evaluation.style import human
+    assert human("fashion_mnist") == "Fashion-MNIST" and human("efficientnet_lite0") == "EfficientNet-Lite0"
+    assert human("fashion_mnist[train=10000,test=2000,seed=0]") == "Fashion-MNIST[train=10000,test=2000,seed=0]"
+    assert human("feddisco") == "FedDisco" and human("something else") == "something else" and human(3) == "3"
+
+
+def test_a_confidence_level_every_cell_repeats_is_said_once_in_the_column_label():
+    import pandas as pd
+
+    from fedlib.evaluation.style import frame_html, said_once
+    df = pd.DataFrame({"AFL − method (pp)": ["+1.00 [+0.50, +1.50] (95% CI, n=5)", "—", "-0.20 [-1.00, +0.60] (95% CI, n=5)"],
+                       "mixed": ["+1 [0, 2] (95% CI, n=5)", "+1 [0, 2] (95% CI, n=4)", "x"]})
+    out = said_once(df)
+    assert list(out.columns) == ["AFL − method (pp) (95% CI, n=5)", "mixed"]
+    assert out.iloc[:, 0].tolist() == ["+1.00 [+0.50, +1.50]", "—", "-0.20 [-1.00, +0.60]"]
+    assert out["mixed"].tolist() == df["mixed"].tolist()          # two different suffixes: left as they are
+    assert frame_html(df).count("95% CI, n=5") == 1 + 0 + 1      # the label, and the mixed column's first cell

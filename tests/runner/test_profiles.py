@@ -180,6 +180,24 @@ def test_executed_notebook_hides_claim_registration_but_keeps_the_verdict_box():
     assert out["cells"][1]["metadata"]["tags"] == [] and out["cells"][1]["outputs"] == [repr_]
 
 
+def test_a_cell_that_writes_prose_shows_the_prose_not_its_code():
+    import json
+
+    md = {"output_type": "display_data", "data": {"text/markdown": "AFL leads by $2$ pp.", "text/plain": "<md>"},
+          "metadata": {}}
+    table = {"output_type": "display_data", "data": {"text/html": "<table></table>"}, "metadata": {}}
+    printed = {"output_type": "stream", "name": "stdout", "text": "x"}
+    nb = {"cells": [{"cell_type": "code", "source": "display(Markdown(f'...'))", "metadata": {}, "outputs": [md]},
+                    {"cell_type": "code", "source": "display(t); display(Markdown(s))", "metadata": {},
+                     "outputs": [table, md]},
+                    {"cell_type": "code", "source": "print(1); display(Markdown(s))", "metadata": {},
+                     "outputs": [printed, md]},
+                    {"cell_type": "code", "source": "display(t)", "metadata": {}, "outputs": [table]}],
+          "metadata": {}}
+    out = json.loads(profiles._finish(json.dumps(nb), "quick", {}))
+    assert [c["metadata"]["tags"] for c in out["cells"]] == [["remove-input"], ["hide-input"], ["hide-input"], []]
+
+
 def test_executed_notebook_records_its_profile_and_overrides_for_the_ledger(tmp_path):
     """Each claim record collected from a chapter carries the profile and overrides it ran with, so a
     chapter re-executed with new parameters says so on the ledger."""
