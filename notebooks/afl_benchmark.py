@@ -560,7 +560,7 @@ claims.register(
 # :::
 
 # %%
-display(paper_results.afl_table2().style.format("{:.2f}").set_caption(
+display(paper_results.afl_table2().style.format("{:.2f}", na_rep="—").set_caption(
     "Paper, Table 2, all twelve settings: test accuracy (%), K = 100, mean over 3 runs (AFL's sample std 0.00). "
     "The settings we ran stand beside ours in Section 4."))
 
@@ -591,6 +591,9 @@ display(stacked(paper_results.afl_table4(), ri, ("paper (CIFAR-100)", f"ours ({h
 # Re-run with `make run NB=afl_benchmark ARGS="..."` (the `smoke` profile, `--profile smoke`, runs
 # in seconds). The self-check line under an exercise compares this run's measurements with the
 # prediction (`fedlib.evaluation.selfcheck`).
+#
+# :::{folded} The three exercises, with their solutions and the self-checks of this run
+# :::
 #
 # ```{exercise} Heterogeneity
 # :label: afl-bench-ex-heterogeneity

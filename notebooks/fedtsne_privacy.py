@@ -320,6 +320,9 @@ display(Markdown("\n".join(lines)))
 # %% [markdown]
 # ## Exercises
 #
+# :::{folded} The two exercises, with their solutions and the self-checks of this run
+# :::
+#
 # ```{exercise} Enough landmarks
 # :label: fedtsne-priv-ex-landmarks
 #

@@ -122,7 +122,7 @@ from IPython.display import Markdown, display
 
 from fedlib.core.parallel import resolve_workers
 from fedlib.evaluation import claims
-from fedlib.evaluation.report import mean_std_by
+from fedlib.evaluation.report import mean_std_by, stacked
 from fedlib.evaluation.records import differences, load_record, record_caption
 from fedlib.evaluation.stats import paired_difference, plateau, power_statement
 from fedlib.federated.models import make_model
@@ -165,7 +165,7 @@ print("model:", model, f"{sum(p.numel() for p in model_fn().parameters()):,} par
 # checks the cross-references between the tables.
 
 # %% [markdown]
-# :::{folded} The paper's Table 1 and the cross-checks between its tables (the table is shown again beside ours below)
+# :::{folded} The cross-checks between the paper's tables (its Table 1 stands beside ours below)
 # :::
 
 # %%
@@ -175,8 +175,6 @@ paper1, paper2, paper3, paper4, paper10 = (f(printed=True) for f in (
     paper_tables.refed_table1, paper_tables.refed_table2, paper_tables.refed_table3, paper_tables.refed_table4,
     paper_tables.refed_table10))
 print("\n".join(paper_tables.refed_consistency()))   # cross-references between the paper's tables
-print("Paper, Table 1 (final accuracy, %) - the paper's numbers on the paper's datasets")
-display(paper1)
 
 # %% [markdown]
 # ## The runs
@@ -244,11 +242,17 @@ print(f"storage constraint of memory_mode {memory_mode!r} checked after every ru
 # %%
 main = pd.DataFrame([r for rows in main_rows.values() for r in rows])
 table = mean_std_by(main, ["scenario", "method"], ["A_T", "A_avg", "F_T", "top1_T"], digits=2, count="seed")
-print("Ours: mean ± sample std over seeds (%)")
-display(table)
-print("Paper, Table 1 (final accuracy, %) - the paper's numbers on the paper's datasets; our fedavg_replay "
-      "corresponds to its FedAvg (naive caching), fedprox_replay to FedProx")
-display(paper1)
+# the paper's Table 1 and our final accuracies in one table, the paper's methods in its order (our
+# fedavg_replay is its FedAvg with naive caching, fedprox_replay its FedProx)
+TO_PAPER = {"fedavg_replay": "FedAvg", "fedprox_replay": "FedProx", "fixed": "Fixed", "refed": "Re-Fed"}
+STREAMS = {"class": f"{human(dataset)}, class-incremental", "domain": f"{', '.join(domains)}, domain-incremental"}
+ours1 = table["A_T"].unstack("method").reindex(columns=[m for m in TO_PAPER if m in main.method.unique()])
+ours1 = ours1.rename(index=STREAMS, columns=TO_PAPER)
+display(stacked(paper1, ours1, ("paper", "ours")).style.set_caption(
+    f"Final accuracy A_T (%), mean ± sample std: the paper's Table 1 (its datasets) and ours ({len(seeds)} seeds). "
+    "Columns are the paper's methods; — : not run. Every method and metric of ours is in the next table."))
+display(table.style.set_caption("Ours, every method: A_T, A_avg, F_T and pooled top-1 (%), mean ± sample std "
+                                "over the seeds (n: seeds)"))
 
 # Task 1 has no cache: every method except the regularised ones trains the same model on it (Tables 5-9)
 same_first = ["refed", "refed_balanced", "refed_proxy", "fedavg", "fedavg_replay", "fixed"]
@@ -658,6 +662,9 @@ print(f"\nnotebook compute time: {time.perf_counter() - T_START:.0f} s (profile 
 #
 # Re-run with `make run NB=refed_benchmark ARGS="..."`. The self-check line under an exercise
 # compares this run's measurement with the prediction (`fedlib.evaluation.selfcheck`).
+#
+# :::{folded} The three exercises, with their solutions and the self-checks of this run
+# :::
 #
 # ```{exercise} Local or global importance
 # :label: refed-bench-ex-importance

@@ -435,6 +435,9 @@ display(Markdown(
 # does **not** vanish as $K$ grows: it is loose by a factor that grows like $K$. Its proof rests on
 # Lemma 3.5, $E\lVert\mathbf M\rVert_F^2=\frac{n-1}{n}(\operatorname{tr}\Sigma)^2$, which is false:
 # $\mathbf M\sim\mathrm{Wishart}(\Sigma,n-1)$ gives $(n-1)[n\operatorname{tr}\Sigma^2+(\operatorname{tr}\Sigma)^2]$.
+#
+# :::{folded} The exact law against Monte Carlo and the paper's bound, table and figure
+# :::
 
 # %%
 d_small = 5
@@ -453,6 +456,10 @@ ax.loglog(law["K"], law["paper shape (scaled at K=2)"], "--", label="paper's bou
 ax.set(xlabel="clients K (class split evenly)", ylabel=r"$E\|\hat G-G\|_F^2$", title=f"Gram-estimate error, n={mse_n}, d={d_small}")
 ax.legend()
 plt.show()
+
+# %% [markdown]
+# :::{unfold}
+# :::
 
 # %%
 # Lemma 3.5 by Monte Carlo (d=5, Sigma=diag(1..5), n=10)
@@ -623,6 +630,9 @@ print(stsa_studies.recomputed_margins().to_string(index=False))
 # Re-run with `make run NB=stsa_derivation ARGS="..."`. Under an exercise that changes a parameter,
 # the self-check line compares this run's measurement with the prediction
 # (`fedlib.evaluation.selfcheck`).
+#
+# :::{folded} The four exercises, with their solutions and the self-checks of this run
+# :::
 #
 # ```{exercise} Exactness is not accuracy
 # :label: stsa-deriv-ex-exactness

@@ -221,6 +221,8 @@ const mathjax = window.MathJax && window.MathJax.startup && window.MathJax.start
   // the page's length as it opens (folded sections closed); then every fold opened, so that what
   // it holds (figures, tables, code) is measured like the rest, and closed again at the end
   const screens = document.documentElement.scrollHeight / window.innerHeight;
+  const lead = Array.from(document.querySelectorAll('article p')).find(e => e.textContent.startsWith('What this chapter finds'));
+  const findings = lead ? lead.getBoundingClientRect().top + window.scrollY : null;
   const closed = Array.from(document.querySelectorAll('details:not([open])'));
   closed.forEach(d => { d.open = true; });
   await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
@@ -269,6 +271,7 @@ const mathjax = window.MathJax && window.MathJax.startup && window.MathJax.start
       alt: i.getAttribute('alt') || '', caption: Boolean(i.closest('figure') && i.closest('figure').querySelector('figcaption'))
     })) : [],
     screens: screens,
+    findings: findings,
     folds: document.querySelectorAll('details.fedlib-folded').length,
   };
   closed.forEach(d => { d.open = false; });
@@ -457,6 +460,21 @@ def test_every_figure_is_shown_at_80_percent_of_its_width_or_more(browser_visits
                if f["natural"] and f["shown"] < 0.8 * f["natural"]] for p, v in browser_visits.items()}
     bad = {p: figs for p, figs in bad.items() if figs}
     assert not bad, bad
+
+
+def test_every_page_fits_in_15_screens(browser_visits):
+    """A page opens at most 15 screens long (WINDOW): methodology depth is folded
+    (fedlib.runner.folding), the ledger's tables too."""
+    long = {p: round(v["screens"], 1) for p, v in browser_visits.items() if v["screens"] > 15}
+    assert not long, long
+
+
+def test_every_chapter_shows_its_findings_on_the_first_screen(browser_visits):
+    """A chapter's findings block starts on its first screen, with room for its first lines."""
+    chapters = {p: v for p, v in browser_visits.items() if p.startswith("book/executed/")}
+    assert len(chapters) == len(NOTEBOOKS)
+    late = {p: v["findings"] for p, v in chapters.items() if v["findings"] is None or v["findings"] > WINDOW[1] - 150}
+    assert not late, late
 
 
 def test_reading_audit_is_written_and_counts_every_page(browser_visits):

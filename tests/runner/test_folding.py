@@ -56,3 +56,12 @@ def test_the_rest_of_a_section_is_folded_and_the_next_section_is_not(tmp_path):
 def test_without_a_summary_the_fold_says_details(tmp_path):
     html = build(tmp_path, "# T\n\n## S\n\n:::{folded}\n:::\n\nHidden.\n")
     assert '<details class="fedlib-folded"><summary>Details</summary>' in html and "Hidden." in html
+
+
+def test_an_unfold_marker_ends_the_fold_before_the_section_does(tmp_path):
+    page = ("# T\n\n## S\n\nIntro.\n\n:::{folded} The runs\n:::\n\nRun log.\n\n:::{unfold}\n:::\n\n"
+            "The verdict.\n\n## Next\n\nMore.\n")
+    html = build(tmp_path, page)
+    inside = re.search(r'<details class="fedlib-folded"><summary>The runs</summary>(.*?)</details>', html, re.S).group(1)
+    assert "Run log." in inside and "The verdict." not in inside
+    assert html.index("</details>") < html.index("The verdict.") < html.index("More.")
