@@ -56,7 +56,7 @@ bench: setup
 
 # the recorded runs: comparisons at a converged budget, written to book/records/ (hours on a 2-core CPU)
 records: data
-	$(PY) -m fedlib.records afl_converged --profile quick
+	$(PY) -m fedlib.records afl_converged --profile quick workers=1 --split
 	$(PY) -m fedlib.records refed_resolved --profile quick
 	$(PY) -m fedlib.records stsa_converged --profile quick
 

@@ -20,7 +20,7 @@ import torch
 
 from fedlib.core.paths import RECORD_DIR, REPO
 
-__all__ = ["machine", "write_record", "load_record", "record_caption", "differences", "union"]
+__all__ = ["machine", "commit", "write_record", "load_record", "record_caption", "differences", "union"]
 FIELDS = ("name", "command", "machine", "date", "commit", "seconds", "parameters", "results")
 
 
@@ -37,7 +37,8 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, {gpu}, torch {torch.__version__}"
 
 
-def _commit() -> str:
+def commit() -> str:
+    """The repository's HEAD, short ("unknown" outside a git checkout)."""
     try:
         out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                              text=True, timeout=10)
@@ -55,7 +56,7 @@ def write_record(name: str, command: str, parameters: dict[str, Any], results: d
     folder.mkdir(parents=True, exist_ok=True)
     rec = {"name": name, "command": command, "machine": machine(),
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-           "commit": _commit(), "seconds": round(float(seconds), 1), "parameters": parameters, "results": results,
+           "commit": commit(), "seconds": round(float(seconds), 1), "parameters": parameters, "results": results,
            **provenance}
     path = folder / f"{name}.json"
     tmp = path.with_name(f".{path.name}.partial")

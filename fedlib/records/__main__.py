@@ -25,6 +25,7 @@ from pathlib import Path
 from fedlib.core.paths import RECORD_DIR
 from fedlib.core.processes import Family, Stopped, exit_code, stop_on_signals
 from fedlib.evaluation.records import FIELDS, union, write_record
+from fedlib.evaluation.records import commit as records_commit   # the name commit is a local below
 from fedlib.records import afl, refed, stsa
 from fedlib.runner.profiles import notebook_parameters, parse_overrides, resolve_parameters
 
@@ -127,9 +128,9 @@ def main(argv: list[str] | None = None) -> int:
                             parts=[p["command"] for p in parts])
         print(f"wrote {path}")
         return 0
-    t0 = time.perf_counter()
+    t0, commit = time.perf_counter(), records_commit()   # the code that ran: the commit at the start
     results = RECORDS[args.name].run(params)
-    path = write_record(args.name, command, params, results, time.perf_counter() - t0, args.out)
+    path = write_record(args.name, command, params, results, time.perf_counter() - t0, args.out, commit=commit)
     print(f"wrote {path}")
     return 0
 
