@@ -439,8 +439,9 @@ def reading_audit(visits: dict) -> dict:
                        "figures under 80 %": sum(f["natural"] and f["shown"] < 0.8 * f["natural"] for f in figs),
                        "figures without caption": sum(not f["caption"] for f in figs),
                        "figures without alt text": sum(not has_alt(f) for f in figs),
-                       "figures": len(figs), "folds": v.get("folds", 0), "screens": round(v.get("screens", 0), 1)}
-    total = {k: sum(p[k] for p in pages.values()) for k in next(iter(pages.values())) if k != "screens"}
+                       "figures": len(figs), "folds": v.get("folds", 0), "screens": round(v.get("screens", 0), 1),
+                       "clipped": v.get("clipped", [])}
+    total = {k: sum(p[k] for p in pages.values()) for k in next(iter(pages.values())) if k not in ("screens", "clipped")}
     total["pages over 15 screens"] = sum(p["screens"] > 15 for p in pages.values())
     return {"window": list(WINDOW), "total": total, "pages": pages}
 
