@@ -250,11 +250,11 @@ table = afl_studies.accuracy_table(runs, [label(s) for s in settings], methods, 
 paper2 = paper_results.afl_table2()
 paper2 = paper2[paper2.index.get_level_values("setting").isin(table.index)]
 ours2 = table.set_axis(pd.MultiIndex.from_product([[human(dataset)], table.index], names=paper2.index.names))
-display(stacked(paper2, ours2, (f"paper ({paper_rounds} rounds, ResNet-18)",
-                                                          f"ours ({rounds} rounds, {human(backbone)})")).style.set_caption(
-    f"Test accuracy (%), K = {num_clients}, the settings we ran. Paper (Table 2): mean over 3 runs. Ours: one fixed "
-    f"partition per setting, {input_size}-px images, mean ± sample std over {len(seeds)} training seeds (the "
-    f"partition's variance is not in it). — : not run (FedGen is not implemented here)."))
+display(stacked(paper2, ours2, ("paper", "ours")).style.set_caption(
+    f"Test accuracy (%), K = {num_clients}, the settings we ran. Paper (Table 2, ResNet-18, {paper_rounds} rounds): "
+    f"mean over 3 runs. Ours ({human(backbone)}, {input_size}-px images, {rounds} rounds): one fixed partition per "
+    f"setting, mean ± sample std over {len(seeds)} training seeds (the partition's variance is not in it). — : not "
+    "run (FedGen is not implemented here)."))
 
 # paired by training seed: AFL (deterministic) minus each method, and each method minus FedAvg
 paired = afl_studies.paired_against_afl(runs, [label(s) for s in settings], methods, afl_acc)

@@ -245,11 +245,12 @@ table = mean_std_by(main, ["scenario", "method"], ["A_T", "A_avg", "F_T", "top1_
 # the paper's Table 1 and our final accuracies in one table, the paper's methods in its order (our
 # fedavg_replay is its FedAvg with naive caching, fedprox_replay its FedProx)
 TO_PAPER = {"fedavg_replay": "FedAvg", "fedprox_replay": "FedProx", "fixed": "Fixed", "refed": "Re-Fed"}
-STREAMS = {"class": f"{human(dataset)}, class-incremental", "domain": f"{', '.join(domains)}, domain-incremental"}
+STREAMS = {"class": f"{human(dataset)} (class)", "domain": f"{len(domains)} digit domains (domain)"}
 ours1 = table["A_T"].unstack("method").reindex(columns=[m for m in TO_PAPER if m in main.method.unique()])
 ours1 = ours1.rename(index=STREAMS, columns=TO_PAPER)
 display(stacked(paper1, ours1, ("paper", "ours")).style.set_caption(
-    f"Final accuracy A_T (%), mean ± sample std: the paper's Table 1 (its datasets) and ours ({len(seeds)} seeds). "
+    f"Final accuracy A_T (%), mean ± sample std: the paper's Table 1 (its datasets) and ours ({len(seeds)} seeds; "
+    f"class-incremental {human(dataset)}, domain-incremental over {', '.join(domains)}). "
     "Columns are the paper's methods; — : not run. Every method and metric of ours is in the next table."))
 display(table.style.set_caption("Ours, every method: A_T, A_avg, F_T and pooled top-1 (%), mean ± sample std "
                                 "over the seeds (n: seeds)"))
