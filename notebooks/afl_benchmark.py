@@ -592,7 +592,7 @@ display(stacked(paper_results.afl_table4(), ri, ("paper (CIFAR-100)", f"ours ({h
 # in seconds). The self-check line under an exercise compares this run's measurements with the
 # prediction (`fedlib.evaluation.selfcheck`).
 #
-# :::{folded} The three exercises, with their solutions and the self-checks of this run
+# :::{folded} The exercises, with their solutions and the self-checks of this run
 # :::
 #
 # ```{exercise} Heterogeneity

@@ -576,7 +576,7 @@ print(f"chapter time: {time.perf_counter() - chapter_start:.0f} s")
 # %% [markdown]
 # ## Exercises
 #
-# :::{folded} The two exercises, with their solutions and the self-checks of this run
+# :::{folded} The exercises, with their solutions and the self-checks of this run
 # :::
 #
 # ```{exercise} Where the normal equations lose their last digit

@@ -533,7 +533,7 @@ assert real["test accuracy"].nunique() == 1, "identical accuracy for every K"
 # then read the self-check line below the exercise: a `fedlib.evaluation.selfcheck` function that
 # compares what this run measured with the prediction.
 #
-# :::{folded} The three exercises, with their solutions and the self-checks of this run
+# :::{folded} The exercises, with their solutions and the self-checks of this run
 # :::
 #
 # ```{exercise} Sign

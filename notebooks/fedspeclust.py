@@ -572,7 +572,7 @@ print(f"total run time {time.perf_counter() - t_start:.0f} s (profile={profile})
 # Re-run with `python -m fedlib.runner fedspeclust ...`. The self-check line under an exercise
 # compares this run's measurement with the prediction (`fedlib.evaluation.selfcheck`).
 #
-# :::{folded} The six exercises, with their solutions and the self-checks of this run
+# :::{folded} The exercises, with their solutions and the self-checks of this run
 # :::
 #
 # ```{exercise} Where the splits differ

@@ -874,7 +874,7 @@ display(pd.Series(timings, name="seconds").to_frame().style.format("{:.0f}", na_
 # The self-check line under an exercise compares this run's measurement with the prediction
 # (`fedlib.evaluation.selfcheck`).
 #
-# :::{folded} The three exercises, with their solutions and the self-checks of this run
+# :::{folded} The exercises, with their solutions and the self-checks of this run
 # :::
 #
 # ```{exercise} Too few rounds

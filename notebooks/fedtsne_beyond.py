@@ -619,7 +619,7 @@ display(pd.Series(timings, name="seconds").to_frame().style.format("{:.0f}", na_
 # %% [markdown]
 # ## Exercises
 #
-# :::{folded} The two exercises, with their solutions and the self-checks of this run
+# :::{folded} The exercises, with their solutions and the self-checks of this run
 # :::
 #
 # ```{exercise} Landmarks on the data

@@ -592,7 +592,7 @@ plt.show()
 # Re-run with `make run NB=fedtsne_derivation ARGS="..."`. The self-check line under an exercise
 # compares this run's measurement with the prediction (`fedlib.evaluation.selfcheck`).
 #
-# :::{folded} The three exercises, with their solutions and the self-checks of this run
+# :::{folded} The exercises, with their solutions and the self-checks of this run
 # :::
 #
 # ```{exercise} Weights

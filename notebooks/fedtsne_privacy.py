@@ -320,7 +320,7 @@ display(Markdown("\n".join(lines)))
 # %% [markdown]
 # ## Exercises
 #
-# :::{folded} The two exercises, with their solutions and the self-checks of this run
+# :::{folded} The exercises, with their solutions and the self-checks of this run
 # :::
 #
 # ```{exercise} Enough landmarks

@@ -664,7 +664,7 @@ print(f"\nnotebook compute time: {time.perf_counter() - T_START:.0f} s (profile 
 # Re-run with `make run NB=refed_benchmark ARGS="..."`. The self-check line under an exercise
 # compares this run's measurement with the prediction (`fedlib.evaluation.selfcheck`).
 #
-# :::{folded} The three exercises, with their solutions and the self-checks of this run
+# :::{folded} The exercises, with their solutions and the self-checks of this run
 # :::
 #
 # ```{exercise} Local or global importance

@@ -326,7 +326,7 @@ print(f"\nnotebook compute time: {time.perf_counter() - T_START:.0f} s (profile 
 #
 # ## Exercises
 #
-# :::{folded} The two exercises, with their solutions and the self-checks of this run
+# :::{folded} The exercises, with their solutions and the self-checks of this run
 # :::
 #
 # ```{exercise} More PIM epochs

@@ -765,7 +765,7 @@ print(f"{len(summary_checks)} checks passed; profile={profile}; {time.perf_count
 # Re-run with `make run NB=refed_theory ARGS="..."`. The self-check line under an exercise compares
 # this run's measurement (or your answer) with the prediction (`fedlib.evaluation.selfcheck`).
 #
-# :::{folded} The five exercises, with their solutions and the self-checks of this run
+# :::{folded} The exercises, with their solutions and the self-checks of this run
 # :::
 #
 # ```{exercise} Sum versus mean

@@ -624,7 +624,7 @@ display(Markdown("\n".join(lines)))
 # Re-run with `make run NB=stsa_benchmark ARGS="..."`. The self-check line under an exercise
 # compares this run's measurement with the prediction (`fedlib.evaluation.selfcheck`).
 #
-# :::{folded} The three exercises, with their solutions and the self-checks of this run
+# :::{folded} The exercises, with their solutions and the self-checks of this run
 # :::
 #
 # ```{exercise} Heterogeneity

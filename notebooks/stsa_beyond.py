@@ -418,7 +418,7 @@ display(Markdown("\n".join(lines)))
 # %% [markdown]
 # ## Exercises
 #
-# :::{folded} The three exercises, with their solutions and the self-checks of this run
+# :::{folded} The exercises, with their solutions and the self-checks of this run
 # :::
 #
 # ```{exercise} GCV and the scale of the features

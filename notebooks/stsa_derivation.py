@@ -631,7 +631,7 @@ print(stsa_studies.recomputed_margins().to_string(index=False))
 # the self-check line compares this run's measurement with the prediction
 # (`fedlib.evaluation.selfcheck`).
 #
-# :::{folded} The four exercises, with their solutions and the self-checks of this run
+# :::{folded} The exercises, with their solutions and the self-checks of this run
 # :::
 #
 # ```{exercise} Exactness is not accuracy

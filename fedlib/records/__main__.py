@@ -6,7 +6,7 @@ record's own defaults (its converged budget), then the ``name=value`` overrides;
 elsewhere (the tests use it). Every record: :data:`RECORDS`.
 
 ``--split``: the same run as one process per value of the record's ``SPLIT_BY`` parameter (a method,
-say), side by side (several processes share one GPU well, and a CPU's cores), merged into one record
+say), side by side on the machine's cores, merged into one record
 that names the parts' commands. ``--merge PART.json ...`` merges part records made by hand: every part
 must have run the same parameters but for the record's ``SPLIT`` ones, its slice inside the whole, and
 together they must cover the whole run (the record's ``covered``).

@@ -76,3 +76,15 @@ def test_merge_refuses_parts_of_another_run_or_that_leave_a_method_out(tmp_path,
     assert "other lr" in capsys.readouterr().err and not (tmp_path / "m").exists()
     assert main(["refed_resolved", "--profile", "smoke", "--split", "--out", str(tmp_path / "r")]) == 2
     assert "not run in parts" in capsys.readouterr().err
+
+
+def test_a_record_keeps_the_commit_it_started_from(tmp_path, monkeypatch):
+    """A long run outlives commits made meanwhile: the record names the code that ran, the HEAD at
+    its start, not the HEAD when it is written."""
+    import fedlib.evaluation.records as records_module
+    import fedlib.records.__main__ as cli
+
+    monkeypatch.setattr(cli, "records_commit", lambda: "start00")
+    monkeypatch.setattr(records_module, "commit", lambda: "later00")
+    assert main(["afl_converged", "--profile", "smoke", "--out", str(tmp_path), "rounds=1", "workers=1"]) == 0
+    assert load_record("afl_converged", folder=tmp_path)["commit"] == "start00"
