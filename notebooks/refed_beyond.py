@@ -76,7 +76,6 @@ workers = None             # processes running the (seed, rule) runs (forked, CP
 
 # %% tags=["hide-input"]
 import time
-from functools import partial
 
 T_START = time.perf_counter()
 
@@ -88,14 +87,10 @@ import torch
 from IPython.display import Markdown, display
 
 from fedlib.core.parallel import resolve_workers
-from fedlib.data.datasets import load_dataset
 from fedlib.evaluation import claims
 from fedlib.evaluation.stats import plateau
-from fedlib.data.streams import make_stream
-from fedlib.federated.models import make_model
-from fedlib.refed.studies import make_scenario
 from fedlib.refed.algorithm import q_lambda
-from fedlib.refed.beyond import (noise_accuracy_table, noise_table, paired_rows, rule_table, run_rules,
+from fedlib.refed.beyond import (beyond_setup, noise_accuracy_table, noise_table, paired_rows, rule_table, run_rules,
                                         summary_lines)
 from fedlib.runner import specs
 
@@ -105,18 +100,9 @@ book_style()   # the book's figure theme and table number style
 torch.set_num_threads(num_threads)
 workers = resolve_workers(workers, device)   # None: the cores; 1 on a GPU
 
-ds = load_dataset(dataset).at_most(n_train, n_test)
-SCEN = make_scenario(f"class-incremental / {human(dataset)}", ds.x_train, ds.y_train, ds.x_test, ds.y_test,
-                     partial(make_stream, ds.y_train, ds.y_test, num_tasks), alpha=alpha, lr=lr, memory=memory, lam=lam,
-                     rounds=rounds, first_rounds=None, epochs=local_epochs)
-channels = int(SCEN["x_train"].shape[1])
-model_fn = partial(make_model, model, channels, 10, image_size=int(SCEN["x_train"].shape[-1]), width=cnn_width,
-                   hidden=cnn_hidden)
-SETTINGS = dict(model_fn=model_fn, num_clients=num_clients, batch_size=batch_size, momentum=momentum,
-                participation=participation, device=device, num_threads=num_threads, memory_mode=memory_mode,
-                pim_epochs=pim_epochs, grad_norm=grad_norm)
-print(f"{ds.name}: {len(ds.y_train)} train / {len(ds.y_test)} test images, {num_tasks} tasks; model {model}, "
-      f"{sum(p.numel() for p in model_fn().parameters()):,} parameters; M = {memory} ({memory_mode}); "
+SCEN, SETTINGS = beyond_setup(globals())   # the scenario and the run settings from the parameters above
+print(f"{human(dataset)}: {len(SCEN['y_train'])} train / {len(SCEN['y_test'])} test images, {num_tasks} tasks; model "
+      f"{model}, {sum(p.numel() for p in SETTINGS['model_fn']().parameters()):,} parameters; M = {memory} ({memory_mode}); "
       f"{len(seeds)} seeds")
 print(f"q(lam) = {q_lambda(lam):.4g} for Re-Fed (lam = {lam}), {q_lambda(lam_local):.3g} for the lam -> 1 control "
       f"(lam = {lam_local})")
@@ -184,7 +170,7 @@ print(f"q(lam) = {q_lambda(lam):.4g} for Re-Fed (lam = {lam}), {q_lambda(lam_loc
 # that $\lambda$ can make between Re-Fed and its $\lambda\to1$ control.
 
 # %%
-steps = pim_epochs * int(np.ceil((len(ds.y_train) / num_tasks / num_clients + memory) / batch_size))
+steps = pim_epochs * int(np.ceil((len(SCEN['y_train']) / num_tasks / num_clients + memory) / batch_size))
 for name, value in [("lam", lam), ("lam_local", lam_local)]:
     print(f"{name} = {value}: eta * q = {lr * q_lambda(value):.3g}; over S = {steps} PIM steps the proximal pull "
           f"removes {1 - (1 - lr * q_lambda(value)) ** steps:.2%} of v - w")

@@ -26,10 +26,10 @@ from fedlib.core.paths import RECORD_DIR
 from fedlib.core.processes import Family, Stopped, exit_code, stop_on_signals
 from fedlib.evaluation.records import FIELDS, union, write_record
 from fedlib.evaluation.records import commit as records_commit   # the name commit is a local below
-from fedlib.records import afl, refed, stsa
+from fedlib.records import afl, refed, refed_pim, stsa
 from fedlib.runner.profiles import notebook_parameters, parse_overrides, resolve_parameters
 
-RECORDS = {"afl_converged": afl, "refed_resolved": refed, "stsa_converged": stsa}
+RECORDS = {"afl_converged": afl, "refed_pim": refed_pim, "refed_resolved": refed, "stsa_converged": stsa}
 
 
 def parameters(name: str, profile: str, overrides: dict) -> dict:
