@@ -324,9 +324,12 @@ plt.show()
 
 # %% mystnb={"figure": {"caption": "10-NN overlap of the distance estimate D-hat with the exact neighbours against the FedDL round for the first seed, one panel per dataset; colour is the step as a multiple of 1/L, solid lines the IID split and dashed the non-IID split. It shows how the step changes how fast the overlap rises and where it levels off."}, "image": {"alt": "Line charts, one per dataset: neighbour overlap against FedDL round for several step sizes and both splits"}}
 steps = ft_studies.step_table(traces, conv, step_traces, step_conv, seeds[0], at=50)
-display(steps.style.format({"F(Y^S)": "{:.5f}", "largest rise of F": "{:.1e}", "D-hat 10-NN at 0": "{:.3f}",
-                            "at 50": "{:.3f}", "at the end": "{:.3f}", "gain after 50": "{:+.3f}",
-                            "step (x 1/L)": "{:g}"}, na_rep="-"))
+display(steps.style.hide(axis="index").format(
+    {"F(Y^S)": "{:.5f}", "largest rise of F": "{:.1e}", "D-hat 10-NN at 0": "{:.3f}", "at 50": "{:.3f}",
+     "at the end": "{:.3f}", "gain after 50": "{:+.3f}", "step (x 1/L)": "{:g}",
+     "F descends": lambda v: "yes" if v else "no"}, na_rep="—").relabel_index(
+    ["dataset", "split", "step (×1/L)", "rounds", "plateau", "F(Y^S)", "max rise of F", "F descends",
+     "D̂ 10-NN at 0", "at 50", "at end", "gain after 50"], axis="columns"))
 per_step = ft_studies.step_summary(steps, at=50)
 for c, row in per_step.iterrows():
     print(f"step {c:g}/L: {'F descends in every run' if row.descends else 'F rises in some run'}; mean rounds "

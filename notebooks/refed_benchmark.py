@@ -122,6 +122,7 @@ from IPython.display import Markdown, display
 
 from fedlib.core.parallel import resolve_workers
 from fedlib.evaluation import claims
+from fedlib.evaluation.compare import refed_label
 from fedlib.evaluation.report import mean_std_by, stacked
 from fedlib.evaluation.records import differences, load_record, record_caption
 from fedlib.evaluation.stats import paired_difference, plateau, power_statement
@@ -244,15 +245,18 @@ main = pd.DataFrame([r for rows in main_rows.values() for r in rows])
 table = mean_std_by(main, ["scenario", "method"], ["A_T", "A_avg", "F_T", "top1_T"], digits=2, count="seed")
 # the paper's Table 1 and our final accuracies in one table, the paper's methods in its order (our
 # fedavg_replay is its FedAvg with naive caching, fedprox_replay its FedProx)
-TO_PAPER = {"fedavg_replay": "FedAvg", "fedprox_replay": "FedProx", "fixed": "Fixed", "refed": "Re-Fed"}
-STREAMS = {"class": f"{human(dataset)} (class)", "domain": f"{len(domains)} digit domains (domain)"}
-ours1 = table["A_T"].unstack("method").reindex(columns=[m for m in TO_PAPER if m in main.method.unique()])
-ours1 = ours1.rename(index=STREAMS, columns=TO_PAPER)
-display(stacked(paper1, ours1, ("paper", "ours")).style.set_caption(
-    f"Final accuracy A_T (%), mean ± sample std: the paper's Table 1 (its datasets) and ours ({len(seeds)} seeds; "
-    f"class-incremental {human(dataset)}, domain-incremental over {', '.join(domains)}). "
-    "Columns are the paper's methods; — : not run. Every method and metric of ours is in the next table."))
-display(table.style.set_caption("Ours, every method: A_T, A_avg, F_T and pooled top-1 (%), mean ± sample std "
+TO_PAPER = {refed_label(m, grad_norm): name for m, name in
+            {"fedavg_replay": "FedAvg", "fedprox_replay": "FedProx", "fixed": "Fixed", "refed": "Re-Fed"}.items()}
+STREAMS = {"class": human(dataset), "domain": f"{len(domains)} digit domains"}
+ours1 = table["A_T"].unstack("method").reindex(columns=[m for m in TO_PAPER if m in set(main.method)])
+ours1 = ours1.rename(index={SCEN[k]["name"]: STREAMS[k] for k in SCEN}, columns=TO_PAPER)
+PAPER_ROWS = {"class": paper1.iloc[:3], "domain": paper1.iloc[3:]}   # Table 1: 3 class-, then 3 domain-incremental
+for kind in SCEN:   # one table per kind of stream: the paper's methods as rows, its datasets and ours as columns
+    display(stacked(PAPER_ROWS[kind], ours1.loc[[STREAMS[kind]]], ("paper", "ours")).T.style.set_caption(
+        f"Final accuracy A_T (%), {kind}-incremental, mean ± sample std: the paper's Table 1 on its datasets and "
+        f"ours on {STREAMS[kind]}" + (f" ({', '.join(domains)})" if kind == "domain" else "")
+        + f", {len(seeds)} seeds. — : not run. Every method and metric of ours is in the next table."))
+display(table.rename(index=lambda v: human(v) if v in set(main.method) else v).style.set_caption("Ours, every method: A_T, A_avg, F_T and pooled top-1 (%), mean ± sample std "
                                 "over the seeds (n: seeds)"))
 
 # Task 1 has no cache: every method except the regularised ones trains the same model on it (Tables 5-9)
@@ -524,8 +528,8 @@ if {"refed", "fedavg_replay"} <= set(sweep_methods) and pools and max(m_grid) >=
 elif pools:
     print(f"Largest pool at M = {max(m_grid)}: {max(pools)} samples; M does not hold every pool, "
           "so Re-Fed and random replay select differently at every M here.")
-print("Paper, Table 4 - the paper's numbers on the paper's datasets (its FedAvg caches at random)")
-display(paper4)
+display(paper4.T.style.set_caption("The paper's Table 4 on its datasets: final accuracy (%) by method and memory "
+                                   "size M (its FedAvg caches at random)"))
 
 # %% [markdown]
 # ## Accuracy versus heterogeneity $\alpha$ and $\lambda$ (the paper's Fig. 3 and Table 2)
@@ -555,11 +559,11 @@ plt.tight_layout()
 plt.show()
 print(f"Ours: A_T (%) by alpha, seeds {sweep_seeds} (one-seed sweep)")
 display(by_alpha.pivot_table(index="method", columns="alpha", values="A_T", aggfunc="mean").round(2))
-ours2 = by_lam.pivot_table(index="scenario", columns=["alpha", "lambda"], values="A_T", aggfunc="mean").round(2)
-print(f"Ours: Re-Fed A_T (%) by alpha and lambda, seeds {sweep_seeds} (one-seed sweep)")
-display(ours2)
-print("Paper, Table 2 - the paper's numbers on the paper's datasets")
-display(paper2)
+ours2 = by_lam.pivot_table(index="scenario", columns=["alpha", "lambda"], values="A_T", aggfunc="mean")
+ours2 = ours2.rename(index={SCEN["class"]["name"]: STREAMS["class"]})
+display(stacked(paper2, ours2, ("paper", "ours")).T.style.set_caption(
+    f"Re-Fed's final accuracy A_T (%) by Dirichlet α and λ: the paper's Table 2 (mean ± std) on its datasets and "
+    f"ours on {STREAMS['class']} (seeds {sweep_seeds}, a one-seed sweep). — : not run."))
 
 # %% [markdown]
 # ## Early, Average and Late weighting (the paper's Table 10)

@@ -33,6 +33,12 @@ NAMES = {
     "efficientnet_lite0": "EfficientNet-Lite0", "resnet18": "ResNet-18", "raw": "raw pixels",
     "fedavg": "FedAvg", "fedprox": "FedProx", "feddyn": "FedDyn", "fedntd": "FedNTD", "moon": "MOON",
     "feddisco": "FedDisco", "fedgen": "FedGen", "afl": "AFL",
+    "stsa": "STSA", "stsa_e": "STSA-E", "finetune": "fine-tuning", "fedewc": "FedEWC", "fedlwf": "FedLwF",
+    "refed": "Re-Fed", "refed_balanced": "Re-Fed, class-balanced", "refed_proxy": "Re-Fed, last-layer norms",
+    "fedavg_replay": "FedAvg, random replay", "fedprox_replay": "FedProx, random replay", "fixed": "fixed cache",
+    "grand": "GraNd at w", "refed_local": "Re-Fed, λ → 1", "random": "random cache", "el2n": "EL2N",
+    "herding": "herding", "reservoir": "class-balancing reservoir", "refed_task_class": "Re-Fed, task and class shares",
+    "refed_task": "Re-Fed, task shares", "refed_class": "Re-Fed, class shares",
 }
 
 
@@ -41,7 +47,8 @@ def human(identifier) -> str:
     "Fashion-MNIST"); a subset's name keeps its sizes; anything else is returned as text."""
     text = str(identifier)
     base, sep, rest = text.partition("[")
-    return NAMES.get(base, base) + sep + rest
+    key = base.rstrip()   # "refed [exact Eq. 4]": the name before a bracketed note
+    return NAMES.get(key, key) + base[len(key):] + sep + rest
 
 
 def number(x) -> str:

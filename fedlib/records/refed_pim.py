@@ -18,7 +18,9 @@ from fedlib.refed.beyond import beyond_setup, run_rules
 
 CHAPTER = "refed_beyond"
 RULES = ["refed", "grand"]
-DEFAULTS = {"rounds": 60, "seeds": list(range(12))}
+# 150 rounds per task (the paper's budget): at 60, Re-Fed's last-task curve still moved +0.88 pp over its last 20 %;
+# 12 paired seeds, as the benchmark's recorded run
+DEFAULTS = {"rounds": 150, "seeds": list(range(12))}
 
 
 def run(p: dict[str, Any], progress: bool = True) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from torch import nn
 from fedlib.core.parallel import RunGrid, resolve_workers
 from fedlib.evaluation.compare import refed_label
 from fedlib.evaluation.stats import paired_difference
+from fedlib.evaluation.style import human
 from fedlib.federated.gradient import FedConfig, History
 from fedlib.federated.incremental import run_class_incremental
 from fedlib.federated.learner import FirstStageShare, GradientLearner, KeepWeights, select_top
@@ -313,7 +314,7 @@ def benchmark_scenarios(p: dict[str, Any]) -> dict[str, dict]:
     ``domains``, ``n_per_domain`` images each), each with its own alpha, lr, memory, lambda and rounds."""
     ds = load_dataset(p["dataset"]).at_most(p["n_train"], p["n_test"])
     scen = {"class": make_scenario(
-        f"class-incremental / {p['dataset']}", ds.x_train, ds.y_train, ds.x_test, ds.y_test,
+        f"class-incremental / {human(p['dataset'])}", ds.x_train, ds.y_train, ds.x_test, ds.y_test,
         partial(make_stream, ds.y_train, ds.y_test, p["num_tasks"]), alpha=p["alpha"], lr=p["lr"],
         memory=p["memory"], lam=p["lam"], rounds=p["rounds"], first_rounds=None, epochs=p["local_epochs"])}
     if p["domain"]:

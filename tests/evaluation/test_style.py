@@ -61,6 +61,7 @@ def test_human_names_replace_identifiers():
     assert human("fashion_mnist") == "Fashion-MNIST" and human("efficientnet_lite0") == "EfficientNet-Lite0"
     assert human("fashion_mnist[train=10000,test=2000,seed=0]") == "Fashion-MNIST[train=10000,test=2000,seed=0]"
     assert human("feddisco") == "FedDisco" and human("something else") == "something else" and human(3) == "3"
+    assert human("refed [exact Eq. 4]") == "Re-Fed [exact Eq. 4]" and human("fedavg_replay") == "FedAvg, random replay"
 
 
 def test_a_confidence_level_every_cell_repeats_is_said_once_in_the_column_label():
