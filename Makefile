@@ -58,6 +58,7 @@ bench: setup
 records: data
 	$(PY) -m fedlib.records afl_converged --profile quick workers=1 --split
 	$(PY) -m fedlib.records refed_resolved --profile quick
+	$(PY) -m fedlib.records refed_pim --profile quick
 	$(PY) -m fedlib.records stsa_converged --profile quick
 
 # a SuperLink and N SuperNodes on 127.0.0.1, the run, everything stopped: make flower-deploy FLOWER="stsa num-clients=5"

@@ -82,6 +82,7 @@ import pandas as pd
 import seaborn as sns
 import matplotlib.pyplot as plt
 import torch
+from myst_nb import glue
 from IPython.display import Markdown, display
 
 from fedlib.afl import studies as afl_studies
@@ -277,12 +278,19 @@ ax.legend(fontsize=8, loc="lower left")
 plt.show()
 
 # %%
+_prose = []   # the cell's sentences, shown as Markdown below (glue)
 adv = afl_studies.advantage_summary(runs, afl_acc, paired)   # per setting: AFL above every method's mean?
 own = {label(s): afl_studies.comparison_inputs(runs, curves, label(s), methods) for s in settings}
 own_cmp = {s: compare_methods(afl_acc[s], f, c, tol=converge_pp / 100) for s, (f, c) in own.items()}
-display(Markdown(
+_prose.append(
     f"At this profile's budget ({rounds} rounds x {local_epochs} local epoch(s)) "
-    + "; ".join(f"{s}: {c.convergence()}" for s, c in own_cmp.items()) + "."))
+    + "; ".join(f"{s}: {c.convergence()}" for s, c in own_cmp.items()) + ".")
+glue('afl_benchmark_prose_1', Markdown("\n\n".join(_prose)), display=False)
+
+# %% [markdown]
+# ```{glue:md} afl_benchmark_prose_1
+# :format: myst
+# ```
 
 # %% [markdown]
 # ### At a longer budget (recorded run)
@@ -297,21 +305,22 @@ display(Markdown(
 # AFL − method lies above 0, **trails** it when the interval lies below 0.
 
 # %% mystnb={"figure": {"caption": "Recorded longer run: test accuracy of each gradient-based method against the communication round, mean over the training seeds, one panel per setting; the dashed line is AFL after its single round. The curves show whether each baseline has levelled off and where it ends relative to AFL."}, "image": {"alt": "Line charts, one per setting: test accuracy (%) against round for each baseline, with a dashed horizontal line for AFL"}}
+_prose = []   # the cell's sentences, shown as Markdown below (glue)
 RECORD_KEYS = ["dataset", "backbone", "input_size", "n_train", "n_test", "num_clients", "alphas", "shards", "methods",
                "partition_seed", "seeds", "local_epochs", "batch_size", "lr", "participation", "moon_hidden", "gamma"]
 record = load_record("afl_converged", missing_ok=True)
 mismatch = differences(record, globals(), RECORD_KEYS)
 if mismatch:   # no record, or another data set, model or seeds than the record's: the verdict rests on this run
-    display(Markdown(("There is no recorded run" if record is None else
+    _prose.append(("There is no recorded run" if record is None else
                       f"The recorded run used other parameters ({', '.join(mismatch[:4])})")
-                     + f", so the verdict below rests on this profile's own {rounds} rounds."))
+                     + f", so the verdict below rests on this profile's own {rounds} rounds.")
     evidence_cmp, budget_rounds, rec_name = own_cmp, rounds, None
 else:
     res = record["results"]
     evidence_cmp = {s: compare_methods(res["afl"][s], res["final"][s], res["curves"][s], tol=converge_pp / 100)
                     for s in res["afl"]}
     budget_rounds, rec_name = record["parameters"]["rounds"], record["name"]
-    display(Markdown(record_caption(record)))
+    _prose.append(record_caption(record))
     display(afl_studies.comparison_table(evidence_cmp).style.set_caption(
         f"Ours ({human(dataset)}, K={num_clients}, {len(seeds)} training seeds, {budget_rounds} rounds x {local_epochs} "
         f"local epoch(s)): final test accuracy (%) mean ± sample std, AFL − method paired by seed (95 % CI, pp), "
@@ -325,6 +334,12 @@ else:
     axes[0][-1].legend(fontsize=8, loc="lower right")
     plt.tight_layout()
     plt.show()
+glue('afl_benchmark_prose_2', Markdown("\n\n".join(_prose)), display=False)
+
+# %% [markdown]
+# ```{glue:md} afl_benchmark_prose_2
+# :format: myst
+# ```
 
 # %%
 converged = all(c.converged for c in evidence_cmp.values())
@@ -370,6 +385,7 @@ claims.register(
 # single round is final.
 
 # %% mystnb={"figure": {"caption": "Test accuracy against wall-clock time (log scale) for the first training seed, one line per gradient-based method and one panel per setting; the black star is AFL's single round. A curve still rising at its right end had not converged within this profile's budget, whereas AFL's one round is final."}, "image": {"alt": "Line charts, one per setting: test accuracy against wall-clock seconds on a log scale for each baseline, with a star marking AFL"}}
+_prose = []   # the cell's sentences, shown as Markdown below (glue)
 first = curves[curves.seed == seeds[0]]
 fig, axes = plt.subplots(1, len(settings), figsize=fit_column(4.2 * len(settings), 3.6), sharey=True, squeeze=False)
 for ax, setting in zip(axes[0], settings):
@@ -383,9 +399,15 @@ axes[0][-1].legend(loc="lower right", fontsize=8)
 plt.tight_layout()
 plt.show()
 last_gain, window = afl_studies.final_gain(curves, rounds)
-display(Markdown(
+_prose.append(
     f"Accuracy gained over the last {window} round(s), median over runs: "
-    f"{100 * last_gain.median():+.2f} pp (largest {100 * last_gain.max():+.2f} pp)."))
+    f"{100 * last_gain.median():+.2f} pp (largest {100 * last_gain.max():+.2f} pp).")
+glue('afl_benchmark_prose_3', Markdown("\n\n".join(_prose)), display=False)
+
+# %% [markdown]
+# ```{glue:md} afl_benchmark_prose_3
+# :format: myst
+# ```
 
 # %% [markdown]
 # ## 5. Which variance a ± holds: fixed partition vs a new partition per seed
@@ -400,16 +422,23 @@ display(Markdown(
 # :::
 
 # %%
+_prose = []   # the cell's sentences, shown as Markdown below (glue)
 if resample_methods:
     resampled, _ = afl_studies.run_baselines("new partition per seed", [(s, m, sd, sd) for s in settings
                                                                 for m in resample_methods for sd in seeds], **grid)
     spread, std_ratio = afl_studies.protocol_spread(runs, resampled)
     print(f"accuracy (%) mean ± sample std over {len(seeds)} seeds, by protocol:")
     display(spread)
-    display(Markdown(
+    _prose.append(
         f"Ratio of the two standard deviations (new partition / fixed partition), median over settings: "
         f"{std_ratio.median():.1f} (range {std_ratio.min():.1f} to {std_ratio.max():.1f}). "
-        f"With {len(seeds)} seeds a single ratio is itself noisy; the main table uses the paper's protocol."))
+        f"With {len(seeds)} seeds a single ratio is itself noisy; the main table uses the paper's protocol.")
+glue('afl_benchmark_prose_4', Markdown("\n\n".join(_prose)), display=False)
+
+# %% [markdown]
+# ```{glue:md} afl_benchmark_prose_4
+# :format: myst
+# ```
 
 # %% [markdown]
 # ## 6. Time and communication
@@ -429,11 +458,12 @@ print(f"Paper (GPU, CIFAR-100, Fig. 2, incl. 224-px feature extraction): AFL "
       f"{paper_results.AFL_BASELINE_SECONDS['CIFAR-100']} s.")
 
 # %%
+_prose = []   # the cell's sentences, shown as Markdown below (glue)
 linear_methods, cross_linear, cross_moon = afl_studies.upload_crossings(cost, methods)
 ratio_paper = cost[f"time ratio vs AFL ({paper_rounds} rounds)"]
 paper_ratios = [b / paper_results.AFL_TRAINING_SECONDS[ds] for ds, bounds in paper_results.AFL_BASELINE_SECONDS.items()
                 for b in bounds]
-display(Markdown(
+_prose.append(
     f"The time ratio depends on the training budget. At this profile's budget ({rounds} rounds x "
     f"{local_epochs} local epoch(s)) the baselines need between {cost['time ratio vs AFL (our budget)'].min():.1f}x "
     f"and {cost['time ratio vs AFL (our budget)'].max():.1f}x AFL's time to reach their final accuracy; at "
@@ -448,7 +478,13 @@ display(Markdown(
        f"per round, so its total passes AFL's after {cross_linear} rounds" if linear_methods else "")
     + (f"; MOON's head ({cost.loc['moon', 'upload bytes/client/round'] / 1e6:.2f} MB per round) after "
        f"{cross_moon} rounds" if cross_moon else "")
-    + ". AFL trades one larger message for no iterations."))
+    + ". AFL trades one larger message for no iterations.")
+glue('afl_benchmark_prose_5', Markdown("\n\n".join(_prose)), display=False)
+
+# %% [markdown]
+# ```{glue:md} afl_benchmark_prose_5
+# :format: myst
+# ```
 
 # %%
 claims.register(

@@ -74,6 +74,7 @@ import pandas as pd
 import seaborn as sns
 import matplotlib.pyplot as plt
 import torch
+from myst_nb import glue
 from IPython.display import Markdown, display
 
 from fedlib.core.linalg import SufficientStats, lstsq_reference, qr_reference, relative_error, synthetic_features
@@ -225,6 +226,7 @@ plt.tight_layout()
 plt.show()
 
 # %%
+_prose = []   # the cell's sentences, shown as Markdown below (glue)
 f64 = summary[summary.clients == "float64"].set_index(["method", "cond(X)"])
 f32 = summary[summary.clients == "float32"].set_index(["method", "cond(X)"])
 digits32 = {m: max(0.0, -np.log10(f32.loc[(m, min(conditions)), "median"])) for m in ["TSQR", "one-solve (normal eq.)"]}
@@ -232,16 +234,22 @@ worst_tsqr = (f64.loc["TSQR", "max"] / f64.loc["TSQR", "cond·eps"]).max()
 top = max(conditions)
 ne_top = f64.loc[("one-solve (normal eq.)", top), "median"]
 qr_top = f64.loc[("TSQR", top), "median"]
-display(Markdown(
+_prose.append(
     f"Measured: TSQR's error stays below {worst_tsqr:.2f} $\\kappa u$ at every condition number (float64 "
     f"clients; slope {slopes[('float64', 'TSQR')]:.2f}); the normal equations follow $\\kappa^2 u$ (slope "
     f"{slopes[('float64', 'one-solve (normal eq.)')]:.2f} for the one-solve server, "
     f"{slopes[('float64', 'pairwise AA law (paper)')]:.2f} for the paper's law) until they have no correct "
     f"digit left. At $\\kappa(X)$ = {top:.0e}: TSQR {qr_top:.1e}, one-solve {ne_top:.1e}. With float32 clients "
     f"TSQR keeps {digits32['TSQR']:.1f} correct digits at $\\kappa$ = {min(conditions):.0e}, the normal "
-    f"equations {digits32['one-solve (normal eq.)']:.1f}."))
+    f"equations {digits32['one-solve (normal eq.)']:.1f}.")
 assert worst_tsqr < 10, "TSQR's error must follow cond(X) u"
 assert qr_top * 1e3 < ne_top, "at the largest condition number TSQR must beat the normal equations by 1e3"
+glue('afl_beyond_prose_1', Markdown("\n\n".join(_prose)), display=False)
+
+# %% [markdown]
+# ```{glue:md} afl_beyond_prose_1
+# :format: myst
+# ```
 
 # %% [markdown]
 # ### 1.4 On the benchmark features: bytes and accuracy
@@ -263,6 +271,7 @@ display(uploads.style.format({"upload bytes/client (mean)": "{:,.0f}", "total up
                               "seconds": "{:.1f}"}, na_rep="—"))
 
 # %% mystnb={"figure": {"caption": "Measured upload of every client (bytes) against the number of samples it holds (both log scale), one marker per client, colour and shape per protocol (AFL, TSQR with float64 or float32 clients); the dotted line marks N_k = d + C. Clients left of that line upload only N_k rows with TSQR, so fewer bytes than with AFL."}, "image": {"alt": "Log-log scatter plot: upload bytes against client sample count, one marker per client, coloured by protocol"}}
+_prose = []   # the cell's sentences, shown as Markdown below (glue)
 fig, ax = plt.subplots(figsize=fit_column(6.5, 4))
 sns.scatterplot(data=per_client, x="N_k", y="upload bytes", hue="method", style="method", s=25, ax=ax)
 ax.axvline(d + C, color="gray", ls=":", lw=1)
@@ -274,7 +283,7 @@ plt.tight_layout()
 plt.show()
 afl_b = uploads["upload bytes/client (mean)"].iloc[0]
 tsqr_b = uploads["upload bytes/client (mean)"].iloc[1]
-display(Markdown(
+_prose.append(
     f"Measured: the TSQR upload averages {tsqr_b / 1e6:.2f} MB per client against AFL's {afl_b / 1e6:.2f} MB "
     f"({afl_b / tsqr_b:.1f}x less; float32 factors halve it again), because {int((sizes < d + C).sum())} of "
     f"{num_clients} clients hold fewer than $d+C$ = {d + C} samples and upload only $N_k$ rows "
@@ -283,10 +292,16 @@ display(Markdown(
     f"for TSQR) and predict the same test accuracy. Here $\\kappa(X)$ = {kappa_x:.1e}, yet the normal equations "
     f"lose far less than the worst case $\\kappa^2u$ = {kappa_x ** 2 * np.finfo(float).eps:.0e}: on these features "
     f"the accuracy gap of section 1.3 does not show in float64, and TSQR's gain is in the bytes (and in float32, "
-    f"{uploads['rel. error vs QR reference'].iloc[2]:.0e} for float32 TSQR clients)."))
+    f"{uploads['rel. error vs QR reference'].iloc[2]:.0e} for float32 TSQR clients).")
 assert uploads["rel. error vs QR reference"].iloc[1] < 1e-10
 assert (per_client[per_client.method.str.startswith("TSQR, float64")]["upload bytes"].to_numpy()
         <= per_client[per_client.method.str.startswith("AFL")]["upload bytes"].to_numpy() + 16).all()
+glue('afl_beyond_prose_2', Markdown("\n\n".join(_prose)), display=False)
+
+# %% [markdown]
+# ```{glue:md} afl_beyond_prose_2
+# :format: myst
+# ```
 
 # %% [markdown]
 # ## 2. What the upload reveals, and secure aggregation
@@ -402,6 +417,7 @@ assert same_sum and err_masked < 1e-10
 assert abs(view["correlation"]) < 4 / np.sqrt(true0.shape[1])
 
 # %% mystnb={"figure": {"caption": "What the server receives from client 0 against the true value of each statistic, for a random subset of the entries: without masks (left) the points lie on the diagonal; with pairwise masks (right) they show no relation to the true values."}, "image": {"alt": "Two scatter plots of received value against true statistic value, without and with pairwise masks"}}
+_prose = []   # the cell's sentences, shown as Markdown below (glue)
 sel = np.random.default_rng(0).choice(true0.shape[1], size=min(3000, true0.shape[1]), replace=False)
 fig, axes = plt.subplots(1, 2, figsize=fit_column(10, 3.8))
 axes[0].scatter(ab.decode_fixed(true0, masked.frac_bits)[sel], ab.decode_fixed(plain.seen[0], masked.frac_bits)[sel], s=3)
@@ -411,13 +427,19 @@ axes[1].set(xlabel="client 0's statistic (true value)", ylabel="what the server 
             title="with pairwise masks")
 plt.tight_layout()
 plt.show()
-display(Markdown(
+_prose.append(
     f"Measured: the server never sees a statistic, only uniform ring elements (correlation "
     f"{view['correlation']:+.3f} with client 0's true statistics), yet the masks cancel bit for bit and the head "
     f"equals the unmasked one-solve head to {err_masked:.0e}. The price is the encoding: as many numbers as AFL's "
     f"upload ($d(d+1)/2+dC+1$) but two 64-bit words each, {masked.cost.bytes_up / mask_clients / afl_upload:.1f}x AFL's "
     f"upload (one word, on the coarser grid $2^{{-f_{{hi}}}}$ alone, would match AFL's size), and $K(K-1)/2$ pairwise "
-    f"mask streams to expand."))
+    f"mask streams to expand.")
+glue('afl_beyond_prose_3', Markdown("\n\n".join(_prose)), display=False)
+
+# %% [markdown]
+# ```{glue:md} afl_beyond_prose_3
+# :format: myst
+# ```
 
 # %% [markdown]
 # ## 3. Hyperparameters and unlearning from the statistics alone

@@ -60,6 +60,7 @@ import seaborn as sns
 import matplotlib.pyplot as plt
 import torch
 
+from myst_nb import glue
 from IPython.display import Markdown, display
 
 from fedlib.afl import studies as afl_studies
@@ -239,13 +240,20 @@ assert servers_agree.max() < 1e-6 * float(w_joint.abs().max()), "the one-solve f
 assert hetero_checks["same predictions"], "predictions must not change"
 
 # %%
+_prose = []   # the cell's sentences, shown as Markdown below (glue)
 h1 = hetero.groupby("server")["max rel. error vs joint"].max()
-display(Markdown(
+_prose.append(
     f"Measured: the one-solve form agrees with the lstsq head to {h1['one_solve']:.1e} (relative), the "
     f"recursive form to {h1['pairwise']:.1e} (it inverts every $C_k^r$, whose condition number is "
     f"$\\lambda_{{\\max}}(C_k)/\\gamma$ when $N_k<d$). Predictions are identical for every partition, "
     f"including the most skewed one here, with {hetero['empty clients'].max()} empty clients (an empty client "
-    f"uploads $C^r_k=\\gamma I$, $\\hat W_k^r=0$)."))
+    f"uploads $C^r_k=\\gamma I$, $\\hat W_k^r=0$).")
+glue('afl_derivation_prose_1', Markdown("\n\n".join(_prose)), display=False)
+
+# %% [markdown]
+# ```{glue:md} afl_derivation_prose_1
+# :format: myst
+# ```
 
 # %% [markdown]
 # ### 3b. Client-number invariance and order invariance
@@ -340,20 +348,21 @@ ax.set(xscale="log", yscale="log", xlabel="number of clients K", ylabel="ΔW = �
 plt.show()
 
 # %%
+_prose = []   # the cell's sentences, shown as Markdown below (glue)
 rank_deficient = table1["N_k"] < table1_dim
 assert (table1.loc[~rank_deficient, "ΔW w/o RI (ours)"] < 1e-6).all(), "full-rank clients: exact without RI"
 assert (table1.loc[rank_deficient, "ΔW w/o RI (ours)"] > 1e-3).all(), "N_k < d without RI must break"
 ri_tol = 1e-6 * float(w_joint2.abs().sum())
 assert (table1["ΔW w/ RI (ours)"] < ri_tol).all(), "with RI: round-off only"
 first_broken = table1.index[rank_deficient].min() if rank_deficient.any() else None
-display(Markdown(
+_prose.append(
     f"Measured: without RI the deviation is at round-off while $N_k\\ge d$ and jumps to "
     f"{table1.loc[rank_deficient, 'ΔW w/o RI (ours)'].min():.2g} or more once $N_k<d$ (first at $K={first_broken}$ "
     f"here). Its size depends on how the pseudo-inverse treats the near-zero eigenvalues of the singular "
     f"$C_k$: ours (`torch.linalg.pinv`'s relative cut-off, eigenvalues $|\\lambda|\\le d\\,\\varepsilon\\max|\\lambda|$ "
     f"dropped) differs from the authors' (their values are in the "
     f"table beside ours), so we assert only that it is large. With RI the largest ΔW is "
-    f"{table1['ΔW w/ RI (ours)'].max():.1e}, against $\\sum|W|$ = {float(w_joint2.abs().sum()):.1f}."))
+    f"{table1['ΔW w/ RI (ours)'].max():.1e}, against $\\sum|W|$ = {float(w_joint2.abs().sum()):.1f}.")
 claims.register(
     "afl-ri-recovers-unregularized", "afl",
     "The RI process (Thm. 2, eq. 15) removes the local ridge after aggregation and recovers the unregularized "
@@ -367,6 +376,12 @@ claims.register(
 # **Two meanings of "w/o RI".** Table 1's "w/o RI" is $\gamma=0$. The paper's Table 4 "w/o RI"
 # means $\gamma>0$ that is never removed, i.e. a joint ridge with $\lambda=K\gamma$. We check that
 # identity directly:
+glue('afl_derivation_prose_2', Markdown("\n\n".join(_prose)), display=False)
+
+# %% [markdown]
+# ```{glue:md} afl_derivation_prose_2
+# :format: myst
+# ```
 
 # %% [markdown]
 # :::{folded} Two more checks: the unrestored head is a ridge with λ = Kγ, and (4b) the error against an SVD reference on ill-conditioned features, float64 and float32
@@ -405,6 +420,7 @@ display(reference_check.style.format({"cond(XᵀX)": "{:.1e}", "rel. error vs ls
                                       "error / tolerance": "{:.3f}"}, na_rep="—"))
 
 # %%
+_prose = []   # the cell's sentences, shown as Markdown below (glue)
 one = reference_check[reference_check.server == "one_solve"]
 rec = reference_check[reference_check.server == "pairwise"]
 assert (one["rel. error vs lstsq"] < one["tolerance 2·κ·u"]).all(), "one-solve AFL must meet 2·κ·u"
@@ -412,14 +428,20 @@ assert (reference_check["unrestored (wrong) head"] > reference_check["tolerance 
     "the tolerance must be tight enough to reject a wrong head"
 rec64_max = rec.query("dtype == 'float64'")["rel. error vs lstsq"].max()
 assert rec64_max < 1e-6, "recursive form, float64: round-off level"
-display(Markdown(
+_prose.append(
     f"Measured: the one-solve server lies within its tolerance in every case (largest error / tolerance "
     f"{one['error / tolerance'].max():.2f}), for $\\kappa(X^\\top X)$ up to {one['cond(XᵀX)'].max():.0e} in "
     f"float64 and {max(f32_conditions):.0e} in float32, while the unrestored head misses by at least "
     f"{reference_check['unrestored (wrong) head'].min():.1e}. The recursive form reaches "
     f"{rec['error / tolerance'].max():.1f} times that tolerance (float64 at most "
     f"{rec64_max:.1e}). AFL's exactness is exactness up to "
-    f"the conditioning of the matrices its server solves with, as for any normal-equations solver."))
+    f"the conditioning of the matrices its server solves with, as for any normal-equations solver.")
+glue('afl_derivation_prose_3', Markdown("\n\n".join(_prose)), display=False)
+
+# %% [markdown]
+# ```{glue:md} afl_derivation_prose_3
+# :format: myst
+# ```
 
 # %% [markdown]
 # ## 5. "Any $\gamma$ would suffice": true in exact arithmetic only
@@ -465,6 +487,7 @@ assert f32.xs("one_solve", level="server").max() < f32.xs("pairwise", level="ser
 f32_one = fp[(fp.dtype == "float32") & (fp.server == "one_solve")]
 
 # %%
+_prose = []   # the cell's sentences, shown as Markdown below (glue)
 claims.register(
     "afl-gamma-irrelevant", "afl",
     "With the RI process the ridge parameter gamma is not a hyperparameter: any gamma > 0 gives the same head.",
@@ -475,7 +498,7 @@ claims.register(
              f"float32 statistics: {f32.xs('one_solve', level='server').max():.1e} (one-solve)",
     condition="the statistics are summed and solved once in float64; the paper's recursive form inverts each "
               "client's C_k + gamma I and breaks for small gamma")
-display(Markdown(
+_prose.append(
     f"Measured: in float64 the one-solve form stays within {f64.xs('one_solve', level='server').max():.1e} of "
     f"lstsq for every $\\gamma$ (tolerance {fp_tol['float64']:.1e}); the recursive form reaches "
     f"{f64[(min(gammas), 'pairwise')]:.1e} at $\\gamma$={min(gammas):g}. In float32 the best case is "
@@ -485,7 +508,13 @@ display(Markdown(
     f"numerically singular, warned and returned the minimum-norm solution; the one-solve head changes at most "
     f"{f32_one['changed predictions'].max()} training "
     f"predictions. `fedlib` therefore accumulates statistics in float64 and uses $\\gamma=1$ (the paper's value) "
-    f"by default."))
+    f"by default.")
+glue('afl_derivation_prose_4', Markdown("\n\n".join(_prose)), display=False)
+
+# %% [markdown]
+# ```{glue:md} afl_derivation_prose_4
+# :format: myst
+# ```
 
 # %% [markdown]
 # ## 6. Real data: optdigits pixels

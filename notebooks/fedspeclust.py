@@ -75,6 +75,7 @@ import time
 import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
+from myst_nb import glue
 from IPython.display import Markdown
 from threadpoolctl import threadpool_limits
 
@@ -412,6 +413,7 @@ plt.tight_layout()
 plt.show()
 
 # %%
+_prose = []   # the cell's sentences, shown as Markdown below (glue)
 for name in datasets:
     for seed in seeds[:1]:                  # the seed on which both splits ran their own FedDL
         offset = objectives[name, seed, "Fed", "non-IID"] - objectives[name, seed, "Fed", "IID"]
@@ -425,17 +427,23 @@ plateau_shares = {name: ft_feddl.plateau_share(objectives[name, seeds[0], "Fed",
 print("share of F's total decrease made in the last 10 % of the rounds (plateau rule of the benchmark chapter: "
       "at most 0.01):", ", ".join(f"{k} {'—' if v != v else f'{v:.4f}'}" for k, v in plateau_shares.items()))
 not_flat = [name for name, v in plateau_shares.items() if not v <= 0.01]
-display(Markdown(
+_prose.append(
     f"**FedDL has not plateaued here** for {', '.join(not_flat)} after {rounds_text} rounds (a fixed count was "
     "asked for): the federated columns are from landmarks that are still moving, and more rounds would lower the "
     "kernel error (exercise 6; `rounds='plateau'` runs FedDL until its objective plateaus)."
     if not_flat else f"FedDL's objective has plateaued after {rounds_text} rounds for every dataset (rule: at most 1 % "
-    "of the decrease in the last 10 % of the rounds)."))
+    "of the decrease in the last 10 % of the rounds).")
 if rounds == "plateau":
     assert not not_flat, plateau_shares
 print("noise-free F(Y): non-IID minus IID is constant over the rounds (to 1e-10): "
       + ", ".join(f"{name} {objectives[name, seeds[0], 'Fed', 'non-IID'][0] - objectives[name, seeds[0], 'Fed', 'IID'][0]:.3f}"
                   for name in datasets))
+glue('fedspeclust_prose_1', Markdown("\n\n".join(_prose)), display=False)
+
+# %% [markdown]
+# ```{glue:md} fedspeclust_prose_1
+# :format: myst
+# ```
 
 # %% [markdown]
 # ## 5. How good are the landmarks? Kernel error and NMI against $n_y$
@@ -490,6 +498,7 @@ table = sweep.pivot(index="n_y", columns="landmarks", values=["kernel rel. error
 display(table.style.format("{:.4f}", na_rep="—"))
 
 # %%
+_prose = []   # the cell's sentences, shown as Markdown below (glue)
 err = sweep.pivot(index="n_y", columns="landmarks", values="kernel rel. error")
 feddl_vs_init = (err["FedDL"] < err["untrained (FedDL init)"]).all()
 share = sweep.pivot(index="n_y", columns="landmarks", values="top share of C")
@@ -497,8 +506,8 @@ print("share of ||C||_F^2 in C's top singular direction:")
 display(share.style.format("{:.4f}", na_rep="—"))
 assert (share["untrained (FedDL init)"] > share["FedDL"]).all()
 feddl_above_oracle = int((share["FedDL"] > share["uniform sample (oracle, not federated)"]).sum())
-display(Markdown(f"FedDL's top share is above the uniform sample's at {feddl_above_oracle} of {len(share)} values "
-                 f"of $n_y$ ({sweep_rounds} FedDL rounds)."))
+_prose.append(f"FedDL's top share is above the uniform sample's at {feddl_above_oracle} of {len(share)} values "
+                 f"of $n_y$ ({sweep_rounds} FedDL rounds).")
 oracle_decreasing = (np.diff(err["uniform sample (oracle, not federated)"].to_numpy()) <= 1e-9).all()
 ratio = (err["FedDL"] / err["uniform sample (oracle, not federated)"])
 print(f"FedDL beats its own initialisation at every n_y: {feddl_vs_init}; oracle error non-increasing in n_y "
@@ -509,6 +518,12 @@ L = res.feddl.landmarks
 lam = np.linalg.eigvalsh(K - ft_nystrom.nystrom(ft_mmd.gaussian_kernel(X, L, gamma_s), ft_mmd.gaussian_kernel(L, None, gamma_s)))
 print(f"eigenvalues of K - C W^+ C^T (FedDL, n_y={landmark_grid[-1]}): min {lam.min():.1e}, max {lam.max():.1e}")
 assert lam.min() > -1e-8 * lam.max()
+glue('fedspeclust_prose_2', Markdown("\n\n".join(_prose)), display=False)
+
+# %% [markdown]
+# ```{glue:md} fedspeclust_prose_2
+# :format: myst
+# ```
 
 # %% [markdown]
 # Training the landmarks matters: FedDL's landmarks give a smaller kernel error than their own

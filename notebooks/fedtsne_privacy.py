@@ -69,6 +69,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
+from myst_nb import glue
 from IPython.display import Markdown, display
 from threadpoolctl import threadpool_limits
 
@@ -171,13 +172,14 @@ plt.show()
 # end-to-end $\varepsilon$ is $\infty$ (the distance upload).
 
 # %%
+_prose = []   # the cell's sentences, shown as Markdown below (glue)
 lowest = min(epsilons)
 verdict_rows = [(method, noise, d) for method in methods for noise in ("dp_data", "dp_gradient")
                 if (d := ft_studies.paired_vs_reference(runs, "CA 10-NN", method, noise, lowest)) is not None]
-display(Markdown(
+_prose.append(
     f"At the smallest $\\varepsilon$ = {lowest:g} the change of CA 10-NN against Fed without noise is: "
     + "; ".join(f"{NAMES[mt]} {MECHANISMS[nz]} {d.format(3)}"
-                for mt, nz, d in verdict_rows) + "."))
+                for mt, nz, d in verdict_rows) + ".")
 paper_tables = (paper_results.fedtsne_table1(), paper_results.fedtsne_table2())
 DP_MARGIN = -ft_studies.paper_drop(paper_tables, "CA 10-NN", [(("Fed+", s), ("Fed", s)) for s in ("IID", "non-IID")])
 data_by_eps = {e: {NAMES[mt]: d for mt in methods
@@ -221,6 +223,12 @@ if data_by_eps:
         convergence=PRIV_CONVERGENCE, converged=priv_converged,
         key=(f"quality kept from epsilon = {lv.holds_from:g} on (data perturbation)" if lv.holds_from is not None
              else f"quality lost at every epsilon <= {max(lv.levels):g} (data perturbation)"))
+glue('fedtsne_privacy_prose_1', Markdown("\n\n".join(_prose)), display=False)
+
+# %% [markdown]
+# ```{glue:md} fedtsne_privacy_prose_1
+# :format: myst
+# ```
 
 # %% [markdown]
 # ## 3. The paper's $\beta$ sweep (its Figure 7)
@@ -285,17 +293,24 @@ if diffs:
 # suffices: the check is an identity up to rounding, not a statistical comparison.
 
 # %%
+_prose = []   # the cell's sentences, shown as Markdown below (glue)
 ny_full = m + 6
 res_dp = ft_feddl.feddl([X[p] for p in parts], ny_full, rounds=rounds, gamma=gamma, noise="dp_gradient",
                   epsilon=lowest, delta=delta, init="uniform", landmark_bounds=(0.0, 1.0), seed=seeds[0])
 err_d, err_x = ft_checks.upload_leak(X, parts, res_dp.landmarks)
-display(Markdown(
+_prose.append(
     f"FedDL with gradient noise at $\\varepsilon$ = {res_dp.epsilon:.3g} (spent, $\\delta$ = {delta:g}), "
     f"$n_y$ = {ny_full} $\\ge m+2$ = {m + 2}: the server's distance matrix equals the true one up to "
     f"{err_d:.1e} (relative), and it rebuilds all {n} client points with relative error {err_x:.1e}. "
     "The protocol is then equivalent to uploading the data, whatever FedDL's noise: its end-to-end "
-    f"$\\varepsilon$ is {ft_dp.end_to_end_epsilon(res_dp)}."))
+    f"$\\varepsilon$ is {ft_dp.end_to_end_epsilon(res_dp)}.")
 assert err_d < 1e-6 and err_x < 1e-6
+glue('fedtsne_privacy_prose_2', Markdown("\n\n".join(_prose)), display=False)
+
+# %% [markdown]
+# ```{glue:md} fedtsne_privacy_prose_2
+# :format: myst
+# ```
 
 # %% [markdown]
 # ## Summary
@@ -306,6 +321,7 @@ assert err_d < 1e-6 and err_x < 1e-6
 # the $\varepsilon$ the whole protocol then spends.
 
 # %%
+_prose = []   # the cell's sentences, shown as Markdown below (glue)
 lines = []
 for noise, label in (("dp_data", "data perturbation"), ("dp_gradient", "gradient perturbation")):
     for method in methods:
@@ -315,7 +331,13 @@ for noise, label in (("dp_data", "data perturbation"), ("dp_gradient", "gradient
                      + (f"recovers from epsilon = {ok:g} on; end-to-end epsilon: {e2e}." if ok is not None
                         else f"does not recover within the grid (largest epsilon {max(epsilons):g})."))
 lines.append("* The paper's beta-noise has no epsilon; its nominal value (section 3) is for orientation only.")
-display(Markdown("\n".join(lines)))
+_prose.append("\n".join(lines))
+glue('fedtsne_privacy_prose_3', Markdown("\n\n".join(_prose)), display=False)
+
+# %% [markdown]
+# ```{glue:md} fedtsne_privacy_prose_3
+# :format: myst
+# ```
 
 # %% [markdown]
 # ## Exercises

@@ -118,6 +118,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 import torch
+from myst_nb import glue
 from IPython.display import Markdown, display
 
 from fedlib.core.parallel import resolve_workers
@@ -312,6 +313,7 @@ else:
 # kind of stream) with 80 % power at the spread measured here.
 
 # %% mystnb={"figure": {"caption": "Recorded run: test accuracy against the round of the last task, mean over seeds, one line per method (Re-Fed and FedAvg and FedProx with random replay), one panel per scenario. The curves show whether every method had levelled off by the end of the task, which the verdict requires."}, "image": {"alt": "Line charts, one per scenario: test accuracy against round of the last task for each method"}}
+_prose = []   # the cell's sentences, shown as Markdown below (glue)
 paper_gap = refed_paper_gaps(paper_tables.refed_table1())   # {scenario: smallest Re-Fed - baseline gap, pp}
 RECORD_KEYS = ["dataset", "n_train", "n_test", "num_tasks", "domain", "domains", "n_per_domain", "num_clients",
                "participation", "alpha", "alpha_domain", "lr", "lr_domain", "memory", "memory_domain", "lam", "lam_domain",
@@ -321,15 +323,15 @@ record = load_record("refed_resolved", missing_ok=True)
 mismatch = differences(record, globals(), RECORD_KEYS)
 HEADLINE = ["refed", "fedavg_replay", "fedprox_replay"]
 if mismatch:   # the verdict rests on this run: A_T per seed and last-task curves of the runs above
-    display(Markdown(("There is no recorded run" if record is None else
+    _prose.append(("There is no recorded run" if record is None else
                       f"The recorded run used other parameters ({', '.join(mismatch[:4])})")
-                     + ", so the verdicts below rest on this profile's own runs."))
+                     + ", so the verdicts below rest on this profile's own runs.")
     src_seeds = seeds
     src = {scen: ({m: [run(scen, m, sd, track=True)["row"]["A_T"] for sd in seeds] for m in HEADLINE if m in SCEN_METHODS[scen]},
                   last_task_curves(run, scen, [m for m in HEADLINE if m in SCEN_METHODS[scen]], seeds)) for scen in SCEN}
     src_rounds = {scen: SCEN[scen]["rounds"] for scen in SCEN}
 else:
-    display(Markdown(record_caption(record)))
+    _prose.append(record_caption(record))
     src_seeds = record["parameters"]["seeds"]
     src = {scen: (record["results"]["A_T"][scen], record["results"]["curves"][scen]) for scen in record["results"]["A_T"]}
     src_rounds = {"class": record["parameters"]["rounds"], "domain": record["parameters"]["rounds_domain"]}
@@ -353,16 +355,16 @@ for scen, (finals, curves_) in src.items():
     slowest = max(plateaus, key=lambda m: abs(plateaus[m].change) if np.isfinite(plateaus[m].change) else np.inf)
     converged = all(p.converged for p in plateaus.values())
     beats, loses = v["holds"], bool(v["worse"])
-    rules_out = "; ".join(power_statement(d, paper_gap[scen], f"Re-Fed − {b}", unit=" pp") for b, d in diffs.items())
+    rules_out = "; ".join(power_statement(d, paper_gap[scen], f"Re-Fed − {human(b)}", unit=" pp") for b, d in diffs.items())
     claims.register(
         f"refed-beats-random-replay-{scen}", "refed",
         "Re-Fed's importance-based cache gives a higher final accuracy than FedAvg and FedProx with a naive "
         f"(random) cache under the same memory ({'class' if scen == 'class' else 'domain'}-incremental, Table 1).",
         holds=bool(beats), inconclusive=(not beats and not loses) or not converged,
         evidence="; ".join(f"A_T, Re-Fed [{'last-layer proxy' if grad_norm == 'last_layer' else 'exact Eq. 4'}] "
-                           f"minus {b}: {d} points" for b, d in diffs.items())
+                           f"minus {human(b)}: {d} points" for b, d in diffs.items())
                  + f" ({SCEN[scen]['name']} stand-in data, SmallCNN, M = {SCEN[scen]['memory']}, paired by seed).",
-        key="; ".join(f"Re-Fed − {b}: {d.format(2).split(' (')[0]} pp" for b, d in diffs.items()),
+        key="; ".join(f"Re-Fed − {human(b)}: {d.format(2).split(' (')[0]} pp" for b, d in diffs.items()),
         rules_out=None if (beats or loses) and converged else
         (rules_out if converged else f"the comparison did not converge at its budget; {rules_out}"),
         methods=HEADLINE, ran=["refed", *baselines_here],
@@ -370,6 +372,12 @@ for scen, (finals, curves_) in src.items():
                + ("" if mismatch else " (recorded run)"),
         convergence=f"last task, every method's mean curve: {plateaus[slowest].describe(unit=' pp')} "
                     f"(largest move: {slowest})", converged=converged, record=None if mismatch else record["name"])
+glue('refed_benchmark_prose_1', Markdown("\n\n".join(_prose)), display=False)
+
+# %% [markdown]
+# ```{glue:md} refed_benchmark_prose_1
+# :format: myst
+# ```
 
 # %% [markdown]
 # ## Where the class-incremental replay goes: the caches
@@ -396,6 +404,7 @@ for scen, (finals, curves_) in src.items():
 # forgetting lands; the accuracy gap against $M$ is in the memory sweep below.
 
 # %% mystnb={"figure": {"caption": "Share of the last old task in the clients' caches at each task boundary, box plots over the seeds, one colour per replay method. If Re-Fed's boxes lie below random replay's, its importance-based cache keeps less of the task it has just learned, as the hypothesis predicts."}, "image": {"alt": "Box plots: share of the last old task in the cache against task boundary, coloured by method"}}
+_prose = []   # the cell's sentences, shown as Markdown below (glue)
 replay_methods = [m for m in REPLAY_METHODS if m in methods]
 diag = cache_diagnostics(run, replay_methods, seeds, memory_mode, grad_norm)   # one row per (method, seed, boundary)
 if len(diag):
@@ -409,16 +418,22 @@ if len(diag):
     display(mean_std_by(final_task, "method", [c for c in final_task.columns if c.startswith("task")], digits=1))
     if {"refed", "fedavg_replay"} <= set(replay_methods) and len(seeds) > 1:
         h = last_task_hypothesis(per_seed, final_task, num_tasks, grad_norm)   # Re-Fed - random replay, paired
-        display(Markdown(
+        _prose.append(
             f"Re-Fed minus random replay, paired by seed: share of the last old task in the cache "
             f"{h['share'].format(1)} points; final accuracy on task {num_tasks - 1} (the last old task at the last "
             f"boundary) {h['last'].format(1)} points; on task 1 {h['first'].format(1)} points. The hypothesis is "
             + ("**consistent with these runs**: Re-Fed's caches hold less of the last old task, and that task "
                "ends less accurate" if h["confirmed"] else "**not confirmed by these runs** (a CI contains 0 or "
-               "points the other way)") + "."))
+               "points the other way)") + ".")
     ax = sns.boxplot(data=diag, x="boundary", y="last old task, share of the cache (%)", hue="method")
     ax.set(xlabel="boundary before task t+1 (t tasks learned)", title="Share of the last old task in the caches")
     plt.show()
+glue('refed_benchmark_prose_2', Markdown("\n\n".join(_prose)), display=False)
+
+# %% [markdown]
+# ```{glue:md} refed_benchmark_prose_2
+# :format: myst
+# ```
 
 # %% [markdown]
 # ## Domain-incremental: the first domain is learned before it can be forgotten

@@ -84,12 +84,13 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 import torch
+from myst_nb import glue
 from IPython.display import Markdown, display
 
 from fedlib.core.parallel import resolve_workers
 from fedlib.evaluation import claims
 from fedlib.evaluation.records import differences, load_record, record_caption
-from fedlib.evaluation.stats import paired_difference, plateau
+from fedlib.evaluation.stats import paired_difference, plateau, seeds_for_power
 from fedlib.refed.algorithm import q_lambda
 from fedlib.refed.beyond import (beyond_setup, noise_accuracy_table, noise_table, paired_rows, rule_table, run_rules,
                                         summary_lines)
@@ -213,6 +214,7 @@ plt.show()
 # (`python -m fedlib.records refed_pim`), whenever its parameters match this run's.
 
 # %% mystnb={"figure": {"caption": "Recorded run: test accuracy of the last task against its round, mean over seeds, for Re-Fed and GraNd at w. Both curves must have levelled off by the end of the task for the verdict to count."}, "image": {"alt": "Line chart: test accuracy against round of the last task for Re-Fed and GraNd at w"}}
+_prose = []   # the cell's sentences, shown as Markdown below (glue)
 RECORD_KEYS = ["dataset", "n_train", "n_test", "num_tasks", "num_clients", "participation", "alpha", "model",
                "cnn_width", "cnn_hidden", "local_epochs", "batch_size", "lr", "momentum", "memory", "memory_mode",
                "lam", "lam_local", "pim_epochs", "grad_norm"]
@@ -220,15 +222,15 @@ PAIR = ["refed", "grand"]
 record = load_record("refed_pim", missing_ok=True)
 mismatch = differences(record, globals(), RECORD_KEYS)
 if mismatch:   # the verdict rests on this profile's runs above
-    display(Markdown(("There is no recorded run" if record is None else
+    _prose.append(("There is no recorded run" if record is None else
                       f"The recorded run used other parameters ({', '.join(mismatch[:4])})")
-                     + ", so the verdict below rests on this profile's own runs."))
+                     + ", so the verdict below rests on this profile's own runs.")
     pim_seeds, pim_rounds = seeds, rounds
     by_rule = {r: clean[clean.rule == r].set_index("seed").loc[list(seeds)] for r in PAIR}
     finals = {r: by_rule[r]["A_T"].to_numpy() for r in PAIR}
     pim_curves = {r: by_rule[r]["last_task_curve"].tolist() for r in PAIR}
 else:
-    display(Markdown(record_caption(record)))
+    _prose.append(record_caption(record))
     pim_seeds, pim_rounds = record["parameters"]["seeds"], record["parameters"]["rounds"]
     finals, pim_curves = record["results"]["A_T"], record["results"]["curves"]
     fig, ax = plt.subplots(figsize=fit_column(6, 3.2))
@@ -240,6 +242,7 @@ else:
     plt.tight_layout()
     plt.show()
 grand_d = paired_difference(finals["grand"], finals["refed"])
+need = seeds_for_power(abs(grand_d.mean), grand_d.std, 0.8, grand_d.confidence) if grand_d.std > 0 else None
 pair = {r: plateau(np.mean(pim_curves[r], axis=0), converge_pp) for r in PAIR}
 slowest = max(pair, key=lambda r: abs(pair[r].change) if np.isfinite(pair[r].change) else np.inf)
 converged = all(p.converged for p in pair.values())
@@ -255,12 +258,19 @@ claims.register(
     rules_out=None if grand_d.excludes_zero and converged else
     ("the comparison did not converge at its budget; " if not converged else "")
     + f"the 95 % CI of GraNd at w − Re-Fed rules out a difference below {grand_d.low:+.2f} or above "
-      f"{grand_d.high:+.2f} pp",
+      f"{grand_d.high:+.2f} pp" + (f"; {need} paired seeds would resolve a difference of the size measured here "
+                                   f"({grand_d.mean:+.2f} pp) with 80 % power" if need else ""),
     methods=PAIR, ran=PAIR,
     budget=f"{pim_rounds} rounds per task, {len(pim_seeds)} seeds, {human(dataset)}, M = {memory}"
            + ("" if mismatch else " (recorded run)"),
     convergence=f"last task, mean curve: {pair[slowest].describe(unit=' pp')} (largest move: {slowest})",
     converged=converged, record=None if mismatch else record["name"])
+glue('refed_beyond_prose_1', Markdown("\n\n".join(_prose)), display=False)
+
+# %% [markdown]
+# ```{glue:md} refed_beyond_prose_1
+# :format: myst
+# ```
 
 # %% [markdown]
 # ## 2. The budget split by task and by class, top-$k$ inside each share

@@ -103,6 +103,7 @@ import pandas as pd
 import seaborn as sns
 import torch
 
+from myst_nb import glue
 from IPython.display import Markdown
 
 from fedlib.evaluation import claims
@@ -309,6 +310,7 @@ display(paired.drop(columns=["mean", "low", "high", "n"]).set_index(["setting", 
 # run's parameters, the verdict rests on this run.
 
 # %%
+_prose = []   # the cell's sentences, shown as Markdown below (glue)
 MARGIN = 10.0                                   # the paper's margin, points of A_avg / A_T
 REFS = list(stsa_studies.MARGIN_METHODS)        # STSA, STSA-E
 margin_seeds = [s for s in seeds if s in baseline_seeds]
@@ -321,20 +323,27 @@ if baselines and len(margin_seeds) >= 2:
             for m, per_seed in by_method.items():
                 final = own_values["A_T"][setting][beta][m]
                 assert np.allclose([c[-1] for c in per_seed], final, atol=1e-6), (setting, beta, m)
-    display(Markdown(f"At this profile's budget ({rounds_per_task} rounds per stage): "
+    _prose.append(f"At this profile's budget ({rounds_per_task} rounds per stage): "
                      f"{stsa_studies.convergence_text(own_plateaus)}; smallest margin over the best baseline "
-                     f"{own_cells.d.map(lambda d: d.mean).min():+.2f} points (paired mean)."))
+                     f"{own_cells.d.map(lambda d: d.mean).min():+.2f} points (paired mean).")
+glue('stsa_benchmark_prose_1', Markdown("\n\n".join(_prose)), display=False)
+
+# %% [markdown]
+# ```{glue:md} stsa_benchmark_prose_1
+# :format: myst
+# ```
 
 # %% mystnb={"figure": {"caption": "Test accuracy on the seen classes during the last task against the round, mean over seeds, one line per gradient baseline, one panel per setting (row) and beta (column); the dashed line is STSA's final accuracy A_T. The end of each curve is that baseline's A_T, so its distance to the dashed line is the margin the claim tests; a curve still rising has not converged."}, "image": {"alt": "Grid of line charts by setting and beta: baseline test accuracy against round of the last task, with a dashed line for STSA"}}
+_prose = []   # the cell's sentences, shown as Markdown below (glue)
 RECORD_KEYS = ["datasets", "subsets", "n_train", "n_test", "backbone", "input_size", "num_tasks", "num_clients",
                "betas", "baseline_seeds", "M", "gamma", "num_dummy", "head", "baselines", "baseline_hparams",
                "local_epochs", "lr"]
 record = load_record("stsa_converged", missing_ok=True)
 mismatch = differences(record, globals(), RECORD_KEYS)
 if baselines and len(margin_seeds) >= 2 and mismatch:   # the verdict rests on this run
-    display(Markdown(("There is no recorded run" if record is None else
+    _prose.append(("There is no recorded run" if record is None else
                       f"The recorded run used other parameters ({', '.join(mismatch[:4])})")
-                     + f", so the verdict below rests on this profile's own {rounds_per_task} rounds per stage."))
+                     + f", so the verdict below rests on this profile's own {rounds_per_task} rounds per stage.")
     values, cells, plateaus, budget_rounds, rec_name = own_values, own_cells, own_plateaus, rounds_per_task, None
     curves_shown = own_curves
 elif baselines and len(margin_seeds) >= 2:
@@ -343,7 +352,7 @@ elif baselines and len(margin_seeds) >= 2:
     cells = stsa_studies.margin_comparison(values, REFS, baselines, MARGIN)
     plateaus = stsa_studies.curve_plateaus(res["curves"], converge_pp)
     budget_rounds, rec_name, curves_shown = record["parameters"]["rounds_per_task"], record["name"], res["curves"]
-    display(Markdown(record_caption(record)))
+    _prose.append(record_caption(record))
 if baselines and len(margin_seeds) >= 2:
     display(stsa_studies.margin_table(values, cells, REFS, baselines).style.set_caption(
         f"Ours ({', '.join(datasets)}, pretrained features, {len(margin_seeds)} seeds, baselines trained "
@@ -367,6 +376,12 @@ if baselines and len(margin_seeds) >= 2:
     fig.suptitle(f"Gradient baselines during the last task (mean over {len(margin_seeds)} seeds; the end is A_T)", y=1.0, wrap=True)
     plt.tight_layout()
     plt.show()
+glue('stsa_benchmark_prose_2', Markdown("\n\n".join(_prose)), display=False)
+
+# %% [markdown]
+# ```{glue:md} stsa_benchmark_prose_2
+# :format: myst
+# ```
 
 # %% [markdown]
 # :::{unfold}
@@ -568,12 +583,19 @@ claims.register(
 # seed: the effect of the shifts on each method, and STSA-E minus STSA with and without them.
 
 # %%
+_prose = []   # the cell's sentences, shown as Markdown below (glue)
 skew_runs = stsa_studies.skew_grid(run, f0, abl_beta, seeds, M, skew_scale)
 rows_md, eff = paired_markdown_rows(skew_runs, [0.0, skew_scale], "STSA", "STSA-E (per-class K)")
-display(Markdown(
+_prose.append(
     f"A_T (%), {abl_name}, {len(seeds)} seeds (mean ± sample std):\n\n| shift scale | STSA | STSA-E (per-class K) | "
     f"STSA-E − STSA (paired) |\n|---|---|---|---|\n" + rows_md
-    + f"\n\nEffect of the shifts (skewed − unskewed, paired): STSA {eff['STSA']}; STSA-E {eff['STSA-E (per-class K)']}."))
+    + f"\n\nEffect of the shifts (skewed − unskewed, paired): STSA {eff['STSA']}; STSA-E {eff['STSA-E (per-class K)']}.")
+glue('stsa_benchmark_prose_3', Markdown("\n\n".join(_prose)), display=False)
+
+# %% [markdown]
+# ```{glue:md} stsa_benchmark_prose_3
+# :format: myst
+# ```
 
 # %% [markdown]
 # ## Large first task (paper Table 4)
@@ -600,6 +622,7 @@ display(paper_results.stsa_table4())
 # Every sentence below is generated from the tables above (or backed by an assertion).
 
 # %%
+_prose = []   # the cell's sentences, shown as Markdown below (glue)
 fnd = stsa_studies.benchmark_findings(summary, paired, baselines)
 kmode_gap, e_vs, afl_vs, ft_mean, stsa_ft = (fnd[k] for k in ["kmode_gap", "e_vs", "afl_vs", "ft_mean", "stsa_ft"])
 lines = [
@@ -616,7 +639,13 @@ if len(ft_mean):
         f"{m} {v:.2f}" for m, v in ft_mean.items()) + " (gradient baselines: linear heads on the frozen features "
         "in the pretrained setting).")
 lines.append("* Absolute numbers are not comparable with the paper's: different data, backbones, scale and hardware.")
-display(Markdown("\n".join(lines)))
+_prose.append("\n".join(lines))
+glue('stsa_benchmark_prose_4', Markdown("\n\n".join(_prose)), display=False)
+
+# %% [markdown]
+# ```{glue:md} stsa_benchmark_prose_4
+# :format: myst
+# ```
 
 # %% [markdown]
 # ## Exercises

@@ -75,6 +75,7 @@ import pandas as pd
 import seaborn as sns
 import torch
 
+from myst_nb import glue
 from IPython.display import Markdown, display
 
 from fedlib.core import privacy
@@ -220,6 +221,7 @@ fig.suptitle(f"{human(dataset)}, M={M}: GCV (left) and test accuracy (right) ove
 plt.show()
 
 # %%
+_prose = []   # the cell's sentences, shown as Markdown below (glue)
 d_hind = paired[paired["GCV (per stage) minus"] == "best in hindsight (test set)"].iloc[0]
 d_fixed = paired[paired["GCV (per stage) minus"].str.startswith("fixed gamma")].set_index("GCV (per stage) minus")
 d_sweep = paired[paired["GCV (per stage) minus"] == "best of sweep (test set)"].iloc[0]
@@ -231,7 +233,13 @@ gcv_line = (f"GCV from the statistics chooses gamma per stage within {abs(d_hind
             f"against the best of the three-point sweep picked on the test set {d_sweep['mean']:+.2f} "
             f"({d_sweep['A_T difference (points)']}). Averaged over the stages (A_avg), GCV against the fixed "
             f"gamma={fixed_gammas[0]:g} is {d_avg['A_avg difference (points)']}.")
-display(Markdown("**Result.** " + gcv_line))
+_prose.append("**Result.** " + gcv_line)
+glue('stsa_beyond_prose_1', Markdown("\n\n".join(_prose)), display=False)
+
+# %% [markdown]
+# ```{glue:md} stsa_beyond_prose_1
+# :format: myst
+# ```
 
 # %% [markdown]
 # ## 2. A calibrated Gaussian mechanism for the uploads
@@ -400,6 +408,7 @@ _ = claims.register(
 # Every sentence below is generated from the measurements above.
 
 # %%
+_prose = []   # the cell's sentences, shown as Markdown below (glue)
 lines = [f"* **GCV from the statistics (1).** {gcv_line} The identity GCV(statistics) = GCV(raw rows) holds to "
          f"{check['max_rel']:.0e}; the counts cost {n_counts} bytes."]
 if len(row_loc):
@@ -413,7 +422,13 @@ if len(row_loc):
            if len(row_sec) else "")
         + f". The paper's q=0.2, s=0.05 changes A_T by {paper_delta:+.2f} points; on the unclipped uploads it has no "
           f"finite epsilon, and even the count vector alone (sensitivity 1) has epsilon = {eps_paper_counts:.3g}.")
-display(Markdown("\n".join(lines)))
+_prose.append("\n".join(lines))
+glue('stsa_beyond_prose_2', Markdown("\n\n".join(_prose)), display=False)
+
+# %% [markdown]
+# ```{glue:md} stsa_beyond_prose_2
+# :format: myst
+# ```
 
 # %% [markdown]
 # ## Exercises

@@ -71,6 +71,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
+from myst_nb import glue
 from IPython.display import Markdown, display
 
 from fedlib.evaluation import claims
@@ -411,14 +412,21 @@ claims.register(
 # runs pair by seed (same data, class order, partition, shifts), so differences are paired.
 
 # %%
+_prose = []   # the cell's sentences, shown as Markdown below (glue)
 skew_acc = stsa_studies.feature_skew_accuracy(x_all, y_all, x_test, y_test, num_tasks, num_classes, M, gamma, skew_seeds,
                                       skew_accuracy_scale, skew_dummy)
 rows_md, effect = paired_markdown_rows(skew_acc, [0.0, skew_accuracy_scale], "STSA", "STSA-E")
-display(Markdown(
+_prose.append(
     f"A_T (%) over {len(skew_seeds)} seeds (mean ± sample std), synthetic features, K=5, beta=0.5, "
     f"K_D={skew_dummy}:\n\n| shift scale | STSA | STSA-E | STSA-E − STSA (paired) |\n|---|---|---|---|\n" + rows_md
     + f"\n\nEffect of the shifts (skewed − label skew only, paired by seed): STSA-E {effect['STSA-E']}; "
-    f"STSA {effect['STSA']}."))
+    f"STSA {effect['STSA']}.")
+glue('stsa_derivation_prose_1', Markdown("\n\n".join(_prose)), display=False)
+
+# %% [markdown]
+# ```{glue:md} stsa_derivation_prose_1
+# :format: myst
+# ```
 
 # %% [markdown]
 # ## 5. How large is the error? Prop. 3.2 against the exact law

@@ -46,6 +46,8 @@ def human(identifier) -> str:
     """What a reader calls ``identifier`` (a data set, backbone or method: "fashion_mnist" ->
     "Fashion-MNIST"); a subset's name keeps its sizes; anything else is returned as text."""
     text = str(identifier)
+    if " / " in text:   # a setting: "pretrained / fashion_mnist"
+        return " / ".join(map(human, text.split(" / ")))
     base, sep, rest = text.partition("[")
     key = base.rstrip()   # "refed [exact Eq. 4]": the name before a bracketed note
     return NAMES.get(key, key) + base[len(key):] + sep + rest
@@ -86,9 +88,12 @@ def said_once(df: pd.DataFrame) -> pd.DataFrame:
 def frame_html(df) -> str:
     """A DataFrame's HTML for the book: pandas' own table (class ``dataframe``, the display options'
     row and column limits) with :func:`number` on every float, "—" for every missing cell or label,
+    what a reader calls each identifier among the labels (:func:`human`),
     and a confidence level that every cell of a column repeats said once (:func:`said_once`)."""
     def label(v):
-        return MISSING if v is None or (isinstance(v, float) and math.isnan(v)) else v
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return MISSING
+        return human(v) if isinstance(v, str) else v
 
     df = said_once(df.rename(index=label, columns=label))
     return df.to_html(na_rep=MISSING, float_format=number, max_rows=pd.get_option("display.max_rows"),

@@ -400,6 +400,13 @@ def test_wide_content_scrolls_inside_the_content_column(browser_visits):
     assert not bad, bad
 
 
+def test_no_box_is_clipped(browser_visits):
+    """Every table, code block, output and display formula fits the column (folds opened): a box
+    that scrolls still hides its right-hand part from a reader and from print."""
+    bad = {p: v["clipped"] for p, v in browser_visits.items() if v.get("clipped")}
+    assert not bad, bad
+
+
 REPR = re.compile(r"\{'[\w-]+': |\{-?\d+(?:\.\d+)?: |<[\w.]+ object at 0x[0-9a-f]+>|\bdict_(?:keys|values|items)\(")
 MISSING_CELLS = {"nan", "NaN", "None", "<NA>", "NaT"}
 

@@ -51,3 +51,23 @@ def test_every_chapter_folds_its_set_up_cell():
         if len(setup) != 1 or "hide-input" not in setup[0].metadata.get("tags", []):
             unfolded.append(path.name)
     assert not unfolded, unfolded
+
+
+GLUED = re.compile(r"""\bglue\(\s*['"]([\w-]+)['"]""")
+SHOWN = re.compile(r"^# ```\{glue:md\} ([\w-]+)$", re.MULTILINE)
+
+
+def test_computed_prose_is_glued_into_markdown_cells():
+    """A computed sentence enters the text through myst-nb's glue: the code cell glues its Markdown
+    (never displays it), and a Markdown cell shows each glued key exactly once; every shown key is
+    glued in the same chapter (a missing key would fail the build)."""
+    bad = []
+    for path in sorted((REPO / "notebooks").glob("*.py")):
+        src = path.read_text(encoding="utf-8")
+        if "display(Markdown(" in src:
+            bad.append(f"{path.name}: displays Markdown from a code cell")
+        glued, shown = GLUED.findall(src), SHOWN.findall(src)
+        if sorted(set(glued)) != sorted(shown):
+            bad.append(f"{path.name}: glued {sorted(set(glued))} but shown {sorted(shown)}")
+    assert not bad, bad
+    assert any(SHOWN.search(p.read_text()) for p in (REPO / "notebooks").glob("*.py"))

@@ -61,6 +61,7 @@ def test_human_names_replace_identifiers():
     assert human("fashion_mnist") == "Fashion-MNIST" and human("efficientnet_lite0") == "EfficientNet-Lite0"
     assert human("fashion_mnist[train=10000,test=2000,seed=0]") == "Fashion-MNIST[train=10000,test=2000,seed=0]"
     assert human("feddisco") == "FedDisco" and human("something else") == "something else" and human(3) == "3"
+    assert human("pretrained / fashion_mnist") == "pretrained / Fashion-MNIST"
     assert human("refed [exact Eq. 4]") == "Re-Fed [exact Eq. 4]" and human("fedavg_replay") == "FedAvg, random replay"
 
 
@@ -75,3 +76,9 @@ def test_a_confidence_level_every_cell_repeats_is_said_once_in_the_column_label(
     assert out.iloc[:, 0].tolist() == ["+1.00 [+0.50, +1.50]", "—", "-0.20 [-1.00, +0.60]"]
     assert out["mixed"].tolist() == df["mixed"].tolist()          # two different suffixes: left as they are
     assert frame_html(df).count("95% CI, n=5") == 1 + 0 + 1      # the label, and the mixed column's first cell
+
+
+def test_frame_html_names_identifiers_in_the_labels():
+    df = pd.DataFrame({"A_T": [1.5, 2.5]}, index=pd.Index(["fedlwf", "pretrained / mnist5k"], name="method"))
+    html = frame_html(df)
+    assert "FedLwF" in html and "pretrained / MNIST-5k" in html and "fedlwf" not in html

@@ -51,6 +51,22 @@ def test_refed_record_runs_small_with_every_seed_and_the_last_tasks_curves(tmp_p
             assert [len(c) for c in res["curves"][kind][m]] == [rounds, rounds]
 
 
+def test_pim_record_runs_small_and_equals_the_chapters_own_runs(tmp_path):
+    """The record's runs are the chapter's (the same scenario from beyond_setup, the same seeds): its
+    A_T per seed equals run_rules' at the same parameters, and each curve has one point per round."""
+    from fedlib.refed.beyond import beyond_setup, run_rules
+
+    assert main(["refed_pim", "--profile", "smoke", "--out", str(tmp_path), "rounds=2", "seeds=[0, 1]"]) == 0
+    rec = load_record("refed_pim", folder=tmp_path)
+    p, res = rec["parameters"], rec["results"]
+    scenario, settings = beyond_setup(p)
+    rows = run_rules(scenario, ["grand"], [0, 1], settings=settings, lam_local=p["lam_local"], workers=1,
+                     progress=False)
+    assert np.allclose(res["A_T"]["grand"], rows.sort_values("seed")["A_T"])
+    for rule in RECORDS["refed_pim"].RULES:
+        assert len(res["A_T"][rule]) == 2 and [len(c) for c in res["curves"][rule]] == [2, 2]
+
+
 def test_a_split_run_equals_the_whole_run_and_names_its_parts(tmp_path):
     whole, split = tmp_path / "whole", tmp_path / "split"
     args = ["afl_converged", "--profile", "smoke", "rounds=2", "workers=1"]

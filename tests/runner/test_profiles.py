@@ -194,8 +194,16 @@ def test_a_cell_that_writes_prose_shows_the_prose_not_its_code():
                      "outputs": [printed, md]},
                     {"cell_type": "code", "source": "display(t)", "metadata": {}, "outputs": [table]}],
           "metadata": {}}
+    glued = {"output_type": "display_data", "data": {profiles.GLUED_MARKDOWN: "AFL leads.",
+                                                     "application/papermill.record/text/plain": "<md>"},
+             "metadata": {"scrapbook": {"name": "lead", "mime_prefix": "application/papermill.record/"}}}
+    nb["cells"] += [{"cell_type": "code", "source": "glue('lead', Markdown(s), display=False)", "metadata": {},
+                     "outputs": [glued]},
+                    {"cell_type": "code", "source": "display(t); glue('lead', Markdown(s), display=False)",
+                     "metadata": {}, "outputs": [table, glued]}]
     out = json.loads(profiles._finish(json.dumps(nb), "quick", {}))
-    assert [c["metadata"]["tags"] for c in out["cells"]] == [["remove-input"], ["hide-input"], ["hide-input"], []]
+    assert [c["metadata"]["tags"] for c in out["cells"]] == [["remove-input"], ["hide-input"], ["hide-input"], [],
+                                                             ["remove-input"], ["hide-input"]]
 
 
 def test_executed_notebook_records_its_profile_and_overrides_for_the_ledger(tmp_path):
