@@ -277,8 +277,9 @@ display(ft_studies.plateau_summary(study).style.format(
 # per dataset, the most rounds any of its noise-free runs needed
 rounds_used = {name: int(study[study.dataset == name]["rounds run"].max()) for name in datasets}
 wide_conv = conv.pivot_table(index=["dataset", "split"], columns="round", values="D-hat 10-NN")
-print("10-NN overlap of D-hat with the exact neighbours after s rounds (round 0 = untrained landmarks), first seed:")
-display(wide_conv.style.format("{:.3f}", na_rep="-"))
+display(wide_conv.T.style.format("{:.3f}", na_rep="—").set_caption(
+    "10-NN overlap of D-hat with the exact neighbours after each round (round 0: the untrained landmarks), "
+    "first seed, one column per dataset and split"))
 
 # %% mystnb={"figure": {"caption": "FedDL convergence for the first seed, one line per dataset and split, against the FedDL round: the share of the objective's total decrease made so far (left; dotted verticals mark each run's plateau round), the 10-NN overlap of the server's distance estimate D-hat with the exact neighbours (middle; round 0 is the untrained landmarks) and how far the landmarks have moved as a share of their total displacement (right). Compare where each run met the plateau rule with where its overlap and landmark movement level off."}, "image": {"alt": "Three line charts against FedDL round, one line per dataset and split: share of the objective decrease, neighbour overlap of the distance estimate, and landmark movement"}}
 fig, axes = plt.subplots(1, 3, figsize=fit_column(17, 4.4))
@@ -523,6 +524,9 @@ for name, (X, y, classes) in data.items():
 # std over an unstated number of runs); ours are on the stand-ins and sizes of Sec. 1. Rows
 # alternate between the two sources, metric by metric. The paper has no "untrained" column.
 # Fed+ = the paper's heuristic noise (no formal DP guarantee; see the privacy chapter).
+#
+# :::{folded} The two metric tables, one per dataset: every metric and variant, ours beside the paper's Tables 1 and 2
+# :::
 
 # %%
 ROW_ORDER = [(METHOD_NAMES[m], k) for m in methods for k in METRICS]

@@ -17,7 +17,7 @@ import re
 
 import pandas as pd
 
-__all__ = ["COLUMN_INCHES", "LEGEND_INCHES", "MISSING", "NAMES", "human", "number", "said_once", "frame_html", "fit_column", "facet_size", "book_style"]
+__all__ = ["COLUMN_INCHES", "LEGEND_INCHES", "MISSING", "NAMES", "human", "number", "said_once", "frame_html", "styler_html", "fit_column", "facet_size", "book_style"]
 
 # a figure's output box is 768 px wide in a 1400 px window: a figure up to 960 px (8.7 in at 110 dpi)
 # is shown at 80 % of its size or more; 7.2 in leaves room for tick labels and titles past the axes
@@ -35,9 +35,9 @@ NAMES = {
     "feddisco": "FedDisco", "fedgen": "FedGen", "afl": "AFL",
     "stsa": "STSA", "stsa_e": "STSA-E", "finetune": "fine-tuning", "fedewc": "FedEWC", "fedlwf": "FedLwF",
     "refed": "Re-Fed", "refed_balanced": "Re-Fed, class-balanced", "refed_proxy": "Re-Fed, last-layer norms",
-    "fedavg_replay": "FedAvg, random replay", "fedprox_replay": "FedProx, random replay", "fixed": "fixed cache",
-    "grand": "GraNd at w", "refed_local": "Re-Fed, λ → 1", "random": "random cache", "el2n": "EL2N",
-    "herding": "herding", "reservoir": "class-balancing reservoir", "refed_task_class": "Re-Fed, task and class shares",
+    "fedavg_replay": "FedAvg, random replay", "fedprox_replay": "FedProx, random replay",
+    "grand": "GraNd at w", "refed_local": "Re-Fed, λ → 1", "el2n": "EL2N",
+    "reservoir": "class-balancing reservoir", "refed_task_class": "Re-Fed, task and class shares",
     "refed_task": "Re-Fed, task shares", "refed_class": "Re-Fed, class shares",
 }
 
@@ -100,6 +100,26 @@ def frame_html(df) -> str:
                       max_cols=pd.get_option("display.max_columns"), notebook=True)
 
 
+def styler_html(styler) -> str:
+    """A Styler's HTML for the book: every label passes through :func:`human` after whatever label
+    formatting the chapter set (``format_index``, ``relabel_index``), and a float label keeps only
+    its significant digits (β = 0.5, not 0.500000)."""
+    def named(show):
+        def label(v):
+            out = show(v)
+            if isinstance(v, float) and out == f"{v:.6f}":   # pandas' default label precision
+                return f"{v:g}"
+            return human(out) if isinstance(out, str) else out
+        return label
+
+    index, columns = styler.index, styler.columns
+    for funcs, keys in ((styler._display_funcs_index, [(r, c) for r in range(len(index)) for c in range(index.nlevels)]),
+                        (styler._display_funcs_columns, [(r, c) for r in range(columns.nlevels) for c in range(len(columns))])):
+        for key in keys:
+            funcs[key] = named(funcs[key])
+    return styler.to_html()
+
+
 def fit_column(width: float, height: float, min_scale: float = 0.7, legend: bool = False) -> tuple[float, float]:
     """A ``figsize`` (inches) for the column: a figure wider than :data:`COLUMN_INCHES` (less
     :data:`LEGEND_INCHES` with ``legend``: one placed right of the axes) is narrowed to it, and its
@@ -122,7 +142,8 @@ def facet_size(columns: int, aspect: float = 1.3, legend: bool = True) -> dict:
 
 def book_style() -> None:
     """Set the figure theme and register :func:`frame_html` as the HTML of every DataFrame shown in
-    this kernel (and "—" for the missing cells of Stylers). Safe to call again."""
+    this kernel, :func:`styler_html` as that of every Styler (and "—" for their missing cells).
+    Safe to call again."""
     import matplotlib as mpl
     import seaborn as sns
 
@@ -136,3 +157,6 @@ def book_style() -> None:
     shell = get_ipython()
     if shell is not None:
         shell.display_formatter.formatters["text/html"].for_type(pd.DataFrame, frame_html)
+        from pandas.io.formats.style import Styler
+
+        shell.display_formatter.formatters["text/html"].for_type(Styler, styler_html)

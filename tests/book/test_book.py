@@ -198,6 +198,21 @@ def test_claims_ledger_page_lists_every_registered_claim(book):
 # chromium-driver, installed by `make browser`) driven by Selenium, over a local HTTP server on
 # 127.0.0.1. One browser session visits every page of the toc once (`browser_visits`); the tests
 # below each check one property of all pages, so a failure lists every page that has it.
+def test_refed_table1_beside_ours_has_every_method_we_ran(book):
+    """The paper's Table 1 beside ours, per kind of stream: each of the paper's methods that we ran
+    (FedAvg and FedProx with random replay, Fixed, Re-Fed) has our value, not "—" (Re-Fed's own row
+    was once empty, its label carrying the gradient-norm note)."""
+    nb = json.loads((book / "book" / "executed" / "refed_benchmark.ipynb").read_text())
+    tables = ["".join(o["data"]["text/html"]) for c in nb["cells"] for o in c.get("outputs", [])
+              if "Table 1 on its datasets" in "".join(o.get("data", {}).get("text/html", ""))]
+    assert tables
+    for html in tables:
+        rows = {m.group(1): m.group(2) for m in re.finditer(r'<th[^>]*row_heading[^>]*>([^<]+)</th>(.*?)</tr>', html, re.S)}
+        for method in ("FedAvg", "Fixed", "Re-Fed"):
+            last = re.findall(r"<td[^>]*>([^<]*)</td>", rows[method])[-1].strip()
+            assert last != "—" and "±" in last, (method, last)
+
+
 # FEDLIB_BOOK_HTML=path/to/_build/html checks a book already built there (for example by `make
 # html`) instead of building one at `smoke` (the pages are then those of the toc beside _build/).
 

@@ -82,3 +82,13 @@ def test_frame_html_names_identifiers_in_the_labels():
     df = pd.DataFrame({"A_T": [1.5, 2.5]}, index=pd.Index(["fedlwf", "pretrained / mnist5k"], name="method"))
     html = frame_html(df)
     assert "FedLwF" in html and "pretrained / MNIST-5k" in html and "fedlwf" not in html
+
+
+def test_styler_html_names_identifiers_after_the_chapters_own_label_formatting():
+    from fedlib.evaluation.style import styler_html
+
+    df = pd.DataFrame([[1.0, 2.0]], index=pd.Index(["fedewc"], name="method"), columns=pd.Index([0.5, 1.0], name="beta"))
+    html = styler_html(df.style.set_caption("A_T"))
+    assert "FedEWC" in html and ">0.5<" in html and ">1<" in html and "0.500000" not in html
+    relabelled = styler_html(df.style.relabel_index(["stsa_e"], axis="index"))
+    assert "STSA-E" in relabelled and "FedEWC" not in relabelled
