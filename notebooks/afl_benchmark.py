@@ -101,7 +101,7 @@ from fedlib.runner import specs
 
 specs.check("afl_benchmark", globals())
 from fedlib.evaluation.report import stacked
-from fedlib.evaluation.style import book_style, fit_column, human
+from fedlib.evaluation.style import book_style, captioned, fit_column, human
 book_style()   # the book's figure theme and table number style
 dev = resolve_device(device)
 workers = resolve_workers(workers, dev)   # None: the cores; 1 on a GPU (a CUDA context does not survive fork)
@@ -259,8 +259,8 @@ display(stacked(paper2, ours2, ("paper", "ours")).style.set_caption(
 
 # paired by training seed: AFL (deterministic) minus each method, and each method minus FedAvg
 paired = afl_studies.paired_against_afl(runs, [label(s) for s in settings], methods, afl_acc)
-print("Paired differences by training seed, 95 % t-interval (pp = percentage points):")
-display(paired.drop(columns="afl_low").set_index(["setting", "method"]))
+display(captioned(paired.drop(columns="afl_low").set_index(["setting", "method"]),
+                  "Paired differences by training seed, 95 % t-interval (pp = percentage points)"))
 
 # %% [markdown]
 # The main table as a figure: each point is a method's mean test accuracy over the training seeds
@@ -427,8 +427,7 @@ if resample_methods:
     resampled, _ = afl_studies.run_baselines("new partition per seed", [(s, m, sd, sd) for s in settings
                                                                 for m in resample_methods for sd in seeds], **grid)
     spread, std_ratio = afl_studies.protocol_spread(runs, resampled)
-    print(f"accuracy (%) mean ± sample std over {len(seeds)} seeds, by protocol:")
-    display(spread)
+    display(captioned(spread, f"accuracy (%) mean ± sample std over {len(seeds)} seeds, by protocol"))
     _prose.append(
         f"Ratio of the two standard deviations (new partition / fixed partition), median over settings: "
         f"{std_ratio.median():.1f} (range {std_ratio.min():.1f} to {std_ratio.max():.1f}). "
@@ -545,8 +544,8 @@ claims.register(
 # %%
 ri = afl_studies.ri_ablation(feats, [(k, partition(("alpha", invariance_alpha), k, partition_seed)) for k in ri_clients],
                      gammas, dev, base_gamma=gamma, cache=runs_cache)
-print(f"Ours ({human(dataset)}): accuracy (%) without / with the RI restoration (one-solve server)")
-display(ri.style.format("{:.2f}", na_rep="—"))
+display(captioned(ri.style.format("{:.2f}", na_rep="—"),
+                  f"Ours ({human(dataset)}): accuracy (%) without / with the RI restoration (one-solve server)"))
 with_ri = ri.xs("w/ RI", axis=1, level="RI")
 assert len(np.unique(with_ri.to_numpy())) == 1, "with RI the accuracy must not depend on K or gamma"
 # without RI the head is a joint ridge with lambda = K*gamma: equal K*gamma, equal accuracy (paper Table 4)

@@ -92,7 +92,7 @@ from fedlib.runner import specs
 
 specs.check("fedspeclust", globals())
 
-from fedlib.evaluation.style import book_style, fit_column
+from fedlib.evaluation.style import book_style, captioned, fit_column
 book_style()   # the book's figure theme and table number style
 # Many small matrix products (FedDL: one per client and round) and k-means on 10-dimensional
 # spectral embeddings: on the shared 2-core build machine, multi-threaded BLAS/OpenMP spin-wait and
@@ -310,12 +310,9 @@ cells = ft_studies.setting_cells(runs, datasets, COLS, ("NMI", "ARI"))
 ours = ft_studies.cells_table(cells, datasets, COLS, COL_NAMES, ("NMI", "ARI"), LABEL)
 paper = paper_results.fedtsne_table5()
 paper_fmt = report.pm_table(paper, COLS).set_axis(COL_NAMES, axis=1)
-print("PAPER, Table 5 (its datasets; mean ± std over an unstated number of runs):")
-display(paper_fmt)
-print(f"OURS, stand-in datasets (n <= {max_points}, P={num_clients}, n_y={n_landmarks}, S={rounds_text}, beta={beta}; "
-      f"mean ± sample std over {len(seeds)} seeds; Fed+ = paper's heuristic noise (no formal DP guarantee; see the "
-      "privacy chapter)):")
-display(ours)
+display(captioned(paper_fmt, "PAPER, Table 5 (its datasets; mean ± std over an unstated number of runs)"))
+display(captioned(ours,
+                  f"OURS, stand-in datasets (n <= {max_points}, P={num_clients}, n_y={n_landmarks}, S={rounds_text}, beta={beta}; mean ± sample std over {len(seeds)} seeds; Fed+ = paper's heuristic noise (no formal DP guarantee; see the " "privacy chapter))"))
 
 # %% [markdown]
 # **Paired differences.** All runs of one seed share the seed of the partition, of the landmark
@@ -502,8 +499,7 @@ _prose = []   # the cell's sentences, shown as Markdown below (glue)
 err = sweep.pivot(index="n_y", columns="landmarks", values="kernel rel. error")
 feddl_vs_init = (err["FedDL"] < err["untrained (FedDL init)"]).all()
 share = sweep.pivot(index="n_y", columns="landmarks", values="top share of C")
-print("share of ||C||_F^2 in C's top singular direction:")
-display(share.style.format("{:.4f}", na_rep="—"))
+display(captioned(share.style.format("{:.4f}", na_rep="—"), "share of ||C||_F^2 in C's top singular direction"))
 assert (share["untrained (FedDL init)"] > share["FedDL"]).all()
 feddl_above_oracle = int((share["FedDL"] > share["uniform sample (oracle, not federated)"]).sum())
 _prose.append(f"FedDL's top share is above the uniform sample's at {feddl_above_oracle} of {len(share)} values "

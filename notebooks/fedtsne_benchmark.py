@@ -133,7 +133,7 @@ specs.check("fedtsne_benchmark", globals())
 
 from fedlib.core.paths import BENCHMARK_DIR
 from fedlib.evaluation.benchmark import leading_number, read_rows
-from fedlib.evaluation.style import book_style, facet_size, fit_column
+from fedlib.evaluation.style import book_style, captioned, facet_size, fit_column
 book_style()   # the book's figure theme and table number style
 threadpool_limits(num_threads)
 # FedDL multiplies many small matrices (one client block per product): a second BLAS thread gains little
@@ -270,10 +270,8 @@ if rounds == "plateau":
     if len(missing):
         raise RuntimeError(f"FedDL did not plateau within max_rounds={max_rounds}: raise max_rounds\n{missing}")
     assert (study["share of decrease in last 10 %"] <= plateau_tol).all()
-print(f"rounds run by the noise-free FedDL (stopping rule: {'plateau, tol ' + str(plateau_tol) if rounds == 'plateau' else 'fixed'}), "
-      "mean ± sample std over seeds:")
-display(ft_studies.plateau_summary(study).style.format(
-    {"largest share in last 10 %": "{:.4f}", "F(Y^0)": "{:.5f}", "F(Y^S)": "{:.5f}", "FedDL seconds": "{:.1f}"}, na_rep="—"))
+display(captioned(ft_studies.plateau_summary(study).style.format(
+    {"largest share in last 10 %": "{:.4f}", "F(Y^0)": "{:.5f}", "F(Y^S)": "{:.5f}", "FedDL seconds": "{:.1f}"}, na_rep="—"), f"rounds run by the noise-free FedDL (stopping rule: {'plateau, tol ' + str(plateau_tol) if rounds == 'plateau' else 'fixed'}), " "mean ± sample std over seeds:"))
 # per dataset, the most rounds any of its noise-free runs needed
 rounds_used = {name: int(study[study.dataset == name]["rounds run"].max()) for name in datasets}
 wide_conv = conv.pivot_table(index=["dataset", "split"], columns="round", values="D-hat 10-NN")
@@ -533,8 +531,7 @@ ROW_ORDER = [(METHOD_NAMES[m], k) for m in methods for k in METRICS]
 PAPER_TABLES = {"mnist5k": (paper_results.fedtsne_table1, "paper Table 1: MNIST, 40,000 points"),
                 "fashion_mnist": (paper_results.fedtsne_table2, "paper Table 2: Fashion-MNIST, 40,000 points")}
 for title, table in ft_studies.metric_tables(results, data, seeds, METRICS, ROW_ORDER, SETTING_ORDER, PAPER_TABLES).values():
-    print(title)
-    display(table)
+    display(captioned(table, title))
 
 # %% [markdown]
 # :::{folded} The headline metric as a figure, paired differences over the seeds, the quality of the server's distance matrix, the kernel width per split, and the cost
@@ -661,10 +658,8 @@ display(costs.groupby(["dataset", "variant", "split"])[["rounds", "FedDL s", "Fe
 # %%
 # the runs of this sweep made in Sec. 2's cell, and the k = num_clients rows from the main runs of Sec. 3
 clients_df = pd.concat([clients_made, ft_studies.main_run_rows(results, costs, sweep_dataset, REUSED)], ignore_index=True)
-print(f"{int(clients_df['reused'].sum())} of {len(clients_df)} sweep runs are main runs of Sec. 3, reused; "
-      "FedDL rounds per run:")
-display(clients_df.pivot_table(index=["split", "method"], columns="clients", values="rounds", aggfunc="max")
-        .style.format("{:.0f}", na_rep="-"))
+display(captioned(clients_df.pivot_table(index=["split", "method"], columns="clients", values="rounds", aggfunc="max")
+        .style.format("{:.0f}", na_rep="-"), f"{int(clients_df['reused'].sum())} of {len(clients_df)} sweep runs are main runs of Sec. 3, reused; " "FedDL rounds per run:"))
 
 # %% mystnb={"figure": {"caption": "NMI (left) and 10-NN neighbourhood preservation NPA (right) of the embedding against the number of clients (log scale) on the sweep dataset, colour per method and line style per split; error bars are the sample standard deviation when the sweep has several seeds. A one-seed sweep is shown for orientation only."}, "image": {"alt": "Two line charts against number of clients: NMI and neighbourhood preservation, by method and split"}}
 fig, axes = plt.subplots(1, 2, figsize=fit_column(11, 3.6, legend=True))
@@ -684,12 +679,11 @@ plt.show()
 
 # %%
 ours_c = report.mean_std_table(clients_df, ["NMI", "NPA 10-NN", "gamma"], ["split", "method"], ["clients"])
-print(f"Ours: {sweep_dataset}, {len(sweep_y)} points; {SWEEP_NOTE}")
-display(ours_c)
-print("Paper, Table 3 (non-IID MNIST, 40,000 points) - the paper's numbers")
-display(report.pm_table(paper_results.fedtsne_table3(), digits=3))
-print("Paper, Table 4 (IID MNIST, 40,000 points) - the paper's numbers")
-display(report.pm_table(paper_results.fedtsne_table4(), digits=3))
+display(captioned(ours_c, f"Ours: {sweep_dataset}, {len(sweep_y)} points; {SWEEP_NOTE}"))
+display(captioned(report.pm_table(paper_results.fedtsne_table3(), digits=3),
+                  "Paper, Table 3 (non-IID MNIST, 40,000 points) - the paper's numbers"))
+display(captioned(report.pm_table(paper_results.fedtsne_table4(), digits=3),
+                  "Paper, Table 4 (IID MNIST, 40,000 points) - the paper's numbers"))
 
 # %% [markdown]
 # ## 7. Number of landmarks (paper Fig. 6)
@@ -739,10 +733,10 @@ fig.tight_layout()
 plt.show()
 
 # %%
-print(f"Ours: NMI against n_y ({SWEEP_NOTE})")
-display(landmarks_df.groupby(["method", "split", "n_y"])["NMI"].mean().unstack("n_y").style.format("{:.4f}", na_rep="—"))
-print(f"Ours: 10-NN overlap of D-hat with the exact neighbours ({SWEEP_NOTE})")
-display(quality_df.groupby(["estimate", "split", "n_y"])["D-hat 10-NN"].mean().unstack("n_y").style.format("{:.4f}", na_rep="—"))
+display(captioned(landmarks_df.groupby(["method", "split", "n_y"])["NMI"].mean().unstack("n_y").style.format("{:.4f}", na_rep="—"),
+                  f"Ours: NMI against n_y ({SWEEP_NOTE})"))
+display(captioned(quality_df.groupby(["estimate", "split", "n_y"])["D-hat 10-NN"].mean().unstack("n_y").style.format("{:.4f}", na_rep="—"),
+                  f"Ours: 10-NN overlap of D-hat with the exact neighbours ({SWEEP_NOTE})"))
 print("FedDL rounds of each run:", ", ".join(f"n_y = {ny}: {r}" for ny, r in quality_df.groupby("n_y")["rounds"].max().items()))
 print("plateau share of each run (share of F's decrease in the last 10 % of the rounds):",
       ", ".join(f"n_y = {ny}: {v:.4f}" for ny, v in quality_df.groupby("n_y")["plateau share"].max().items()))

@@ -136,7 +136,7 @@ from fedlib.refed.specs import check_total_memory
 # option, not a method of its own: fedlib.refed.studies.PIM_METHODS); every other name is a method of
 # fedlib.refed.algorithm.LEARNERS (fedlib.refed.specs.METHOD_NAMES)
 specs.check("refed_benchmark", globals())   # the runner ran the same checks before executing
-from fedlib.evaluation.style import book_style, facet_size, fit_column, human
+from fedlib.evaluation.style import book_style, captioned, facet_size, fit_column, human
 book_style()   # the book's figure theme and table number style
 torch.set_num_threads(num_threads)
 workers = resolve_workers(workers, device)   # None: the cores; 1 on a GPU
@@ -414,8 +414,8 @@ if len(diag):
     display(mean_std_by(per_seed, "method", list(per_seed.columns), digits=1))
     print("mean over boundaries per seed, then mean ± sample std over seeds")
     final_task = final_task_accuracy(run, replay_methods, seeds, grad_norm)
-    print("Final accuracy per task (%), mean ± sample std over seeds")
-    display(mean_std_by(final_task, "method", [c for c in final_task.columns if c.startswith("task")], digits=1))
+    display(captioned(mean_std_by(final_task, "method", [c for c in final_task.columns if c.startswith("task")], digits=1),
+                      "Final accuracy per task (%), mean ± sample std over seeds"))
     if {"refed", "fedavg_replay"} <= set(replay_methods) and len(seeds) > 1:
         h = last_task_hypothesis(per_seed, final_task, num_tasks, grad_norm)   # Re-Fed - random replay, paired
         _prose.append(
@@ -490,11 +490,9 @@ plt.show()
 
 # %%
 cor = mean_std_by(main, ["scenario", "method"], ["CoR_sum"], digits=1)["CoR_sum"].unstack("method")
-print("Ours: rounds to best, summed over tasks, mean ± sample std over seeds")
-display(cor)
+display(captioned(cor, "Ours: rounds to best, summed over tasks, mean ± sample std over seeds"))
 assert all(v["cor"][1:] == [0] * (len(v["cor"]) - 1) for k, v in run.runs.items() if v["tracked"] and k[1] == "fixed")
-print("Paper, Table 3 (150 rounds per task) - the paper's numbers on the paper's datasets")
-display(paper3)
+display(captioned(paper3, "Paper, Table 3 (150 rounds per task) - the paper's numbers on the paper's datasets"))
 
 # %% [markdown]
 # ## Accuracy versus memory size $M$ (the paper's Table 4): the gap against $M$
@@ -531,8 +529,7 @@ gap = by_m.pivot_table(index="M", columns="key", values="A_T", aggfunc="mean")
 if {"refed", "fedavg_replay"} <= set(sweep_methods):
     gap["Re-Fed - random (points)"] = gap["refed"] - gap["fedavg_replay"]
     gap["Re-Fed: last old task's share of the cache (%)"] = pd.Series(last_task_share(run, m_grid, sweep_seeds))
-print(f"Ours: A_T (%) by M, seeds {sweep_seeds} (one-seed sweep: a pattern, not a result)")
-display(gap.round(2))
+display(captioned(gap.round(2), f"Ours: A_T (%) by M, seeds {sweep_seeds} (one-seed sweep: a pattern, not a result)"))
 pools = largest_pools(run, sweep_methods, sweep_seeds, memory=max(m_grid))
 if {"refed", "fedavg_replay"} <= set(sweep_methods) and pools and max(m_grid) >= max(pools):
     assert all(np.array_equal(run("class", "refed", seed, memory=max(m_grid))["result"].acc,
@@ -572,8 +569,8 @@ sns.lineplot(data=by_lam.assign(alpha=by_lam.alpha.astype(str)), x="lambda", y="
 axes[1].set(xlabel="Re-Fed lambda", ylabel="final accuracy A_T (%)", title=f"Re-Fed versus lambda (seeds {sweep_seeds})")
 plt.tight_layout()
 plt.show()
-print(f"Ours: A_T (%) by alpha, seeds {sweep_seeds} (one-seed sweep)")
-display(by_alpha.pivot_table(index="method", columns="alpha", values="A_T", aggfunc="mean").round(2))
+display(captioned(by_alpha.pivot_table(index="method", columns="alpha", values="A_T", aggfunc="mean").round(2),
+                  f"Ours: A_T (%) by alpha, seeds {sweep_seeds} (one-seed sweep)"))
 ours2 = by_lam.pivot_table(index="scenario", columns=["alpha", "lambda"], values="A_T", aggfunc="mean")
 ours2 = ours2.rename(index={SCEN["class"]["name"]: STREAMS["class"]})
 display(stacked(paper2, ours2, ("paper", "ours")).T.style.set_caption(
@@ -597,10 +594,9 @@ display(stacked(paper2, ours2, ("paper", "ours")).T.style.set_caption(
 rows = [run("class", "refed", seed, weighting=w)["row"] for w in weightings for seed in sweep_seeds]
 by_w = pd.DataFrame(rows)
 by_w["weighting"] = pd.Categorical(by_w["weighting"], weightings)
-print(f"Ours: A_T and A_avg (%) by weighting, seeds {sweep_seeds} (one-seed sweep)")
-display(by_w.groupby("weighting", observed=True)[["A_T", "A_avg"]].mean().round(2))
-print("Paper, Table 10 (final accuracy, %) - the paper's numbers on the paper's datasets")
-display(paper10)
+display(captioned(by_w.groupby("weighting", observed=True)[["A_T", "A_avg"]].mean().round(2),
+                  f"Ours: A_T and A_avg (%) by weighting, seeds {sweep_seeds} (one-seed sweep)"))
+display(captioned(paper10, "Paper, Table 10 (final accuracy, %) - the paper's numbers on the paper's datasets"))
 
 # %% [markdown]
 # ## Exact against last-layer gradient norms

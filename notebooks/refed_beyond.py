@@ -23,7 +23,9 @@
 # It uses the benchmark chapter's dataset, class order, partition scheme and seeds at a smaller scale
 # than the benchmark (half its training images, a narrower SmallCNN, fewer rounds per task and a
 # smaller cache: the values are in the parameters cell), so its accuracies are not the benchmark's,
-# and its comparisons are between rules run here, under the same settings:
+# and its comparisons are between rules run here, under the same settings. The verdict on the PIM
+# itself rests on a recorded run of Re-Fed and GraNd at $w$ at the paper's 150 rounds per task (end of
+# section 1). The questions:
 #
 # 1. **Controls.** Is the PIM needed? We compare Re-Fed with importance taken at the global model
 #    with no PIM training (GraNd at $w$), with the PIM's other limit $\lambda\to 1$, with random
@@ -97,7 +99,7 @@ from fedlib.refed.beyond import (beyond_setup, noise_accuracy_table, noise_table
 from fedlib.runner import specs
 
 specs.check("refed_beyond", globals())   # the runner ran the same checks before executing
-from fedlib.evaluation.style import book_style, fit_column, human
+from fedlib.evaluation.style import book_style, captioned, fit_column, human
 book_style()   # the book's figure theme and table number style
 torch.set_num_threads(num_threads)
 workers = resolve_workers(workers, device)   # None: the cores; 1 on a GPU
@@ -325,9 +327,10 @@ if noise_rules and noise > 0:
           f"{time.perf_counter() - t0:.0f} s")
     NT = noise_table(noisy, seeds)
     display(NT)
-    print("pool: every client's candidates at every boundary; cache: what the rule kept; summed over clients and "
-          "boundaries per seed, then mean ± sample std over seeds; cache - pool paired by seed (95% CI)")
-    display(noise_accuracy_table(clean, noisy, seeds))
+    display(captioned(noise_accuracy_table(clean, noisy, seeds),
+                      "pool: every client's candidates at every boundary; cache: what the rule kept; summed over "
+                      "clients and boundaries per seed, then mean ± sample std over seeds; cache − pool paired by seed "
+                      "(95% CI)"))
     fig, ax = plt.subplots(figsize=fit_column(6, 3.4))
     sns.stripplot(data=noisy.melt(id_vars=["rule", "seed"], value_vars=["pool_rate", "cache_rate"],
                                   var_name="where", value_name="mislabeled (%)"),

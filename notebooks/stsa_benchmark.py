@@ -122,7 +122,7 @@ specs.check("stsa_benchmark", globals())   # every parameter is checked before a
 # the pretrained table's seeds go to `workers` forked processes (1 on an accelerator); every run is seeded by
 # its seed, so the results are those of one process (tests/stsa/test_stsa_chapters.py)
 workers = resolve_workers(workers, resolve_device(device))
-from fedlib.evaluation.style import book_style, facet_size, fit_column, human
+from fedlib.evaluation.style import book_style, captioned, facet_size, fit_column, human
 book_style()   # the book's figure theme and table number style
 torch.set_num_threads(num_threads)
 
@@ -212,9 +212,8 @@ summary = pd.DataFrame([r.summary() for r in results])
 table, seeds_per_method = stsa_studies.results_table(summary)
 print("Ours: mean ± sample std over seeds (%), A_avg / A_T / F_T as in eqs. 60-62; seeds per method: "
       + ", ".join(f"{m}: {n}" for m, n in seeds_per_method.items()))
-print("Pretrained setting: the gradient baselines are linear heads on the frozen features. Joint = centralized "
-      "ridge on all data seen (same features and gamma), one run per seed listed under every beta.")
-display(table)
+display(captioned(table,
+                  "Pretrained setting: the gradient baselines are linear heads on the frozen features. Joint = centralized ridge on all data seen (same features and gamma), one run per seed listed under every beta."))
 
 # %% [markdown]
 # :::{unfold}
@@ -481,8 +480,8 @@ if stage1:
     s1 = pd.DataFrame(stage1)
     print(f"scratch stage 1 (FedAvg, {scratch_rounds} rounds): {s1.bytes_up.mean() / 2**20:.1f} MiB up, "
           f"{s1.wall_s.mean():.1f} s, task-1 test accuracy {100 * s1.task1_test_acc.mean():.1f} % (mean over runs)")
-print("Paper, Table 5 (per client, after stage 1; RTX 3090) - the paper's numbers")
-display(paper_results.stsa_table5())
+display(captioned(paper_results.stsa_table5(),
+                  "Paper, Table 5 (per client, after stage 1; RTX 3090) - the paper's numbers"))
 
 # %% [markdown]
 # ## Ablations (pretrained features, first dataset, $\beta=0.5$, first seed)
@@ -540,11 +539,10 @@ assert k_rows.A_T.max() - k_rows.A_T.min() < 1e-9, "STSA is invariant to the num
 noise_runs, grams = stsa_studies.noise_study(run, f0, abl_beta, noise_seeds, M, noise_grid)
 # A_T table; how far the noise moves the server's Gram (first seed); paired changes for sd q*s <= 0.1
 noise, moved, changes = stsa_studies.noise_tables(noise_runs, grams, noise_grid, noise_seeds[0])
-print(f"Ours: A_T (%) with upload noise, {abl_name}, pretrained, beta={abl_beta}, mean ± sample std over "
-      f"{len(noise_seeds)} seeds")
-display(noise)
-print(f"relative change of the server's Gram matrix (seed {noise_seeds[0]}):")
-display(moved.style.format("{:.1e}", na_rep="—"))
+display(captioned(noise,
+                  f"Ours: A_T (%) with upload noise, {abl_name}, pretrained, beta={abl_beta}, mean ± sample std over {len(noise_seeds)} seeds"))
+display(captioned(moved.style.format("{:.1e}", na_rep="—"),
+                  f"relative change of the server's Gram matrix (seed {noise_seeds[0]})"))
 e2 = moved[("||G_noisy - G|| / ||G||", "STSA-E2")]
 assert (e2 > 0).all(), "noisy counts reach the Gram estimate at every grid point"
 
@@ -559,8 +557,7 @@ print(f"largest change of A_T for noise sd q*s <= 0.1: {drop:.2f} points in one 
       f"as a paired mean over seeds; largest 95 % CI bound {ci_bound:.2f} points")
 display(changes.assign(d=changes.d.map(lambda d: "—" if d is None or pd.isna(d) else str(d)))
         .rename(columns={"d": "noisy - clean, paired (points)"}))
-print("Paper, Table 7 (CIFAR-100, beta=0.5) - the paper's numbers")
-display(paper_results.stsa_table7())
+display(captioned(paper_results.stsa_table7(), "Paper, Table 7 (CIFAR-100, beta=0.5) - the paper's numbers"))
 claims.register(
     "stsa-noise-robust", "stsa",
     "Table 7: small Gaussian noise on the uploaded statistics barely changes the accuracy of STSA and STSA-E.",
@@ -610,11 +607,9 @@ glue('stsa_benchmark_prose_3', Markdown("\n\n".join(_prose)), display=False)
 # %%
 large = stsa_studies.large_first_task(run, f0, abl_beta, seeds, M, first_task_classes, later_task_classes,
                               ["STSA", "STSA-E"] + [b for b in baselines if b == "fedlwf"])
-print(f"Ours: {abl_name}, {first_task_classes} classes then {later_task_classes} per task, beta={abl_beta}; "
-      f"mean ± sample std over {len(seeds)} seeds")
-display(large)
-print("Paper, Table 4 (CIFAR-100, 50 + 10 x 5) - the paper's numbers")
-display(paper_results.stsa_table4())
+display(captioned(large,
+                  f"Ours: {abl_name}, {first_task_classes} classes then {later_task_classes} per task, beta={abl_beta}; mean ± sample std over {len(seeds)} seeds"))
+display(captioned(paper_results.stsa_table4(), "Paper, Table 4 (CIFAR-100, 50 + 10 x 5) - the paper's numbers"))
 
 # %% [markdown]
 # ## Reading the results

@@ -14,10 +14,11 @@ from __future__ import annotations
 import math
 import numbers
 import re
+from html import escape
 
 import pandas as pd
 
-__all__ = ["COLUMN_INCHES", "LEGEND_INCHES", "MISSING", "NAMES", "human", "number", "said_once", "frame_html", "styler_html", "fit_column", "facet_size", "book_style"]
+__all__ = ["COLUMN_INCHES", "LEGEND_INCHES", "MISSING", "NAMES", "human", "number", "said_once", "frame_html", "captioned", "styler_html", "fit_column", "facet_size", "book_style"]
 
 # a figure's output box is 768 px wide in a 1400 px window: a figure up to 960 px (8.7 in at 110 dpi)
 # is shown at 80 % of its size or more; 7.2 in leaves room for tick labels and titles past the axes
@@ -87,7 +88,7 @@ def said_once(df: pd.DataFrame) -> pd.DataFrame:
 
 def frame_html(df) -> str:
     """A DataFrame's HTML for the book: pandas' own table (class ``dataframe``, the display options'
-    row and column limits) with :func:`number` on every float, "—" for every missing cell or label,
+    row and column limits) with its :func:`captioned` caption, :func:`number` on every float, "—" for every missing cell or label,
     what a reader calls each identifier among the labels (:func:`human`),
     and a confidence level that every cell of a column repeats said once (:func:`said_once`)."""
     def label(v):
@@ -95,9 +96,23 @@ def frame_html(df) -> str:
             return MISSING
         return human(v) if isinstance(v, str) else v
 
+    caption = df.attrs.get("caption")
     df = said_once(df.rename(index=label, columns=label))
-    return df.to_html(na_rep=MISSING, float_format=number, max_rows=pd.get_option("display.max_rows"),
+    html = df.to_html(na_rep=MISSING, float_format=number, max_rows=pd.get_option("display.max_rows"),
                       max_cols=pd.get_option("display.max_columns"), notebook=True)
+    if caption:   # captioned(): the caption inside the table, where a reader looks for it
+        html = re.sub(r"(<table[^>]*>)", lambda m: f"{m.group(1)}\n  <caption>{escape(caption)}</caption>", html, count=1)
+    return html
+
+
+def captioned(table, caption: str):
+    """``table`` (a DataFrame or a Styler) with ``caption`` above it when the book shows it: a Styler's
+    own caption, or for a DataFrame a copy that :func:`frame_html` renders with a ``<caption>``."""
+    if isinstance(table, pd.DataFrame):
+        out = table.copy()
+        out.attrs["caption"] = str(caption)
+        return out
+    return table.set_caption(str(caption))
 
 
 def styler_html(styler) -> str:

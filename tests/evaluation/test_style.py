@@ -92,3 +92,13 @@ def test_styler_html_names_identifiers_after_the_chapters_own_label_formatting()
     assert "FedEWC" in html and ">0.5<" in html and ">1<" in html and "0.500000" not in html
     relabelled = styler_html(df.style.relabel_index(["stsa_e"], axis="index"))
     assert "STSA-E" in relabelled and "FedEWC" not in relabelled
+
+
+def test_a_captioned_table_carries_its_caption():
+    from fedlib.evaluation.style import captioned
+
+    df = pd.DataFrame({"A_T": [1.5]}, index=["refed"])
+    html = frame_html(captioned(df, "Ours: A_T (%) < 100"))
+    assert html.index("<caption>Ours: A_T (%) &lt; 100</caption>") < html.index("<tbody>") and "caption" not in df.attrs
+    assert "<caption>" not in frame_html(df)
+    assert "Paper, Table 3" in captioned(df.style, "Paper, Table 3").to_html()
