@@ -200,7 +200,8 @@ plt.show()
 afl_runs = afl_studies.afl_setting_runs(feats, partition, settings, num_clients, [partition_seed, *seeds], gamma, dev, w_qr,
                                 cache=runs_cache)
 afl_summary = summarize(afl_runs, "setting", "accuracy")
-display(afl_summary.style.format({"mean": "{:.6f}", "std": "{:.2e}"}, na_rep="—"))
+display(captioned(afl_summary.style.format({"mean": "{:.6f}", "std": "{:.2e}"}, na_rep="—"),
+                  "AFL's test accuracy per setting over its runs (the partition seed and the training seeds)"))
 print(f"largest relative |W_AFL - W_QR| over all runs: {afl_runs['max rel. |W - W_QR|'].max():.1e} "
       f"(tolerance {qr_tol:.1e})")
 
@@ -449,7 +450,8 @@ glue('afl_benchmark_prose_4', Markdown("\n\n".join(_prose)), display=False)
 
 # %%
 cost, afl_seconds, afl_bytes = afl_studies.cost_table(runs, afl_runs, partition_seed, paper_rounds)
-display(cost.style.format({c: "{:.2f}" for c in cost.columns if "rounds until" not in c}, na_rep="—"))
+display(captioned(cost.style.format({c: "{:.2f}" for c in cost.columns if "rounds until" not in c}, na_rep="—"),
+                  "Time and communication of each method against AFL's, measured on this machine"))
 print(f"AFL: {afl_seconds:.2f} s for its final head; upload {afl_bytes / 1e6:.2f} MB per client, once "
       f"(float64 statistics, d={feats.dim}, C={C}).")
 print(f"Paper (GPU, CIFAR-100, Fig. 2, incl. 224-px feature extraction): AFL "
@@ -527,7 +529,7 @@ sns.lineplot(data=knum.reset_index().melt("K", value_name="accuracy"), x="K", y=
 ax.set(xscale="log", xlabel="number of clients K (log scale)", ylabel="test accuracy",
        title=f"α={invariance_alpha}, {human(dataset)} (FedAvg: one seed)")
 plt.show()
-display(knum)
+display(captioned(knum, "Test accuracy against the number of clients K (FedAvg: one seed)"))
 assert knum["AFL"].nunique() == 1, "AFL must not depend on K"
 
 # %%
@@ -550,7 +552,8 @@ with_ri = ri.xs("w/ RI", axis=1, level="RI")
 assert len(np.unique(with_ri.to_numpy())) == 1, "with RI the accuracy must not depend on K or gamma"
 # without RI the head is a joint ridge with lambda = K*gamma: equal K*gamma, equal accuracy (paper Table 4)
 no_ri, same_kgamma = afl_studies.equal_kgamma_cells(ri)
-display(same_kgamma.rename(columns={"min": "min acc (%)", "max": "max acc (%)", "count": "(K, γ) cells"}))
+display(captioned(same_kgamma.rename(columns={"min": "min acc (%)", "max": "max acc (%)", "count": "(K, γ) cells"}),
+                  "Without RI, the (K, γ) cells with equal K·γ: the same accuracy, as a joint ridge with λ = K·γ predicts"))
 assert same_kgamma.empty or (same_kgamma["max"] - same_kgamma["min"]).max() <= 100 / len(feats.y_test) + 1e-9, \
     "cells with the same K·gamma must agree (to one test sample)"
 no_ri_drop = float(with_ri.to_numpy().max() - no_ri["acc"].min())

@@ -89,7 +89,7 @@ from fedlib.afl import beyond as ab
 from fedlib.runner import specs
 
 specs.check("afl_beyond", globals())
-from fedlib.evaluation.style import book_style, fit_column, human
+from fedlib.evaluation.style import book_style, captioned, fit_column, human
 book_style()   # the book's figure theme and table number style
 chapter_start = time.perf_counter()
 print(f"profile={profile}: {human(dataset)} / {human(backbone)}@{input_size}px, K={num_clients}, cond(X) in {conditions}, "
@@ -266,9 +266,10 @@ glue('afl_beyond_prose_1', Markdown("\n\n".join(_prose)), display=False)
 # %%
 uploads, per_client, kappa_x = ab.upload_comparison(feats, parts, gamma, w_ref)
 print(f"cond(X) of the benchmark features (from the pooled TSQR factor): {kappa_x:.2e}; cond(X^T X) = {kappa_x ** 2:.2e}")
-display(uploads.style.format({"upload bytes/client (mean)": "{:,.0f}", "total upload (MiB)": "{:.1f}",
+display(captioned(uploads.style.format({"upload bytes/client (mean)": "{:,.0f}", "total upload (MiB)": "{:.1f}",
                               "rel. error vs QR reference": "{:.1e}", "test accuracy": "{:.4f}",
-                              "seconds": "{:.1f}"}, na_rep="—"))
+                              "seconds": "{:.1f}"}, na_rep="—"),
+                  f"Uploads and accuracy of the aggregation routes (cond(X) = {kappa_x:.2e})"))
 
 # %% mystnb={"figure": {"caption": "Measured upload of every client (bytes) against the number of samples it holds (both log scale), one marker per client, colour and shape per protocol (AFL, TSQR with float64 or float32 clients); the dotted line marks N_k = d + C. Clients left of that line upload only N_k rows with TSQR, so fewer bytes than with AFL."}, "image": {"alt": "Log-log scatter plot: upload bytes against client sample count, one marker per client, coloured by protocol"}}
 _prose = []   # the cell's sentences, shown as Markdown below (glue)
@@ -412,7 +413,8 @@ secure = pd.DataFrame({
            "client 0's masked upload as an estimate of its statistics (rel. error)",
            "masked upload per client (measured)", "AFL's upload per client (measured)",
            f"secure aggregation, {mask_clients} clients (seconds)"])
-display(secure)
+display(captioned(secure,
+                  "What one client's upload reveals, with and without secure aggregation (measured)"))
 assert same_sum and err_masked < 1e-10
 assert abs(view["correlation"]) < 4 / np.sqrt(true0.shape[1])
 
@@ -500,8 +502,9 @@ assert err_path < 1e-10 and err_loco < 1e-9
 
 # %%
 hp_runs, hp_path = ab.hyperparameter_study(feats, loco_clients, loco_alpha, seeds, ridge_grid)
-display(hp_runs.style.format({"LOCO λ*": "{:g}", "best λ (hindsight)": "{:g}", "acc at LOCO λ*": "{:.4f}",
-                              "acc at λ=0 (AFL)": "{:.4f}", "best acc (hindsight)": "{:.4f}"}, na_rep="—"))
+display(captioned(hp_runs.style.format({"LOCO λ*": "{:g}", "best λ (hindsight)": "{:g}", "acc at LOCO λ*": "{:.4f}",
+                              "acc at λ=0 (AFL)": "{:.4f}", "best acc (hindsight)": "{:.4f}"}, na_rep="—"),
+                  "Tuning the ridge λ: leave-one-client-out choice against AFL's λ = 0 and the best λ in hindsight, per seed"))
 d_loco = paired_difference(hp_runs["acc at LOCO λ*"], hp_runs["acc at λ=0 (AFL)"])
 gain_hindsight = float(hp_runs["best acc (hindsight)"].iloc[0] - hp_runs["acc at λ=0 (AFL)"].iloc[0])
 print(f"LOCO λ* minus λ=0, paired by partition seed: {d_loco.format(2, 100)} pp")
@@ -569,8 +572,9 @@ hp_claim = claims.register(
 unl_syn = ab.unlearning_check(xs, ys, parts_s, C, unlearn_client % len(parts_s))
 parts_u = make_partition(feats.y_train, loco_clients, "dirichlet", alpha=loco_alpha, seed=partition_seed)
 unl = ab.unlearning_check(feats.x_train, feats.y_train, parts_u, C, unlearn_client, feats.x_test, feats.y_test)
-display(pd.DataFrame({"synthetic (check)": pd.Series(unl_syn), "benchmark features": pd.Series(unl)})
-        .style.format("{:.3g}", na_rep="–"))
+display(captioned(pd.DataFrame({"synthetic (check)": pd.Series(unl_syn), "benchmark features": pd.Series(unl)})
+        .style.format("{:.3g}", na_rep="–"),
+                  "Unlearning a client by subtracting its statistics, against retraining on the remaining data"))
 assert unl_syn["rel. error vs lstsq (remaining data)"] < 1e-10
 assert unl["rel. error vs lstsq (remaining data)"] < unl["tolerance 2·cond(G - G_k)·eps"]
 
@@ -592,7 +596,8 @@ lines = pd.DataFrame({"measured": [
     f"Unlearning by subtraction = retraining (lstsq) to {unl['rel. error vs lstsq (remaining data)']:.0e}."]},
     index=["1. QR aggregation (TSQR)", "2. what the upload reveals / secure aggregation",
            "3. tuning and unlearning from statistics"])
-display(lines.style.set_properties(**{"text-align": "left", "white-space": "normal"}))
+display(captioned(lines.style.set_properties(**{"text-align": "left", "white-space": "normal"}),
+                  "What this chapter measured, by section"))
 print(f"chapter time: {time.perf_counter() - chapter_start:.0f} s")
 
 # %% [markdown]

@@ -183,7 +183,8 @@ axes[1].set(xlabel="eigenvalue index", ylabel="|eigenvalue| / largest (log)", ti
 plt.tight_layout()
 plt.show()
 
-display(ft_checks.rank_summary(syn))
+display(captioned(ft_checks.rank_summary(syn),
+                  "Nyström error of the kernel against the number of landmarks: low-rank and Gaussian data"))
 # low rank: exact from n_y = rank on, a spectral cliff after eigenvalue rank; the Gaussian: never exact, no
 # cliff among the first 60 eigenvalues; nested landmarks: the error never grows
 rank_checks = ft_checks.rank_study_holds(syn, spectra, kernels)
@@ -230,7 +231,8 @@ assert lam_E.min() > -1e-9 * lam_E.max() and np.diag(Kg - E).max() <= 1 + 1e-12
 # %%
 data, splits, info = ft_studies.speclust_data(list(dict.fromkeys(datasets + [sweep_dataset])), max_points, num_clients, seeds,
                                       n_landmarks=n_landmarks, **{"max(landmark_grid)": max(landmark_grid)})
-display(info)
+display(captioned(info,
+                  "The data sets and their client splits"))
 
 # %% [markdown]
 # ## 3. Centralized vs federated spectral clustering
@@ -326,7 +328,8 @@ PAIRS = [("Fed IID - central", ("Fed", "IID"), ("central", "pooled")),
          ("Fed+ IID - Fed IID", ("Fed+", "IID"), ("Fed", "IID")),
          ("Fed+ non-IID - Fed non-IID", ("Fed+", "non-IID"), ("Fed", "non-IID"))]
 pdiff, paired_table = ft_studies.paired_cells(cells, paper, datasets, PAIRS, ("NMI", "ARI"), LABEL)
-display(paired_table)
+display(captioned(paired_table,
+                  "Paired differences over the seeds (ours: mean [95 % CI]) beside the paper's differences of means"))
 paper_worst = min(paper.loc[idx, (v, s, "mean")] - paper.loc[idx, ("central", "pooled", "mean")]
                   for idx in paper.index if idx[1] == "NMI" for v, s in (("Fed", "IID"), ("Fed", "non-IID")))
 ours_nmi = {(n, lab): pdiff[n, "NMI", lab] for n in datasets for lab in ("Fed IID - central", "Fed non-IID - central")}
@@ -364,11 +367,13 @@ _ = claims.register(
 
 # %%
 deltas = ft_studies.change_table(cells, paper, datasets, COLS, COL_NAMES, ("NMI", "ARI"), LABEL)
-display(deltas.style.format("{:+.4f}", na_rep="—"))
+display(captioned(deltas.style.format("{:+.4f}", na_rep="—"),
+                  "Change against centralized spectral clustering, ours beside the paper's"))
 diag = runs[runs["variant"] != "central"].groupby(["dataset", "variant", "split"])[
     ["kernel rel. error", "final F(Y)", "mean noise sd", "FedDL upload (MB)", "kernel upload (MB)", "seconds"]].mean()
-display(diag.style.format({"kernel rel. error": "{:.4f}", "final F(Y)": "{:.2e}", "mean noise sd": "{:.2e}",
-                           "FedDL upload (MB)": "{:.1f}", "kernel upload (MB)": "{:.2f}", "seconds": "{:.1f}"}, na_rep="—"))
+display(captioned(diag.style.format({"kernel rel. error": "{:.4f}", "final F(Y)": "{:.2e}", "mean noise sd": "{:.2e}",
+                           "FedDL upload (MB)": "{:.1f}", "kernel upload (MB)": "{:.2f}", "seconds": "{:.1f}"}, na_rep="—"),
+                  "Diagnostics of the federated runs: kernel error, FedDL objective, noise, upload and time"))
 noise = runs[runs["variant"] == "Fed+"].pivot_table(index="dataset", columns="split", values="mean noise sd")
 print("mean gradient-noise sd of Fed+ (per client and round), non-IID / IID:",
       ", ".join(f"{name} {r:.2f}" for name, r in (noise["non-IID"] / noise["IID"]).items()))
@@ -492,7 +497,8 @@ axes[1].legend(fontsize=8)
 plt.tight_layout()
 plt.show()
 table = sweep.pivot(index="n_y", columns="landmarks", values=["kernel rel. error", "NMI"])
-display(table.style.format("{:.4f}", na_rep="—"))
+display(captioned(table.style.format("{:.4f}", na_rep="—"),
+                  "Kernel error and NMI by landmark choice"))
 
 # %%
 _prose = []   # the cell's sentences, shown as Markdown below (glue)
@@ -558,6 +564,7 @@ assert gap < 1e-6
 # %% [markdown]
 # ## 7. Summary of the checks
 #
+# :::{table} What each claim was checked against, and what the check found
 # | claim | check | result |
 # |---|---|---|
 # | $CW^{+}C^\top$ exact iff $\operatorname{rank}H=\operatorname{rank}W$ | squared distances, polynomial kernel, every $n_y$ | exact from $n_y=m+2$ resp. $\binom{m+2}{2}$, not before |
@@ -570,6 +577,7 @@ assert gap < 1e-6
 # | Fed+ noise is larger under label skew | mean noise sd, non-IID vs IID | yes, every dataset |
 # | $F(Y)$ differs between splits by a constant | noise-free curves | to $10^{-10}$ |
 # | the kernel upload reveals the data's projection on the landmarks' span | multilateration | equal to round-off |
+# :::
 #
 # All assertions above passed when this page was built. The "+" noise is the paper's heuristic: it
 # comes with no $\varepsilon$.

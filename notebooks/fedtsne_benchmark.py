@@ -188,7 +188,8 @@ sweep_X, sweep_y, _ = data[sweep_dataset]
 ft_studies.check_splits(sweep_y, CLIENT_RUNS, sweep_seeds[0])
 ft_chapters.check_fits(sweep_dataset, len(sweep_y), **{"max(landmark_counts)": max(landmark_counts, default=None)})
 
-display(ft_studies.data_sizes(data, seeds))
+display(captioned(ft_studies.data_sizes(data, seeds),
+                  "The data sets: points, features and classes"))
 print(f"{num_clients} clients, n_y = {n_landmarks}; t-SNE {tsne_max_iter} iterations; FedDL rounds: {rounds}")
 timings["data"] = time.perf_counter() - t0
 scorers = {name: ft_chapters.EmbeddingScorer(X, y) for name, (X, y, _) in data.items()}
@@ -329,7 +330,8 @@ display(steps.style.hide(axis="index").format(
      "at the end": "{:.3f}", "gain after 50": "{:+.3f}", "step (x 1/L)": "{:g}",
      "F descends": lambda v: "yes" if v else "no"}, na_rep="—").relabel_index(
     ["dataset", "split", "step (×1/L)", "rounds", "plateau", "F(Y^S)", "max rise of F", "F descends",
-     "D̂ at 0", "at 50", "at end", "gain after 50"], axis="columns"))
+     "D̂ at 0", "at 50", "at end", "gain after 50"], axis="columns").set_caption(
+    "The step study, first seed: FedDL's rounds, objective and the 10-NN overlap of D̂ at each step c/L"))
 per_step = ft_studies.step_summary(steps, at=50)
 for c, row in per_step.iterrows():
     print(f"step {c:g}/L: {'F descends in every run' if row.descends else 'F rises in some run'}; mean rounds "
@@ -571,7 +573,8 @@ COMPARISONS = [("Fed IID - central", ("Fed", "IID"), ("central", "pooled")),
 DIFF_METRICS = ["CA 10-NN", "NPA 10-NN", "NMI"]
 pdiff, diff_table = ft_studies.paired_metric_table(results, COMPARISONS, datasets, [METHOD_NAMES[m] for m in methods],
                                            DIFF_METRICS, {name: fn for name, (fn, _) in PAPER_TABLES.items()})
-display(diff_table.style.format({"paper: difference of means": "{:+.4f}"}, na_rep="-"))
+display(captioned(diff_table.style.format({"paper: difference of means": "{:+.4f}"}, na_rep="-"),
+                  "Paired differences over the seeds (ours: mean [95 % CI]) beside the paper's differences of means"))
 
 # %% [markdown]
 # ### How good is the server's distance matrix?
@@ -584,13 +587,15 @@ display(diff_table.style.format({"paper: difference of means": "{:+.4f}"}, na_re
 # sample std over seeds), then the paired differences of the overlap.
 
 # %%
-display(report.mean_std_table(dist_q, ["D-hat rel. error", "D-hat 10-NN"],
+display(captioned(report.mean_std_table(dist_q, ["D-hat rel. error", "D-hat 10-NN"],
                               ["dataset"], ["variant", "split"], column_order=SETTING_ORDER[1:])
-        .rename_axis(index={"metric": "quantity"}).rename_axis(columns=[None, None]))
+        .rename_axis(index={"metric": "quantity"}).rename_axis(columns=[None, None]),
+                  "Quality of the server's distance matrix D-hat: relative error and 10-NN overlap with the exact neighbours"))
 dq_diffs = {name: ft_studies.paired_differences(dist_q, COMPARISONS[2:], "D-hat 10-NN", dataset=name) for name in datasets}
 train_gain = {name: d["Fed IID - untrained"] for name, d in dq_diffs.items()}
-display(pd.DataFrame([{"dataset": name, "comparison": label, "D-hat 10-NN: mean [95% CI]": d.format(4)}
-                      for name, diffs in dq_diffs.items() for label, d in diffs.items()]).set_index(["dataset", "comparison"]))
+display(captioned(pd.DataFrame([{"dataset": name, "comparison": label, "D-hat 10-NN: mean [95% CI]": d.format(4)}
+                      for name, diffs in dq_diffs.items() for label, d in diffs.items()]).set_index(["dataset", "comparison"]),
+                  "D-hat's 10-NN overlap: paired differences between variants"))
 verdicts = ft_studies.distance_verdicts(dist_q, data, n_landmarks, train_gain)   # exact for n_y >= m + 2, else trained > Y^0
 print("\n".join(message for message, _ in verdicts))
 assert all(ok for _, ok in verdicts), verdicts
@@ -609,7 +614,8 @@ assert all(ok for _, ok in verdicts), verdicts
 
 # %%
 gam = costs[costs.variant == "Fed"].pivot_table(index=["dataset", "seed"], columns="split", values="gamma")
-display(gam.groupby("dataset").agg(lambda v: mean_std(v, digits=4)))
+display(captioned(gam.groupby("dataset").agg(lambda v: mean_std(v, digits=4)),
+                  "Kernel width γ per split, mean ± sample std over seeds"))
 ratio = gam["non-IID"] / gam["IID"]
 print(f"gamma non-IID / gamma IID: from {ratio.min():.2f} to {ratio.max():.2f} over datasets and seeds")
 assert (gam["non-IID"] > gam["IID"]).all()
@@ -633,9 +639,10 @@ assert ctl_gap < 1e-8
 # %%
 emb_s = results.groupby(["dataset", "embedding", "variant"])["seconds"].mean().unstack(["embedding", "variant"])
 display(emb_s.style.format("{:.1f}", na_rep="—").set_caption("embedding seconds (Nyström + t-SNE/UMAP; central: exact distances + embedding)"))
-display(costs.groupby(["dataset", "variant", "split"])[["rounds", "FedDL s", "FedDL upload MiB", "distance upload MiB"]]
+display(captioned(costs.groupby(["dataset", "variant", "split"])[["rounds", "FedDL s", "FedDL upload MiB", "distance upload MiB"]]
         .mean().style.format({"rounds": "{:.0f}", "FedDL s": "{:.1f}", "FedDL upload MiB": "{:.1f}",
-                              "distance upload MiB": "{:.1f}"}, na_rep="—"))
+                              "distance upload MiB": "{:.1f}"}, na_rep="—"),
+                  "Cost per run, mean over seeds: FedDL rounds and time, and the uploads"))
 
 # %% [markdown]
 # ## 6. Number of clients (paper Tables 3 and 4)
@@ -868,7 +875,8 @@ lines.append("* **Absolute values** (CA, NMI, SC) differ from the paper's: other
              "landmarks and t-SNE iterations at `quick`.")
 _prose.append("\n".join(lines))
 timings["total"] = time.perf_counter() - T_START
-display(pd.Series(timings, name="seconds").to_frame().style.format("{:.0f}", na_rep="—"))
+display(captioned(pd.Series(timings, name="seconds").to_frame().style.format("{:.0f}", na_rep="—"),
+                  "Where this chapter's time went (seconds)"))
 glue('fedtsne_benchmark_prose_1', Markdown("\n\n".join(_prose)), display=False)
 
 # %% [markdown]

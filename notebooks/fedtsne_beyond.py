@@ -87,7 +87,7 @@ from fedlib.fedtsne import verdicts as ft_verdicts
 from fedlib.runner import specs
 
 specs.check("fedtsne_beyond", globals())
-from fedlib.evaluation.style import book_style, fit_column, human
+from fedlib.evaluation.style import book_style, captioned, fit_column, human
 book_style()   # the book's figure theme and table number style
 threadpool_limits(num_threads)
 threadpool_limits(1, user_api="blas")       # many small products: a second BLAS thread only spins (benchmark chapter)
@@ -220,7 +220,8 @@ for kind, Y in sets0.items():
         "variance revealed": 1 - float((dec.residual ** 2).sum() / ((X - X.mean(0)) ** 2).sum()),
     })
 checks = pd.DataFrame(check_rows).set_index("landmarks")
-display(checks.T.style.format(lambda v: f"{v:.2e}" if isinstance(v, float) else str(v), na_rep="—"))
+display(captioned(checks.T.style.format(lambda v: f"{v:.2e}" if isinstance(v, float) else str(v), na_rep="—"),
+                  "Checks of the closed form and of what the server rebuilds from the upload"))
 assert (checks["closed form vs B W+ B^T (rel.)"] < 1e-10).all()
 assert (checks["1'W^-1 1 vs 1/(2a^2) (rel.)"] < 1e-8).all()
 assert (checks["projection from upload (rel.)"] < 1e-10).all() and (checks["barycentric -> projection (rel.)"] < 1e-8).all()
@@ -344,8 +345,9 @@ timings["2. landmarks, estimators, embeddings"] = time.perf_counter() - t0
 RECALL = f"{knn_k}-NN recall"
 COST_COLUMNS = ["rounds", "upload MiB", "plateau share", "empty cells", "singleton cells", "residual share",
                 "Nyström outside feasible"]
-display(costs.groupby(["landmarks", "n_y"], sort=False)[COST_COLUMNS]
-        .agg(lambda v: mean_std(v.dropna(), 3) if v.notna().any() else "-"))
+display(captioned(costs.groupby(["landmarks", "n_y"], sort=False)[COST_COLUMNS]
+        .agg(lambda v: mean_std(v.dropna(), 3) if v.notna().any() else "-"),
+                  "Cost and geometry of the two landmark choices"))
 
 # %% [markdown]
 # "plateau share" is FedDL's share of its objective's decrease made in the last 10 % of its rounds
@@ -366,8 +368,9 @@ fig.suptitle(f"Neighbour recall of the server's estimate, {human(dataset)}, {n} 
              f"{len(seeds)} seeds", y=1.02, wrap=True)
 fig.tight_layout()
 plt.show()
-display(recall.pivot_table(index=["landmarks", "estimator"], columns="n_y", values=RECALL,
-                           aggfunc=lambda v: mean_std(v, 3)))
+display(captioned(recall.pivot_table(index=["landmarks", "estimator"], columns="n_y", values=RECALL,
+                           aggfunc=lambda v: mean_std(v, 3)),
+                  f"{RECALL} of the server's estimate by landmarks and estimator, mean ± sample std over seeds"))
 
 # %% [markdown]
 # Paired differences of the recall over the seeds (95 % t-intervals; every run of one seed shares the
@@ -386,8 +389,9 @@ pairs = {f"FedDL: {best[FED]} - Nyström": ((FED, best[FED]), (FED, NYS)),
          f"k-means {best[KM]} - FedDL {best[FED]}": ((KM, best[KM]), (FED, best[FED]))}
 recall_diff = {(label, ny): paired_difference(wide.loc[ny][a].values, wide.loc[ny][b].values)
                for label, (a, b) in pairs.items() for ny in landmark_grid}
-display(pd.Series({k: d.format(3) for k, d in recall_diff.items()}, name=f"{RECALL}: mean [95% CI]")
-        .rename_axis(["comparison", "n_y"]).unstack("n_y"))
+display(captioned(pd.Series({k: d.format(3) for k, d in recall_diff.items()}, name=f"{RECALL}: mean [95% CI]")
+        .rename_axis(["comparison", "n_y"]).unstack("n_y"),
+                  "Paired differences of the neighbour recall (95 % CI)"))
 
 # %% [markdown]
 # ### The paper's metrics against $n_y$
@@ -420,8 +424,10 @@ if len(metrics):
                      f"{len(seeds)} seeds (mean ± sample std)", y=1.02, wrap=True)
         fig.tight_layout()
         plt.show()
-    display(metrics.pivot_table(index=["method", "n_y", "pair"], values=SHOW, aggfunc=lambda v: mean_std(v, 3)))
-    display(central.groupby("method")[SHOW].agg(lambda v: mean_std(v, 3)).rename_axis("centralized"))
+    display(captioned(metrics.pivot_table(index=["method", "n_y", "pair"], values=SHOW, aggfunc=lambda v: mean_std(v, 3)),
+                      "Embedding quality by estimator and landmarks, mean ± sample std over seeds"))
+    display(captioned(central.groupby("method")[SHOW].agg(lambda v: mean_std(v, 3)).rename_axis("centralized"),
+                      "Centralized embeddings on the same points, mean ± sample std over seeds"))
 
 # %% [markdown]
 # Paired differences of the metrics (95 % t-intervals over the seeds) against Fed-tSNE as the paper
@@ -441,8 +447,9 @@ if len(metrics):
                     a = mw.loc[(method_name, ny)][(metric, pair)].values
                     b = mw.loc[(method_name, ny)][(metric, base)].values
                     metric_diff[method_name, ny, pair, metric] = paired_difference(a, b)
-    display(pd.Series({k: d.format(3) for k, d in metric_diff.items()}, name="mean [95% CI]")
-            .rename_axis(["method", "n_y", f"pair (minus {base})", "metric"]).unstack("metric"))
+    display(captioned(pd.Series({k: d.format(3) for k, d in metric_diff.items()}, name="mean [95% CI]")
+            .rename_axis(["method", "n_y", f"pair (minus {base})", "metric"]).unstack("metric"),
+                      "Paired differences of the embedding metrics (95 % CI)"))
 
 # %% [markdown]
 # The paper's Fig. 6 reads that NMI grows with $n_y$ "regardless of the method or conditions". Over
@@ -516,8 +523,9 @@ if len(placement):
                     .assign(route="Fed-tSNE / Fed-UMAP (Nyström)"))
     rows.append(central.assign(route="centralized", landmarks="-"))
     compare = pd.concat(rows, ignore_index=True)
-    display(compare.pivot_table(index=["method", "route", "landmarks"], values=SHOW + ["NPA 1-NN"],
-                                aggfunc=lambda v: mean_std(v, 3), sort=False))
+    display(captioned(compare.pivot_table(index=["method", "route", "landmarks"], values=SHOW + ["NPA 1-NN"],
+                                aggfunc=lambda v: mean_std(v, 3), sort=False),
+                      "Local placement against the federated routes, mean ± sample std over seeds"))
     print("measured bytes per client of the placement round: broadcast "
           f"{placement['broadcast MiB'].mean() / num_clients:.3f} MiB, upload "
           f"{placement['upload MiB'].mean() / num_clients * 1024:.1f} KiB (Fed-tSNE's distance upload: "
@@ -550,8 +558,9 @@ if len(placement):
                     g[metric].values, fed_paper.loc[seeds][metric].values)
             place_diff[method_name, kind_name, "placement - centralized", metric] = paired_difference(
                 g[metric].values, cen[metric].values)
-    display(pd.Series({k: d.format(3) for k, d in place_diff.items()}, name="mean [95% CI]")
-            .rename_axis(["method", "landmarks", "comparison", "metric"]).unstack("metric"))
+    display(captioned(pd.Series({k: d.format(3) for k, d in place_diff.items()}, name="mean [95% CI]")
+            .rename_axis(["method", "landmarks", "comparison", "metric"]).unstack("metric"),
+                      "Paired differences of local placement against the other routes (95 % CI)"))
 
 # %% mystnb={"figure": {"caption": "Embeddings of all points for the first seed, coloured by class: centralized, Fed-tSNE with the Nyström estimate on each kind of landmarks, and local placement, where each client places its own points relative to the server's embedded landmarks (black crosses). Compare the class structure of local placement with the centralized and the federated embeddings."}, "image": {"alt": "Row of scatter plots of 2-D embeddings coloured by class, with landmarks marked as crosses in the local-placement panels"}}
 if len(placement):
@@ -615,7 +624,8 @@ for (meth, kind, comp, metric), d in place_diff.items():
         lines.append(f"3. **{meth}, local placement on {kind} landmarks ({comp}), {metric}**: {d.format(3)}.")
 glue("beyond_findings", Markdown("\n".join(f"* Section {line}" for line in lines)), display=False)
 timings["total"] = time.perf_counter() - T_START
-display(pd.Series(timings, name="seconds").to_frame().style.format("{:.0f}", na_rep="—"))
+display(captioned(pd.Series(timings, name="seconds").to_frame().style.format("{:.0f}", na_rep="—"),
+                  "Where this chapter's time went (seconds)"))
 
 # %% [markdown]
 # ```{glue:md} beyond_findings

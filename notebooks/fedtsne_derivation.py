@@ -570,6 +570,7 @@ plt.show()
 # %% [markdown]
 # ## Summary of the checks
 #
+# :::{table} What each claim was checked against, and what the check found
 # | claim | check | result |
 # |---|---|---|
 # | Eq. 10 unbiased | Monte Carlo vs closed form | holds; the V-statistic is biased |
@@ -583,6 +584,7 @@ plt.show()
 # | Theorem 6 sensitivity | audit over replacements | holds given enforced bounds; the data-free kernel bound holds and is far smaller |
 # | dp_gradient, 20 rounds | 600 points, 2 clients, 30 landmarks | finite landmarks, fixed sd, $\varepsilon$ spent $\le$ requested |
 # | privacy of the uploads | reconstruction attack after DP FedDL | exact recovery with $n_y\ge m+2$: gradient noise protects nothing |
+# :::
 #
 # All assertions above passed when this page was built.
 

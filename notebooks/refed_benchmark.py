@@ -297,7 +297,8 @@ PAIRS = [("refed", "fedavg_replay"), ("refed", "fedprox_replay"), ("refed_balanc
          ("refed_balanced", "refed"), ("refed", "refed_proxy"), ("refed", "fedavg")]
 DIFFS, diff_table = paired_differences(main, SCEN, SCEN_METHODS, PAIRS, seeds, grad_norm, metrics=["A_T", "A_avg"])
 if len(diff_table):
-    display(diff_table.set_index(["scenario", "comparison", "metric"]))
+    display(captioned(diff_table.set_index(["scenario", "comparison", "metric"]),
+                      "Paired differences between methods, by seed (points, 95 % CI)"))
 else:
     print(f"one seed ({seeds}): no paired differences; the table above carries no comparison")
 
@@ -411,8 +412,8 @@ if len(diag):
     # every method fills its budget: the unused storage is the same for all methods of a seed and boundary
     assert diag.groupby(["seed", "boundary"])["unused cache storage (samples, all clients)"].nunique().max() == 1
     per_seed = diag.groupby(["method", "seed"], sort=False).mean(numeric_only=True).drop(columns="boundary")
-    display(mean_std_by(per_seed, "method", list(per_seed.columns), digits=1))
-    print("mean over boundaries per seed, then mean ± sample std over seeds")
+    display(captioned(mean_std_by(per_seed, "method", list(per_seed.columns), digits=1),
+                      "What the caches hold: mean over task boundaries per seed, then mean ± sample std over seeds"))
     final_task = final_task_accuracy(run, replay_methods, seeds, grad_norm)
     display(captioned(mean_std_by(final_task, "method", [c for c in final_task.columns if c.startswith("task")], digits=1),
                       "Final accuracy per task (%), mean ± sample std over seeds"))
@@ -445,7 +446,9 @@ glue('refed_benchmark_prose_2', Markdown("\n\n".join(_prose)), display=False)
 # %%
 if "domain" in SCEN:
     first_dom = first_task_table(run, "domain", methods_domain, seeds, grad_norm)
-    display(mean_std_by(first_dom, "method", ["domain 1 after task 1 (%)", "domain 1 after the last task (%)"], digits=1))
+    display(captioned(mean_std_by(first_dom, "method", ["domain 1 after task 1 (%)", "domain 1 after the last task (%)"],
+                                  digits=1), "Accuracy on the first domain after it was learned and at the end, "
+                                             "mean ± sample std over seeds"))
     low = first_dom["domain 1 after task 1 (%)"].min() / 100
     assert low >= first_task_min_acc, (f"domain 1 reached only {low:.1%} after task 1: raise first_rounds_domain "
                                        f"(now {first_rounds_domain})")
@@ -644,8 +647,8 @@ if exact_check:
 
 # %%
 cost = main.groupby(["scenario", "method"], sort=False)[["wall_s", "MiB_up"]].mean()
-display(cost.rename(columns={"wall_s": "learner seconds per run", "MiB_up": "upload per run, all clients (MiB)"})
-        .style.format("{:.2f}", na_rep="—"))
+display(captioned(cost.rename(columns={"wall_s": "learner seconds per run", "MiB_up": "upload per run, all clients (MiB)"})
+                  .style.format("{:.2f}", na_rep="—"), "Cost per run, mean over seeds: learner time and total upload"))
 print("\n".join(cost_lines(main, SCEN, pim_epochs=pim_epochs, participation=participation, grad_norm=grad_norm)))
 
 # %% [markdown]

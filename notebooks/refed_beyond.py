@@ -184,9 +184,10 @@ t0 = time.perf_counter()
 ALL_RULES = list(dict.fromkeys(rules + split_rules))
 clean = run_rules(SCEN, ALL_RULES, seeds, settings=SETTINGS, lam_local=lam_local, workers=workers, track=True)
 print(f"{len(ALL_RULES)} rules x {len(seeds)} seeds in {time.perf_counter() - t0:.0f} s ({workers} process(es))")
-display(rule_table(clean[clean.rule.isin(rules)], seeds))
-print(f"A_T: final accuracy averaged over tasks; A_avg: average over stages (%); mean ± sample std over "
-      f"{len(seeds)} seeds; paired difference rule - refed with its 95% t-interval")
+display(captioned(rule_table(clean[clean.rule.isin(rules)], seeds),
+                  f"Cache rules against Re-Fed ({rounds} rounds per task): A_T, the final accuracy averaged over "
+                  f"tasks, and A_avg, the average over stages (%), mean ± sample std over {len(seeds)} seeds; "
+                  "the paired difference rule − Re-Fed with its 95 % t-interval"))
 
 # %% mystnb={"figure": {"caption": "Final accuracy A_T of each control cache rule minus Re-Fed's (points): per seed in grey, and the paired mean with its 95 % confidence interval in blue; the line at 0 is parity with Re-Fed. A rule whose interval lies wholly below 0 does worse than Re-Fed, wholly above 0 better."}, "image": {"alt": "Dot plot with error bars: accuracy difference from Re-Fed for each control rule, with per-seed points and a zero line"}}
 diff1 = paired_rows(clean, "A_T", "refed", seeds, [r for r in rules if r != "refed"])
@@ -298,7 +299,9 @@ glue('refed_beyond_prose_1', Markdown("\n\n".join(_prose)), display=False)
 
 # %%
 if split_rules:
-    display(rule_table(clean[clean.rule.isin(["refed"] + split_rules)], seeds))
+    display(captioned(rule_table(clean[clean.rule.isin(["refed"] + split_rules)], seeds),
+                      "Budget shares against Re-Fed's plain top-k: A_T and A_avg (%), mean ± sample std, and the "
+                      "paired difference rule − Re-Fed (95 % CI)"))
     diff2 = paired_rows(clean, "A_T", "refed", seeds, split_rules)
 else:
     diff2 = {}
@@ -326,7 +329,8 @@ if noise_rules and noise > 0:
     print(f"{len(noise_rules)} rules x {len(seeds)} seeds with {noise:.0%} flipped labels in "
           f"{time.perf_counter() - t0:.0f} s")
     NT = noise_table(noisy, seeds)
-    display(NT)
+    display(captioned(NT, f"Mislabeled samples in the pools and in the caches of each rule ({noise:.0%} of the old "
+                          "tasks' labels flipped)"))
     display(captioned(noise_accuracy_table(clean, noisy, seeds),
                       "pool: every client's candidates at every boundary; cache: what the rule kept; summed over "
                       "clients and boundaries per seed, then mean ± sample std over seeds; cache − pool paired by seed "

@@ -734,6 +734,7 @@ check("Table 10: 'late' is the early ranking reversed (max |late + early|)",
 # %% [markdown]
 # ## Summary of the checks
 #
+# :::{table} What each claim was checked against, and what the check found
 # | claim | check | result |
 # |---|---|---|
 # | Lemma 1 (exact PIM) | quadratic: closed-form derivatives, finite differences, solved grid, limits; softmax regression via L-BFGS | holds (it needs only that minimisers exist) |
@@ -746,6 +747,7 @@ check("Table 10: 'late' is the early ranking reversed (max |late + early|)",
 # | Re-Fed = FedAvg on task 1 | global weights, `torch.equal` | bit-identical; differ from task 2; = random replay when memory holds everything |
 # | last-layer closed form | vs autograd loop and vmap; masked classes; no bias | to round-off |
 # | vectorised eq. 4 | vs per-sample loop, CNN and BN ResNet, float64/float32 | to round-off |
+# :::
 #
 # The table below lists every assertion of this page with its measured value.
 #

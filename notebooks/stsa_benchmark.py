@@ -281,7 +281,8 @@ claims.register(
 
 # %%
 paired = stsa_studies.paired_against(summary, "STSA", "A_T")
-display(paired.drop(columns=["mean", "low", "high", "n"]).set_index(["setting", "beta", "STSA minus"]))
+display(captioned(paired.drop(columns=["mean", "low", "high", "n"]).set_index(["setting", "beta", "STSA minus"]),
+                  "STSA minus each method, A_T paired by seed (points, 95 % CI)"))
 
 # %% [markdown]
 # ### The margin over the gradient baselines, at a converged budget (recorded run)
@@ -475,7 +476,7 @@ plt.show()
 # %%
 cost = (summary.groupby(["setting", "method"])[["MiB_up", "wall_s"]].mean()
         .rename(columns={"MiB_up": "upload per run, all clients (MiB)", "wall_s": "learner seconds per run"}))
-display(cost.style.format("{:.2f}", na_rep="—"))
+display(captioned(cost.style.format("{:.2f}", na_rep="—"), "Cost per run, mean over seeds: total upload and learner time"))
 if stage1:
     s1 = pd.DataFrame(stage1)
     print(f"scratch stage 1 (FedAvg, {scratch_rounds} rounds): {s1.bytes_up.mean() / 2**20:.1f} MiB up, "
@@ -555,8 +556,9 @@ ci_bound = max((max(abs(d.low), abs(d.high)) for d in ds_), default=float("nan")
 robust, fragile = bool(ds_) and ci_bound < 1.0, any(d.low > 1.0 or d.high < -1.0 for d in ds_)
 print(f"largest change of A_T for noise sd q*s <= 0.1: {drop:.2f} points in one run, {mean_drop:.2f} points "
       f"as a paired mean over seeds; largest 95 % CI bound {ci_bound:.2f} points")
-display(changes.assign(d=changes.d.map(lambda d: "—" if d is None or pd.isna(d) else str(d)))
-        .rename(columns={"d": "noisy - clean, paired (points)"}))
+display(captioned(changes.assign(d=changes.d.map(lambda d: "—" if d is None or pd.isna(d) else str(d)))
+        .rename(columns={"d": "noisy - clean, paired (points)"}),
+                  "Change of A_T with noise on the uploads, paired with the clean run (points, 95 % CI)"))
 display(captioned(paper_results.stsa_table7(), "Paper, Table 7 (CIFAR-100, beta=0.5) - the paper's numbers"))
 claims.register(
     "stsa-noise-robust", "stsa",
@@ -584,9 +586,9 @@ _prose = []   # the cell's sentences, shown as Markdown below (glue)
 skew_runs = stsa_studies.skew_grid(run, f0, abl_beta, seeds, M, skew_scale)
 rows_md, eff = paired_markdown_rows(skew_runs, [0.0, skew_scale], "STSA", "STSA-E (per-class K)")
 _prose.append(
-    f"A_T (%), {abl_name}, {len(seeds)} seeds (mean ± sample std):\n\n| shift scale | STSA | STSA-E (per-class K) | "
-    f"STSA-E − STSA (paired) |\n|---|---|---|---|\n" + rows_md
-    + f"\n\nEffect of the shifts (skewed − unskewed, paired): STSA {eff['STSA']}; STSA-E {eff['STSA-E (per-class K)']}.")
+    f":::{{table}} A_T (%) with feature shifts, {abl_name}, {len(seeds)} seeds (mean ± sample std)\n"
+    f"| shift scale | STSA | STSA-E (per-class K) | STSA-E − STSA (paired) |\n|---|---|---|---|\n" + rows_md
+    + f"\n:::\n\nEffect of the shifts (skewed − unskewed, paired): STSA {eff['STSA']}; STSA-E {eff['STSA-E (per-class K)']}.")
 glue('stsa_benchmark_prose_3', Markdown("\n\n".join(_prose)), display=False)
 
 # %% [markdown]

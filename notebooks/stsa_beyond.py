@@ -149,7 +149,8 @@ print(f"profile={profile}: {feats.name}, {len(feats.y_train)} train / {len(feats
 # %%
 check = sb.gcv_check(feats, beta, seeds[0], num_clients=num_clients, M=M, samples=check_samples, gammas=check_gammas,
                      device=dev)
-display(check["table"].style.format({c: "{:.2e}" for c in check["table"].columns if c != "gamma"} | {"gamma": "{:g}"}, na_rep="—"))
+display(captioned(check["table"].style.format({c: "{:.2e}" for c in check["table"].columns if c != "gamma"} | {"gamma": "{:g}"}, na_rep="—"),
+                  "GCV from the uploaded statistics against GCV on the raw rows"))
 print(f"N={check['n']}: largest relative error {check['max_rel']:.1e} (tolerance 1e-8); timings on this machine: "
       + ", ".join(f"{k} {v:.2e}" for k, v in check["seconds"].items()))
 assert check["max_rel"] < 1e-8
@@ -193,8 +194,9 @@ display(captioned(table.style.format({"gamma_median": "{:.3g}"}, na_rep="—"),
                   f"{human(dataset)}, beta={beta}, T={num_tasks}, K={num_clients}, M={M}: mean ± sample std over {len(seeds)} seeds (%); gamma_median: the median gamma used at the last stage"))
 paired = sb.gcv_paired(runs, metric="A_T")
 paired_avg = sb.gcv_paired(runs, metric="A_avg")
-display(paired.drop(columns=["mean", "low", "high", "n"]).merge(
-    paired_avg[["GCV (per stage) minus", "A_avg difference (points)"]], on="GCV (per stage) minus"))
+display(captioned(paired.drop(columns=["mean", "low", "high", "n"]).merge(
+    paired_avg[["GCV (per stage) minus", "A_avg difference (points)"]], on="GCV (per stage) minus"),
+                  "GCV (per stage) minus every other γ rule: A_T and A_avg, paired by seed (points, 95 % CI)"))
 chosen = study["chosen"].pivot(index="seed", columns="stage", values="gamma (GCV)")
 display(captioned(chosen.style.format("{:.3g}", na_rep="—"), "gamma chosen by GCV at each stage (rows: seeds)"))
 n_counts = sb.counts_bytes(num_clients, [len(feats.classes) // num_tasks] * num_tasks)
@@ -312,12 +314,14 @@ z_table = pd.DataFrame([{"target epsilon": e, "delta": delta, "noise multiplier 
                          f"epsilon if composed over T={num_tasks} stages (analytic)":
                              sb.composed_gaussian_epsilon([z] * 3 * num_tasks, delta)}
                         for e, z in z_cal.items()])
-display(z_table.style.format("{:.4g}", na_rep="—"))
+display(captioned(z_table.style.format("{:.4g}", na_rep="—"),
+                  "For each target ε: the noise multiplier z, and the ε it buys by the accountant and exactly (analytic)"))
 acc_err = (z_table[f"epsilon, {accountant} accountant"] / z_table["target epsilon"] - 1).abs().max()
 print(f"largest relative gap between the accountant's epsilon and the target: {acc_err:.1e} (tolerance 1e-2)")
 assert acc_err < 1e-2
 noise = sb.noise_check(float(z_table["noise multiplier z"].iloc[0]), clip_norm, M, 20000, seeds[0])
-display(noise.style.format({"sd wanted": "{:.4g}", "sd measured": "{:.4g}", "rel. difference": "{:.1e}"}, na_rep="—"))
+display(captioned(noise.style.format({"sd wanted": "{:.4g}", "sd measured": "{:.4g}", "rel. difference": "{:.1e}"}, na_rep="—"),
+                  "The noise added to each statistic: the sd wanted and the sd measured"))
 assert noise["rel. difference"].max() < 0.05
 vanish = sb.vanishing_noise_check(feats, seeds[0], M=M, samples=check_samples, gamma=fixed_gammas[0], device=dev)
 print(f"noise multiplier 1e-20, B above every row: {vanish} (relative tolerance 1e-8)")

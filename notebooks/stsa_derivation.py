@@ -88,7 +88,7 @@ from fedlib.data.partition import make_partition
 from fedlib.runner import specs
 
 specs.check("stsa_derivation", globals())
-from fedlib.evaluation.style import book_style, fit_column
+from fedlib.evaluation.style import book_style, captioned, fit_column
 book_style()   # the book's figure theme and table number style
 rng = np.random.default_rng(seed)
 x_all, y_all = synthetic_features(n_samples + n_samples // 5, dim, num_classes, kind="mean_dominated", seed=seed)
@@ -146,7 +146,8 @@ assert checks["max |gradient| / max |X^T Y|"] < tol_w and checks["max |W - W_skl
 # %%
 spatial = stsa_studies.spatial_check(x_all, y_all, num_classes, rf, betas + [None], client_counts, seed, stats, w_star,
                              rf(x_test), gamma)
-display(spatial.style.format({c: "{:.1e}" for c in spatial.columns if c.startswith("rel")}, na_rep="—"))
+display(captioned(spatial.style.format({c: "{:.1e}" for c in spatial.columns if c.startswith("rel")}, na_rep="—"),
+                  "Spatial invariance: the sums of the clients' statistics and the head against the pooled ones"))
 assert spatial["rel. err. sum G_k"].max() < 1e-12 and spatial["rel. err. sum C_k"].max() < 1e-12
 assert spatial["rel. err. W"].max() < tol_w and spatial["same predictions"].all()
 claims.register(
@@ -417,9 +418,10 @@ skew_acc = stsa_studies.feature_skew_accuracy(x_all, y_all, x_test, y_test, num_
                                       skew_accuracy_scale, skew_dummy)
 rows_md, effect = paired_markdown_rows(skew_acc, [0.0, skew_accuracy_scale], "STSA", "STSA-E")
 _prose.append(
-    f"A_T (%) over {len(skew_seeds)} seeds (mean ± sample std), synthetic features, K=5, beta=0.5, "
-    f"K_D={skew_dummy}:\n\n| shift scale | STSA | STSA-E | STSA-E − STSA (paired) |\n|---|---|---|---|\n" + rows_md
-    + f"\n\nEffect of the shifts (skewed − label skew only, paired by seed): STSA-E {effect['STSA-E']}; "
+    f":::{{table}} A_T (%) with feature shifts over {len(skew_seeds)} seeds (mean ± sample std), synthetic "
+    f"features, K=5, beta=0.5, K_D={skew_dummy}\n"
+    f"| shift scale | STSA | STSA-E | STSA-E − STSA (paired) |\n|---|---|---|---|\n" + rows_md
+    + f"\n:::\n\nEffect of the shifts (skewed − label skew only, paired by seed): STSA-E {effect['STSA-E']}; "
     f"STSA {effect['STSA']}.")
 glue('stsa_derivation_prose_1', Markdown("\n\n".join(_prose)), display=False)
 
@@ -617,6 +619,7 @@ print(stsa_studies.recomputed_margins().to_string(index=False))
 # %% [markdown]
 # ## Summary of the checks
 #
+# :::{table} What each claim was checked against, and what the check found
 # | claim | check | result |
 # |---|---|---|
 # | eq. 7 solves eq. 6 | gradient, scikit-learn `Ridge` | to round-off |
@@ -629,6 +632,7 @@ print(stsa_studies.recomputed_margins().to_string(index=False))
 # | Thm. 3.3 rate | fitted slopes, per-sample error | the paper's normalization falls like $n^{-1/2}$; the per-sample error is flat in $n$ and falls only with $K\cdot K_D$ (asserted) |
 # | secure aggregation | pairwise masks | fine for STSA, breaks STSA-E |
 # | Table 5 | formula and measured messages | 955.58 / 95.39 / 60.08 / 4.77 MiB |
+# :::
 #
 # All assertions above passed when this page was built.
 

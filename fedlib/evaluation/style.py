@@ -116,17 +116,30 @@ def captioned(table, caption: str):
 
 
 def styler_html(styler) -> str:
-    """A Styler's HTML for the book: every label passes through :func:`human` after whatever label
-    formatting the chapter set (``format_index``, ``relabel_index``), and a float label keeps only
-    its significant digits (β = 0.5, not 0.500000)."""
+    """A Styler's HTML for the book: a float cell that pandas would write at its default precision
+    (0.796667: the chapter did not format it) is written by :func:`number`, as in a plain DataFrame;
+    every label passes through :func:`human` after whatever label formatting the chapter set
+    (``format_index``, ``relabel_index``), and a float label keeps only its significant digits
+    (β = 0.5, not 0.500000)."""
+    precision = pd.get_option("styler.format.precision")
+
     def named(show):
         def label(v):
             out = show(v)
-            if isinstance(v, float) and out == f"{v:.6f}":   # pandas' default label precision
+            if isinstance(v, float) and out == f"{v:.{precision}f}":   # pandas' default label precision
                 return f"{v:g}"
             return human(out) if isinstance(out, str) else out
         return label
 
+    def written(show):   # pandas' default float text (0.796667) -> number() (0.7967); a chapter's format stays
+        def cell(v):
+            out = show(v)
+            default = isinstance(v, float) and out == f"{v:.{precision}f}"
+            return number(v) if default else out
+        return cell
+
+    for key in [(r, c) for r in range(len(styler.data.index)) for c in range(len(styler.data.columns))]:
+        styler._display_funcs[key] = written(styler._display_funcs[key])
     index, columns = styler.index, styler.columns
     for funcs, keys in ((styler._display_funcs_index, [(r, c) for r in range(len(index)) for c in range(index.nlevels)]),
                         (styler._display_funcs_columns, [(r, c) for r in range(columns.nlevels) for c in range(len(columns))])):

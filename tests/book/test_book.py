@@ -198,6 +198,16 @@ def test_claims_ledger_page_lists_every_registered_claim(book):
 # chromium-driver, installed by `make browser`) driven by Selenium, over a local HTTP server on
 # 127.0.0.1. One browser session visits every page of the toc once (`browser_visits`); the tests
 # below each check one property of all pages, so a failure lists every page that has it.
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_every_table_carries_its_caption(book, name):
+    """Every table of a chapter, in its outputs or its prose, has its own caption (fedlib.evaluation.style.captioned,
+    a Styler's set_caption, or a MyST table directive): no printed line above it stands in for one."""
+    html = (book / "_build" / "html" / "book" / "executed" / f"{name}.html").read_text()
+    tables = re.findall(r"<table.*?</table>", html, re.S)
+    bare = [re.sub(r"<[^>]+>|\s+", " ", t)[:80] for t in tables if "<caption" not in t]
+    assert not bare, bare
+
+
 def test_refed_table1_beside_ours_has_every_method_we_ran(book):
     """The paper's Table 1 beside ours, per kind of stream: each of the paper's methods that we ran
     (FedAvg and FedProx with random replay, Fixed, Re-Fed) has our value, not "—" (Re-Fed's own row

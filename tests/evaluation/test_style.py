@@ -102,3 +102,11 @@ def test_a_captioned_table_carries_its_caption():
     assert html.index("<caption>Ours: A_T (%) &lt; 100</caption>") < html.index("<tbody>") and "caption" not in df.attrs
     assert "<caption>" not in frame_html(df)
     assert "Paper, Table 3" in captioned(df.style, "Paper, Table 3").to_html()
+
+
+def test_styler_html_writes_unformatted_cells_as_plain_frames_do():
+    from fedlib.evaluation.style import styler_html
+
+    df = pd.DataFrame({"mean": [0.79666666], "std": [1.5e-7], "n": [2]})
+    html = styler_html(df.style.format({"std": "{:.2e}"}))
+    assert "0.7967" in html and "1.50e-07" in html and ">2<" in html and "0.796667" not in html
