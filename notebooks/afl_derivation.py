@@ -369,6 +369,14 @@ _prose.append(
     f"dropped) differs from the authors' (their values are in the "
     f"table beside ours), so we assert only that it is large. With RI the largest ΔW is "
     f"{table1['ΔW w/ RI (ours)'].max():.1e}, against $\\sum|W|$ = {float(w_joint2.abs().sum()):.1f}.")
+glue('afl_derivation_prose_2', Markdown("\n\n".join(_prose)), display=False)
+
+# %% [markdown]
+# ```{glue:md} afl_derivation_prose_2
+# :format: myst
+# ```
+
+# %%
 claims.register(
     "afl-ri-recovers-unregularized", "afl",
     "The RI process (Thm. 2, eq. 15) removes the local ridge after aggregation and recovers the unregularized "
@@ -378,20 +386,14 @@ claims.register(
              f"{table1['ΔW w/ RI (ours)'].max():.1e} against lstsq (tolerance {ri_tol:.1e}), including "
              f"{int(rank_deficient.sum())} client counts with N_k < d where gamma = 0 gives ΔW >= "
              f"{table1.loc[rank_deficient, 'ΔW w/o RI (ours)'].min():.2g}")
-#
-# **Two meanings of "w/o RI".** Table 1's "w/o RI" is $\gamma=0$. The paper's Table 4 "w/o RI"
-# means $\gamma>0$ that is never removed, i.e. a joint ridge with $\lambda=K\gamma$. We check that
-# identity directly:
-glue('afl_derivation_prose_2', Markdown("\n\n".join(_prose)), display=False)
-
-# %% [markdown]
-# ```{glue:md} afl_derivation_prose_2
-# :format: myst
-# ```
 
 # %% [markdown]
 # :::{folded} Two more checks: the unrestored head is a ridge with λ = Kγ, and (4b) the error against an SVD reference on ill-conditioned features, float64 and float32
 # :::
+#
+# **Two meanings of "w/o RI".** Table 1's "w/o RI" is $\gamma=0$. The paper's Table 4 "w/o RI"
+# means $\gamma>0$ that is never removed, i.e. a joint ridge with $\lambda=K\gamma$. We check that
+# identity directly.
 
 # %%
 # independent ridge reference: NumPy lstsq on the augmented system [X; sqrt(K gamma) I] W = [Y; 0]

@@ -194,6 +194,14 @@ PRIV_BUDGET = f"{rounds} FedDL rounds, n_y = {n_landmarks}, {num_clients} client
 PRIV_CONVERGENCE = (f"noise-free FedDL's share of its objective's decrease in the last 10 % of the rounds: up to "
                     f"{free_share.max():.4f} over the seeds (the benchmark's plateau rule: at most 0.01); every "
                     "variant runs the same rounds")
+glue('fedtsne_privacy_prose_1', Markdown("\n\n".join(_prose)), display=False)
+
+# %% [markdown]
+# ```{glue:md} fedtsne_privacy_prose_1
+# :format: myst
+# ```
+
+# %%
 if data_by_eps:
     lv = ft_verdicts.level_check(data_by_eps, DP_MARGIN, "lower")
     every_fails = len(lv.fails_at) == len(lv.levels)
@@ -223,12 +231,6 @@ if data_by_eps:
         convergence=PRIV_CONVERGENCE, converged=priv_converged,
         key=(f"quality kept from epsilon = {lv.holds_from:g} on (data perturbation)" if lv.holds_from is not None
              else f"quality lost at every epsilon <= {max(lv.levels):g} (data perturbation)"))
-glue('fedtsne_privacy_prose_1', Markdown("\n\n".join(_prose)), display=False)
-
-# %% [markdown]
-# ```{glue:md} fedtsne_privacy_prose_1
-# :format: myst
-# ```
 
 # %% [markdown]
 # ## 3. The paper's $\beta$ sweep (its Figure 7)

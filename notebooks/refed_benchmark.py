@@ -345,7 +345,14 @@ else:
     fig.suptitle(f"Recorded run: last task, mean over {len(src_seeds)} seeds", y=1.02, wrap=True)
     plt.tight_layout()
     plt.show()
+glue('refed_benchmark_prose_1', Markdown("\n\n".join(_prose)), display=False)
 
+# %% [markdown]
+# ```{glue:md} refed_benchmark_prose_1
+# :format: myst
+# ```
+
+# %%
 for scen, (finals, curves_) in src.items():
     baselines_here = [b for b in ("fedavg_replay", "fedprox_replay") if b in finals]
     if "refed" not in finals or not baselines_here or len(src_seeds) < 2:
@@ -373,12 +380,6 @@ for scen, (finals, curves_) in src.items():
                + ("" if mismatch else " (recorded run)"),
         convergence=f"last task, every method's mean curve: {plateaus[slowest].describe(unit=' pp')} "
                     f"(largest move: {slowest})", converged=converged, record=None if mismatch else record["name"])
-glue('refed_benchmark_prose_1', Markdown("\n\n".join(_prose)), display=False)
-
-# %% [markdown]
-# ```{glue:md} refed_benchmark_prose_1
-# :format: myst
-# ```
 
 # %% [markdown]
 # ## Where the class-incremental replay goes: the caches

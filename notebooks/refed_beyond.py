@@ -244,6 +244,14 @@ else:
     ax.legend(fontsize=8)
     plt.tight_layout()
     plt.show()
+glue('refed_beyond_prose_1', Markdown("\n\n".join(_prose)), display=False)
+
+# %% [markdown]
+# ```{glue:md} refed_beyond_prose_1
+# :format: myst
+# ```
+
+# %%
 grand_d = paired_difference(finals["grand"], finals["refed"])
 need = seeds_for_power(abs(grand_d.mean), grand_d.std, 0.8, grand_d.confidence) if grand_d.std > 0 else None
 pair = {r: plateau(np.mean(pim_curves[r], axis=0), converge_pp) for r in PAIR}
@@ -268,12 +276,6 @@ claims.register(
            + ("" if mismatch else " (recorded run)"),
     convergence=f"last task, mean curve: {pair[slowest].describe(unit=' pp')} (largest move: {slowest})",
     converged=converged, record=None if mismatch else record["name"])
-glue('refed_beyond_prose_1', Markdown("\n\n".join(_prose)), display=False)
-
-# %% [markdown]
-# ```{glue:md} refed_beyond_prose_1
-# :format: myst
-# ```
 
 # %% [markdown]
 # ## 2. The budget split by task and by class, top-$k$ inside each share

@@ -88,9 +88,10 @@ def said_once(df: pd.DataFrame) -> pd.DataFrame:
 
 def frame_html(df) -> str:
     """A DataFrame's HTML for the book: pandas' own table (class ``dataframe``, the display options'
-    row and column limits) with its :func:`captioned` caption, :func:`number` on every float, "—" for every missing cell or label,
-    what a reader calls each identifier among the labels (:func:`human`),
-    and a confidence level that every cell of a column repeats said once (:func:`said_once`)."""
+    row and column limits) with its :func:`captioned` caption, :func:`number` on every float, "—" for
+    every missing cell or label, what a reader calls each identifier among the labels
+    (:func:`human`), and a confidence level that every cell of a column repeats said once
+    (:func:`said_once`)."""
     def label(v):
         if v is None or (isinstance(v, float) and math.isnan(v)):
             return MISSING

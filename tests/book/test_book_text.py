@@ -71,3 +71,23 @@ def test_computed_prose_is_glued_into_markdown_cells():
             bad.append(f"{path.name}: glued {sorted(set(glued))} but shown {sorted(shown)}")
     assert not bad, bad
     assert any(SHOWN.search(p.read_text()) for p in (REPO / "notebooks").glob("*.py"))
+
+
+def test_no_markdown_paragraph_is_left_as_comments_in_a_code_cell():
+    """A paragraph written as comments at the end of a code cell never reaches the reader (a code
+    cell's comments are folded or removed with its code): prose with emphasis or math belongs in a
+    Markdown cell."""
+    bad = []
+    for path in sorted((REPO / "notebooks").glob("*.py")):
+        for cell in re.split(r"(?m)^(?=# %%)", path.read_text(encoding="utf-8")):
+            if not cell.startswith("# %%") or cell.startswith("# %% [markdown]"):
+                continue
+            lines = cell.split("\n", 1)[-1].rstrip("\n").split("\n")
+            tail = []
+            for line in reversed(lines):
+                if not line.startswith("#"):
+                    break
+                tail.append(line)
+            if len(tail) >= 2 and any(re.search(r"\*\*|\$", line) for line in tail):
+                bad.append(f"{path.name}: {tail[-1][:70]}")
+    assert not bad, bad
