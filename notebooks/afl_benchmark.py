@@ -386,7 +386,6 @@ claims.register(
 # single round is final.
 
 # %% mystnb={"figure": {"caption": "Test accuracy against wall-clock time (log scale) for the first training seed, one line per gradient-based method and one panel per setting; the black star is AFL's single round. A curve still rising at its right end had not converged within this profile's budget, whereas AFL's one round is final."}, "image": {"alt": "Line charts, one per setting: test accuracy against wall-clock seconds on a log scale for each baseline, with a star marking AFL"}}
-_prose = []   # the cell's sentences, shown as Markdown below (glue)
 first = curves[curves.seed == seeds[0]]
 fig, axes = plt.subplots(1, len(settings), figsize=fit_column(4.2 * len(settings), 3.6), sharey=True, squeeze=False)
 for ax, setting in zip(axes[0], settings):
@@ -400,15 +399,13 @@ axes[0][-1].legend(loc="lower right", fontsize=8)
 plt.tight_layout()
 plt.show()
 last_gain, window = afl_studies.final_gain(curves, rounds)
-_prose.append(
-    f"Accuracy gained over the last {window} round(s), median over runs: "
-    f"{100 * last_gain.median():+.2f} pp (largest {100 * last_gain.max():+.2f} pp).")
-glue('afl_benchmark_prose_3', Markdown("\n\n".join(_prose)), display=False)
+glue("afl_gain_window", int(window), display=False)
+glue("afl_gain_median", 100 * float(last_gain.median()), display=False)
+glue("afl_gain_largest", 100 * float(last_gain.max()), display=False)
 
 # %% [markdown]
-# ```{glue:md} afl_benchmark_prose_3
-# :format: myst
-# ```
+# Accuracy gained over the last {glue:text}`afl_gain_window` round(s), median over runs:
+# {glue:text}`afl_gain_median:+.2f` pp (largest {glue:text}`afl_gain_largest:+.2f` pp).
 
 # %% [markdown]
 # ## 5. Which variance a ± holds: fixed partition vs a new partition per seed

@@ -501,15 +501,15 @@ display(captioned(table.style.format("{:.4f}", na_rep="—"),
                   "Kernel error and NMI by landmark choice"))
 
 # %%
-_prose = []   # the cell's sentences, shown as Markdown below (glue)
 err = sweep.pivot(index="n_y", columns="landmarks", values="kernel rel. error")
 feddl_vs_init = (err["FedDL"] < err["untrained (FedDL init)"]).all()
 share = sweep.pivot(index="n_y", columns="landmarks", values="top share of C")
 display(captioned(share.style.format("{:.4f}", na_rep="—"), "share of ||C||_F^2 in C's top singular direction"))
 assert (share["untrained (FedDL init)"] > share["FedDL"]).all()
 feddl_above_oracle = int((share["FedDL"] > share["uniform sample (oracle, not federated)"]).sum())
-_prose.append(f"FedDL's top share is above the uniform sample's at {feddl_above_oracle} of {len(share)} values "
-                 f"of $n_y$ ({sweep_rounds} FedDL rounds).")
+glue("feddl_above_oracle", feddl_above_oracle, display=False)
+glue("landmark_values", int(len(share)), display=False)
+glue("landmark_sweep_rounds", int(sweep_rounds), display=False)
 oracle_decreasing = (np.diff(err["uniform sample (oracle, not federated)"].to_numpy()) <= 1e-9).all()
 ratio = (err["FedDL"] / err["uniform sample (oracle, not federated)"])
 print(f"FedDL beats its own initialisation at every n_y: {feddl_vs_init}; oracle error non-increasing in n_y "
@@ -520,12 +520,10 @@ L = res.feddl.landmarks
 lam = np.linalg.eigvalsh(K - ft_nystrom.nystrom(ft_mmd.gaussian_kernel(X, L, gamma_s), ft_mmd.gaussian_kernel(L, None, gamma_s)))
 print(f"eigenvalues of K - C W^+ C^T (FedDL, n_y={landmark_grid[-1]}): min {lam.min():.1e}, max {lam.max():.1e}")
 assert lam.min() > -1e-8 * lam.max()
-glue('fedspeclust_prose_2', Markdown("\n\n".join(_prose)), display=False)
 
 # %% [markdown]
-# ```{glue:md} fedspeclust_prose_2
-# :format: myst
-# ```
+# FedDL's top share is above the uniform sample's at {glue:text}`feddl_above_oracle` of
+# {glue:text}`landmark_values` values of $n_y$ ({glue:text}`landmark_sweep_rounds` FedDL rounds).
 
 # %% [markdown]
 # Training the landmarks matters: FedDL's landmarks give a smaller kernel error than their own

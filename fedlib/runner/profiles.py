@@ -168,7 +168,7 @@ def cell_timings(path: Path, top: int | None = None) -> list[tuple[int, float, s
 
 
 REGISTERS_A_CLAIM = "claims.register("
-GLUED_MARKDOWN = "application/papermill.record/text/markdown"   # myst_nb.glue(name, Markdown(...))
+GLUED = "scrapbook"   # the output metadata of myst_nb.glue(name, value, display=False): a value for the text
 
 
 def _finish(notebook_json: str, profile: str, overrides: Mapping[str, Any] | None) -> str:
@@ -177,10 +177,10 @@ def _finish(notebook_json: str, profile: str, overrides: Mapping[str, Any] | Non
     ``hide-input``: the book folds it, and shows papermill's ``injected-parameters`` cell (the values
     this run used) open, instead of two parameter cells one after the other. A cell that registers a
     claim is plumbing: its code is removed from the page (``remove-input``) and so is its return
-    value's repr; the verdict box it displays stays. A cell that writes prose (Markdown glued with
-    ``myst_nb.glue`` and shown by a ``{glue:md}`` directive in the Markdown cell after it, parsed as
-    MyST so that its math is typeset) has its code removed when prose is all it outputs, folded
-    (``hide-input``) when it also shows a table or a figure."""
+    value's repr; the verdict box it displays stays. A cell that writes prose (values or Markdown
+    glued with ``myst_nb.glue`` and shown by ``{glue:text}`` roles or a ``{glue:md}`` directive in
+    the Markdown cell after it, parsed as MyST so that its math is typeset) has its code removed when
+    prose is all it outputs, folded (``hide-input``) when it also shows a table or a figure."""
     nb = json.loads(notebook_json)
     nb.setdefault("metadata", {})[claims.RUN_KEY] = {"profile": profile, "overrides": dict(overrides or {})}
     for cell in nb["cells"]:
@@ -192,7 +192,7 @@ def _finish(notebook_json: str, profile: str, overrides: Mapping[str, Any] | Non
                 tags.append("remove-input")
             cell["outputs"] = [o for o in cell.get("outputs", []) if o.get("output_type") != "execute_result"]
         shown = [o for o in cell.get("outputs", []) if o.get("output_type") in ("display_data", "execute_result")]
-        prose = [o for o in shown if {"text/markdown", GLUED_MARKDOWN} & set(o.get("data", {}))]
+        prose = [o for o in shown if "text/markdown" in o.get("data", {}) or GLUED in o.get("metadata", {})]
         if cell["cell_type"] == "code" and prose and not {"remove-input", "hide-input"} & set(tags):
             tags.append("remove-input" if len(prose) == len(cell["outputs"]) else "hide-input")
     return json.dumps(nb, indent=1, ensure_ascii=False) + "\n"

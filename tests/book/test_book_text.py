@@ -54,24 +54,28 @@ def test_every_chapter_folds_its_set_up_cell():
 
 
 GLUED = re.compile(r"""\bglue\(\s*['"]([\w-]+)['"]""")
-SHOWN = re.compile(r"^# ```\{glue:md\} ([\w-]+)$", re.MULTILINE)
+SHOWN_MD = re.compile(r"^# ```\{glue:md\} ([\w-]+)$", re.MULTILINE)
+SHOWN_TEXT = re.compile(r"\{glue:text\}`([\w-]+)(?::[^`]*)?`")
 
 
 def test_computed_prose_is_glued_into_markdown_cells():
-    """A computed sentence enters the text through myst-nb's glue: the code cell glues its Markdown
-    (never displays it), and a Markdown cell shows each glued key exactly once; every shown key is
-    glued in the same chapter (a missing key would fail the build)."""
+    """A computed sentence enters the text through myst-nb's glue: the code cell glues its values or
+    its Markdown (never displays Markdown), and Markdown cells show them, a number inline
+    (``{glue:text}`key:.2f```) or a paragraph (``{glue:md}``, each shown once); every glued key is
+    shown and every shown key is glued in the same chapter (a missing key would fail the build)."""
     bad = []
     for path in sorted((REPO / "notebooks").glob("*.py")):
         src = path.read_text(encoding="utf-8")
         if "display(Markdown(" in src:
             bad.append(f"{path.name}: displays Markdown from a code cell")
-        glued, shown = GLUED.findall(src), SHOWN.findall(src)
-        if sorted(set(glued)) != sorted(shown):
-            bad.append(f"{path.name}: glued {sorted(set(glued))} but shown {sorted(shown)}")
+        md, text = SHOWN_MD.findall(src), SHOWN_TEXT.findall(src)
+        if len(md) != len(set(md)):
+            bad.append(f"{path.name}: a glued paragraph is shown twice")
+        if set(GLUED.findall(src)) != set(md) | set(text):
+            bad.append(f"{path.name}: glued {sorted(set(GLUED.findall(src)))} but shown {sorted(set(md) | set(text))}")
     assert not bad, bad
-    assert any(SHOWN.search(p.read_text()) for p in (REPO / "notebooks").glob("*.py"))
-
+    sources = [p.read_text() for p in (REPO / "notebooks").glob("*.py")]
+    assert any(SHOWN_MD.search(s) for s in sources) and any(SHOWN_TEXT.search(s) for s in sources)
 
 def test_no_markdown_paragraph_is_left_as_comments_in_a_code_cell():
     """A paragraph written as comments at the end of a code cell never reaches the reader (a code

@@ -194,16 +194,18 @@ def test_a_cell_that_writes_prose_shows_the_prose_not_its_code():
                      "outputs": [printed, md]},
                     {"cell_type": "code", "source": "display(t)", "metadata": {}, "outputs": [table]}],
           "metadata": {}}
-    glued = {"output_type": "display_data", "data": {profiles.GLUED_MARKDOWN: "AFL leads.",
+    glued = {"output_type": "display_data", "data": {"application/papermill.record/text/markdown": "AFL leads.",
                                                      "application/papermill.record/text/plain": "<md>"},
              "metadata": {"scrapbook": {"name": "lead", "mime_prefix": "application/papermill.record/"}}}
     nb["cells"] += [{"cell_type": "code", "source": "glue('lead', Markdown(s), display=False)", "metadata": {},
                      "outputs": [glued]},
                     {"cell_type": "code", "source": "display(t); glue('lead', Markdown(s), display=False)",
-                     "metadata": {}, "outputs": [table, glued]}]
+                     "metadata": {}, "outputs": [table, glued]},
+                    {"cell_type": "code", "source": "plt.show(); glue('gain', 0.12, display=False)", "metadata": {},
+                     "outputs": [table, {**glued, "data": {"application/papermill.record/text/plain": "0.12"}}]}]
     out = json.loads(profiles._finish(json.dumps(nb), "quick", {}))
     assert [c["metadata"]["tags"] for c in out["cells"]] == [["remove-input"], ["hide-input"], ["hide-input"], [],
-                                                             ["remove-input"], ["hide-input"]]
+                                                             ["remove-input"], ["hide-input"], ["hide-input"]]
 
 
 def test_executed_notebook_records_its_profile_and_overrides_for_the_ledger(tmp_path):
