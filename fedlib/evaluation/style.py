@@ -17,6 +17,7 @@ import re
 from html import escape
 
 import pandas as pd
+from pandas.io.formats.style import Styler
 
 __all__ = ["COLUMN_INCHES", "LEGEND_INCHES", "MISSING", "NAMES", "human", "number", "said_once", "frame_html", "captioned", "styler_html", "fit_column", "facet_size", "book_style"]
 
@@ -186,6 +187,4 @@ def book_style() -> None:
     shell = get_ipython()
     if shell is not None:
         shell.display_formatter.formatters["text/html"].for_type(pd.DataFrame, frame_html)
-        from pandas.io.formats.style import Styler
-
         shell.display_formatter.formatters["text/html"].for_type(Styler, styler_html)
