@@ -272,9 +272,11 @@ print("Checked: on task 1, " + ", ".join(m for m in same_first if m in methods +
 # per scenario.
 
 # %% mystnb={"figure": {"caption": "Final accuracy A_T of each method: the point is the mean over seeds and the error bar the sample standard deviation, one panel per scenario (class-incremental and domain-incremental). Compare Re-Fed with the other methods; the paired differences below say which gaps the seeds resolve."}, "image": {"alt": "Point plots with error bars, one per scenario: final accuracy per method"}}
-g = sns.catplot(data=main, x="method", y="A_T", col="scenario", kind="point", errorbar="sd", linestyle="none",
-                capsize=0.15, **facet_size(main["scenario"].nunique(), 1.3, legend=False), sharey=False, sharex=False)
+g = sns.catplot(data=main.assign(method=main.method.map(human)), x="method", y="A_T", col="scenario", kind="point",
+                errorbar="sd", linestyle="none", capsize=0.15, **facet_size(main["scenario"].nunique(), 1.3, legend=False),
+                sharey=False, sharex=False)
 g.set_axis_labels("method", "final accuracy A_T (%)")
+g.set_titles("{col_name}")
 for ax in g.axes.flat:
     plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
 g.figure.suptitle("A_T: mean ± sample std over seeds", y=1.03, wrap=True)
