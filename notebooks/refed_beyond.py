@@ -199,7 +199,7 @@ for i, r in enumerate(diff1):
     ax.errorbar(i, diff1[r].mean, yerr=[[diff1[r].mean - diff1[r].low], [diff1[r].high - diff1[r].mean]], fmt="o",
                 color="C0", capsize=4, zorder=3)
 ax.axhline(0, color="k", lw=0.8)
-ax.set_xticks(range(len(diff1)), list(diff1), rotation=20)
+ax.set_xticks(range(len(diff1)), [human(r) for r in diff1], rotation=20, ha="right")
 ax.set(xlabel="cache rule (control)", ylabel="A_T: rule - Re-Fed (points)",
        title="Controls against Re-Fed: per seed (grey), mean and 95% CI")
 plt.tight_layout()
