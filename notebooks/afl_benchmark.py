@@ -101,7 +101,7 @@ from fedlib.runner import specs
 
 specs.check("afl_benchmark", globals())
 from fedlib.evaluation.report import stacked
-from fedlib.evaluation.style import book_style, captioned, fit_column, human
+from fedlib.evaluation.style import book_style, captioned, fit_column, human, named
 book_style()   # the book's figure theme and table number style
 dev = resolve_device(device)
 workers = resolve_workers(workers, dev)   # None: the cores; 1 on a GPU (a CUDA context does not survive fork)
@@ -270,7 +270,7 @@ display(captioned(paired.drop(columns="afl_low").set_index(["setting", "method"]
 
 # %% mystnb={"figure": {"caption": "Test accuracy of each gradient-based method: the point is the mean over the training seeds and the error bar the sample standard deviation, one colour per partition setting; the dashed line is AFL, one value for every setting. Compare each method's points with the dashed line at this profile's training budget."}, "image": {"alt": "Point plot with error bars: test accuracy (%) per method, coloured by partition setting, with a dashed horizontal line for AFL"}}
 fig, ax = plt.subplots(figsize=fit_column(8, 3.8))
-sns.pointplot(data=runs.assign(acc=100 * runs["accuracy"]), x="method", y="acc", hue="setting", errorbar="sd",
+sns.pointplot(data=named(runs).assign(acc=100 * runs["accuracy"]), x="method", y="acc", hue="setting", errorbar="sd",
               dodge=0.4 if len(settings) > 1 else False, linestyle="none", capsize=0.15, ax=ax)
 ax.axhline(100 * joint_acc, color="black", ls="--", lw=1, label="AFL (every setting)")
 ax.set(xlabel="method", ylabel="test accuracy (%)",
@@ -329,7 +329,7 @@ else:
     fig, axes = plt.subplots(1, len(res["afl"]), figsize=fit_column(4.4 * len(res["afl"]), 3.6), sharey=True, squeeze=False)
     for ax, s in zip(axes[0], res["afl"]):
         for m in methods:
-            ax.plot(np.arange(1, budget_rounds + 1), 100 * np.mean(res["curves"][s][m], axis=0), label=m, lw=1.2)
+            ax.plot(np.arange(1, budget_rounds + 1), 100 * np.mean(res["curves"][s][m], axis=0), label=human(m), lw=1.2)
         ax.axhline(100 * res["afl"][s], color="black", ls="--", lw=1, label="AFL (one round)")
         ax.set(xlabel="round", ylabel="test accuracy (%)", title=s)
     axes[0][-1].legend(fontsize=8, loc="lower right")
@@ -390,7 +390,7 @@ first = curves[curves.seed == seeds[0]]
 fig, axes = plt.subplots(1, len(settings), figsize=fit_column(4.2 * len(settings), 3.6), sharey=True, squeeze=False)
 for ax, setting in zip(axes[0], settings):
     sub = first[first.setting == label(setting)]
-    sns.lineplot(data=sub, x="wall_s", y="test_acc", hue="method", ax=ax, legend=ax is axes[0][-1])
+    sns.lineplot(data=named(sub), x="wall_s", y="test_acc", hue="method", ax=ax, legend=ax is axes[0][-1])
     afl_row = afl_runs[(afl_runs.setting == label(setting)) & (afl_runs["partition seed"] == partition_seed)].iloc[0]
     ax.scatter([afl_row["seconds"]], [afl_row["accuracy"]], marker="*", s=200, color="black", zorder=5,
                label="AFL (one round)")

@@ -136,14 +136,8 @@ from fedlib.refed.specs import check_total_memory
 # option, not a method of its own: fedlib.refed.studies.PIM_METHODS); every other name is a method of
 # fedlib.refed.algorithm.LEARNERS (fedlib.refed.specs.METHOD_NAMES)
 specs.check("refed_benchmark", globals())   # the runner ran the same checks before executing
-from fedlib.evaluation.style import book_style, captioned, facet_size, fit_column, human
+from fedlib.evaluation.style import book_style, captioned, facet_size, fit_column, human, named
 book_style()   # the book's figure theme and table number style
-
-
-def named_methods(frame):
-    """``frame`` with its method column in the names a reader knows (figure legends and ticks)."""
-    return frame.assign(method=frame["method"].map(human))
-
 
 torch.set_num_threads(num_threads)
 workers = resolve_workers(workers, device)   # None: the cores; 1 on a GPU
@@ -279,7 +273,7 @@ print("Checked: on task 1, " + ", ".join(m for m in same_first if m in methods +
 # per scenario.
 
 # %% mystnb={"figure": {"caption": "Final accuracy A_T of each method: the point is the mean over seeds and the error bar the sample standard deviation, one panel per scenario (class-incremental and domain-incremental). Compare Re-Fed with the other methods; the paired differences below say which gaps the seeds resolve."}, "image": {"alt": "Point plots with error bars, one per scenario: final accuracy per method"}}
-g = sns.catplot(data=named_methods(main), x="method", y="A_T", col="scenario", kind="point",
+g = sns.catplot(data=named(main), x="method", y="A_T", col="scenario", kind="point",
                 errorbar="sd", linestyle="none", capsize=0.15, **facet_size(main["scenario"].nunique(), 1.3, legend=False),
                 sharey=False, sharex=False)
 g.set_axis_labels("method", "final accuracy A_T (%)")
@@ -436,7 +430,7 @@ if len(diag):
             + ("**consistent with these runs**: Re-Fed's caches hold less of the last old task, and that task "
                "ends less accurate" if h["confirmed"] else "**not confirmed by these runs** (a CI contains 0 or "
                "points the other way)") + ".")
-    ax = sns.boxplot(data=named_methods(diag), x="boundary", y="last old task, share of the cache (%)", hue="method")
+    ax = sns.boxplot(data=named(diag), x="boundary", y="last old task, share of the cache (%)", hue="method")
     ax.set(xlabel="boundary before task t+1 (t tasks learned)", title="Share of the last old task in the caches")
     plt.show()
 glue('refed_benchmark_prose_2', Markdown("\n\n".join(_prose)), display=False)
@@ -475,14 +469,14 @@ if "domain" in SCEN:
 # :::
 
 # %% mystnb={"figure": {"caption": "Accuracy of every method over the stream, one panel per scenario: in the first figure the mean accuracy over the tasks seen so far after each task (mean over seeds, sample-standard-deviation bands), in the second the global model's test accuracy on the seen tasks after every communication round, for one seed. Drops at the task boundaries show forgetting."}, "image": {"alt": "Line charts, one per scenario, of each method's accuracy, after each task or after every communication round"}}
-g = sns.relplot(data=stage_curves(run).pipe(named_methods), x="stage", y="A_t", hue="method", col="scenario", kind="line", marker="o",
+g = sns.relplot(data=stage_curves(run).pipe(named), x="stage", y="A_t", hue="method", col="scenario", kind="line", marker="o",
                 errorbar="sd", **facet_size(len(SCEN), 1.15), facet_kws={"sharey": False, "sharex": False})
 g.set_axis_labels("task t (tasks seen)", "A_t: mean accuracy over seen tasks (%)")
 g.set_titles("{col_name}")
 g.figure.suptitle("Accuracy after each task (mean ± sample sd over seeds)", y=1.03, wrap=True)
 plt.show()
 
-g = sns.relplot(data=round_curves(run, seeds[0]).pipe(named_methods), x="round", y="accuracy", hue="method", col="scenario", kind="line",
+g = sns.relplot(data=round_curves(run, seeds[0]).pipe(named), x="round", y="accuracy", hue="method", col="scenario", kind="line",
                 **facet_size(len(SCEN), 1.3), facet_kws={"sharey": False, "sharex": False})
 g.set_axis_labels("communication round (all tasks)", "test accuracy on seen tasks (%)")
 g.set_titles("{col_name}")
@@ -536,7 +530,7 @@ print(prefetch_summary(run.prefetch(SWEEPS, workers, group=lambda request: tuple
                        "sweeps (memory, alpha, lambda, weighting)"))
 rows = [run("class", m, seed, memory=M)["row"] for M in m_grid for m in sweep_methods for seed in sweep_seeds]
 by_m = pd.DataFrame(rows)
-ax = sns.lineplot(data=named_methods(by_m), x="M", y="A_T", hue="method", marker="o", errorbar=None)
+ax = sns.lineplot(data=named(by_m), x="M", y="A_T", hue="method", marker="o", errorbar=None)
 ax.set(xlabel="memory M (samples per client)", ylabel="final accuracy A_T (%)",
        title=f"Accuracy versus M, {SCEN['class']['name']} (seeds {sweep_seeds})")
 plt.show()
@@ -576,7 +570,7 @@ by_alpha = pd.DataFrame(rows)
 rows = [run("class", "refed", seed, alpha=a, lam=l)["row"] for a in lam_alphas for l in l_grid for seed in sweep_seeds]
 by_lam = pd.DataFrame(rows)
 fig, axes = plt.subplots(1, 2, figsize=fit_column(10, 3.6))
-sns.lineplot(data=named_methods(by_alpha), x="alpha", y="A_T", hue="method", marker="o", errorbar=None, ax=axes[0])
+sns.lineplot(data=named(by_alpha), x="alpha", y="A_T", hue="method", marker="o", errorbar=None, ax=axes[0])
 axes[0].set(xscale="log", xlabel="Dirichlet alpha (log scale)", ylabel="final accuracy A_T (%)",
             title=f"Accuracy versus alpha (seeds {sweep_seeds})")
 sns.lineplot(data=by_lam.assign(alpha=by_lam.alpha.astype(str)), x="lambda", y="A_T", hue="alpha", marker="o",

@@ -122,7 +122,7 @@ specs.check("stsa_benchmark", globals())   # every parameter is checked before a
 # the pretrained table's seeds go to `workers` forked processes (1 on an accelerator); every run is seeded by
 # its seed, so the results are those of one process (tests/stsa/test_stsa_chapters.py)
 workers = resolve_workers(workers, resolve_device(device))
-from fedlib.evaluation.style import book_style, captioned, facet_size, fit_column, human
+from fedlib.evaluation.style import book_style, captioned, facet_size, fit_column, human, named
 book_style()   # the book's figure theme and table number style
 torch.set_num_threads(num_threads)
 
@@ -238,10 +238,11 @@ display(stacked(paper_at, ours_at, ("paper", "ours")).style.set_caption(
 # colour per Dirichlet $\beta$, one panel per setting.
 
 # %% mystnb={"figure": {"caption": "Final accuracy A_T of each method: the point is the mean over seeds and the error bar the sample standard deviation, one colour per Dirichlet beta, one panel per setting (dataset and backbone). Compare the analytic methods with the gradient baselines, and each method across beta."}, "image": {"alt": "Point plots with error bars, one per setting: final accuracy per method, coloured by beta"}}
-g = sns.catplot(data=summary.assign(beta=summary["beta"].astype(str)), x="method", y="A_T", hue="beta", col="setting",
+g = sns.catplot(data=named(summary, "method", "setting").assign(beta=summary["beta"].astype(str)), x="method", y="A_T", hue="beta", col="setting",
                 kind="point", errorbar="sd", dodge=0.4 if summary["beta"].nunique() > 1 else False, linestyle="none",
                 capsize=0.15, **facet_size(summary["setting"].nunique(), 1.3), sharey=False, sharex=False)
 g.set_axis_labels("method", "final accuracy A_T (%)")
+g.set_titles("{col_name}")
 for ax in g.axes.flat:
     plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
 g.figure.suptitle("A_T: mean ± sample std over seeds", y=1.03, wrap=True)

@@ -19,7 +19,7 @@ from html import escape
 import pandas as pd
 from pandas.io.formats.style import Styler
 
-__all__ = ["COLUMN_INCHES", "LEGEND_INCHES", "MISSING", "NAMES", "human", "number", "said_once", "frame_html", "captioned", "styler_html", "fit_column", "facet_size", "book_style"]
+__all__ = ["COLUMN_INCHES", "LEGEND_INCHES", "MISSING", "NAMES", "human", "named", "number", "said_once", "frame_html", "captioned", "styler_html", "fit_column", "facet_size", "book_style"]
 
 # a figure's output box is 768 px wide in a 1400 px window: a figure up to 960 px (8.7 in at 110 dpi)
 # is shown at 80 % of its size or more; 7.2 in leaves room for tick labels and titles past the axes
@@ -53,6 +53,12 @@ def human(identifier) -> str:
     base, sep, rest = text.partition("[")
     key = base.rstrip()   # "refed [exact Eq. 4]": the name before a bracketed note
     return NAMES.get(key, key) + base[len(key):] + sep + rest
+
+
+def named(frame: pd.DataFrame, *columns: str) -> pd.DataFrame:
+    """``frame`` with ``columns`` (default: "method") in the names a reader knows (:func:`human`): the
+    data of a figure whose legend or ticks show them."""
+    return frame.assign(**{c: frame[c].map(human) for c in columns or ("method",)})
 
 
 def number(x) -> str:

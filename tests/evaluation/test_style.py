@@ -110,3 +110,11 @@ def test_styler_html_writes_unformatted_cells_as_plain_frames_do():
     df = pd.DataFrame({"mean": [0.79666666], "std": [1.5e-7], "n": [2]})
     html = styler_html(df.style.format({"std": "{:.2e}"}))
     assert "0.7967" in html and "1.50e-07" in html and ">2<" in html and "0.796667" not in html
+
+
+def test_named_renames_a_figures_method_column_only():
+    from fedlib.evaluation.style import named
+
+    df = pd.DataFrame({"method": ["fedavg_replay", "refed"], "setting": ["pretrained / mnist5k"] * 2, "A_T": [1.0, 2.0]})
+    assert named(df)["method"].tolist() == ["FedAvg, random replay", "Re-Fed"] and named(df)["setting"][0] == df["setting"][0]
+    assert named(df, "setting")["setting"][0] == "pretrained / MNIST-5k" and df["method"][0] == "fedavg_replay"
