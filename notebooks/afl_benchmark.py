@@ -93,7 +93,7 @@ from fedlib.afl import tables as paper_results
 from fedlib.data.datasets import load_dataset
 from fedlib.data.features import extract_features
 from fedlib.data.partition import partition_report, plot_partition
-from fedlib.evaluation.records import differences, load_record, record_caption
+from fedlib.evaluation.records import differences, load_record, record_source
 from fedlib.evaluation.stats import compare_methods, summarize
 from fedlib.core.devices import resolve_device
 from fedlib.core.parallel import resolve_workers
@@ -311,17 +311,14 @@ RECORD_KEYS = ["dataset", "backbone", "input_size", "n_train", "n_test", "num_cl
                "partition_seed", "seeds", "local_epochs", "batch_size", "lr", "participation", "moon_hidden", "gamma"]
 record = load_record("afl_converged", missing_ok=True)
 mismatch = differences(record, globals(), RECORD_KEYS)
+_prose.append(record_source(record, mismatch, f"this profile's own {rounds} rounds"))
 if mismatch:   # no record, or another data set, model or seeds than the record's: the verdict rests on this run
-    _prose.append(("There is no recorded run" if record is None else
-                      f"The recorded run used other parameters ({', '.join(mismatch[:4])})")
-                     + f", so the verdict below rests on this profile's own {rounds} rounds.")
     evidence_cmp, budget_rounds, rec_name = own_cmp, rounds, None
 else:
     res = record["results"]
     evidence_cmp = {s: compare_methods(res["afl"][s], res["final"][s], res["curves"][s], tol=converge_pp / 100)
                     for s in res["afl"]}
     budget_rounds, rec_name = record["parameters"]["rounds"], record["name"]
-    _prose.append(record_caption(record))
     display(afl_studies.comparison_table(evidence_cmp).style.set_caption(
         f"Ours ({human(dataset)}, K={num_clients}, {len(seeds)} training seeds, {budget_rounds} rounds x {local_epochs} "
         f"local epoch(s)): final test accuracy (%) mean ± sample std, AFL − method paired by seed (95 % CI, pp), "

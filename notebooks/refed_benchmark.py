@@ -125,7 +125,7 @@ from fedlib.core.parallel import resolve_workers
 from fedlib.evaluation import claims
 from fedlib.evaluation.compare import refed_label
 from fedlib.evaluation.report import mean_std_by, stacked
-from fedlib.evaluation.records import differences, load_record, record_caption
+from fedlib.evaluation.records import differences, load_record, record_source
 from fedlib.evaluation.stats import paired_difference, plateau, power_statement
 from fedlib.federated.models import make_model
 from fedlib.refed.studies import (REPLAY_METHODS, cache_diagnostics, compare_grad_norms, cost_lines, final_task_accuracy, first_task_accuracies, first_task_table, largest_pools, benchmark_runs, benchmark_scenarios, last_task_curves, last_task_hypothesis, last_task_share, paired_differences, prefetch_summary, refed_paper_gaps, replay_verdict, round_curves, stage_curves, summary_lines)
@@ -325,17 +325,14 @@ RECORD_KEYS = ["dataset", "n_train", "n_test", "num_tasks", "domain", "domains",
                "batch_size", "momentum", "memory_mode", "pim_epochs", "grad_norm", "method_hparams"]
 record = load_record("refed_resolved", missing_ok=True)
 mismatch = differences(record, globals(), RECORD_KEYS)
+_prose.append(record_source(record, mismatch, "this profile's own runs"))
 HEADLINE = ["refed", "fedavg_replay", "fedprox_replay"]
 if mismatch:   # the verdict rests on this run: A_T per seed and last-task curves of the runs above
-    _prose.append(("There is no recorded run" if record is None else
-                      f"The recorded run used other parameters ({', '.join(mismatch[:4])})")
-                     + ", so the verdicts below rest on this profile's own runs.")
     src_seeds = seeds
     src = {scen: ({m: [run(scen, m, sd, track=True)["row"]["A_T"] for sd in seeds] for m in HEADLINE if m in SCEN_METHODS[scen]},
                   last_task_curves(run, scen, [m for m in HEADLINE if m in SCEN_METHODS[scen]], seeds)) for scen in SCEN}
     src_rounds = {scen: SCEN[scen]["rounds"] for scen in SCEN}
 else:
-    _prose.append(record_caption(record))
     src_seeds = record["parameters"]["seeds"]
     src = {scen: (record["results"]["A_T"][scen], record["results"]["curves"][scen]) for scen in record["results"]["A_T"]}
     src_rounds = {"class": record["parameters"]["rounds"], "domain": record["parameters"]["rounds_domain"]}

@@ -24,7 +24,7 @@
 # than the benchmark (half its training images, a narrower SmallCNN, fewer rounds per task and a
 # smaller cache: the values are in the parameters cell), so its accuracies are not the benchmark's,
 # and its comparisons are between rules run here, under the same settings. The verdict on the PIM
-# itself rests on a recorded run of Re-Fed and GraNd at $w$ at the paper's 150 rounds per task (end of
+# itself rests on a recorded run of Re-Fed and GraNd at $w$ at a budget where both converge (end of
 # section 1). The questions:
 #
 # 1. **Controls.** Is the PIM needed? We compare Re-Fed with importance taken at the global model
@@ -91,10 +91,10 @@ from IPython.display import Markdown, display
 
 from fedlib.core.parallel import resolve_workers
 from fedlib.evaluation import claims
-from fedlib.evaluation.records import differences, load_record, record_caption
+from fedlib.evaluation.records import differences, load_record, record_source
 from fedlib.evaluation.stats import paired_difference, plateau, seeds_for_power
 from fedlib.refed.algorithm import q_lambda
-from fedlib.refed.beyond import (beyond_setup, noise_accuracy_table, noise_table, paired_rows, rule_table, run_rules,
+from fedlib.refed.beyond import (beyond_setup, noise_accuracy_table, noise_table, paired_rows, rule_results, rule_table, run_rules,
                                         summary_lines)
 from fedlib.runner import specs
 
@@ -224,26 +224,22 @@ RECORD_KEYS = ["dataset", "n_train", "n_test", "num_tasks", "num_clients", "part
 PAIR = ["refed", "grand"]
 record = load_record("refed_pim", missing_ok=True)
 mismatch = differences(record, globals(), RECORD_KEYS)
+_prose.append(record_source(record, mismatch, "this profile's own runs"))
 if mismatch:   # the verdict rests on this profile's runs above
-    _prose.append(("There is no recorded run" if record is None else
-                      f"The recorded run used other parameters ({', '.join(mismatch[:4])})")
-                     + ", so the verdict below rests on this profile's own runs.")
     pim_seeds, pim_rounds = seeds, rounds
-    by_rule = {r: clean[clean.rule == r].set_index("seed").loc[list(seeds)] for r in PAIR}
-    finals = {r: by_rule[r]["A_T"].to_numpy() for r in PAIR}
-    pim_curves = {r: by_rule[r]["last_task_curve"].tolist() for r in PAIR}
+    pim = rule_results(clean, PAIR, seeds)
 else:
-    _prose.append(record_caption(record))
     pim_seeds, pim_rounds = record["parameters"]["seeds"], record["parameters"]["rounds"]
-    finals, pim_curves = record["results"]["A_T"], record["results"]["curves"]
+    pim = record["results"]
     fig, ax = plt.subplots(figsize=fit_column(6, 3.2))
     for r in PAIR:
-        ax.plot(np.arange(1, pim_rounds + 1), np.mean(pim_curves[r], axis=0), label=human(r), lw=1.2)
+        ax.plot(np.arange(1, pim_rounds + 1), np.mean(pim["curves"][r], axis=0), label=human(r), lw=1.2)
     ax.set(xlabel="round of the last task", ylabel="test accuracy (%)",
            title=f"Recorded run: last task, mean over {len(pim_seeds)} seeds")
     ax.legend(fontsize=8)
     plt.tight_layout()
     plt.show()
+finals, pim_curves = pim["A_T"], pim["curves"]
 glue('refed_beyond_prose_1', Markdown("\n\n".join(_prose)), display=False)
 
 # %% [markdown]

@@ -107,7 +107,7 @@ from myst_nb import glue
 from IPython.display import Markdown
 
 from fedlib.evaluation import claims
-from fedlib.evaluation.records import differences, load_record, record_caption
+from fedlib.evaluation.records import differences, load_record, record_source
 from fedlib.evaluation.stats import seeds_for_power
 
 from fedlib.stsa import tables as paper_results
@@ -341,10 +341,9 @@ RECORD_KEYS = ["datasets", "subsets", "n_train", "n_test", "backbone", "input_si
                "local_epochs", "lr"]
 record = load_record("stsa_converged", missing_ok=True)
 mismatch = differences(record, globals(), RECORD_KEYS)
+if baselines and len(margin_seeds) >= 2:
+    _prose.append(record_source(record, mismatch, f"this profile's own {rounds_per_task} rounds per stage"))
 if baselines and len(margin_seeds) >= 2 and mismatch:   # the verdict rests on this run
-    _prose.append(("There is no recorded run" if record is None else
-                      f"The recorded run used other parameters ({', '.join(mismatch[:4])})")
-                     + f", so the verdict below rests on this profile's own {rounds_per_task} rounds per stage.")
     values, cells, plateaus, budget_rounds, rec_name = own_values, own_cells, own_plateaus, rounds_per_task, None
     curves_shown = own_curves
 elif baselines and len(margin_seeds) >= 2:
@@ -353,7 +352,6 @@ elif baselines and len(margin_seeds) >= 2:
     cells = stsa_studies.margin_comparison(values, REFS, baselines, MARGIN)
     plateaus = stsa_studies.curve_plateaus(res["curves"], converge_pp)
     budget_rounds, rec_name, curves_shown = record["parameters"]["rounds_per_task"], record["name"], res["curves"]
-    _prose.append(record_caption(record))
 if baselines and len(margin_seeds) >= 2:
     display(stsa_studies.margin_table(values, cells, REFS, baselines).style.set_caption(
         f"Ours ({', '.join(datasets)}, pretrained features, {len(margin_seeds)} seeds, baselines trained "
@@ -367,7 +365,7 @@ if baselines and len(margin_seeds) >= 2:
             ax = axes[i][j]
             for m in baselines:
                 mean_curve = np.mean(curves_shown[setting][str(beta)][m], axis=0)
-                ax.plot(np.arange(1, len(mean_curve) + 1), mean_curve, lw=1.2, label=m,
+                ax.plot(np.arange(1, len(mean_curve) + 1), mean_curve, lw=1.2, label=human(m),
                         marker="o" if len(mean_curve) < 10 else None)
             ax.axhline(np.mean(values["A_T"][setting][str(beta)]["STSA"]), color="black", ls="--", lw=1, label="STSA (A_T)")
             ax.set_title(f"{setting.split(' / ')[-1]}, beta={beta}")

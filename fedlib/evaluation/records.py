@@ -20,7 +20,7 @@ import torch
 
 from fedlib.core.paths import RECORD_DIR, REPO
 
-__all__ = ["machine", "commit", "write_record", "load_record", "record_caption", "differences", "union"]
+__all__ = ["machine", "commit", "write_record", "load_record", "record_caption", "record_source", "differences", "union"]
 FIELDS = ("name", "command", "machine", "date", "commit", "seconds", "parameters", "results")
 
 
@@ -88,6 +88,15 @@ def record_caption(rec: dict[str, Any]) -> str:
     split = f", as {len(rec['parts'])} processes side by side" if rec.get("parts") else ""
     return (f"Recorded run `{rec['name']}`: `{rec['command']}`, run on {rec['date']} ({rec['machine']}; "
             f"{rec['seconds'] / 60:.0f} min{split}).")
+
+
+def record_source(rec: dict[str, Any] | None, mismatch: list[str], own: str) -> str:
+    """The sentence that says what a chapter's verdict rests on: the record (:func:`record_caption`)
+    when ``mismatch`` (:func:`differences`) is empty, else why not and ``own`` (its own runs)."""
+    if not mismatch:
+        return record_caption(rec)
+    why = "There is no recorded run" if rec is None else f"The recorded run used other parameters ({', '.join(mismatch[:4])})"
+    return f"{why}, so what follows rests on {own}."
 
 
 def union(a: Any, b: Any, where: str = "results") -> Any:

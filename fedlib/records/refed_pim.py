@@ -14,7 +14,7 @@ import torch
 
 from fedlib.core.devices import resolve_device
 from fedlib.core.parallel import resolve_workers
-from fedlib.refed.beyond import beyond_setup, run_rules
+from fedlib.refed.beyond import beyond_setup, rule_results, run_rules
 
 CHAPTER = "refed_beyond"
 RULES = ["refed", "grand"]
@@ -30,6 +30,4 @@ def run(p: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     scenario, settings = beyond_setup(p)
     rows = run_rules(scenario, RULES, p["seeds"], settings=settings, lam_local=p["lam_local"],
                      workers=resolve_workers(p["workers"], resolve_device(p["device"])), progress=progress, track=True)
-    by = {r: rows[rows.rule == r].set_index("seed").loc[list(p["seeds"])] for r in RULES}
-    return {"A_T": {r: [float(a) for a in by[r]["A_T"]] for r in RULES},
-            "curves": {r: [list(map(float, c)) for c in by[r]["last_task_curve"]] for r in RULES}}
+    return rule_results(rows, RULES, p["seeds"])

@@ -32,13 +32,9 @@ from fedlib.core.parallel import RunGrid
 from fedlib.core.seeds import rng
 from fedlib.core.validate import check_choice, check_real
 from fedlib.evaluation.stats import mean_std, paired_difference
-from fedlib.data.datasets import load_dataset
-from fedlib.data.streams import make_stream
-from fedlib.evaluation.style import human
-from fedlib.federated.models import make_model
-from fedlib.refed.studies import make_scenario, run_scenario
+from fedlib.refed.studies import benchmark_scenarios, run_scenario, run_settings
 
-__all__ = ["RULES", "PIM_RULES", "beyond_setup", "flip_labels", "CacheNoiseAudit", "run_rules", "rule_table", "noise_table",
+__all__ = ["RULES", "PIM_RULES", "beyond_setup", "rule_results", "flip_labels", "CacheNoiseAudit", "run_rules", "rule_table", "noise_table",
            "noise_accuracy_table", "paired_rows", "summary_lines"]
 
 #: rule -> (method of fedlib.refed.algorithm.LEARNERS, overrides of run_scenario); "lam_local" is filled in
@@ -59,20 +55,18 @@ PIM_RULES = ("refed", "refed_local", "refed_class", "refed_task", "refed_task_cl
 
 
 def beyond_setup(p: dict[str, Any]) -> tuple[dict, dict]:
-    """The chapter's class-incremental scenario (:func:`fedlib.refed.studies.make_scenario`) and the
-    :func:`run_rules` ``settings`` from its parameters ``p`` (dataset, n_train, model, rounds, ...)."""
-    ds = load_dataset(p["dataset"]).at_most(p["n_train"], p["n_test"])
-    scenario = make_scenario(f"class-incremental / {human(p['dataset'])}", ds.x_train, ds.y_train, ds.x_test,
-                             ds.y_test, partial(make_stream, ds.y_train, ds.y_test, p["num_tasks"]), alpha=p["alpha"],
-                             lr=p["lr"], memory=p["memory"], lam=p["lam"], rounds=p["rounds"], first_rounds=None,
-                             epochs=p["local_epochs"])
-    model_fn = partial(make_model, p["model"], int(scenario["x_train"].shape[1]), 10,
-                       image_size=int(scenario["x_train"].shape[-1]), width=p["cnn_width"], hidden=p["cnn_hidden"])
-    settings = dict(model_fn=model_fn, num_clients=p["num_clients"], batch_size=p["batch_size"],
-                    momentum=p["momentum"], participation=p["participation"], device=p["device"],
-                    num_threads=p["num_threads"], memory_mode=p["memory_mode"], pim_epochs=p["pim_epochs"],
-                    grad_norm=p["grad_norm"])
-    return scenario, settings
+    """The chapter's class-incremental scenario (the benchmark's, :func:`fedlib.refed.studies.benchmark_scenarios`)
+    and the :func:`run_rules` ``settings`` (:func:`fedlib.refed.studies.run_settings`) from its parameters ``p``."""
+    scenario = benchmark_scenarios({**p, "domain": False})["class"]
+    return scenario, run_settings(p, scenario)
+
+
+def rule_results(rows: pd.DataFrame, rules: Sequence[str], seeds: Sequence[int]) -> dict[str, dict]:
+    """From :func:`run_rules`' rows (run with ``track``): per rule, A_T per seed and the last task's
+    test-accuracy curve (%) per seed, in the order of ``seeds``; JSON-ready."""
+    by = {r: rows[rows.rule == r].set_index("seed").loc[list(seeds)] for r in rules}
+    return {"A_T": {r: [float(a) for a in by[r]["A_T"]] for r in rules},
+            "curves": {r: [list(map(float, c)) for c in by[r]["last_task_curve"]] for r in rules}}
 
 
 def flip_labels(y, stream, fraction: float, seed: int,

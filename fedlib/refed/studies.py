@@ -327,14 +327,20 @@ def benchmark_scenarios(p: dict[str, Any]) -> dict[str, dict]:
     return scen
 
 
+def run_settings(p: dict[str, Any], scenario: dict) -> dict[str, Any]:
+    """The model and training settings of :func:`run_scenario` (and :class:`ScenarioRuns`) from a
+    chapter's parameters ``p``: ``model_fn`` builds ``p["model"]`` for ``scenario``'s images."""
+    x = scenario["x_train"]
+    model_fn = partial(make_model, p["model"], int(x.shape[1]), 10, image_size=int(x.shape[-1]), width=p["cnn_width"],
+                       hidden=p["cnn_hidden"])
+    return dict(model_fn=model_fn, num_clients=p["num_clients"], batch_size=p["batch_size"], momentum=p["momentum"],
+                participation=p["participation"], device=p["device"], num_threads=p["num_threads"],
+                memory_mode=p["memory_mode"], pim_epochs=p["pim_epochs"], grad_norm=p["grad_norm"])
+
+
 def benchmark_runs(p: dict[str, Any], scenarios: dict[str, dict]) -> ScenarioRuns:
     """The benchmark chapter's :class:`ScenarioRuns` on ``scenarios`` with its model and training settings."""
-    channels = int(scenarios["class"]["x_train"].shape[1])
-    model_fn = partial(make_model, p["model"], channels, 10, image_size=28, width=p["cnn_width"], hidden=p["cnn_hidden"])
-    return ScenarioRuns(scenarios, model_fn=model_fn, num_clients=p["num_clients"], batch_size=p["batch_size"],
-                        momentum=p["momentum"], participation=p["participation"], device=p["device"],
-                        num_threads=p["num_threads"], memory_mode=p["memory_mode"], pim_epochs=p["pim_epochs"],
-                        grad_norm=p["grad_norm"], method_hparams=p["method_hparams"])
+    return ScenarioRuns(scenarios, **run_settings(p, scenarios["class"]), method_hparams=p["method_hparams"])
 
 
 def first_task_accuracies(runs: ScenarioRuns, kind_methods: dict[str, Sequence[str]], seeds: Sequence[int],

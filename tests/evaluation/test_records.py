@@ -37,3 +37,13 @@ def test_union_merges_disjoint_keys_and_refuses_disagreeing_values():
         records.union(a, {"afl": {"s": 0.9}})
     assert records.record_caption({"name": "n", "command": "c", "date": "d", "machine": "m", "seconds": 120,
                                    "parts": ["p1", "p2"]}).endswith("2 min, as 2 processes side by side).")
+
+
+def test_record_source_says_what_a_verdict_rests_on():
+    from fedlib.evaluation.records import record_caption, record_source
+
+    rec = {"name": "r", "command": "python -m fedlib.records r", "date": "2026-11-27 01:00 UTC", "machine": "m",
+           "seconds": 120.0, "parameters": {"seeds": [0, 1]}}
+    assert record_source(rec, [], "its own runs") == record_caption(rec)
+    assert record_source(None, ["seeds"], "its own runs") == "There is no recorded run, so what follows rests on its own runs."
+    assert "other parameters (seeds)" in record_source(rec, ["seeds"], "its own 3 rounds")
