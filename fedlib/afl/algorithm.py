@@ -336,14 +336,16 @@ class AFLResult:
 
 
 def _finish(srv, restore: bool, cost: Cost) -> AFLResult:
-    """Server result (+ RI restoration, eq. 15) as an :class:`AFLResult`; restoration time counted."""
+    """Server result (+ RI restoration, eq. 15) as an :class:`AFLResult`. Both count in ``cost.seconds``;
+    the solve is already in ``srv.seconds``, so only the restoration is added to the server's share."""
     t0 = time.perf_counter()
     w_r, c_r = srv.result()
+    t1 = time.perf_counter()
     weights = ri_restore(w_r, c_r, srv.gamma_sum) if restore else w_r
-    restore_seconds = time.perf_counter() - t0
-    cost.seconds += restore_seconds
+    t2 = time.perf_counter()
+    cost.seconds += t2 - t0
     return AFLResult(weights, w_r, c_r, srv.count, srv.gamma_sum, cost, list(srv.upload_bytes),
-                     srv.seconds + restore_seconds)
+                     srv.seconds + (t2 - t1))
 
 
 def aggregate(uploads: Iterable[Message], server: str = "one_solve", restore: bool = True,

@@ -33,11 +33,17 @@ RECORDS = {"afl_converged": afl, "refed_pim": refed_pim, "refed_resolved": refed
 
 
 def parameters(name: str, profile: str, overrides: dict) -> dict:
-    """The chapter's parameters of record ``name`` at ``profile`` with the record's defaults and ``overrides``."""
+    """The chapter's parameters of record ``name`` at ``profile`` with the record's defaults and ``overrides``,
+    and the record's own parameters (its ``OWN``, checked by its ``check``): ValueError before any work."""
     module = RECORDS[name]
-    chosen = {**module.DEFAULTS, **overrides}
-    return {**notebook_parameters(module.CHAPTER), **resolve_parameters(module.CHAPTER, profile, chosen),
-            "profile": profile}
+    own_defaults = getattr(module, "OWN", {})
+    own = {**own_defaults, **{k: v for k, v in overrides.items() if k in own_defaults}}
+    chosen = {**module.DEFAULTS, **{k: v for k, v in overrides.items() if k not in own_defaults}}
+    params = {**notebook_parameters(module.CHAPTER), **resolve_parameters(module.CHAPTER, profile, chosen),
+              **own, "profile": profile}
+    if own:
+        module.check(params)
+    return params
 
 
 def merge_parts(name: str, params: dict, parts: list[dict]) -> dict:

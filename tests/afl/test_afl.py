@@ -1,4 +1,5 @@
 """AFL exactness (AA law, RI process) on random data, with tolerances a wrong formula fails."""
+import time
 import warnings
 
 import numpy as np
@@ -333,6 +334,24 @@ def test_run_afl_cost_is_measured_and_nothing_is_broadcast(data, server):
     paper = afl.run_afl(x, y, parts, C, gamma=1.0, server=server, packed=False)   # full C (d, d)
     assert paper.cost.bytes_up == 6 * ((D * D + D * C) * 8 + 8)
     assert paper.cost.bytes_up - res.cost.bytes_up == 6 * D * (D - 1) // 2 * 8
+
+
+def test_server_seconds_count_the_final_solve_once():
+    """The server's share of the seconds is absorb + solve + restoration, each once, and never more
+    than the run's seconds (the final solve was counted twice, which made it exceed them at random)."""
+    from fedlib.core.messages import Cost
+
+    class SlowSolve:
+        seconds, count, gamma_sum, upload_bytes = 0.0, 1, 0.0, []
+
+        def result(self):
+            t0 = time.perf_counter()
+            time.sleep(0.2)
+            self.seconds += time.perf_counter() - t0
+            return torch.eye(2), torch.eye(2)
+
+    res = afl._finish(SlowSolve(), restore=False, cost=Cost())
+    assert 0.2 <= res.server_seconds <= res.cost.seconds < 0.35
 
 
 def test_client_program_step_equals_client_update(data):

@@ -36,19 +36,30 @@ def test_committed_records_load_and_match_their_chapters_parameters():
         assert rec["command"].startswith(f"python -m fedlib.records {rec['name']}")
         # `make records` (the record's defaults) reproduces the committed run's budget and seeds
         assert {k: rec["parameters"][k] for k in module.DEFAULTS} == module.DEFAULTS, path
+        own = getattr(module, "OWN", {})
+        assert {k: rec["parameters"][k] for k in own} == own, path
     assert parameters("afl_converged", "quick", {})["rounds"] == RECORDS["afl_converged"].DEFAULTS["rounds"]
 
 
 def test_refed_record_runs_small_with_every_seed_and_the_last_tasks_curves(tmp_path):
     assert main(["refed_resolved", "--profile", "smoke", "--out", str(tmp_path), "rounds=2", "rounds_domain=3",
-                 "seeds=[0, 1]"]) == 0
+                 "seeds=[0, 1]", "more_seeds={class: [5]}"]) == 0
     rec = load_record("refed_resolved", folder=tmp_path)
     res = rec["results"]
+    assert res["seeds"] == {"class": [0, 1, 5], "domain": [0, 1]} and rec["parameters"]["more_seeds"] == {"class": [5]}
     assert set(res["A_T"]) == {"class", "domain"} == set(res["curves"])
     for kind, rounds in (("class", 2), ("domain", 3)):
+        n = len(res["seeds"][kind])
         for m in RECORDS["refed_resolved"].METHODS:
-            assert len(res["A_T"][kind][m]) == 2 and all(0 <= a <= 100 for a in res["A_T"][kind][m])
-            assert [len(c) for c in res["curves"][kind][m]] == [rounds, rounds]
+            assert len(res["A_T"][kind][m]) == n and all(0 <= a <= 100 for a in res["A_T"][kind][m])
+            assert [len(c) for c in res["curves"][kind][m]] == [rounds] * n
+
+
+def test_refed_records_own_seeds_are_checked_before_any_work(tmp_path, capsys):
+    for bad in ("more_seeds={class: [1]}", "more_seeds={tasks: [9]}", "more_seeds={class: [9, 9]}",
+                "more_seeds={class: 3}"):
+        assert main(["refed_resolved", "--profile", "smoke", "--out", str(tmp_path), "seeds=[0, 1]", bad]) == 2, bad
+        assert "more_seeds" in capsys.readouterr().err and not list(tmp_path.iterdir())
 
 
 def test_pim_record_runs_small_and_equals_the_chapters_own_runs(tmp_path):
