@@ -446,40 +446,52 @@ glue('afl_benchmark_prose_4', Markdown("\n\n".join(_prose)), display=False)
 cost, afl_seconds, afl_bytes = afl_studies.cost_table(runs, afl_runs, partition_seed, paper_rounds)
 display(captioned(cost.style.format({c: "{:.2f}" for c in cost.columns if "rounds until" not in c}, na_rep="—"),
                   "Time and communication of each method against AFL's, measured on this machine"))
-print(f"AFL: {afl_seconds:.2f} s for its final head; upload {afl_bytes / 1e6:.2f} MB per client, once "
+print(f"AFL: {afl_seconds:.2f} s for its final head; upload {afl_bytes / 2**20:.2f} MiB per client, once "
       f"(float64 statistics, d={feats.dim}, C={C}).")
 print(f"Paper (GPU, CIFAR-100, Fig. 2, incl. 224-px feature extraction): AFL "
       f"{paper_results.AFL_TRAINING_SECONDS['CIFAR-100']} s vs baselines "
       f"{paper_results.AFL_BASELINE_SECONDS['CIFAR-100']} s.")
 
 # %%
-_prose = []   # the cell's sentences, shown as Markdown below (glue)
 linear_methods, cross_linear, cross_moon = afl_studies.upload_crossings(cost, methods)
+ratio_ours = cost["time ratio vs AFL (our budget)"]
 ratio_paper = cost[f"time ratio vs AFL ({paper_rounds} rounds)"]
 paper_ratios = [b / paper_results.AFL_TRAINING_SECONDS[ds] for ds, bounds in paper_results.AFL_BASELINE_SECONDS.items()
                 for b in bounds]
-_prose.append(
-    f"The time ratio depends on the training budget. At this profile's budget ({rounds} rounds x "
-    f"{local_epochs} local epoch(s)) the baselines need between {cost['time ratio vs AFL (our budget)'].min():.1f}x "
-    f"and {cost['time ratio vs AFL (our budget)'].max():.1f}x AFL's time to reach their final accuracy; at "
-    f"{paper_rounds} rounds, the paper's budget (inferred from its Fig. 2 timings; the paper does not state "
-    f"the local epochs, ours are {local_epochs}), between {ratio_paper.min():.0f}x and {ratio_paper.max():.0f}x. "
-    f"The paper's Fig. 2 timings give {min(paper_ratios):.0f}x to {max(paper_ratios):.0f}x "
-    f"on a GPU, with feature extraction inside AFL's time.\n\n"
-    f"AFL uploads the upper triangle of its symmetric $d\\times d$ Gram matrix ($d(d+1)/2$ numbers) and "
-    f"one $d\\times C$ head per client, once ({afl_bytes / 1e6:.2f} MB in float64, measured; the paper's full "
-    f"Gram would make it {(feats.dim ** 2 + feats.dim * C) * 8 / 1e6:.2f} MB by count). "
-    + (f"A linear-head baseline uploads a float32 head of {cost.loc[linear_methods[0], 'upload bytes/client/round'] / 1e3:.1f} kB "
-       f"per round, so its total passes AFL's after {cross_linear} rounds" if linear_methods else "")
-    + (f"; MOON's head ({cost.loc['moon', 'upload bytes/client/round'] / 1e6:.2f} MB per round) after "
-       f"{cross_moon} rounds" if cross_moon else "")
-    + ". AFL trades one larger message for no iterations.")
-glue('afl_benchmark_prose_5', Markdown("\n\n".join(_prose)), display=False)
+crossings = ""   # when a baseline's total upload passes AFL's one upload
+if linear_methods:
+    crossings = (f"A linear-head baseline uploads a float32 head of "
+                 f"{cost.loc[linear_methods[0], 'upload bytes/client/round'] / 2**10:.1f} KiB per round, so its total "
+                 f"passes AFL's after {cross_linear} rounds"
+                 + (f"; MOON's head ({cost.loc['moon', 'upload bytes/client/round'] / 2**20:.2f} MiB per round) after "
+                    f"{cross_moon} rounds" if cross_moon else "") + ".")
+glue("afl_cost_rounds", int(rounds), display=False)
+glue("afl_cost_local_epochs", int(local_epochs), display=False)
+glue("afl_cost_ratio_min", float(ratio_ours.min()), display=False)
+glue("afl_cost_ratio_max", float(ratio_ours.max()), display=False)
+glue("afl_cost_paper_rounds", int(paper_rounds), display=False)
+glue("afl_cost_paper_budget_min", float(ratio_paper.min()), display=False)
+glue("afl_cost_paper_budget_max", float(ratio_paper.max()), display=False)
+glue("afl_cost_paper_ratio_min", float(min(paper_ratios)), display=False)
+glue("afl_cost_paper_ratio_max", float(max(paper_ratios)), display=False)
+glue("afl_cost_upload_mib", float(afl_bytes / 2**20), display=False)
+glue("afl_cost_full_gram_mib", float((feats.dim ** 2 + feats.dim * C) * 8 / 2**20), display=False)
+glue("afl_cost_crossings", Markdown(crossings), display=False)
 
 # %% [markdown]
-# ```{glue:md} afl_benchmark_prose_5
-# :format: myst
-# ```
+# The time ratio depends on the training budget. At this profile's budget ({glue:text}`afl_cost_rounds` rounds
+# $\times$ {glue:text}`afl_cost_local_epochs` local epoch(s)) the baselines need between
+# {glue:text}`afl_cost_ratio_min:.1f` and {glue:text}`afl_cost_ratio_max:.1f` times AFL's time to reach their final
+# accuracy; at {glue:text}`afl_cost_paper_rounds` rounds, the paper's budget (inferred from its Fig. 2 timings;
+# the paper does not state the local epochs, ours are {glue:text}`afl_cost_local_epochs`), between
+# {glue:text}`afl_cost_paper_budget_min:.0f` and {glue:text}`afl_cost_paper_budget_max:.0f` times. The paper's
+# Fig. 2 timings give {glue:text}`afl_cost_paper_ratio_min:.0f` to {glue:text}`afl_cost_paper_ratio_max:.0f` times
+# on a GPU, with feature extraction inside AFL's time.
+#
+# AFL uploads the upper triangle of its symmetric $d\times d$ Gram matrix ($d(d+1)/2$ numbers) and one
+# $d\times C$ head per client, once ({glue:text}`afl_cost_upload_mib:.2f` MiB in float64, measured; the paper's
+# full Gram would make it {glue:text}`afl_cost_full_gram_mib:.2f` MiB by count). {glue:md}`afl_cost_crossings` AFL
+# trades one larger message for no iterations.
 
 # %%
 claims.register(
@@ -501,7 +513,7 @@ if cross_linear is not None:
         "afl-single-round-communication", "afl",
         "AFL needs a single round of communication: each client uploads once.",
         holds=bool((afl_runs["uploads per client"] == 1).all()),
-        evidence=f"one upload of {afl_bytes / 1e6:.2f} MB per client (measured); a linear-head baseline's "
+        evidence=f"one upload of {afl_bytes / 2**20:.2f} MiB per client (measured); a linear-head baseline's "
                  f"cumulative upload passes it after {cross_linear} rounds"
                  + (f", MOON's after {cross_moon}" if cross_moon else ""),
         condition=f"'less communication' is counted in rounds; in bytes a linear-head baseline uploads less than "

@@ -75,7 +75,7 @@ import seaborn as sns
 import matplotlib.pyplot as plt
 import torch
 from myst_nb import glue
-from IPython.display import Markdown, display
+from IPython.display import display
 
 from fedlib.core.linalg import SufficientStats, lstsq_reference, qr_reference, relative_error, synthetic_features
 from fedlib.evaluation.metrics import head_accuracy
@@ -92,6 +92,12 @@ specs.check("afl_beyond", globals())
 from fedlib.evaluation.style import book_style, captioned, fit_column, human
 book_style()   # the book's figure theme and table number style
 chapter_start = time.perf_counter()
+# one colour per route in every figure: TSQR blue (float32 clients purple), AFL's one-solve server orange,
+# the paper's pairwise law green
+_deep = sns.color_palette("deep")
+METHOD_COLOURS = {"TSQR": _deep[0], "one-solve (normal eq.)": _deep[1], "pairwise AA law (paper)": _deep[2],
+                  "TSQR (float64 clients)": _deep[0], "TSQR (float32 clients)": _deep[4],
+                  "AFL (one-solve server, the paper's upload)": _deep[1]}
 print(f"profile={profile}: {human(dataset)} / {human(backbone)}@{input_size}px, K={num_clients}, cond(X) in {conditions}, "
       f"{len(seeds)} seeds")
 
@@ -207,26 +213,28 @@ display(slopes.to_frame().style.format("{:.2f}", na_rep="—").set_caption(
     "slope of log10(median error) vs log10(cond(X)) while the error is < 0.1"))
 
 # %% mystnb={"figure": {"caption": "Relative error of the federated head against lstsq versus the condition number of X (both log scale) for TSQR and the two normal-equation servers: the line is the median over seeds and the band the range over seeds; left float64 clients, right float32 clients, the server in float64 in both, errors clipped at 10. The dashed and dotted guides are kappa times u and kappa squared times u: TSQR follows the first, the normal equations (whose two curves overlap) the second."}, "image": {"alt": "Two log-log line charts, float64 and float32 clients: relative error against condition number for three methods, with two reference lines"}}
-fig, axes = plt.subplots(1, 2, figsize=fit_column(11, 4.2), sharey=True)
-palette = dict(zip(study["method"].unique(), sns.color_palette("deep", 3)))
+fig, axes = plt.subplots(1, 2, figsize=fit_column(11, 4.6), sharey=True)
+# the two normal-equation lines overlap: the paper's law dashed over the one-solve server's solid line
+markers = {"TSQR": "o", "one-solve (normal eq.)": "s", "pairwise AA law (paper)": "X"}
+dashes = {"TSQR": "", "one-solve (normal eq.)": "", "pairwise AA law (paper)": (3, 2)}
 for ax, prec in zip(axes, ["float64", "float32"]):
     sub = study[study.clients == prec].copy()
     sub["rel. error vs lstsq"] = sub["rel. error vs lstsq"].clip(upper=10.0).fillna(10.0)
-    sns.lineplot(data=sub, x="cond(X)", y="rel. error vs lstsq", hue="method", estimator="median",
-                 errorbar=("pi", 100), marker="o", palette=palette, ax=ax, legend=ax is axes[0])
+    sns.lineplot(data=sub, x="cond(X)", y="rel. error vs lstsq", hue="method", style="method", estimator="median",
+                 errorbar=("pi", 100), markers=markers, dashes=dashes, palette=METHOD_COLOURS, ax=ax, legend=ax is axes[0])
     eps = float(np.finfo(ab.DTYPES[prec]).eps)
     kappa = np.asarray(conditions, dtype=float)
     ax.plot(kappa, kappa * eps, "k--", lw=1, label=r"$\kappa\,u$")
     ax.plot(kappa, np.minimum(kappa ** 2 * eps, 10.0), "k:", lw=1, label=r"$\kappa^2 u$")
     ax.set(xscale="log", yscale="log", xlabel=r"condition number $\kappa(X)$",
-           ylabel="relative error vs lstsq (clipped at 10)", title=f"{prec} clients, float64 server")
-axes[0].legend(fontsize=8, loc="upper left")
-axes[1].legend(*axes[1].get_legend_handles_labels(), fontsize=8, loc="lower right")
-plt.tight_layout()
+           ylabel="relative error (clipped at 10)", title=f"{prec} clients, float64 server")
+handles, labels = axes[0].get_legend_handles_labels()
+axes[0].get_legend().remove()
+fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=8, frameon=False)
+plt.tight_layout(rect=(0, 0.07, 1, 1))
 plt.show()
 
 # %%
-_prose = []   # the cell's sentences, shown as Markdown below (glue)
 f64 = summary[summary.clients == "float64"].set_index(["method", "cond(X)"])
 f32 = summary[summary.clients == "float32"].set_index(["method", "cond(X)"])
 digits32 = {m: max(0.0, -np.log10(f32.loc[(m, min(conditions)), "median"])) for m in ["TSQR", "one-solve (normal eq.)"]}
@@ -234,22 +242,27 @@ worst_tsqr = (f64.loc["TSQR", "max"] / f64.loc["TSQR", "cond·eps"]).max()
 top = max(conditions)
 ne_top = f64.loc[("one-solve (normal eq.)", top), "median"]
 qr_top = f64.loc[("TSQR", top), "median"]
-_prose.append(
-    f"Measured: TSQR's error stays below {worst_tsqr:.2f} $\\kappa u$ at every condition number (float64 "
-    f"clients; slope {slopes[('float64', 'TSQR')]:.2f}); the normal equations follow $\\kappa^2 u$ (slope "
-    f"{slopes[('float64', 'one-solve (normal eq.)')]:.2f} for the one-solve server, "
-    f"{slopes[('float64', 'pairwise AA law (paper)')]:.2f} for the paper's law) until they have no correct "
-    f"digit left. At $\\kappa(X)$ = {top:.0e}: TSQR {qr_top:.1e}, one-solve {ne_top:.1e}. With float32 clients "
-    f"TSQR keeps {digits32['TSQR']:.1f} correct digits at $\\kappa$ = {min(conditions):.0e}, the normal "
-    f"equations {digits32['one-solve (normal eq.)']:.1f}.")
 assert worst_tsqr < 10, "TSQR's error must follow cond(X) u"
 assert qr_top * 1e3 < ne_top, "at the largest condition number TSQR must beat the normal equations by 1e3"
-glue('afl_beyond_prose_1', Markdown("\n\n".join(_prose)), display=False)
+glue("afl_tsqr_worst", float(worst_tsqr), display=False)
+glue("afl_tsqr_slope", float(slopes[("float64", "TSQR")]), display=False)
+glue("afl_one_solve_slope", float(slopes[("float64", "one-solve (normal eq.)")]), display=False)
+glue("afl_pairwise_slope", float(slopes[("float64", "pairwise AA law (paper)")]), display=False)
+glue("afl_tsqr_top_condition", float(top), display=False)
+glue("afl_tsqr_top_error", float(qr_top), display=False)
+glue("afl_one_solve_top_error", float(ne_top), display=False)
+glue("afl_tsqr_f32_condition", float(min(conditions)), display=False)
+glue("afl_tsqr_f32_digits", float(digits32["TSQR"]), display=False)
+glue("afl_one_solve_f32_digits", float(digits32["one-solve (normal eq.)"]), display=False)
 
 # %% [markdown]
-# ```{glue:md} afl_beyond_prose_1
-# :format: myst
-# ```
+# Measured: TSQR's error stays below {glue:text}`afl_tsqr_worst:.2f` $\kappa u$ at every condition number
+# (float64 clients; slope {glue:text}`afl_tsqr_slope:.2f`); the normal equations follow $\kappa^2 u$ (slope
+# {glue:text}`afl_one_solve_slope:.2f` for the one-solve server, {glue:text}`afl_pairwise_slope:.2f` for the
+# paper's law) until they have no correct digit left. At $\kappa(X)=$ {glue:text}`afl_tsqr_top_condition:.0e`:
+# TSQR {glue:text}`afl_tsqr_top_error:.1e`, one-solve {glue:text}`afl_one_solve_top_error:.1e`. With float32
+# clients TSQR keeps {glue:text}`afl_tsqr_f32_digits:.1f` correct digits at $\kappa=$
+# {glue:text}`afl_tsqr_f32_condition:.0e`, the normal equations {glue:text}`afl_one_solve_f32_digits:.1f`.
 
 # %% [markdown]
 # ### 1.4 On the benchmark features: bytes and accuracy
@@ -272,37 +285,44 @@ display(captioned(uploads.style.format({"upload bytes/client (mean)": "{:,.0f}",
                   f"Uploads and accuracy of the aggregation routes (cond(X) = {kappa_x:.2e})"))
 
 # %% mystnb={"figure": {"caption": "Measured upload of every client (bytes) against the number of samples it holds (both log scale), one marker per client, colour and shape per protocol (AFL, TSQR with float64 or float32 clients); the dotted line marks N_k = d + C. Clients left of that line upload only N_k rows with TSQR, so fewer bytes than with AFL."}, "image": {"alt": "Log-log scatter plot: upload bytes against client sample count, one marker per client, coloured by protocol"}}
-_prose = []   # the cell's sentences, shown as Markdown below (glue)
-fig, ax = plt.subplots(figsize=fit_column(6.5, 4))
-sns.scatterplot(data=per_client, x="N_k", y="upload bytes", hue="method", style="method", s=25, ax=ax)
+fig, ax = plt.subplots(figsize=fit_column(6.5, 4.6))
+sns.scatterplot(data=per_client, x="N_k", y="upload bytes", hue="method", style="method", palette=METHOD_COLOURS,
+                s=25, ax=ax)
 ax.axvline(d + C, color="gray", ls=":", lw=1)
-ax.text(d + C, ax.get_ylim()[1] * 0.9, "  N_k = d + C", color="gray", fontsize=8)
-ax.set(xscale="log", yscale="log", xlabel="samples on the client N_k (log)", ylabel="measured upload (bytes, log)",
-       title=f"one upload per client, K={num_clients}")
-ax.legend(fontsize=7)
+ax.text(d + C, ax.get_ylim()[1] * 0.9, "  $N_k = d + C$", color="gray", fontsize=8)
+ax.set(xscale="log", yscale="log", xlabel="samples on the client $N_k$ (log)", ylabel="measured upload (bytes, log)",
+       title=f"one upload per client, $K$ = {num_clients}")
+sns.move_legend(ax, "upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, fontsize=8, title=None, frameon=False)
 plt.tight_layout()
 plt.show()
 afl_b = uploads["upload bytes/client (mean)"].iloc[0]
 tsqr_b = uploads["upload bytes/client (mean)"].iloc[1]
-_prose.append(
-    f"Measured: the TSQR upload averages {tsqr_b / 1e6:.2f} MB per client against AFL's {afl_b / 1e6:.2f} MB "
-    f"({afl_b / tsqr_b:.1f}x less; float32 factors halve it again), because {int((sizes < d + C).sum())} of "
-    f"{num_clients} clients hold fewer than $d+C$ = {d + C} samples and upload only $N_k$ rows "
-    f"(eq. tsqr-bytes). Both heads agree with the QR reference "
-    f"({uploads['rel. error vs QR reference'].iloc[0]:.0e} for AFL, {uploads['rel. error vs QR reference'].iloc[1]:.0e} "
-    f"for TSQR) and predict the same test accuracy. Here $\\kappa(X)$ = {kappa_x:.1e}, yet the normal equations "
-    f"lose far less than the worst case $\\kappa^2u$ = {kappa_x ** 2 * np.finfo(float).eps:.0e}: on these features "
-    f"the accuracy gap of section 1.3 does not show in float64, and TSQR's gain is in the bytes (and in float32, "
-    f"{uploads['rel. error vs QR reference'].iloc[2]:.0e} for float32 TSQR clients).")
 assert uploads["rel. error vs QR reference"].iloc[1] < 1e-10
-assert (per_client[per_client.method.str.startswith("TSQR, float64")]["upload bytes"].to_numpy()
-        <= per_client[per_client.method.str.startswith("AFL")]["upload bytes"].to_numpy() + 16).all()
-glue('afl_beyond_prose_2', Markdown("\n\n".join(_prose)), display=False)
+assert (per_client[per_client.method == "TSQR (float64 clients)"]["upload bytes"].to_numpy()
+        <= per_client[per_client.method.str.startswith("AFL ")]["upload bytes"].to_numpy() + 16).all()
+errors = uploads["rel. error vs QR reference"]
+glue("afl_tsqr_upload_mib", float(tsqr_b / 2**20), display=False)
+glue("afl_afl_upload_mib", float(afl_b / 2**20), display=False)
+glue("afl_tsqr_upload_ratio", float(afl_b / tsqr_b), display=False)
+glue("afl_tsqr_small_clients", int((sizes < d + C).sum()), display=False)
+glue("afl_tsqr_clients", int(num_clients), display=False)
+glue("afl_tsqr_rows", int(d + C), display=False)
+glue("afl_upload_error_afl", float(errors.iloc[0]), display=False)
+glue("afl_upload_error_tsqr", float(errors.iloc[1]), display=False)
+glue("afl_upload_error_tsqr32", float(errors.iloc[2]), display=False)
+glue("afl_upload_condition", float(kappa_x), display=False)
+glue("afl_upload_worst_case", float(kappa_x ** 2 * np.finfo(float).eps), display=False)
 
 # %% [markdown]
-# ```{glue:md} afl_beyond_prose_2
-# :format: myst
-# ```
+# Measured: the TSQR upload averages {glue:text}`afl_tsqr_upload_mib:.2f` MiB per client against AFL's
+# {glue:text}`afl_afl_upload_mib:.2f` MiB ({glue:text}`afl_tsqr_upload_ratio:.1f` times less; float32 factors
+# halve it again), because {glue:text}`afl_tsqr_small_clients` of {glue:text}`afl_tsqr_clients` clients hold
+# fewer than $d+C=$ {glue:text}`afl_tsqr_rows` samples and upload only $N_k$ rows (eq. tsqr-bytes). Both heads
+# agree with the QR reference ({glue:text}`afl_upload_error_afl:.0e` for AFL, {glue:text}`afl_upload_error_tsqr:.0e`
+# for TSQR) and predict the same test accuracy. Here $\kappa(X)=$ {glue:text}`afl_upload_condition:.1e`, yet the
+# normal equations lose far less than the worst case $\kappa^2u=$ {glue:text}`afl_upload_worst_case:.0e`: on
+# these features the accuracy gap of section 1.3 does not show in float64, and TSQR's gain is in the bytes
+# (and in float32, {glue:text}`afl_upload_error_tsqr32:.0e` for float32 TSQR clients).
 
 # %% [markdown]
 # ## 2. What the upload reveals, and secure aggregation
@@ -345,11 +365,11 @@ img = data.x_train[i0].astype(np.float64)
 pix, pix_lab = ab.recover_single_sample(afl.client_update(img.reshape(1, -1) / 255.0, data.y_train[i0:i0 + 1], C, gamma))
 fig, axes = plt.subplots(1, 3, figsize=fit_column(8.5, 3))
 axes[0].imshow(img.reshape(img.shape[0], img.shape[1], -1).squeeze(), cmap="gray")
-axes[0].set_title("client's image")
+axes[0].set_title("client's image\n(label %d)" % int(data.y_train[i0]))
 axes[1].imshow(255.0 * pix.numpy().reshape(img.shape[0], img.shape[1], -1).squeeze(), cmap="gray")
-axes[1].set_title(f"recovered from the upload (label {pix_lab})")
+axes[1].set_title(f"rebuilt by the server\n(label {pix_lab})")
 axes[2].scatter(feats.x_train[i0], vec.numpy(), s=4)
-axes[2].set(xlabel="true feature value", ylabel="recovered feature value", title=f"its {d} backbone features")
+axes[2].set(xlabel="true feature value", ylabel="recovered feature value", title=f"its {d} backbone\nfeatures")
 for ax in axes[:2]:
     ax.axis("off")
 plt.tight_layout()
@@ -419,7 +439,6 @@ assert same_sum and err_masked < 1e-10
 assert abs(view["correlation"]) < 4 / np.sqrt(true0.shape[1])
 
 # %% mystnb={"figure": {"caption": "What the server receives from client 0 against the true value of each statistic, for a random subset of the entries: without masks (left) the points lie on the diagonal; with pairwise masks (right) they show no relation to the true values."}, "image": {"alt": "Two scatter plots of received value against true statistic value, without and with pairwise masks"}}
-_prose = []   # the cell's sentences, shown as Markdown below (glue)
 sel = np.random.default_rng(0).choice(true0.shape[1], size=min(3000, true0.shape[1]), replace=False)
 fig, axes = plt.subplots(1, 2, figsize=fit_column(10, 3.8))
 axes[0].scatter(ab.decode_fixed(true0, masked.frac_bits)[sel], ab.decode_fixed(plain.seen[0], masked.frac_bits)[sel], s=3)
@@ -429,19 +448,17 @@ axes[1].set(xlabel="client 0's statistic (true value)", ylabel="what the server 
             title="with pairwise masks")
 plt.tight_layout()
 plt.show()
-_prose.append(
-    f"Measured: the server never sees a statistic, only uniform ring elements (correlation "
-    f"{view['correlation']:+.3f} with client 0's true statistics), yet the masks cancel bit for bit and the head "
-    f"equals the unmasked one-solve head to {err_masked:.0e}. The price is the encoding: as many numbers as AFL's "
-    f"upload ($d(d+1)/2+dC+1$) but two 64-bit words each, {masked.cost.bytes_up / mask_clients / afl_upload:.1f}x AFL's "
-    f"upload (one word, on the coarser grid $2^{{-f_{{hi}}}}$ alone, would match AFL's size), and $K(K-1)/2$ pairwise "
-    f"mask streams to expand.")
-glue('afl_beyond_prose_3', Markdown("\n\n".join(_prose)), display=False)
+glue("afl_mask_correlation", float(view["correlation"]), display=False)
+glue("afl_mask_error", float(err_masked), display=False)
+glue("afl_mask_upload_ratio", float(masked.cost.bytes_up / mask_clients / afl_upload), display=False)
 
 # %% [markdown]
-# ```{glue:md} afl_beyond_prose_3
-# :format: myst
-# ```
+# Measured: the server never sees a statistic, only uniform ring elements (correlation
+# {glue:text}`afl_mask_correlation:+.3f` with client 0's true statistics), yet the masks cancel bit for bit and
+# the head equals the unmasked one-solve head to {glue:text}`afl_mask_error:.0e`. The price is the encoding: as
+# many numbers as AFL's upload ($d(d+1)/2+dC+1$) but two 64-bit words each, {glue:text}`afl_mask_upload_ratio:.1f`
+# times AFL's upload (one word, on the coarser grid $2^{-f_{hi}}$ alone, would match AFL's size), and $K(K-1)/2$
+# pairwise mask streams to expand.
 
 # %% [markdown]
 # ## 3. Hyperparameters and unlearning from the statistics alone
@@ -512,7 +529,7 @@ print(f"best λ in hindsight ({hp_runs['best λ (hindsight)'].iloc[0]:g}) minus 
       "(the same for every partition: the pooled statistics do not depend on it)")
 
 # %% mystnb={"figure": {"caption": "Left: test accuracy of the ridge head on the pooled data against the ridge parameter lambda (log scale); the dashed line is lambda = 0 (AFL) and the red dotted lines the leave-one-client-out choice of each partition. Right: the leave-one-client-out squared error per training sample against lambda, one line per partition seed. Together they show how much tuning lambda could change AFL's accuracy."}, "image": {"alt": "Two line charts against the ridge parameter on a log scale: test accuracy with reference lines, and leave-one-client-out error per partition seed"}}
-fig, axes = plt.subplots(1, 2, figsize=fit_column(11, 4))
+fig, axes = plt.subplots(1, 2, figsize=fit_column(11, 4.4))
 pos = hp_path[hp_path["λ"] > 0]
 acc_curve = pos[pos.seed == seeds[0]]
 axes[0].plot(acc_curve["λ"], 100 * acc_curve["test accuracy"], "o-", label="ridge head on the pooled data")
@@ -523,8 +540,9 @@ axes[0].plot([], [], color="tab:red", ls=":", label="LOCO λ* (per partition)")
 axes[0].set(xscale="log", xlabel="ridge parameter λ (log)", ylabel="test accuracy (%)", title="test accuracy")
 axes[0].legend(fontsize=8)
 sns.lineplot(data=pos, x="λ", y="LOCO error / N", hue="seed", marker="o", palette="crest", ax=axes[1])
-axes[1].set(xscale="log", xlabel="ridge parameter λ (log)", ylabel="LOCO squared error per training sample",
-            title=f"leave-one-client-out criterion, eq. (loco), K={loco_clients}")
+axes[1].set(xscale="log", xlabel="ridge parameter λ (log)", ylabel="LOCO error per sample",
+            title=f"leave-one-client-out error, $K$ = {loco_clients}")
+sns.move_legend(axes[1], "upper right", fontsize=8, title="partition seed", title_fontsize=8)
 plt.tight_layout()
 plt.show()
 zero_err = hp_path[hp_path["λ"] == 0]["LOCO error / N"]

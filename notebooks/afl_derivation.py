@@ -61,7 +61,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from myst_nb import glue
-from IPython.display import Markdown, display
+from IPython.display import display
 
 from fedlib.afl import studies as afl_studies
 
@@ -74,7 +74,7 @@ from fedlib.data.datasets import load_dataset
 from fedlib.runner import specs
 
 specs.check("afl_derivation", globals())
-from fedlib.evaluation.style import book_style, captioned, fit_column
+from fedlib.evaluation.style import book_style, captioned, fit_column, named
 book_style()   # the book's figure theme and table number style
 torch.set_num_threads(max(1, torch.get_num_threads()))
 rng = np.random.default_rng(seed)
@@ -243,20 +243,17 @@ assert servers_agree.max() < 1e-6 * float(w_joint.abs().max()), "the one-solve f
 assert hetero_checks["same predictions"], "predictions must not change"
 
 # %%
-_prose = []   # the cell's sentences, shown as Markdown below (glue)
 h1 = hetero.groupby("server")["max rel. error vs joint"].max()
-_prose.append(
-    f"Measured: the one-solve form agrees with the lstsq head to {h1['one_solve']:.1e} (relative), the "
-    f"recursive form to {h1['pairwise']:.1e} (it inverts every $C_k^r$, whose condition number is "
-    f"$\\lambda_{{\\max}}(C_k)/\\gamma$ when $N_k<d$). Predictions are identical for every partition, "
-    f"including the most skewed one here, with {hetero['empty clients'].max()} empty clients (an empty client "
-    f"uploads $C^r_k=\\gamma I$, $\\hat W_k^r=0$).")
-glue('afl_derivation_prose_1', Markdown("\n\n".join(_prose)), display=False)
+glue("afl_partition_error_one_solve", float(h1["one_solve"]), display=False)
+glue("afl_partition_error_pairwise", float(h1["pairwise"]), display=False)
+glue("afl_partition_empty_clients", int(hetero["empty clients"].max()), display=False)
 
 # %% [markdown]
-# ```{glue:md} afl_derivation_prose_1
-# :format: myst
-# ```
+# Measured: the one-solve form agrees with the lstsq head to {glue:text}`afl_partition_error_one_solve:.1e`
+# (relative), the recursive form to {glue:text}`afl_partition_error_pairwise:.1e` (it inverts every $C_k^r$,
+# whose condition number is $\lambda_{\max}(C_k)/\gamma$ when $N_k<d$). Predictions are identical for
+# every partition, including the most skewed one here, with {glue:text}`afl_partition_empty_clients` empty
+# clients (an empty client uploads $C^r_k=\gamma I$, $\hat W_k^r=0$).
 
 # %% [markdown]
 # ### 3b. Client-number invariance and order invariance
@@ -349,32 +346,31 @@ display(captioned(table1.join(paper_table1, how="left").style.format("{:.2e}", s
 fig, ax = plt.subplots(figsize=fit_column(6, 3.5))
 plot_df = table1.reset_index().melt("K", ["ΔW w/o RI (ours)", "ΔW w/ RI (ours)"], var_name="", value_name="ΔW")
 sns.lineplot(data=plot_df, x="K", y="ΔW", hue="", marker="o", ax=ax)
-ax.set(xscale="log", yscale="log", xlabel="number of clients K", ylabel="ΔW = Σ|W_joint − W_agg| (L1)",
-       title=f"Table 1 on {table1_dim}-d dummy data (N={n_samples})")
+ax.set(xscale="log", yscale="log", xlabel="number of clients $K$",
+       ylabel=r"$\Delta W=\sum|W_\mathrm{joint}-W_\mathrm{agg}|$",
+       title=f"Table 1 on {table1_dim}-d dummy data ($N$ = {n_samples:,})")
 plt.show()
 
 # %%
-_prose = []   # the cell's sentences, shown as Markdown below (glue)
 rank_deficient = table1["N_k"] < table1_dim
+assert rank_deficient.any() and not rank_deficient.all(), "table1_clients must give full-rank and rank-deficient clients"
 assert (table1.loc[~rank_deficient, "ΔW w/o RI (ours)"] < 1e-6).all(), "full-rank clients: exact without RI"
 assert (table1.loc[rank_deficient, "ΔW w/o RI (ours)"] > 1e-3).all(), "N_k < d without RI must break"
 ri_tol = 1e-6 * float(w_joint2.abs().sum())
 assert (table1["ΔW w/ RI (ours)"] < ri_tol).all(), "with RI: round-off only"
-first_broken = table1.index[rank_deficient].min() if rank_deficient.any() else None
-_prose.append(
-    f"Measured: without RI the deviation is at round-off while $N_k\\ge d$ and jumps to "
-    f"{table1.loc[rank_deficient, 'ΔW w/o RI (ours)'].min():.2g} or more once $N_k<d$ (first at $K={first_broken}$ "
-    f"here). Its size depends on how the pseudo-inverse treats the near-zero eigenvalues of the singular "
-    f"$C_k$: ours (`torch.linalg.pinv`'s relative cut-off, eigenvalues $|\\lambda|\\le d\\,\\varepsilon\\max|\\lambda|$ "
-    f"dropped) differs from the authors' (their values are in the "
-    f"table beside ours), so we assert only that it is large. With RI the largest ΔW is "
-    f"{table1['ΔW w/ RI (ours)'].max():.1e}, against $\\sum|W|$ = {float(w_joint2.abs().sum()):.1f}.")
-glue('afl_derivation_prose_2', Markdown("\n\n".join(_prose)), display=False)
+glue("afl_table1_broken", float(table1.loc[rank_deficient, "ΔW w/o RI (ours)"].min()), display=False)
+glue("afl_table1_first_broken", int(table1.index[rank_deficient].min()), display=False)
+glue("afl_table1_ri", float(table1["ΔW w/ RI (ours)"].max()), display=False)
+glue("afl_table1_weight_sum", float(w_joint2.abs().sum()), display=False)
 
 # %% [markdown]
-# ```{glue:md} afl_derivation_prose_2
-# :format: myst
-# ```
+# Measured: without RI the deviation is at round-off while $N_k\ge d$ and jumps to
+# {glue:text}`afl_table1_broken:.2g` or more once $N_k<d$ (first at $K=$ {glue:text}`afl_table1_first_broken`
+# here). Its size depends on how the pseudo-inverse treats the near-zero eigenvalues of the singular
+# $C_k$: ours (`torch.linalg.pinv`'s relative cut-off, eigenvalues $|\lambda|\le d\,\varepsilon\max|\lambda|$
+# dropped) differs from the authors' (their values are in the table beside ours), so we assert only
+# that it is large. With RI the largest $\Delta W$ is {glue:text}`afl_table1_ri:.1e`, against
+# $\sum|W|=$ {glue:text}`afl_table1_weight_sum:.1f`.
 
 # %%
 claims.register(
@@ -430,7 +426,6 @@ display(captioned(reference_check.style.format({"cond(XᵀX)": "{:.1e}", "rel. e
                   "The closed form against NumPy lstsq as the features' conditioning grows, with the normal-equation tolerance 2·κ·u"))
 
 # %%
-_prose = []   # the cell's sentences, shown as Markdown below (glue)
 one = reference_check[reference_check.server == "one_solve"]
 rec = reference_check[reference_check.server == "pairwise"]
 assert (one["rel. error vs lstsq"] < one["tolerance 2·κ·u"]).all(), "one-solve AFL must meet 2·κ·u"
@@ -438,20 +433,21 @@ assert (reference_check["unrestored (wrong) head"] > reference_check["tolerance 
     "the tolerance must be tight enough to reject a wrong head"
 rec64_max = rec.query("dtype == 'float64'")["rel. error vs lstsq"].max()
 assert rec64_max < 1e-6, "recursive form, float64: round-off level"
-_prose.append(
-    f"Measured: the one-solve server lies within its tolerance in every case (largest error / tolerance "
-    f"{one['error / tolerance'].max():.2f}), for $\\kappa(X^\\top X)$ up to {one['cond(XᵀX)'].max():.0e} in "
-    f"float64 and {max(f32_conditions):.0e} in float32, while the unrestored head misses by at least "
-    f"{reference_check['unrestored (wrong) head'].min():.1e}. The recursive form reaches "
-    f"{rec['error / tolerance'].max():.1f} times that tolerance (float64 at most "
-    f"{rec64_max:.1e}). AFL's exactness is exactness up to "
-    f"the conditioning of the matrices its server solves with, as for any normal-equations solver.")
-glue('afl_derivation_prose_3', Markdown("\n\n".join(_prose)), display=False)
+glue("afl_cond_one_solve_ratio", float(one["error / tolerance"].max()), display=False)
+glue("afl_cond_largest_f64", float(one["cond(XᵀX)"].max()), display=False)
+glue("afl_cond_largest_f32", float(max(f32_conditions)), display=False)
+glue("afl_cond_unrestored", float(reference_check["unrestored (wrong) head"].min()), display=False)
+glue("afl_cond_pairwise_ratio", float(rec["error / tolerance"].max()), display=False)
+glue("afl_cond_pairwise_f64", float(rec64_max), display=False)
 
 # %% [markdown]
-# ```{glue:md} afl_derivation_prose_3
-# :format: myst
-# ```
+# Measured: the one-solve server lies within its tolerance in every case (largest error / tolerance
+# {glue:text}`afl_cond_one_solve_ratio:.2f`), for $\kappa(X^\top X)$ up to {glue:text}`afl_cond_largest_f64:.0e`
+# in float64 and {glue:text}`afl_cond_largest_f32:.0e` in float32, while the unrestored head misses by at
+# least {glue:text}`afl_cond_unrestored:.2g`. The recursive form reaches {glue:text}`afl_cond_pairwise_ratio:.1f`
+# times that tolerance (float64 at most {glue:text}`afl_cond_pairwise_f64:.1e`). AFL's exactness is
+# exactness up to the conditioning of the matrices its server solves with, as for any normal-equations
+# solver.
 
 # %% [markdown]
 # ## 5. "Any $\gamma$ would suffice": true in exact arithmetic only
@@ -482,11 +478,12 @@ print("rank-deficient solves: ridge_solve calls (clients and server) that found 
       "at relative tolerance d·eps(dtype), warned, and returned the minimum-norm solution")
 
 # %% mystnb={"figure": {"caption": "Largest relative error of the restored head against the float64 joint least-squares head versus the ridge parameter gamma (both log scale); colour is the server (recursive pairwise form or one-solve form), line style the precision, and a failed solve is drawn at 1e6. A tiny gamma breaks the recursive form and a huge one costs digits in the restoration, most in float32, while the one-solve form in float64 stays accurate for every gamma."}, "image": {"alt": "Log-log line chart: relative error against gamma for two servers in float64 and float32"}}
-fig, ax = plt.subplots(figsize=fit_column(6.5, 3.5))
-sns.lineplot(data=fp.fillna({"max rel. error": 1e6}), x="gamma", y="max rel. error", hue="server", style="dtype",
-             marker="o", ax=ax)
-ax.set(xscale="log", yscale="log", xlabel="ridge parameter γ (log scale)",
-       ylabel="max rel. error vs joint LS (float64)", title=f"RI restoration in floating point (K={fp_clients})")
+fig, ax = plt.subplots(figsize=fit_column(6.5, 3.5, legend=True))
+sns.lineplot(data=named(fp.fillna({"max rel. error": 1e6}), "server").rename(columns={"dtype": "precision"}),
+             x="gamma", y="max rel. error", hue="server", style="precision", marker="o", ax=ax)
+ax.set(xscale="log", yscale="log", xlabel="ridge parameter $\\gamma$ (log scale)",
+       ylabel="max rel. error vs joint LS (float64)", title=f"RI restoration in floating point ($K$ = {fp_clients})")
+sns.move_legend(ax, "center left", bbox_to_anchor=(1.02, 0.5), fontsize=8, title_fontsize=8)
 plt.show()
 
 # %%
@@ -498,7 +495,6 @@ assert f32.xs("one_solve", level="server").max() < f32.xs("pairwise", level="ser
 f32_one = fp[(fp.dtype == "float32") & (fp.server == "one_solve")]
 
 # %%
-_prose = []   # the cell's sentences, shown as Markdown below (glue)
 claims.register(
     "afl-gamma-irrelevant", "afl",
     "With the RI process the ridge parameter gamma is not a hyperparameter: any gamma > 0 gives the same head.",
@@ -509,23 +505,26 @@ claims.register(
              f"float32 statistics: {f32.xs('one_solve', level='server').max():.1e} (one-solve)",
     condition="the statistics are summed and solved once in float64; the paper's recursive form inverts each "
               "client's C_k + gamma I and breaks for small gamma")
-_prose.append(
-    f"Measured: in float64 the one-solve form stays within {f64.xs('one_solve', level='server').max():.1e} of "
-    f"lstsq for every $\\gamma$ (tolerance {fp_tol['float64']:.1e}); the recursive form reaches "
-    f"{f64[(min(gammas), 'pairwise')]:.1e} at $\\gamma$={min(gammas):g}. In float32 the best case is "
-    f"{f32.xs('one_solve', level='server').min():.1e} (one-solve) against {f32.xs('pairwise', level='server').min():.1e} "
-    f"(recursive), with $\\kappa(X^\\top X)$ = {report_m['condition number']:.1e}: in the one-solve runs "
-    f"{f32_one['rank-deficient solves'].sum()} float32 solves (clients' or the server's) found their matrix "
-    f"numerically singular, warned and returned the minimum-norm solution; the one-solve head changes at most "
-    f"{f32_one['changed predictions'].max()} training "
-    f"predictions. `fedlib` therefore accumulates statistics in float64 and uses $\\gamma=1$ (the paper's value) "
-    f"by default.")
-glue('afl_derivation_prose_4', Markdown("\n\n".join(_prose)), display=False)
+glue("afl_gamma_one_solve_f64", float(f64.xs("one_solve", level="server").max()), display=False)
+glue("afl_gamma_tolerance_f64", float(fp_tol["float64"]), display=False)
+glue("afl_gamma_pairwise_f64", float(f64[(min(gammas), "pairwise")]), display=False)
+glue("afl_gamma_smallest", float(min(gammas)), display=False)
+glue("afl_gamma_one_solve_f32", float(f32.xs("one_solve", level="server").min()), display=False)
+glue("afl_gamma_pairwise_f32", float(f32.xs("pairwise", level="server").min()), display=False)
+glue("afl_gamma_condition", float(report_m["condition number"]), display=False)
+glue("afl_gamma_singular_solves", int(f32_one["rank-deficient solves"].sum()), display=False)
+glue("afl_gamma_changed_predictions", int(f32_one["changed predictions"].max()), display=False)
 
 # %% [markdown]
-# ```{glue:md} afl_derivation_prose_4
-# :format: myst
-# ```
+# Measured: in float64 the one-solve form stays within {glue:text}`afl_gamma_one_solve_f64:.1e` of lstsq for
+# every $\gamma$ (tolerance {glue:text}`afl_gamma_tolerance_f64:.1e`); the recursive form reaches
+# {glue:text}`afl_gamma_pairwise_f64:.1e` at $\gamma=$ {glue:text}`afl_gamma_smallest:g`. In float32 the best
+# case is {glue:text}`afl_gamma_one_solve_f32:.1e` (one-solve) against {glue:text}`afl_gamma_pairwise_f32:.1e`
+# (recursive), with $\kappa(X^\top X)=$ {glue:text}`afl_gamma_condition:.1e`: in the one-solve runs
+# {glue:text}`afl_gamma_singular_solves` float32 solves (clients' or the server's) found their matrix
+# numerically singular, warned and returned the minimum-norm solution; the one-solve head changes at most
+# {glue:text}`afl_gamma_changed_predictions` training predictions. `fedlib` therefore accumulates statistics
+# in float64 and uses $\gamma=1$ (the paper's value) by default.
 
 # %% [markdown]
 # ## 6. Real data: optdigits pixels

@@ -328,21 +328,22 @@ mismatch = differences(record, globals(), RECORD_KEYS)
 _prose.append(record_source(record, mismatch, "this profile's own runs"))
 HEADLINE = ["refed", "fedavg_replay", "fedprox_replay"]
 if mismatch:   # the verdict rests on this run: A_T per seed and last-task curves of the runs above
-    src_seeds = seeds
+    src_seeds = {scen: seeds for scen in SCEN}
     src = {scen: ({m: [run(scen, m, sd, track=True)["row"]["A_T"] for sd in seeds] for m in HEADLINE if m in SCEN_METHODS[scen]},
                   last_task_curves(run, scen, [m for m in HEADLINE if m in SCEN_METHODS[scen]], seeds)) for scen in SCEN}
     src_rounds = {scen: SCEN[scen]["rounds"] for scen in SCEN}
-else:
-    src_seeds = record["parameters"]["seeds"]
+else:   # each stream ran its own seeds (the class-incremental one more, for the power to resolve the headline)
+    src_seeds = record["results"]["seeds"]
     src = {scen: (record["results"]["A_T"][scen], record["results"]["curves"][scen]) for scen in record["results"]["A_T"]}
     src_rounds = {"class": record["parameters"]["rounds"], "domain": record["parameters"]["rounds_domain"]}
     fig, axes = plt.subplots(1, len(src), figsize=fit_column(4.6 * len(src), 3.4), squeeze=False)
     for ax, (scen, (_, curves_)) in zip(axes[0], src.items()):
         for m, c in curves_.items():
             ax.plot(np.arange(1, len(c[0]) + 1), np.mean(c, axis=0), label=human(m), lw=1.2)
-        ax.set(xlabel="round of the last task", ylabel="test accuracy (%)", title=SCEN[scen]["name"])
+        ax.set(xlabel="round of the last task", ylabel="test accuracy (%)",
+               title=f"{SCEN[scen]['name']}, {len(src_seeds[scen])} seeds")
     axes[0][-1].legend(fontsize=8)
-    fig.suptitle(f"Recorded run: last task, mean over {len(src_seeds)} seeds", y=1.02, wrap=True)
+    fig.suptitle("Recorded run: last task, mean over seeds", y=1.02, wrap=True)
     plt.tight_layout()
     plt.show()
 glue('refed_benchmark_prose_1', Markdown("\n\n".join(_prose)), display=False)
@@ -355,7 +356,7 @@ glue('refed_benchmark_prose_1', Markdown("\n\n".join(_prose)), display=False)
 # %%
 for scen, (finals, curves_) in src.items():
     baselines_here = [b for b in ("fedavg_replay", "fedprox_replay") if b in finals]
-    if "refed" not in finals or not baselines_here or len(src_seeds) < 2:
+    if "refed" not in finals or not baselines_here or len(src_seeds[scen]) < 2:
         continue
     diffs = {b: paired_difference(finals["refed"], finals[b]) for b in baselines_here}
     v = replay_verdict({(scen, "refed", b, "A_T"): d for b, d in diffs.items()}, scen, baselines_here)
@@ -376,7 +377,7 @@ for scen, (finals, curves_) in src.items():
         rules_out=None if (beats or loses) and converged else
         (rules_out if converged else f"the comparison did not converge at its budget; {rules_out}"),
         methods=HEADLINE, ran=["refed", *baselines_here],
-        budget=f"{src_rounds[scen]} rounds per task, {len(src_seeds)} seeds, {SCEN[scen]['name']}"
+        budget=f"{src_rounds[scen]} rounds per task, {len(src_seeds[scen])} seeds, {SCEN[scen]['name']}"
                + ("" if mismatch else " (recorded run)"),
         convergence=f"last task, every method's mean curve: {plateaus[slowest].describe(unit=' pp')} "
                     f"(largest move: {slowest})", converged=converged, record=None if mismatch else record["name"])

@@ -99,7 +99,7 @@ from fedlib.refed.beyond import (beyond_setup, noise_accuracy_table, noise_table
 from fedlib.runner import specs
 
 specs.check("refed_beyond", globals())   # the runner ran the same checks before executing
-from fedlib.evaluation.style import book_style, captioned, fit_column, human
+from fedlib.evaluation.style import book_style, captioned, fit_column, human, named
 book_style()   # the book's figure theme and table number style
 torch.set_num_threads(num_threads)
 workers = resolve_workers(workers, device)   # None: the cores; 1 on a GPU
@@ -190,7 +190,9 @@ display(captioned(rule_table(clean[clean.rule.isin(rules)], seeds),
                   "the paired difference rule − Re-Fed with its 95 % t-interval"))
 
 # %% mystnb={"figure": {"caption": "Final accuracy A_T of each control cache rule minus Re-Fed's (points): per seed in grey, and the paired mean with its 95 % confidence interval in blue; the line at 0 is parity with Re-Fed. A rule whose interval lies wholly below 0 does worse than Re-Fed, wholly above 0 better."}, "image": {"alt": "Dot plot with error bars: accuracy difference from Re-Fed for each control rule, with per-seed points and a zero line"}}
-diff1 = paired_rows(clean, "A_T", "refed", seeds, [r for r in rules if r != "refed"])
+# one order of the rules for every figure of the chapter: that of `rules`, then any rule only the label-noise runs have
+RULE_ORDER = list(dict.fromkeys(rules + noise_rules))
+diff1 = paired_rows(clean, "A_T", "refed", seeds, [r for r in RULE_ORDER if r in rules and r != "refed"])
 fig, ax = plt.subplots(figsize=fit_column(7, 3.4))
 per_seed = clean.pivot(index="seed", columns="rule", values="A_T")
 for i, r in enumerate(diff1):
@@ -200,7 +202,7 @@ for i, r in enumerate(diff1):
                 color="C0", capsize=4, zorder=3)
 ax.axhline(0, color="k", lw=0.8)
 ax.set_xticks(range(len(diff1)), [human(r) for r in diff1], rotation=20, ha="right")
-ax.set(xlabel="cache rule (control)", ylabel="A_T: rule - Re-Fed (points)",
+ax.set(xlabel="cache rule (control)", ylabel="$A_T$: rule − Re-Fed (points)",
        title="Controls against Re-Fed: per seed (grey), mean and 95% CI")
 plt.tight_layout()
 plt.show()
@@ -333,12 +335,15 @@ if noise_rules and noise > 0:
                       "pool: every client's candidates at every boundary; cache: what the rule kept; summed over "
                       "clients and boundaries per seed, then mean ± sample std over seeds; cache − pool paired by seed "
                       "(95% CI)"))
-    fig, ax = plt.subplots(figsize=fit_column(6, 3.4))
-    sns.stripplot(data=noisy.melt(id_vars=["rule", "seed"], value_vars=["pool_rate", "cache_rate"],
-                                  var_name="where", value_name="mislabeled (%)"),
-                  x="rule", y="mislabeled (%)", hue="where", dodge=True, ax=ax)
-    ax.axhline(100 * noise, color="k", lw=0.8, ls="--")
-    ax.set(xlabel="cache rule", title=f"Mislabeled share of pools and caches ({noise:.0%} of old labels flipped)")
+    fig, ax = plt.subplots(figsize=fit_column(6, 3.4, legend=True))
+    melted = (noisy[["rule", "seed", "pool_rate", "cache_rate"]].rename(columns={"pool_rate": "pool", "cache_rate": "cache"})
+              .melt(id_vars=["rule", "seed"], value_vars=["pool", "cache"], var_name="where",
+                    value_name="mislabeled (%)"))
+    sns.stripplot(data=named(melted, "rule"), x="rule", y="mislabeled (%)", hue="where", dodge=True, ax=ax,
+                  order=[human(r) for r in RULE_ORDER if r in noise_rules])
+    ax.axhline(100 * noise, color="k", lw=0.8, ls="--", label="flip rate")
+    ax.set(xlabel="cache rule", title=f"Pools and caches, {noise:.0%} of old labels flipped")
+    ax.legend(*ax.get_legend_handles_labels(), loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False)
     plt.tight_layout()
     plt.show()
 else:

@@ -72,6 +72,7 @@ grad_samples = 48          # samples in the gradient-norm checks
 import time
 from functools import partial
 
+import matplotlib as mpl
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -365,20 +366,28 @@ check(f"Monte Carlo ({mc_reps} reps) vs exact recursion: max |z| over {T_mc} rou
 # in $B$; see 3.2), and the largest ratio of the two sides of Lemma 2 (eq. 13) over all rounds
 # (> 1 means eq. 13 is false at that round).
 
-# %% mystnb={"figure": {"caption": "Ratio of the PIM's expected squared distance to its optimum over the global model's rate g(t), against the round (log-log), one panel per largest curvature L and one line per lambda; the dotted lines in the same colours are the paper's constant C. The ratios stay bounded; where a curve rises above its dotted line, the paper's constant is too small."}, "image": {"alt": "Log-log line charts, one per curvature value: distance ratio against round for several lambdas, with dotted constants"}}
+# %% mystnb={"figure": {"caption": "Ratio of the PIM's expected squared distance to its optimum over the global model's rate g(t), against the round (log-log), one panel per largest curvature L and one line per λ (legend below); the dotted lines in the same colours are the paper's constant C. The ratios stay bounded; where a curve rises above its dotted line, the paper's constant is too small."}, "image": {"alt": "Log-log line charts, one per curvature value: distance ratio against round for several lambdas, with dotted constants"}}
 thm, curves = theorem31_table(quad, thm_L, thm_lambdas, A_paper, sigma=sigma, g0=g0, horizon=horizon)
 print(thm.to_string(index=False, float_format="%.4g"))
 
-fig, axes = plt.subplots(1, len(thm_L), figsize=fit_column(4 * len(thm_L), 3.4), sharey=True)
-for ax, L in zip(np.atleast_1d(axes), thm_L):
+fig, axes = plt.subplots(1, len(thm_L), figsize=fit_column(4 * len(thm_L), 4.6), sharey=True,
+                         squeeze=False)
+axes = axes[0]
+colours = sns.color_palette("crest", len(thm_lambdas))
+for ax, L in zip(axes, thm_L):
     sub = curves[curves.L == L]
-    sns.lineplot(data=sub, x="t", y="ratio", hue="lambda", palette="crest", ax=ax)
-    colours = sns.color_palette("crest", len(thm_lambdas))
+    sns.lineplot(data=sub, x="t", y="ratio", hue="lambda", palette="crest", ax=ax, legend=ax is axes[-1])
     for colour, (lam, C) in zip(colours, thm[thm.L == L][["lambda", "paper C"]].itertuples(index=False)):
         ax.axhline(C, ls=":", c=colour)
-    ax.set(xscale="log", yscale="log", xlabel="round t + 1",
-           ylabel=r"$E\|v^t-\hat v\|^2 / g(t)$", title=f"L = {L} (dotted: the paper's C, same colour)")
-plt.tight_layout()
+    ax.set(xscale="log", yscale="log", xlabel="round $t + 1$",
+           ylabel=r"$E\|v^t-\hat v\|^2 / g(t)$", title=f"$L$ = {L:g}")
+# one legend, below the panels; the dotted lines (the paper's C) share their curve's colour
+handles, labels = axes[-1].get_legend_handles_labels()
+axes[-1].get_legend().remove()
+handles.append(mpl.lines.Line2D([], [], ls=":", c="gray"))
+labels = [rf"$\lambda$ = {lab}" for lab in labels] + ["dotted: the paper's $C$"]
+fig.legend(handles, labels, loc="lower center", ncol=len(labels), frameon=False, bbox_to_anchor=(0.5, 0.0))
+fig.tight_layout(rect=(0, 0.08, 1, 1))
 plt.show()
 
 # %%
@@ -504,7 +513,7 @@ check("item 4 (repaired A, t0): max E||v^t - v_hat||^2 / (C g(t))", float(repair
 # The exact recursion (now with a fixed $\zeta$ of squared norm $g_0$)
 # is compared with the formula.
 
-# %% mystnb={"figure": {"caption": "Expected squared distance of the PIM iterate from the optimal PIM (log scale) against the PIM iterations with a constant step and a frozen received model, one line per lambda; the dotted lines are the floors of the formula. The iterates level off at these positive floors instead of converging."}, "image": {"alt": "Line chart on a log scale: expected distance against PIM iterations for several lambdas, with dotted floor lines"}}
+# %% mystnb={"figure": {"caption": "Expected squared distance of the PIM iterate from the optimal PIM (log scale) against the PIM iterations with a constant step η and a frozen received model, one line per λ; the dotted lines are the floors of the formula. The iterates level off at these positive floors instead of converging."}, "image": {"alt": "Line chart on a log scale: expected distance against PIM iterations for several lambdas, with dotted floor lines"}}
 zeta = rng.standard_normal(dim)
 zeta *= np.sqrt(g0) / np.linalg.norm(zeta)
 const, floors = constant_step_table(quad, thm_lambdas, zeta, eta=const_eta, sigma=sigma, steps=const_steps)
@@ -515,12 +524,13 @@ check("constant eta: the floor is positive (min floor)", float(floors["floor (fo
 check("constant eta: the bias grows with q (min step, lambda ascending)",
       float(-np.diff(floors.sort_values("lambda")["bias"]).min()), 0.0, ">")
 
-fig, ax = plt.subplots(figsize=fit_column(5.5, 3.6))
+fig, ax = plt.subplots(figsize=fit_column(5.5, 3.6, legend=True))
 sns.lineplot(data=const, x="s", y="E||v_s - v_hat||^2", hue="lambda", palette="crest", ax=ax)
 for f_ in floors["floor (formula)"]:
     ax.axhline(f_, ls=":", c="gray")
-ax.set(yscale="log", xlabel="PIM iterations s (constant step)", ylabel=r"$E\|v_s-\hat v\|^2$",
-       title=f"frozen received model, eta = {const_eta} (dotted: floors)")
+ax.set(yscale="log", xlabel="PIM iterations $s$ (constant step)", ylabel=r"$E\|v_s-\hat v\|^2$",
+       title=f"frozen received model, $\\eta$ = {const_eta:g} (dotted: floors)")
+sns.move_legend(ax, "upper left", bbox_to_anchor=(1.02, 1), title=r"$\lambda$", frameon=False)
 plt.show()
 
 # %% [markdown]

@@ -70,6 +70,7 @@ accountant = "pld"         # dp-accounting's PLD (tight) or RDP (looser) account
 num_threads = 1            # torch threads; LAPACK's eigh was slower with 2 threads on the shared 2-core machine
 
 # %% tags=["hide-input"]
+import matplotlib as mpl
 import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
@@ -204,20 +205,25 @@ up = study["bytes_up"][0]
 print(f"measured upload of one run (seed {seeds[0]}): {up / 2**20:.2f} MiB (all clients, all stages, float64), of which "
       f"the class counts are {n_counts} bytes ({100 * n_counts / up:.4f} %)")
 
-# %% mystnb={"figure": {"caption": "Left: the GCV criterion from the server's statistics at the last stage, relative to its minimum, against the ridge coefficient gamma (log-log), one line per seed. Right: the final test accuracy A_T of every fixed gamma, one line per seed, with GCV's choices as black triangles. Compare GCV's choice with the gamma of the highest test accuracy."}, "image": {"alt": "Two line charts against gamma on a log scale, one line per seed: normalised GCV, and test accuracy with GCV's choices marked"}}
+# %% mystnb={"figure": {"caption": "Left: the GCV criterion from the server's statistics at the last stage, relative to its minimum, against the ridge coefficient γ (log-log), one line per seed. Right: the final test accuracy A_T of every fixed γ, one line per seed (colours in the legend below), with GCV's choices as black triangles. Compare GCV's choice with the γ of the highest test accuracy."}, "image": {"alt": "Two line charts against gamma on a log scale, one line per seed: normalised GCV, and test accuracy with GCV's choices marked"}}
 curves = study["curves"].copy()
 curves["GCV / min GCV"] = curves["GCV"] / curves.groupby("seed")["GCV"].transform("min")
-fig, axes = plt.subplots(1, 2, figsize=fit_column(10.5, 3.6))
+fig, axes = plt.subplots(1, 2, figsize=fit_column(10.5, 4.6))
 sns.lineplot(data=curves, x="gamma", y="GCV / min GCV", hue="seed", palette="tab10", ax=axes[0], legend=False)
-axes[0].set(xscale="log", yscale="log", xlabel="ridge coefficient gamma", ylabel="GCV / its minimum (last stage)",
+axes[0].set(xscale="log", yscale="log", xlabel=r"ridge coefficient $\gamma$", ylabel="GCV / its minimum (last stage)",
             title="GCV from the server's statistics")
 sns.lineplot(data=curves, x="gamma", y="A_T (%)", hue="seed", palette="tab10", ax=axes[1])
 last = runs[runs.method == "GCV (per stage)"]
 axes[1].scatter(last.gamma, last.A_T, marker="v", color="k", zorder=5, label="GCV's choice")
-axes[1].set(xscale="log", xlabel="ridge coefficient gamma", ylabel="final accuracy A_T on the test set (%)",
-            title="Test accuracy of every fixed gamma")
-axes[1].legend(title="seed", fontsize=8)
-fig.suptitle(f"{human(dataset)}, M={M}: GCV (left) and test accuracy (right) over the gamma grid, per seed", y=1.03, wrap=True)
+axes[1].set(xscale="log", xlabel=r"ridge coefficient $\gamma$", ylabel="final test accuracy $A_T$ (%)",
+            title=r"Test accuracy of every fixed $\gamma$")
+# one legend for both panels (the seeds share their colours), below the panels
+handles, labels = axes[1].get_legend_handles_labels()
+axes[1].get_legend().remove()
+fig.legend(handles, [f"seed {lab}" if lab != "GCV's choice" else lab for lab in labels], loc="lower center",
+           ncol=len(labels), fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.0))
+fig.suptitle(f"{human(dataset)}, $M$ = {M}: GCV and test accuracy over the $\\gamma$ grid")
+fig.tight_layout(rect=(0, 0.07, 1, 1))
 plt.show()
 
 # %%
@@ -357,23 +363,32 @@ display(captioned(dp.drop(columns=["mean", "std"]).pivot(index=["setting", "epsi
 display(captioned(dp_runs[dp_runs["gamma rule"] == "GCV (noisy statistics)"].groupby(["setting", "epsilon"], sort=False)
         [["negative eigenvalues clipped", "GCV undefined (largest gamma used)"]].mean().T, f"per setting, mean over seeds: negative eigenvalues of the noisy G clipped by the PSD projection (of M={M}), " "and the fraction of seeds where GCV was undefined on the whole grid (the largest gamma was used)"))
 
-# %% mystnb={"figure": {"caption": "Final accuracy A_T against the privacy budget epsilon per record (log scale) for the calibrated noise with local and with secure aggregation, mean over seeds with sample-standard-deviation error bars; solid lines choose gamma by GCV on the noisy statistics, dotted lines take the best grid gamma on the test set (an oracle). The horizontal lines are the run without noise and clipping, the clipped run without noise and, where run, the paper's noise, which has no finite epsilon."}, "image": {"alt": "Line chart with error bars: final accuracy against epsilon for noise settings and gamma rules, with horizontal reference lines"}}
+# %% mystnb={"figure": {"caption": "Final accuracy A_T against the privacy budget ε per record (log scale) for the calibrated noise with local and with secure aggregation, mean over seeds with sample-standard-deviation error bars; solid lines choose γ by GCV on the noisy statistics, dotted lines take the best grid γ on the test set (an oracle). The horizontal lines are the run without noise and clipping, the clipped run without noise and, where run, the paper's noise, which has no finite ε; the legend gives each line's accuracy, since lines at the same accuracy lie on top of each other."}, "image": {"alt": "Line chart with error bars: final accuracy against epsilon for noise settings and gamma rules, with horizontal reference lines"}}
 nonpriv = runs[runs.method == "GCV (per stage)"].A_T
 clean_clip = dp[(dp.setting.str.startswith("no noise")) & (dp["gamma rule"] == "GCV (noisy statistics)")].iloc[0]
 paper_row = dp[(dp.setting.str.startswith("paper")) & (dp["gamma rule"] == "GCV (noisy statistics)")]
 cal = dp[dp.setting.str.startswith("calibrated") & (dp["gamma rule"] != f"fixed gamma = {fixed_gammas[0]:g}")]
-fig, ax = plt.subplots(figsize=fit_column(7.5, 4.2))
+mant, expo = f"{delta:.0e}".split("e")   # delta in mathtext: 1e-05 -> 10^{-5}
+delta_tex = (f"{mant} \\times " if mant != "1" else "") + f"10^{{{int(expo)}}}"
+fig, ax = plt.subplots(figsize=fit_column(7.5, 5.2))
 for (setting, rule), grp in cal.groupby(["setting", "gamma rule"], sort=False):
     ax.errorbar(grp.epsilon, grp["mean"], yerr=grp["std"], marker="o" if "GCV" in rule else "s", capsize=3,
-                linestyle="-" if "GCV" in rule else ":", label=f"{setting}; gamma: {rule}")
-ax.axhline(nonpriv.mean(), color="k", lw=1, label="no noise, no clipping (GCV)")
-ax.axhline(clean_clip["mean"], color="gray", ls="--", lw=1, label=f"no noise, clipped at B={clip_norm:g} (GCV)")
+                linestyle="-" if "GCV" in rule else ":", label=f"{setting}; $\\gamma$: {rule}")
+# the reference lines can coincide (then only the last one drawn shows): each label gives its accuracy
+ax.axhline(nonpriv.mean(), color="k", lw=1, label=f"no noise, no clipping (GCV): {nonpriv.mean():.1f} %")
+ax.axhline(clean_clip["mean"], color="gray", ls="--", lw=1,
+           label=f"no noise, clipped at $B$ = {clip_norm:g} (GCV): {clean_clip['mean']:.1f} %")
 if len(paper_row):
     ax.axhline(paper_row["mean"].iloc[0], color="tab:red", ls="-.", lw=1,
-               label="paper's noise q=0.2, s=0.05 (epsilon = infinity)")
-ax.set(xscale="log", xlabel="epsilon per record (delta = %g)" % delta, ylabel="final accuracy A_T (%)",
-       title=f"{human(dataset)}, M={M}, K={num_clients}: accuracy against privacy ({len(seeds)} seeds, ± sample std)")
-ax.legend(fontsize=7, loc="lower right")
+               label=f"paper's noise $q$ = {paper_noise[0]:g}, $s$ = {paper_noise[1]:g} ($\\varepsilon = \\infty$): "
+                     f"{paper_row['mean'].iloc[0]:.1f} %")
+ax.set(xscale="log", xlabel=f"$\\varepsilon$ per record ($\\delta = {delta_tex}$)", ylabel="final accuracy $A_T$ (%)",
+       title=f"{human(dataset)}, $M$ = {M}, $K$ = {num_clients}: accuracy against privacy")
+handles, labels = ax.get_legend_handles_labels()   # the measured curves first, then the reference lines
+first = sorted(range(len(handles)), key=lambda i: isinstance(handles[i], mpl.lines.Line2D))
+ax.legend([handles[i] for i in first], [labels[i] for i in first], fontsize=8, loc="upper center",
+          bbox_to_anchor=(0.5, -0.22), ncol=1, frameon=False)
+plt.tight_layout()
 plt.show()
 
 # %%

@@ -66,6 +66,7 @@ comm_M = [512, 768, 1250, 2500, 5000, 10000]
 seed = 0
 
 # %% tags=["hide-input"]
+import matplotlib as mpl
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -240,8 +241,8 @@ claims.register(
 # %% mystnb={"figure": {"caption": "STSA's accuracy matrix on the synthetic stream as a heat map: row t is the stage after which the head is tested, column tau the task whose test classes are scored, colour and number the accuracy (%). Old tasks keep their joint head but can lose accuracy as every new task adds competing classes."}, "image": {"alt": "Annotated heat map of accuracy by stage and task"}}
 fig, ax = plt.subplots(figsize=fit_column(4.5, 3.6))
 sns.heatmap(pd.DataFrame(100 * result.acc, index=range(1, num_tasks + 1), columns=range(1, num_tasks + 1)),
-            annot=True, fmt=".0f", cmap="viridis", ax=ax, cbar_kws={"label": "accuracy (%)"})
-ax.set(xlabel="task τ (test classes)", ylabel="after stage t", title="STSA accuracy matrix $A_{t,τ}$ (synthetic)")
+            annot=True, fmt=".1f", cmap="viridis", ax=ax, cbar_kws={"label": "accuracy (%)"})
+ax.set(xlabel=r"task $\tau$ (test classes)", ylabel="after stage $t$", title=r"STSA accuracy matrix $A_{t,\tau}$ (synthetic)")
 plt.show()
 print("; ".join(f"{k} {100 * v:.2f} %" for k, v in result.metrics.items()))
 
@@ -323,7 +324,7 @@ assert identity_err < 1e-10 and exact_err < 1e-10
 mc, mean_ghat = stsa_studies.design_monte_carlo(xc[:, :48], counts, "global", mc_reps, rng)
 slope = np.polyfit(np.log(mc["repetitions"]), np.log(mc["rel. error of the mean"]), 1)[0]
 fig, ax = plt.subplots(figsize=fit_column(5, 3.5))
-ax.loglog(mc["repetitions"], mc["rel. error of the mean"], "o-", label=f"Monte Carlo (slope {slope:.2f})")
+ax.loglog(mc["repetitions"], mc["rel. error of the mean"], "o-", label=f"Monte Carlo (slope {slope:.2f})".replace("-", "−"))
 ax.loglog(mc["repetitions"], mc["rel. error of the mean"].iloc[0] * (mc["repetitions"] / mc["repetitions"].iloc[0]) ** -0.5,
           "k--", label="$R^{-1/2}$")
 ax.set(xlabel="Monte Carlo repetitions R", ylabel=r"$\|\bar G_R-G\|_F/\|G\|_F$", title="Prop. 3.1: the mean converges to G")
@@ -520,14 +521,18 @@ print(rate_k[[per_sample]].to_string(float_format="%.3e"))
 print(f"fitted log-log slope of the per-sample error in K K_D: {slope_k:.2f}")
 
 # %% mystnb={"figure": {"caption": "Plug-in error of the STSA-E head on synthetic Gaussian classes (log-log). Left: against the number of samples n at K = 5, per sample (RMS) and in the paper's normalization (Frobenius norm over n). Right: the per-sample error against the number of (dummy) clients K times K_D at fixed n. The paper's normalization falls with n while the per-sample error hardly moves; only more clients lower it."}, "image": {"alt": "Two log-log line charts: plug-in error against sample count in two normalizations, and per-sample error against number of clients"}}
-fig, axes = plt.subplots(1, 2, figsize=fit_column(10, 3.6))
+fig, axes = plt.subplots(1, 2, figsize=fit_column(10, 4.6))
 axes[0].loglog(rate.index, rate[per_sample], "o-", label="per sample (RMS)")
-axes[0].loglog(rate.index, rate["plug-in (1/n)||X(W_E - W*)||"], "s--", label="paper's (1/n)||.||_F")
-axes[0].set(xlabel="samples n (K = 5)", ylabel="plug-in error of the STSA-E head", title="against n")
-axes[0].legend()
+axes[0].loglog(rate.index, rate["plug-in (1/n)||X(W_E - W*)||"], "s--", label=r"paper's $\frac{1}{n}\|\cdot\|_F$")
+axes[0].set(xlabel="samples $n$ ($K$ = 5)", ylabel="plug-in error of the head", title="against $n$")
 axes[1].loglog(rate_k.index, rate_k[per_sample], "o-")
-axes[1].set(xlabel="clients K·K_D", ylabel="per-sample plug-in error", title=f"against K·K_D (n = {rate_n_fixed})")
-plt.tight_layout()
+axes[1].set(xlabel=r"clients $K\,K_D$", ylabel="per-sample plug-in error", title=rf"against $K\,K_D$ ($n$ = {rate_n_fixed})")
+for ax, values in [(axes[0], rate.index), (axes[1], rate_k.index)]:   # x ticks at the values run, no minor labels
+    ax.xaxis.set_major_locator(mpl.ticker.FixedLocator(values))
+    ax.xaxis.set_major_formatter(mpl.ticker.FixedFormatter([f"{v:g}" for v in values]))
+    ax.xaxis.set_minor_formatter(mpl.ticker.NullFormatter())
+fig.legend(loc="lower center", ncol=2, frameon=False, bbox_to_anchor=(0.5, 0.0))
+fig.tight_layout(rect=(0, 0.08, 1, 1))
 plt.show()
 
 # %%
@@ -600,9 +605,11 @@ claims.register(
 
 curve = stsa_studies.communication_curve(comm_M, num_dummy=50)
 fig, ax = plt.subplots(figsize=fit_column(5, 3.5))
-sns.lineplot(data=curve, x="M", y="MiB per client (T=10)", hue="method", marker="o", ax=ax)
-ax.set(xscale="log", yscale="log", xlabel="random features M", ylabel="upload per client (MiB, float32)",
-       title="Communication vs M (paper Fig. 7, CIFAR-100, c_t=10)")
+# the method names in mathtext for the legend ("STSA-E (K_D=50)" -> "STSA-E ($K_D$ = 50)")
+sns.lineplot(data=curve.assign(method=curve["method"].str.replace(r"\(K_D=(\d+)\)", r"($K_D$ = \1)", regex=True)),
+             x="M", y="MiB per client (T=10)", hue="method", marker="o", ax=ax)
+ax.set(xscale="log", yscale="log", xlabel="random features $M$", ylabel="upload per client (MiB, float32)",
+       title="Communication vs $M$ (paper Fig. 7, CIFAR-100, $c_t$ = 10)")
 plt.show()
 
 # %% [markdown]

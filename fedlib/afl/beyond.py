@@ -382,11 +382,11 @@ def upload_comparison(feats, parts: Sequence[np.ndarray], gamma: float, referenc
     sizes = np.array([len(p) for p in parts])
     res_afl = afl.run_afl(feats.x_train, feats.y_train, parts, feats.num_classes, gamma=gamma)
     afl_bytes = np.asarray(res_afl.upload_bytes)
-    runs = [("AFL, one-solve server (packed C_k^r + W_k^r)", res_afl.weights, res_afl.upload_bytes, res_afl.cost)]
+    runs = [("AFL (one-solve server, the paper's upload)", res_afl.weights, res_afl.upload_bytes, res_afl.cost)]
     kappa = float("nan")
     for prec in DTYPES:
         res = run_tsqr(feats.x_train.astype(DTYPES[prec]), feats.y_train, parts, feats.num_classes, dtype=prec)
-        runs.append((f"TSQR, {prec} clients (packed R_k)", res.weights, res.upload_bytes, res.cost))
+        runs.append((f"TSQR ({prec} clients)", res.weights, res.upload_bytes, res.cost))
         if prec == "float64":   # cond(X) of the live columns from the pooled factor: its R11 has X's singular values
             dim = res.factor.shape[1] - feats.num_classes
             live = np.abs(res.factor[:, :dim]).max(axis=0) > 0

@@ -41,6 +41,7 @@ NAMES = {
     "grand": "GraNd at w", "refed_local": "Re-Fed, λ → 1", "el2n": "EL2N",
     "reservoir": "class-balancing reservoir", "refed_task_class": "Re-Fed, task and class shares",
     "refed_task": "Re-Fed, task shares", "refed_class": "Re-Fed, class shares",
+    "one_solve": "one-solve", "pairwise": "pairwise (recursive)", "tsne": "t-SNE", "umap": "UMAP",
 }
 
 
