@@ -207,7 +207,7 @@ assert check_ls < 1e-10 and check_ridge < 1e-10
 study = ab.conditioning_study(conditions, cond_samples, cond_dim, C, cond_clients, seeds, gamma)
 summary = ab.conditioning_summary(study)
 display(summary.pivot_table(index="cond(X)", columns=["clients", "method"], values="median")
-        .style.format("{:.1e}", na_rep="—").set_caption("median relative error vs lstsq over seeds"))
+        .style.format("{:.1e}", na_rep="—").set_caption("Median relative error of each route against least squares, over seeds, by condition number"))
 slopes = ab.error_slopes(study)
 display(slopes.to_frame().style.format("{:.2f}", na_rep="—").set_caption(
     "slope of log10(median error) vs log10(cond(X)) while the error is < 0.1"))

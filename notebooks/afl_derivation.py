@@ -285,8 +285,9 @@ claims.register(
     holds=bool(worst_one_solve < invariance_tol),
     evidence=f"{len(settings)} partitions (IID, Dirichlet alpha in {dirichlet_alphas}, shards) at K={sweep_clients}, "
              f"K in {sorted(client_number.K.unique().tolist())}, {n_orders} random orders; max relative error against "
-             f"NumPy lstsq {worst_one_solve:.1e} (one-solve server) and {worst_pairwise:.1e} (the paper's "
-             f"recursive form), tolerance {invariance_tol:.0e}",
+             f"NumPy lstsq {worst_one_solve:.1e} (one-solve server: the AA law summed once, which the verdict judges "
+             f"against the tolerance {invariance_tol:.0e} fixed before the run) and {worst_pairwise:.1e} (the paper's "
+             f"recursive form, which inverts every client's matrix: its round-off is studied in section 4b)",
     condition="the pooled X^T X is invertible (exact arithmetic); in floating point the error grows with its "
               "condition number (section 4b)")
 
@@ -356,7 +357,7 @@ rank_deficient = table1["N_k"] < table1_dim
 assert rank_deficient.any() and not rank_deficient.all(), "table1_clients must give full-rank and rank-deficient clients"
 assert (table1.loc[~rank_deficient, "ΔW w/o RI (ours)"] < 1e-6).all(), "full-rank clients: exact without RI"
 assert (table1.loc[rank_deficient, "ΔW w/o RI (ours)"] > 1e-3).all(), "N_k < d without RI must break"
-ri_tol = 1e-6 * float(w_joint2.abs().sum())
+ri_tol = 1e-9 * float(w_joint2.abs().sum())   # "exactly": round-off, relative to the head's size
 assert (table1["ΔW w/ RI (ours)"] < ri_tol).all(), "with RI: round-off only"
 glue("afl_table1_broken", float(table1.loc[rank_deficient, "ΔW w/o RI (ours)"].min()), display=False)
 glue("afl_table1_first_broken", int(table1.index[rank_deficient].min()), display=False)

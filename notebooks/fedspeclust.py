@@ -92,7 +92,7 @@ from fedlib.runner import specs
 
 specs.check("fedspeclust", globals())
 
-from fedlib.evaluation.style import book_style, captioned, fit_column
+from fedlib.evaluation.style import book_style, captioned, fit_column, human
 book_style()   # the book's figure theme and table number style
 # Many small matrix products (FedDL: one per client and round) and k-means on 10-dimensional
 # spectral embeddings: on the shared 2-core build machine, multi-threaded BLAS/OpenMP spin-wait and
@@ -171,16 +171,24 @@ kernels = ft_checks.exact_rank_kernels(m_syn, gamma_syn)   # name -> (k(A, B), e
 syn = ft_checks.nystrom_rank_table(kernels, X_syn, Y_pool)
 spectra = ft_checks.kernel_spectra(kernels, np.vstack([Y_pool, X_syn]))
 
-fig, axes = plt.subplots(1, 2, figsize=fit_column(11, 3.8))
+def kernel_label(kname):   # the legend's name of a kernel of exact_rank_kernels, in mathtext
+    rank = kernels[kname][1]
+    if kname.startswith("squared"):
+        return f"squared distances (rank $\\leq m+2$ = {rank})"
+    if kname.startswith("polynomial"):
+        return f"polynomial $(1+x\\cdot y)^2$ (rank $\\leq$ {rank})"
+    return r"Gaussian $\exp(-\gamma\|x-y\|^2)$ (full rank)"
+
+
+fig, axes = plt.subplots(1, 2, figsize=fit_column(10, 5.2), layout="constrained")
 for kname, g in syn.groupby("kernel", sort=False):
-    axes[0].semilogy(g["n_y"], g["rel. error"].clip(lower=1e-17), marker=".", label=kname)
+    axes[0].semilogy(g["n_y"], g["rel. error"].clip(lower=1e-17), marker=".", label=kernel_label(kname))
 axes[0].set(xlabel="number of landmarks $n_y$", ylabel=r"$\|Z-CW^+C^\top\|_F/\|Z\|_F$ (log)",
-            title=f"Nyström error, {n_syn} points in R^{m_syn}")
-axes[0].legend(fontsize=8)
+            title=f"Nyström error, {n_syn} points in $\\mathbb{{R}}^{{{m_syn}}}$")
 for kname, lam in spectra.items():
-    axes[1].semilogy(np.arange(1, 61), np.maximum(lam[:60], 1e-18), marker=".", label=kname)
-axes[1].set(xlabel="eigenvalue index", ylabel="|eigenvalue| / largest (log)", title="spectrum of H (first 60)")
-plt.tight_layout()
+    axes[1].semilogy(np.arange(1, 61), np.maximum(lam[:60], 1e-18), marker=".", label=kernel_label(kname))
+axes[1].set(xlabel="eigenvalue index", ylabel="|eigenvalue| / largest (log)", title="spectrum of $H$ (first 60)")
+fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=2, frameon=False)
 plt.show()
 
 display(captioned(ft_checks.rank_summary(syn),
@@ -314,7 +322,9 @@ paper = paper_results.fedtsne_table5()
 paper_fmt = report.pm_table(paper, COLS).set_axis(COL_NAMES, axis=1)
 display(captioned(paper_fmt, "PAPER, Table 5 (its datasets; mean ± std over an unstated number of runs)"))
 display(captioned(ours,
-                  f"OURS, stand-in datasets (n <= {max_points}, P={num_clients}, n_y={n_landmarks}, S={rounds_text}, beta={beta}; mean ± sample std over {len(seeds)} seeds; Fed+ = paper's heuristic noise (no formal DP guarantee; see the " "privacy chapter))"))
+                  f"Ours, stand-in datasets (n ≤ {max_points:,}, P = {num_clients}, {n_landmarks} landmarks, FedDL rounds S: "
+                  f"{', '.join(f'{human(name)} {r}' for name, r in rounds_for.items())}, β = {beta}; mean ± sample std over "
+                  f"{len(seeds)} seeds; Fed+ = the paper's heuristic noise, no formal DP guarantee: see the privacy chapter)"))
 
 # %% [markdown]
 # **Paired differences.** All runs of one seed share the seed of the partition, of the landmark
@@ -342,7 +352,8 @@ speclust_converged = bool(all(v <= 0.01 for v in first_shares.values()))
 _ = claims.register(
     "fedspeclust-comparable-to-speclust", "fedtsne",
     "Fed-SpeClust achieves results comparable to the original spectral clustering, despite a slight decrease "
-    f"(Table 5: NMI at most {SPECLUST_MARGIN:.4f} below centralized without noise).",
+    f"(Sec. 6.2, Table 5; judged on NMI, at most {SPECLUST_MARGIN:.4f} below centralized without noise; the paper "
+    "also reports ARI, not judged here).",
     evidence=(f"NMI, Fed - central, paired over {len(seeds)} seeds (FedDL rounds {rounds_text}): "
               + "; ".join(f"{n} {lab}: {d.format(4)}" for (n, lab), d in ours_nmi.items())
               + f"; {speclust_check.criterion('drop', 4)} (margin: the paper's largest drop, {SPECLUST_MARGIN:.4f}); "
@@ -402,16 +413,23 @@ print(f"worst NMI change vs centralized, noise-free Fed-SpeClust: ours {nmi_d['o
 # by a constant, and prints whether $F$ is still falling at the last round (if so, more rounds
 # would give better landmarks; exercise 6).
 
-# %% mystnb={"figure": {"caption": "FedDL's objective F(Y), the weighted sum of the per-client MMD estimates, against the round for the first seed, one panel per dataset; solid lines are the IID split, dashed the non-IID split, for noise-free Fed and noisy Fed+. The noise-free non-IID curve lies above the IID one by a constant; a curve still falling at the right end means more rounds would give better landmarks."}, "image": {"alt": "Line charts, one per dataset: FedDL objective against round for four combinations of variant and split"}}
-fig, axes = plt.subplots(1, len(datasets), figsize=fit_column(4.2 * len(datasets), 3.4), squeeze=False)
-for ax, name in zip(axes[0], datasets):
+# %% mystnb={"figure": {"caption": "FedDL's objective F(Y), the weighted sum of the per-client MMD estimates, against the round for the first seed, one panel per dataset; solid lines are the IID split, dashed the non-IID split, for noise-free Fed (thick) and noisy Fed+ (thin). The noise-free non-IID curve lies above the IID one by a constant; a curve still falling at the right end means more rounds would give better landmarks."}, "image": {"alt": "Line charts, one per dataset: FedDL objective against round for four combinations of variant and split"}}
+# two panels a row; the legend in the slot after the last panel, or below the figure when there is none
+nrows, spare = -(-len(datasets) // 2), len(datasets) % 2
+fig, axes = plt.subplots(nrows, 2, figsize=fit_column(7.2, 3.2 * nrows + (0 if spare else 0.6)), squeeze=False,
+                         layout="constrained")
+for i, (ax, name) in enumerate(zip(axes.flat, datasets)):
     for variant, split, _ in VARIANTS:
-        ax.plot(objectives[name, seeds[0], variant, split], label=f"{variant} {split}",
-                ls="--" if split == "non-IID" else "-")
-    ax.set(xlabel="FedDL round", ylabel=r"$F(Y)=\sum_p w_p\,\mathrm{MMD}^2_u(X_p,Y)$",
-           title=f"{name}, n_y={n_landmarks}")
-    ax.legend(fontsize=8)
-plt.tight_layout()
+        ax.plot(objectives[name, seeds[0], variant, split], label=f"{variant}, {split}",
+                ls="--" if split == "non-IID" else "-", lw=2.6 if variant == "Fed" else 1.3)   # Fed+ on Fed: both seen
+    ax.set(xlabel="FedDL round", ylabel=r"$F(Y)=\sum_p w_p\,\mathrm{MMD}^2_u(X_p,Y)$" if i % 2 == 0 else "",
+           title=f"{human(name)}, $n_y$ = {n_landmarks}")
+handles, labels = axes.flat[0].get_legend_handles_labels()
+if spare:
+    axes.flat[-1].axis("off")
+    axes.flat[-1].legend(handles, labels, loc="center", title="variant, split")
+else:
+    fig.legend(handles, labels, loc="outside lower center", ncol=4, frameon=False)
 plt.show()
 
 # %%
@@ -485,16 +503,22 @@ gamma_s, K, cen_nmi, res = study["gamma"], study["K"], study["central NMI"], stu
 assert study["assembly gap"] <= 1e-8, "server assembly != C W^+ C^T"
 print(f"{sweep_dataset}: {len(landmark_grid)} landmark counts in {time.perf_counter() - t0:.0f} s")
 
-fig, axes = plt.subplots(1, 2, figsize=fit_column(11, 3.8))
+fig, axes = plt.subplots(1, 2, figsize=fit_column(10, 5.0), layout="constrained")
 sns.lineplot(data=sweep, x="n_y", y="kernel rel. error", hue="landmarks", marker="o", ax=axes[0])
 axes[0].set(xscale="log", yscale="log", xlabel="number of landmarks $n_y$ (log)",
-            ylabel=r"$\|\hat K-K\|_F/\|K\|_F$ (log)", title=f"Nyström kernel error, {sweep_dataset} (n={len(X)})")
+            ylabel=r"$\|\hat K-K\|_F/\|K\|_F$ (log)", title="Nyström kernel error")
 sns.lineplot(data=sweep, x="n_y", y="NMI", hue="landmarks", marker="o", ax=axes[1], legend=False)
 axes[1].axhline(cen_nmi, color="k", ls=":", label="centralized (exact kernel)")
 axes[1].set(xscale="log", xlabel="number of landmarks $n_y$ (log)", ylabel="NMI of spectral clustering",
-            title="clustering quality (paper Fig. 6 analogue)")
-axes[1].legend(fontsize=8)
-plt.tight_layout()
+            title="clustering (paper Fig. 6 analogue)")
+for ax in axes:
+    ax.set_xticks(landmark_grid, [str(v) for v in landmark_grid])
+    ax.tick_params(axis="x", which="minor", bottom=False, labelbottom=False)
+fig.suptitle(f"{human(sweep_dataset)}, $n$ = {len(X)}, IID split, seed {seed0}")
+handles, labels = axes[0].get_legend_handles_labels()
+axes[0].get_legend().remove()
+fig.legend(handles + axes[1].get_legend_handles_labels()[0], labels + axes[1].get_legend_handles_labels()[1],
+           loc="outside lower center", ncol=2, frameon=False)
 plt.show()
 table = sweep.pivot(index="n_y", columns="landmarks", values=["kernel rel. error", "NMI"])
 display(captioned(table.style.format("{:.4f}", na_rep="—"),
@@ -504,7 +528,7 @@ display(captioned(table.style.format("{:.4f}", na_rep="—"),
 err = sweep.pivot(index="n_y", columns="landmarks", values="kernel rel. error")
 feddl_vs_init = (err["FedDL"] < err["untrained (FedDL init)"]).all()
 share = sweep.pivot(index="n_y", columns="landmarks", values="top share of C")
-display(captioned(share.style.format("{:.4f}", na_rep="—"), "share of ||C||_F^2 in C's top singular direction"))
+display(captioned(share.style.format("{:.4f}", na_rep="—"), "Share of the squared Frobenius norm of C in its top singular direction"))
 assert (share["untrained (FedDL init)"] > share["FedDL"]).all()
 feddl_above_oracle = int((share["FedDL"] > share["uniform sample (oracle, not federated)"]).sum())
 glue("feddl_above_oracle", feddl_above_oracle, display=False)

@@ -156,7 +156,8 @@ grad_gap = identity[identity.weights == "n_p/n"]["rel. error vs pooled gradient"
 claims.register(
     "fedtsne-federated-equals-pooled", "fedtsne",
     "FedDL's aggregated client gradients equal the gradient of the pooled objective (Thm. 1's setting, "
-    "weights n_p/n), so the landmarks do not depend on how the data are split.",
+    "weights n_p/n), so the landmarks do not depend on how the data are split (our derivation from Thm. 1's "
+    "weights; the paper does not state it).",
     holds=bool(grad_gap < 1e-12 and max(landmark_gap.values()) < 1e-9),
     condition="the weights are n_p/n and gamma is the same for every split (Algorithm 1's uniform 1/P "
               "weights give a different gradient under label skew)",
@@ -205,6 +206,8 @@ curves = ft_checks.objective_curves(X, parts, n_landmarks, feddl_rounds, init=Y0
 g = sns.relplot(data=curves, x="gradient steps", y="objective F (MMD^2)", hue="mode", col="split", kind="line",
                 **facet_size(curves["split"].nunique(), 1.2))
 g.set(yscale="log")
+g.set_titles("{col_name}")
+g.set_ylabels("objective $F$ (MMD², log scale)")
 g.figure.suptitle("FedDL objective vs local gradient steps", y=1.04, wrap=True)
 plt.show()
 denominators = {q: ft_checks.theorem1_denominator(q) for q in [1, 2, 5]}
@@ -268,8 +271,8 @@ assert exactness["rel. error, plain distances"].min() > 1e-3
 exact_err = exactness[exactness["landmarks n_y"] >= small_m + 2]["rel. error, squared distances"].max()
 claims.register(
     "fedtsne-nystrom-distance", "fedtsne",
-    "The Nystrom approximation from the clients' distances to the landmarks recovers the global distance "
-    "matrix (Eqs. 18-22).",
+    "The Nystrom approximation from the clients' distances to the landmarks approximates the global distance "
+    "matrix (Eqs. 18-19, 21-22).",
     holds=bool(exact_err < 1e-8), condition="it is applied to SQUARED distances with n_y >= m + 2 landmarks "
     "spanning the data (plain distances, as printed, are never exact)",
     evidence=f"m={small_m}: squared distances, n_y >= m+2: max rel. error {exact_err:.1e}; plain distances: "
@@ -317,15 +320,19 @@ claims.register(
 
 # %% mystnb={"figure": {"caption": "Relative Frobenius error of the Nyström distance estimate (left, log scale) and the 10-NN overlap with the true neighbours (right) against the number of landmarks (log scale) on optdigits, for FedDL landmarks (IID and one class per client), an oracle uniform sample of the pooled data and the untrained landmarks; the dotted line is m + 2. From m + 2 landmarks on, the FedDL estimates are exact up to rounding."}, "image": {"alt": "Two line charts against number of landmarks for four landmark sets: relative error on log axes, and 10-NN overlap"}}
 sweep = ft_checks.landmark_quality_sweep(X, parts, landmark_grid, feddl_rounds, gamma=gamma, rng=rng, seed=seed)
-fig, axes = plt.subplots(1, 2, figsize=fit_column(10, 3.6))
-sns.lineplot(data=sweep, x="n_y", y="rel. error of D_hat", hue="landmarks", marker="o", ax=axes[0])
-sns.lineplot(data=sweep, x="n_y", y="10-NN overlap", hue="landmarks", marker="o", ax=axes[1], legend=False)
-axes[0].set(xscale="log", yscale="log", xlabel="landmarks n_y", ylabel=r"$\|\hat D-D\|_F/\|D\|_F$")
-axes[1].set(xscale="log", xlabel="landmarks n_y", ylabel="10-NN overlap with true neighbours")
-for ax in axes:
+shown = sweep.replace({"landmarks": {"untrained Y^0": "untrained $Y^0$"}})   # the legend's names
+fig, axes = plt.subplots(1, 2, figsize=fit_column(10, 5.2), layout="constrained")
+for ax, column in zip(axes, ["rel. error of D_hat", "10-NN overlap"]):
+    # markers and dashes per landmark set: the FedDL lines coincide where the estimate is exact
+    sns.lineplot(data=shown, x="n_y", y=column, hue="landmarks", style="landmarks", markers=True, dashes=True,
+                 markersize=7, ax=ax, legend=ax is axes[0])
     ax.axvline(m + 2, color="grey", ls=":")
-fig.suptitle("Nyström distance estimate on optdigits (dotted: m + 2)", wrap=True)
-plt.tight_layout()
+axes[0].set(xscale="log", yscale="log", xlabel="number of landmarks $n_y$", ylabel=r"$\|\hat D-D\|_F/\|D\|_F$")
+axes[1].set(xscale="log", xlabel="number of landmarks $n_y$", ylabel="10-NN overlap")
+handles, labels = axes[0].get_legend_handles_labels()
+axes[0].get_legend().remove()
+fig.legend(handles, labels, loc="outside lower center", ncol=2, frameon=False)
+fig.suptitle("Nyström distance estimate on optdigits (dotted: $m+2$)")
 plt.show()
 big = sweep[sweep.n_y >= m + 2]
 print(big.groupby("landmarks")[["rel. error of D_hat", "10-NN overlap"]].max().to_string(float_format="%.2e"))
@@ -348,7 +355,8 @@ assert (thm2["||H - H_hat||_F"] > thm2["stated bound"]).any(), "a counterexample
 worst_thm2 = thm2.iloc[int(np.argmax(thm2["||H - H_hat||_F"] - thm2["stated bound"]))]
 claims.register(
     "fedtsne-theorem2-frobenius", "fedtsne",
-    "Theorem 2: the Nystrom error ||H - H_hat||_F is at most the best rank-k error plus a sampling term.",
+    "Theorem 2 (eq. 20): ||H - H_hat||_F <= ||H - H_k||_F + rho (64 k / c)^(1/4) for any uniform sample of c "
+    "columns.",
     holds=bool((thm2["||H - H_hat||_F"] <= thm2["stated bound"]).all()),
     evidence=f"c = k = {int(worst_thm2['c = k'])} sampled columns: ||H - H_hat||_F = "
              f"{worst_thm2['||H - H_hat||_F']:.2f} > stated bound {worst_thm2['stated bound']:.2f}",
@@ -469,7 +477,8 @@ assert thm4["one crossing"]
 claims.register(
     "fedtsne-thm4-calibration", "fedtsne",
     "Theorem 4: Gaussian noise with sd = c * 2 tau_X / epsilon, c^2 >= 2 ln(1.25/delta), makes the perturbed "
-    "data (epsilon, delta)-differentially private.",
+    "data (epsilon, delta)-differentially private (the paper prints delta >= 2 c tau_X / epsilon and c^2 > "
+    "2 ln(1.25/delta); we read that delta as the noise sd).",
     holds=bool(not np.isnan(eps_star)),      # NaN: the sd fails already at the smallest epsilon checked
     condition=None if np.isnan(eps_star) else
     (f"epsilon <= {min(eps_star, t4_hi):.3g} at delta = {delta:g} (checked on {t4_n} values of epsilon from {t4_lo:g} "
@@ -529,8 +538,8 @@ if n_landmarks >= m + 2:
     assert rec_err < 1e-6
 claims.register(
     "fedtsne-plus-gradient-privacy", "fedtsne",
-    "Fed-tSNE+ / Fed-UMAP+ with gradient perturbation (Theorem 6) protect each client's data with "
-    "(epsilon, delta)-differential privacy.",
+    "Fed-tSNE+ / Fed-UMAP+, built on FedDL with gradient perturbation, which Theorem 6 makes (epsilon, "
+    "delta)-differentially private (Sec. 5.2), enhance the privacy of each client's data (Sec. 5.3).",
     holds=bool(rec_err > 0.1),
     evidence=f"FedDL spent epsilon={dp_run.epsilon:.3g} (delta={delta:g}), but from the distance upload to its "
              f"n_y={n_landmarks} >= m+2={m + 2} landmarks the server rebuilt all {n0} points of client 0 with "
@@ -544,27 +553,27 @@ claims.register(
 # The same attack against landmarks that are not trained at all, and against an upload computed from
 # perturbed data, for several $n_y$:
 
-# %% mystnb={"figure": {"caption": "Three of client 0's 8x8 digit images (top row, left of each pair) and the server's reconstructions from the client's distance upload: below each image, from the landmarks of the differentially private FedDL run (an exact copy once there are at least m + 2 landmarks); beside it, from 40 landmarks, fewer than m + 2, only the projection onto the landmarks' span."}, "image": {"alt": "Grid of small greyscale digit images: three client samples and the server's reconstructions of them"}}
+# %% mystnb={"figure": {"caption": "Three of client 0's 8x8 digit images (left column, one per row) and the server's reconstructions from the client's distance upload: from the landmarks of the differentially private FedDL run (middle column; an exact copy once there are at least m + 2 landmarks) and from 40 landmarks, fewer than m + 2 (right column; only the projection onto the landmarks' span)."}, "image": {"alt": "Grid of small greyscale digit images: three client samples and the server's reconstructions of them"}}
 recon = ft_checks.reconstruction_table(client0, X, rng, [10, 40, 65, 100], noise_sd=0.5)
 print(recon.to_string(index=False, float_format="%.2e"))
 clean = recon[recon["upload from"].str.startswith("clean")]
 assert clean[clean.n_y >= m + 1]["rel. reconstruction error"].max() < 1e-8
 assert recon[recon["upload from"].str.startswith("perturbed")]["rel. reconstruction error"].min() > 0.3
 
-fig, axes = plt.subplots(2, 6, figsize=fit_column(9, 3.2))
+fig, axes = plt.subplots(3, 3, figsize=fit_column(4.6, 5.2), layout="constrained")
 yl = X.mean(0) + rng.standard_normal((40, m)) * X.std(0)
 proj = ft_checks.reconstruct_from_sq_distances(ft_mmd.sq_distances(client0[:3], yl), yl)
 exact_rec = rebuilt[:3]
-for i in range(3):
-    for j, (img, title) in enumerate([(client0[i], "client sample"), (exact_rec[i], f"server, DP n_y={n_landmarks}")]):
-        axes[j, 2 * i].imshow(img.reshape(8, 8), cmap="gray_r")
-        axes[j, 2 * i].set_title(title, fontsize=7)
-    axes[0, 2 * i + 1].imshow(proj[i].reshape(8, 8), cmap="gray_r")
-    axes[0, 2 * i + 1].set_title("server, n_y=40", fontsize=7)
-    axes[1, 2 * i + 1].axis("off")
+image_columns = [("client sample", client0[:3]), (f"server, DP run\n$n_y$ = {n_landmarks}", exact_rec),
+           (f"server, $n_y$ = {len(yl)}\n(projection only)", proj)]
+for j, (title, images) in enumerate(image_columns):
+    axes[0, j].set_title(title)
+    for i in range(3):
+        axes[i, j].imshow(images[i].reshape(8, 8), cmap="gray_r")
 for ax in axes.flat:
     ax.set_xticks([]), ax.set_yticks([])
-fig.suptitle("Reconstruction of client samples from their distance uploads (8x8 pixels)", wrap=True)
+    ax.grid(False)
+fig.suptitle("Client samples rebuilt from their distance uploads (8×8 pixels)")
 plt.show()
 
 # %% [markdown]

@@ -144,22 +144,24 @@ with pd.option_context("display.max_colwidth", 60, "display.width", 250):
     print()
     print(nmi_table.drop(columns=["FedDL epsilon spent", "end-to-end epsilon"]).to_string(index=False))
 
-# %% mystnb={"figure": {"caption": "CA 10-NN (10-NN classification accuracy in the embedding) against the requested epsilon (log scale) for data perturbation and gradient perturbation, mean over seeds with sample-standard-deviation bands, one panel per embedding method; the dashed grey line is Fed without noise. It shows from which epsilon the private runs come close to the noise-free quality; gradient perturbation's end-to-end epsilon is infinite (the distance upload)."}, "image": {"alt": "Line charts, one per embedding method: classification accuracy against epsilon for two privacy mechanisms, with a dashed no-noise reference"}}
+# %% mystnb={"figure": {"caption": "CA 10-NN (10-NN classification accuracy in the embedding) against the requested epsilon (log scale; the epsilon FedDL spends is at most the requested one) for data perturbation and gradient perturbation, mean over seeds with sample-standard-deviation bands, one panel per embedding method; the dashed grey line is Fed without noise. It shows from which epsilon the private runs come close to the noise-free quality; gradient perturbation's end-to-end epsilon is infinite (the distance upload)."}, "image": {"alt": "Line charts, one per embedding method: classification accuracy against epsilon for two privacy mechanisms, with a dashed no-noise reference"}}
 dp = runs[runs.noise.str.startswith("dp")].assign(mechanism=lambda d: d.noise.map(MECHANISMS))
 ref_mean = runs[runs.noise == "none"].groupby("method")[["CA 10-NN", "NMI"]].mean()
-fig, axes = plt.subplots(1, 2, figsize=fit_column(10, 3.6), sharey=True)
-for ax, method in zip(axes, methods + [None] * (2 - len(methods))):
-    if method is None:
-        ax.axis("off")
-        continue
+delta_mant, delta_exp = f"{delta:.2e}".split("e")   # delta in mathtext: 1e-05 -> 10^{-5}
+DELTA_TEX = (f"10^{{{int(delta_exp)}}}" if float(delta_mant) == 1
+             else f"{float(delta_mant):g}\\times10^{{{int(delta_exp)}}}")
+fig, axes = plt.subplots(1, len(methods), figsize=fit_column(5.0 * len(methods), 5.0), sharey=True, squeeze=False,
+                         layout="constrained")
+for ax, method in zip(axes[0], methods):
     sub = dp[dp.method == method]
     sns.lineplot(data=sub, x="level", y="CA 10-NN", hue="mechanism", marker="o", errorbar="sd", ax=ax)
     ax.axhline(ref_mean.loc[method, "CA 10-NN"], color="grey", ls="--", label="Fed, no noise")
-    ax.set(xscale="log", xlabel="epsilon requested (FedDL's spent epsilon <= it)", title=NAMES[method])
-    ax.legend(fontsize=7)
-fig.suptitle(f"Utility vs epsilon (delta={delta:g}; mean ± sample std over {len(seeds)} seeds; "
-             "gradient perturbation: end-to-end epsilon = inf)", fontsize=9, wrap=True)
-plt.tight_layout()
+    ax.set(xscale="log", xlabel=r"requested $\varepsilon$ (log scale)", title=NAMES[method])
+handles, labels = axes[0, 0].get_legend_handles_labels()
+for ax in axes[0]:
+    ax.get_legend().remove()
+fig.legend(handles, labels, loc="outside lower center", ncol=2, frameon=False)
+fig.suptitle(f"Utility against $\\varepsilon$ ($\\delta = {DELTA_TEX}$), {len(seeds)} seeds")
 plt.show()
 
 # %% [markdown]
@@ -172,14 +174,12 @@ plt.show()
 # end-to-end $\varepsilon$ is $\infty$ (the distance upload).
 
 # %%
-_prose = []   # the cell's sentences, shown as Markdown below (glue)
 lowest = min(epsilons)
 verdict_rows = [(method, noise, d) for method in methods for noise in ("dp_data", "dp_gradient")
                 if (d := ft_studies.paired_vs_reference(runs, "CA 10-NN", method, noise, lowest)) is not None]
-_prose.append(
-    f"At the smallest $\\varepsilon$ = {lowest:g} the change of CA 10-NN against Fed without noise is: "
-    + "; ".join(f"{NAMES[mt]} {MECHANISMS[nz]} {d.format(3)}"
-                for mt, nz, d in verdict_rows) + ".")
+glue("fedtsne_privacy_lowest_eps", float(lowest), display=False)
+glue("fedtsne_privacy_lowest_eps_changes",
+     Markdown("; ".join(f"{NAMES[mt]} {MECHANISMS[nz]} {d.format(3)}" for mt, nz, d in verdict_rows)), display=False)
 paper_tables = (paper_results.fedtsne_table1(), paper_results.fedtsne_table2())
 DP_MARGIN = -ft_studies.paper_drop(paper_tables, "CA 10-NN", [(("Fed+", s), ("Fed", s)) for s in ("IID", "non-IID")])
 data_by_eps = {e: {NAMES[mt]: d for mt in methods
@@ -194,12 +194,10 @@ PRIV_BUDGET = f"{rounds} FedDL rounds, n_y = {n_landmarks}, {num_clients} client
 PRIV_CONVERGENCE = (f"noise-free FedDL's share of its objective's decrease in the last 10 % of the rounds: up to "
                     f"{free_share.max():.4f} over the seeds (the benchmark's plateau rule: at most 0.01); every "
                     "variant runs the same rounds")
-glue('fedtsne_privacy_prose_1', Markdown("\n\n".join(_prose)), display=False)
 
 # %% [markdown]
-# ```{glue:md} fedtsne_privacy_prose_1
-# :format: myst
-# ```
+# At the smallest $\varepsilon$ = {glue:text}`fedtsne_privacy_lowest_eps:g` the change of CA 10-NN against Fed
+# without noise is: {glue:md}`fedtsne_privacy_lowest_eps_changes`.
 
 # %%
 if data_by_eps:
@@ -210,8 +208,9 @@ if data_by_eps:
                         for e in lv.levels)
     claims.register(
         "fedtsne-plus-dp-utility", "fedtsne",
-        "Fed-tSNE+ and Fed-UMAP+ give (epsilon, delta)-differential privacy (Theorems 4, 6) while keeping the "
-        "visualization quality close to Fed-tSNE / Fed-UMAP.",
+        "Our test of Theorems 4 and 6 (the paper's experiments use heuristic noise without an epsilon): calibrated "
+        "to (epsilon, delta)-differential privacy, Fed-tSNE+ and Fed-UMAP+ keep the visualization quality close to "
+        "Fed-tSNE / Fed-UMAP.",
         holds=bool(lv.holds_from is not None),
         inconclusive=bool(dp_open),
         condition=(f"the noise is data perturbation (Theorem 4; gradient perturbation's end-to-end epsilon is inf) "
@@ -247,10 +246,10 @@ nominal = {b: ft_studies.nominal_epsilon(ft_studies.public_feddl(X, parts, X_pub
                                                  noise="heuristic", beta=b), parts, gamma, delta)
            for b in betas if b > 0}
 print(ft_studies.beta_table(beta_runs, methods, nominal).to_string(index=False))
-g = sns.relplot(data=beta_runs, x="beta", y="NMI", hue="method", kind="line", marker="o", errorbar="sd",
-                height=3.2, aspect=1.4)
-g.figure.suptitle(f"NMI vs beta (Figure 7 analogue; optdigits, mean ± sample std over {len(seeds)} seeds)",
-                  y=1.04, fontsize=9, wrap=True)
+g = sns.relplot(data=beta_runs.assign(method=beta_runs.method.map(NAMES)), x="beta", y="NMI", hue="method",
+                kind="line", marker="o", errorbar="sd", height=3.2, aspect=1.4)
+g.set_xlabels(r"noise level $\beta$")
+g.figure.suptitle(f"NMI against $\\beta$ (Figure 7 analogue; optdigits, {len(seeds)} seeds)", y=1.04)
 plt.show()
 
 # %%
@@ -295,24 +294,28 @@ if diffs:
 # suffices: the check is an identity up to rounding, not a statistical comparison.
 
 # %%
-_prose = []   # the cell's sentences, shown as Markdown below (glue)
 ny_full = m + 6
 res_dp = ft_feddl.feddl([X[p] for p in parts], ny_full, rounds=rounds, gamma=gamma, noise="dp_gradient",
                   epsilon=lowest, delta=delta, init="uniform", landmark_bounds=(0.0, 1.0), seed=seeds[0])
 err_d, err_x = ft_checks.upload_leak(X, parts, res_dp.landmarks)
-_prose.append(
-    f"FedDL with gradient noise at $\\varepsilon$ = {res_dp.epsilon:.3g} (spent, $\\delta$ = {delta:g}), "
-    f"$n_y$ = {ny_full} $\\ge m+2$ = {m + 2}: the server's distance matrix equals the true one up to "
-    f"{err_d:.1e} (relative), and it rebuilds all {n} client points with relative error {err_x:.1e}. "
-    "The protocol is then equivalent to uploading the data, whatever FedDL's noise: its end-to-end "
-    f"$\\varepsilon$ is {ft_dp.end_to_end_epsilon(res_dp)}.")
 assert err_d < 1e-6 and err_x < 1e-6
-glue('fedtsne_privacy_prose_2', Markdown("\n\n".join(_prose)), display=False)
+glue("fedtsne_privacy_leak_eps", float(res_dp.epsilon), display=False)
+glue("fedtsne_privacy_leak_delta", float(delta), display=False)
+glue("fedtsne_privacy_leak_landmarks", int(ny_full), display=False)
+glue("fedtsne_privacy_leak_m_plus_2", int(m + 2), display=False)
+glue("fedtsne_privacy_leak_distance_error", float(err_d), display=False)
+glue("fedtsne_privacy_leak_points", int(n), display=False)
+glue("fedtsne_privacy_leak_point_error", float(err_x), display=False)
+glue("fedtsne_privacy_leak_end_to_end_eps", float(ft_dp.end_to_end_epsilon(res_dp)), display=False)
 
 # %% [markdown]
-# ```{glue:md} fedtsne_privacy_prose_2
-# :format: myst
-# ```
+# FedDL with gradient noise at $\varepsilon$ = {glue:text}`fedtsne_privacy_leak_eps:.3g` (spent, $\delta$ =
+# {glue:text}`fedtsne_privacy_leak_delta:g`), $n_y$ = {glue:text}`fedtsne_privacy_leak_landmarks` $\ge m+2$ =
+# {glue:text}`fedtsne_privacy_leak_m_plus_2`: the server's distance matrix equals the true one up to
+# {glue:text}`fedtsne_privacy_leak_distance_error:.1e` (relative), and it rebuilds all
+# {glue:text}`fedtsne_privacy_leak_points` client points with relative error
+# {glue:text}`fedtsne_privacy_leak_point_error:.1e`. The protocol is then equivalent to uploading the data,
+# whatever FedDL's noise: its end-to-end $\varepsilon$ is {glue:text}`fedtsne_privacy_leak_end_to_end_eps`.
 
 # %% [markdown]
 # ## Summary

@@ -261,14 +261,16 @@ exact_monotone = bool(ddist.min() >= 0 and dloss.max() <= 0)
 small_monotone = bool(small["monotone"].all())
 _ = claims.register(
     "refed-lemma1", "refed",
-    "Lemma 1: as lambda grows, the PIM moves away from the global model (||v(lambda) - w||^2 does not "
-    "decrease) and fits the client's data better (its local loss does not increase).",
-    holds=exact_monotone and small_monotone,
-    condition=(f"the PIM is the minimiser of its objective, or the s-step PIM of Eq. 3 with step eta (L + q) <= 1 "
-               f"(with 1 < eta (L + q) < 2, {finite_fail} of {len(big)} step counts s > 1 break it)") if finite_fail else None,
+    "Lemma 1 (eqs. 10-12): for the minimiser v(lambda) of Def. 1's objective, as lambda grows v(lambda) moves "
+    "away from the global model (||v(lambda) - w||^2 does not decrease) and fits the client's data better (its "
+    "local loss does not increase).",
+    holds=exact_monotone,
     evidence=f"quadratic, d={dim}, curvatures in [{mu}, {L_smooth}]: closed-form derivatives over {len(lam_grid)} lambdas, "
              f"min d dist/d lambda = {ddist.min():.3g} >= 0, max d loss/d lambda = {dloss.max():.3g} <= 0 "
-             f"(finite differences agree to 1e-6); s-step PIM with eta (L + q) <= 1: monotone for every s in {pim_steps}.")
+             f"(finite differences agree to 1e-6). Beyond the lemma, for the s-step PIM of Eq. 3 that Re-Fed runs: "
+             f"monotone for every s in {pim_steps} with step eta (L + q) <= 1"
+             + ("" if small_monotone else " except some") + (f"; with 1 < eta (L + q) < 2, {finite_fail} of {len(big)} step "
+             "counts s > 1 break it" if finite_fail else "") + ".")
 
 # %% [markdown]
 # :::{folded} The s-step PIM against λ for every s: distance and local loss, with the line η(L+q) = 1

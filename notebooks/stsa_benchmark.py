@@ -213,7 +213,7 @@ table, seeds_per_method = stsa_studies.results_table(summary)
 print("Ours: mean ± sample std over seeds (%), A_avg / A_T / F_T as in eqs. 60-62; seeds per method: "
       + ", ".join(f"{m}: {n}" for m, n in seeds_per_method.items()))
 display(captioned(table,
-                  "Pretrained setting: the gradient baselines are linear heads on the frozen features. Joint = centralized ridge on all data seen (same features and gamma), one run per seed listed under every beta."))
+                  "Pretrained setting: the gradient baselines are linear heads on the frozen features. Joint = centralized ridge on all data seen (same features and γ), one run per seed listed under every β."))
 
 # %% [markdown]
 # :::{unfold}
@@ -354,7 +354,7 @@ elif baselines and len(margin_seeds) >= 2:
     budget_rounds, rec_name, curves_shown = record["parameters"]["rounds_per_task"], record["name"], res["curves"]
 if baselines and len(margin_seeds) >= 2:
     display(stsa_studies.margin_table(values, cells, REFS, baselines).style.set_caption(
-        f"Ours ({', '.join(datasets)}, pretrained features, {len(margin_seeds)} seeds, baselines trained "
+        f"Ours ({', '.join(map(human, datasets))}, pretrained features, {len(margin_seeds)} seeds, baselines trained "
         f"{budget_rounds} rounds per stage): A_avg and A_T (%) mean ± sample std; method − best baseline "
         f"(highest mean), paired by seed, 95 % CI (points)"))
     settings_ = list(curves_shown)
@@ -368,7 +368,7 @@ if baselines and len(margin_seeds) >= 2:
                 ax.plot(np.arange(1, len(mean_curve) + 1), mean_curve, lw=1.2, label=human(m),
                         marker="o" if len(mean_curve) < 10 else None)
             ax.axhline(np.mean(values["A_T"][setting][str(beta)]["STSA"]), color="black", ls="--", lw=1, label="STSA (A_T)")
-            ax.set_title(f"{setting.split(' / ')[-1]}, beta={beta}")
+            ax.set_title(f"{human(setting.split(' / ')[-1])}, β = {beta}")
     axes[0][-1].legend(fontsize=7, loc="center right")
     fig.supxlabel("round of the last task")
     fig.supylabel("test accuracy on the seen classes (%)")
@@ -517,7 +517,7 @@ g = sns.relplot(data=ablation, x="value", y="A_T", hue="method", col="ablation",
 for ax in g.axes.flat:
     ax.set_xscale("log")
 g.set_axis_labels("value (log scale)", "final accuracy A_T (%)")
-g.figure.suptitle(f"Ablations (one seed, no conclusion): {abl_name}, beta={abl_beta}, seed={abl_seed}", y=1.03, wrap=True)
+g.figure.suptitle(f"Ablations (one seed, no conclusion): {human(abl_name)}, β = {abl_beta}, seed {abl_seed}", y=1.03, wrap=True)
 plt.show()
 k_rows = ablation[(ablation.ablation == "K (K·K_D fixed)") & (ablation.method == "STSA")]
 print("STSA A_T across K:", k_rows.A_T.round(4).tolist())
@@ -540,7 +540,7 @@ noise_runs, grams = stsa_studies.noise_study(run, f0, abl_beta, noise_seeds, M, 
 # A_T table; how far the noise moves the server's Gram (first seed); paired changes for sd q*s <= 0.1
 noise, moved, changes = stsa_studies.noise_tables(noise_runs, grams, noise_grid, noise_seeds[0])
 display(captioned(noise,
-                  f"Ours: A_T (%) with upload noise, {abl_name}, pretrained, beta={abl_beta}, mean ± sample std over {len(noise_seeds)} seeds"))
+                  f"Ours: A_T (%) with upload noise, {human(abl_name)}, pretrained, β = {abl_beta}, mean ± sample std over {len(noise_seeds)} seeds"))
 display(captioned(moved.style.format("{:.1e}", na_rep="—"),
                   f"relative change of the server's Gram matrix (seed {noise_seeds[0]})"))
 e2 = moved[("||G_noisy - G|| / ||G||", "STSA-E2")]
@@ -558,12 +558,13 @@ print(f"largest change of A_T for noise sd q*s <= 0.1: {drop:.2f} points in one 
 display(captioned(changes.assign(d=changes.d.map(lambda d: "—" if d is None or pd.isna(d) else str(d)))
         .rename(columns={"d": "noisy - clean, paired (points)"}),
                   "Change of A_T with noise on the uploads, paired with the clean run (points, 95 % CI)"))
-display(captioned(paper_results.stsa_table7(), "Paper, Table 7 (CIFAR-100, beta=0.5) - the paper's numbers"))
+display(captioned(paper_results.stsa_table7(), "Paper, Table 7 (CIFAR-100, β = 0.5): the paper's numbers"))
 claims.register(
     "stsa-noise-robust", "stsa",
-    "Table 7: small Gaussian noise on the uploaded statistics barely changes the accuracy of STSA and STSA-E.",
+    "The paper's earlier version, Table 7 (App. E.2): small Gaussian noise on the uploaded statistics barely changes "
+    "the accuracy of STSA and STSA-E.",
     holds=robust if (robust or fragile) else None, inconclusive=not (robust or fragile),
-    evidence=f"{abl_name}, pretrained, beta={abl_beta}, {len(noise_seeds)} seeds: at noise sd q*s <= 0.1 every paired "
+    evidence=f"{human(abl_name)}, pretrained, β = {abl_beta}, {len(noise_seeds)} seeds: at noise sd q*s <= 0.1 every paired "
              f"95 % CI of the change of A_T lies within ±{ci_bound:.2f} points (criterion: within ±1 point; largest "
              f"paired mean {mean_drop:.2f}, {drop:.2f} in a single run), while the count noise moves STSA-E's Gram by "
              f"{e2.min():.1e}-{e2.max():.1e} (relative; counts used unrounded).",
@@ -585,7 +586,7 @@ _prose = []   # the cell's sentences, shown as Markdown below (glue)
 skew_runs = stsa_studies.skew_grid(run, f0, abl_beta, seeds, M, skew_scale)
 rows_md, eff = paired_markdown_rows(skew_runs, [0.0, skew_scale], "STSA", "STSA-E (per-class K)")
 _prose.append(
-    f":::{{table}} A_T (%) with feature shifts, {abl_name}, {len(seeds)} seeds (mean ± sample std)\n"
+    f":::{{table}} A_T (%) with feature shifts, {human(abl_name)}, {len(seeds)} seeds (mean ± sample std)\n"
     f"| shift scale | STSA | STSA-E (per-class K) | STSA-E − STSA (paired) |\n|---|---|---|---|\n" + rows_md
     + f"\n:::\n\nEffect of the shifts (skewed − unskewed, paired): STSA {eff['STSA']}; STSA-E {eff['STSA-E (per-class K)']}.")
 glue('stsa_benchmark_prose_3', Markdown("\n\n".join(_prose)), display=False)
@@ -609,7 +610,7 @@ glue('stsa_benchmark_prose_3', Markdown("\n\n".join(_prose)), display=False)
 large = stsa_studies.large_first_task(run, f0, abl_beta, seeds, M, first_task_classes, later_task_classes,
                               ["STSA", "STSA-E"] + [b for b in baselines if b == "fedlwf"])
 display(captioned(large,
-                  f"Ours: {abl_name}, {first_task_classes} classes then {later_task_classes} per task, beta={abl_beta}; mean ± sample std over {len(seeds)} seeds"))
+                  f"Ours: {human(abl_name)}, {first_task_classes} classes then {later_task_classes} per task, β = {abl_beta}; mean ± sample std over {len(seeds)} seeds"))
 display(captioned(paper_results.stsa_table4(), "Paper, Table 4 (CIFAR-100, 50 + 10 x 5) - the paper's numbers"))
 
 # %% [markdown]

@@ -189,17 +189,17 @@ runs = study["runs"]
 order = list(dict.fromkeys(runs.method))
 table = (runs.groupby("method", sort=False)
          .agg(A_T=("A_T", mean_std), A_avg=("A_avg", mean_std), F_T=("F_T", mean_std),
-              gamma_median=("gamma", "median"))
+              **{"median γ": ("gamma", "median")})
          .reindex(order))
-display(captioned(table.style.format({"gamma_median": "{:.3g}"}, na_rep="—"),
-                  f"{human(dataset)}, beta={beta}, T={num_tasks}, K={num_clients}, M={M}: mean ± sample std over {len(seeds)} seeds (%); gamma_median: the median gamma used at the last stage"))
+display(captioned(table.style.format({"median γ": "{:.3g}"}, na_rep="—"),
+                  f"{human(dataset)}, β = {beta}, T = {num_tasks}, K = {num_clients}, M = {M}: mean ± sample std over {len(seeds)} seeds (%); median γ: the median γ used at the last stage"))
 paired = sb.gcv_paired(runs, metric="A_T")
 paired_avg = sb.gcv_paired(runs, metric="A_avg")
 display(captioned(paired.drop(columns=["mean", "low", "high", "n"]).merge(
     paired_avg[["GCV (per stage) minus", "A_avg difference (points)"]], on="GCV (per stage) minus"),
                   "GCV (per stage) minus every other γ rule: A_T and A_avg, paired by seed (points, 95 % CI)"))
 chosen = study["chosen"].pivot(index="seed", columns="stage", values="gamma (GCV)")
-display(captioned(chosen.style.format("{:.3g}", na_rep="—"), "gamma chosen by GCV at each stage (rows: seeds)"))
+display(captioned(chosen.style.format("{:.3g}", na_rep="—"), "The ridge γ chosen by GCV at each stage (rows: seeds)"))
 n_counts = sb.counts_bytes(num_clients, [len(feats.classes) // num_tasks] * num_tasks)
 up = study["bytes_up"][0]
 print(f"measured upload of one run (seed {seeds[0]}): {up / 2**20:.2f} MiB (all clients, all stages, float64), of which "
@@ -359,9 +359,9 @@ assert vanish["rel. difference of the heads"] < 1e-8 and vanish["same test predi
 dp_runs = study["dp"]   # computed with section 1.3's study (same seeds, same clean uploads)
 dp = sb.dp_summary(dp_runs)
 display(captioned(dp.drop(columns=["mean", "std"]).pivot(index=["setting", "epsilon"], columns="gamma rule", values="A_T"),
-                  f"A_T (%) over {len(seeds)} seeds (mean ± sample std); epsilon per record at delta={delta:g}; B={clip_norm:g}; gamma: median over seeds"))
+                  f"A_T (%) over {len(seeds)} seeds (mean ± sample std); ε per record at δ = {delta:g}; B = {clip_norm:g}; γ: median over seeds"))
 display(captioned(dp_runs[dp_runs["gamma rule"] == "GCV (noisy statistics)"].groupby(["setting", "epsilon"], sort=False)
-        [["negative eigenvalues clipped", "GCV undefined (largest gamma used)"]].mean().T, f"per setting, mean over seeds: negative eigenvalues of the noisy G clipped by the PSD projection (of M={M}), " "and the fraction of seeds where GCV was undefined on the whole grid (the largest gamma was used)"))
+        [["negative eigenvalues clipped", "GCV undefined (largest gamma used)"]].mean().T, f"Per setting, mean over seeds: negative eigenvalues of the noisy G clipped by the PSD projection (of M = {M}), " "and the fraction of seeds where GCV was undefined on the whole grid (the largest γ was used)"))
 
 # %% mystnb={"figure": {"caption": "Final accuracy A_T against the privacy budget ε per record (log scale) for the calibrated noise with local and with secure aggregation, mean over seeds with sample-standard-deviation error bars; solid lines choose γ by GCV on the noisy statistics, dotted lines take the best grid γ on the test set (an oracle). The horizontal lines are the run without noise and clipping, the clipped run without noise and, where run, the paper's noise, which has no finite ε; the legend gives each line's accuracy, since lines at the same accuracy lie on top of each other."}, "image": {"alt": "Line chart with error bars: final accuracy against epsilon for noise settings and gamma rules, with horizontal reference lines"}}
 nonpriv = runs[runs.method == "GCV (per stage)"].A_T

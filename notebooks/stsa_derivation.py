@@ -214,10 +214,10 @@ print(f"reverse order: {err_rev:.1e}; two sub-stages per task: {err_split:.1e}")
 assert err_rev < tol_w and err_split < tol_w
 claims.register(
     "stsa-temporal-invariance", "stsa",
-    "Temporal aggregation (eqs. 4-5, 8): after every stage the head equals joint ridge on all data seen so far, "
-    "whatever the order of the stages.",
+    "Temporal aggregation (eqs. 4-5, 8): after every stage the head equals joint ridge on all data seen so far "
+    "(our extension, checked as well: whatever the order of the stages).",
     holds=bool(temporal["rel. err. vs joint ridge"].max() < tol_w and err_rev < tol_w and err_split < tol_w),
-    evidence=f"{num_tasks} stages, 5 clients, beta=0.1: max rel. error vs joint ridge "
+    evidence=f"{num_tasks} stages, 5 clients, β = 0.1: max rel. error vs joint ridge "
              f"{temporal['rel. err. vs joint ridge'].max():.1e}; reversed order {err_rev:.1e}; two sub-stages per task "
              f"{err_split:.1e} (tolerance {tol_w:.1e}).")
 
@@ -420,7 +420,7 @@ skew_acc = stsa_studies.feature_skew_accuracy(x_all, y_all, x_test, y_test, num_
 rows_md, effect = paired_markdown_rows(skew_acc, [0.0, skew_accuracy_scale], "STSA", "STSA-E")
 _prose.append(
     f":::{{table}} A_T (%) with feature shifts over {len(skew_seeds)} seeds (mean ± sample std), synthetic "
-    f"features, K=5, beta=0.5, K_D={skew_dummy}\n"
+    f"features, K = 5, β = 0.5, K_D = {skew_dummy}\n"
     f"| shift scale | STSA | STSA-E | STSA-E − STSA (paired) |\n|---|---|---|---|\n" + rows_md
     + f"\n:::\n\nEffect of the shifts (skewed − label skew only, paired by seed): STSA-E {effect['STSA-E']}; "
     f"STSA {effect['STSA']}.")

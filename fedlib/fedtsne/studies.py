@@ -20,6 +20,7 @@ from fedlib.evaluation import report
 from fedlib.evaluation.embedding import clustering_ari, clustering_nmi, embedding_report, kmeans_nmi, knn_accuracy
 from fedlib.evaluation.report import column_by
 from fedlib.evaluation.stats import mean_std, paired_difference
+from fedlib.evaluation.style import human
 from fedlib.fedtsne.algorithm import mmd2_u, nystrom_kernel
 from fedlib.fedtsne.chapters import check_fits, client_split, load_points
 from fedlib.fedtsne.dp import kernel_gradient_sensitivity
@@ -895,15 +896,17 @@ def metric_tables(results: pd.DataFrame, data: dict, seeds: Sequence[int], metri
     has one."""
     out = {}
     for name in data:
-        label = f"ours: {name}, {len(data[name][1])} points, {len(seeds)} seeds"
+        shown = human(name)
+        label = f"ours: {shown}, {len(data[name][1]):,} points, {len(seeds)} seeds"
         ours = report.mean_std_table(results[results.dataset == name], metrics, ["embedding"], ["variant", "split"],
                                      row_order=row_order, column_order=settings)
+        title = f"{shown}: embedding quality of each variant and split, mean ± sample std over {len(seeds)} seeds"
         if name in paper_tables:
             fn, plabel = paper_tables[name]
-            out[name] = (f"=== {name} ===", report.beside(report.pm_table(fn(), settings, names=["variant", "split"]),
-                                                          ours, (plabel, label)))
+            out[name] = (f"{title}, beside the paper's numbers", report.beside(
+                report.pm_table(fn(), settings, names=["variant", "split"]), ours, (plabel, label)))
         else:
-            out[name] = (f"=== {name} ===\n{label} (the paper has no table for this dataset)", ours)
+            out[name] = (f"{title} (the paper has no table for this dataset)", ours)
     return out
 
 

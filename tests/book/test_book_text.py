@@ -56,19 +56,21 @@ def test_every_chapter_folds_its_set_up_cell():
 GLUED = re.compile(r"""\bglue\(\s*['"]([\w-]+)['"]""")
 SHOWN_MD = re.compile(r"^# ```\{glue:md\} ([\w-]+)$", re.MULTILINE)
 SHOWN_TEXT = re.compile(r"\{glue:text\}`([\w-]+)(?::[^`]*)?`")
+SHOWN_MD_INLINE = re.compile(r"\{glue:md\}`([\w-]+)(?::[^`]*)?`")
 
 
 def test_computed_prose_is_glued_into_markdown_cells():
     """A computed sentence enters the text through myst-nb's glue: the code cell glues its values or
     its Markdown (never displays Markdown), and Markdown cells show them, a number inline
-    (``{glue:text}`key:.2f```) or a paragraph (``{glue:md}``, each shown once); every glued key is
+    (``{glue:text}`key:.2f```), a phrase inline (``{glue:md}`key```) or a paragraph (``{glue:md}``
+    block, each shown once); every glued key is
     shown and every shown key is glued in the same chapter (a missing key would fail the build)."""
     bad = []
     for path in sorted((REPO / "notebooks").glob("*.py")):
         src = path.read_text(encoding="utf-8")
         if "display(Markdown(" in src:
             bad.append(f"{path.name}: displays Markdown from a code cell")
-        md, text = SHOWN_MD.findall(src), SHOWN_TEXT.findall(src)
+        md, text = SHOWN_MD.findall(src), SHOWN_TEXT.findall(src) + SHOWN_MD_INLINE.findall(src)
         if len(md) != len(set(md)):
             bad.append(f"{path.name}: a glued paragraph is shown twice")
         if set(GLUED.findall(src)) != set(md) | set(text):

@@ -67,7 +67,8 @@ def test_pim_record_runs_small_and_equals_the_chapters_own_runs(tmp_path):
     A_T per seed equals run_rules' at the same parameters, and each curve has one point per round."""
     from fedlib.refed.beyond import beyond_setup, run_rules
 
-    assert main(["refed_pim", "--profile", "smoke", "--out", str(tmp_path), "rounds=2", "seeds=[0, 1]"]) == 0
+    assert main(["refed_pim", "--profile", "smoke", "--out", str(tmp_path), "rounds=2", "seeds=[0, 1]",
+                 "pim_epochs=2"]) == 0
     rec = load_record("refed_pim", folder=tmp_path)
     p, res = rec["parameters"], rec["results"]
     scenario, settings = beyond_setup(p)
