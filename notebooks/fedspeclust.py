@@ -170,23 +170,17 @@ gamma_syn = ft_mmd.median_kernel_width(X_syn)        # 1 / median pairwise squar
 kernels = ft_checks.exact_rank_kernels(m_syn, gamma_syn)   # name -> (k(A, B), exact rank or None)
 syn = ft_checks.nystrom_rank_table(kernels, X_syn, Y_pool)
 spectra = ft_checks.kernel_spectra(kernels, np.vstack([Y_pool, X_syn]))
-
-def kernel_label(kname):   # the legend's name of a kernel of exact_rank_kernels, in mathtext
-    rank = kernels[kname][1]
-    if kname.startswith("squared"):
-        return f"squared distances (rank $\\leq m+2$ = {rank})"
-    if kname.startswith("polynomial"):
-        return f"polynomial $(1+x\\cdot y)^2$ (rank $\\leq$ {rank})"
-    return r"Gaussian $\exp(-\gamma\|x-y\|^2)$ (full rank)"
-
-
+# the legend's name of each kernel of exact_rank_kernels, in mathtext
+kernel_label = {k: f"squared distances (rank $\\leq m+2$ = {r})" if k.startswith("squared") else
+                f"polynomial $(1+x\\cdot y)^2$ (rank $\\leq$ {r})" if k.startswith("polynomial") else
+                r"Gaussian $\exp(-\gamma\|x-y\|^2)$ (full rank)" for k, (_, r) in kernels.items()}
 fig, axes = plt.subplots(1, 2, figsize=fit_column(10, 5.2), layout="constrained")
 for kname, g in syn.groupby("kernel", sort=False):
-    axes[0].semilogy(g["n_y"], g["rel. error"].clip(lower=1e-17), marker=".", label=kernel_label(kname))
+    axes[0].semilogy(g["n_y"], g["rel. error"].clip(lower=1e-17), marker=".", label=kernel_label[kname])
 axes[0].set(xlabel="number of landmarks $n_y$", ylabel=r"$\|Z-CW^+C^\top\|_F/\|Z\|_F$ (log)",
             title=f"Nyström error, {n_syn} points in $\\mathbb{{R}}^{{{m_syn}}}$")
 for kname, lam in spectra.items():
-    axes[1].semilogy(np.arange(1, 61), np.maximum(lam[:60], 1e-18), marker=".", label=kernel_label(kname))
+    axes[1].semilogy(np.arange(1, 61), np.maximum(lam[:60], 1e-18), marker=".", label=kernel_label[kname])
 axes[1].set(xlabel="eigenvalue index", ylabel="|eigenvalue| / largest (log)", title="spectrum of $H$ (first 60)")
 fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=2, frameon=False)
 plt.show()

@@ -367,14 +367,15 @@ for scen, (finals, curves_) in src.items():
     rules_out = "; ".join(power_statement(d, paper_gap[scen], f"Re-Fed − {human(b)}", unit=" pp") for b, d in diffs.items())
     claims.register(
         f"refed-beats-random-replay-{scen}", "refed",
-        "Re-Fed's final accuracy exceeds FedAvg's and FedProx's with their naive caching under the same memory "
-        f"({'class' if scen == 'class' else 'domain'}-incremental streams of Table 1; Sec. 4.2: the best in all "
+        f"In the {'class' if scen == 'class' else 'domain'}-incremental streams of Table 1, Re-Fed's final accuracy "
+        "exceeds FedAvg's and FedProx's with their naive caching under the same memory (Sec. 4.2: the best in all "
         "cases; we implement the naive caching as random replay).",
         holds=bool(beats), inconclusive=(not beats and not loses) or not converged,
         evidence="; ".join(f"A_T, Re-Fed [{'last-layer proxy' if grad_norm == 'last_layer' else 'exact Eq. 4'}] "
                            f"minus {human(b)}: {d} points" for b, d in diffs.items())
                  + f" ({SCEN[scen]['name']} stand-in data, SmallCNN, M = {SCEN[scen]['memory']}, paired by seed).",
-        key="; ".join(f"Re-Fed − {human(b)}: {d.format(2).split(' (')[0]} pp" for b, d in diffs.items()),
+        key=("" if converged else f"not converged at {src_rounds[scen]} rounds per task; ")
+            + "; ".join(f"Re-Fed − {human(b)}: {d.format(2).split(' (')[0]} pp" for b, d in diffs.items()),
         rules_out=None if (beats or loses) and converged else
         (rules_out if converged else f"the comparison did not converge at its budget; {rules_out}"),
         methods=HEADLINE, ran=["refed", *baselines_here],
