@@ -92,7 +92,7 @@ from fedlib.runner import specs
 
 specs.check("fedspeclust", globals())
 
-from fedlib.evaluation.style import book_style, captioned, fit_column, human
+from fedlib.evaluation.style import book_style, captioned, fit_column, human, legend_below
 book_style()   # the book's figure theme and table number style
 # Many small matrix products (FedDL: one per client and round) and k-means on 10-dimensional
 # spectral embeddings: on the shared 2-core build machine, multi-threaded BLAS/OpenMP spin-wait and
@@ -182,7 +182,7 @@ axes[0].set(xlabel="number of landmarks $n_y$", ylabel=r"$\|Z-CW^+C^\top\|_F/\|Z
 for kname, lam in spectra.items():
     axes[1].semilogy(np.arange(1, 61), np.maximum(lam[:60], 1e-18), marker=".", label=kernel_label[kname])
 axes[1].set(xlabel="eigenvalue index", ylabel="|eigenvalue| / largest (log)", title="spectrum of $H$ (first 60)")
-fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=2, frameon=False)
+legend_below(fig, axes[0])
 plt.show()
 
 display(captioned(ft_checks.rank_summary(syn),
@@ -509,10 +509,7 @@ for ax in axes:
     ax.set_xticks(landmark_grid, [str(v) for v in landmark_grid])
     ax.tick_params(axis="x", which="minor", bottom=False, labelbottom=False)
 fig.suptitle(f"{human(sweep_dataset)}, $n$ = {len(X)}, IID split, seed {seed0}")
-handles, labels = axes[0].get_legend_handles_labels()
-axes[0].get_legend().remove()
-fig.legend(handles + axes[1].get_legend_handles_labels()[0], labels + axes[1].get_legend_handles_labels()[1],
-           loc="outside lower center", ncol=2, frameon=False)
+legend_below(fig, axes[0], axes[1])
 plt.show()
 table = sweep.pivot(index="n_y", columns="landmarks", values=["kernel rel. error", "NMI"])
 display(captioned(table.style.format("{:.4f}", na_rep="—"),

@@ -89,7 +89,7 @@ from fedlib.fedtsne import verdicts as ft_verdicts
 from fedlib.runner import specs
 
 specs.check("fedtsne_beyond", globals())
-from fedlib.evaluation.style import book_style, captioned, fit_column, human
+from fedlib.evaluation.style import book_style, captioned, fit_column, human, legend_below
 book_style()   # the book's figure theme and table number style
 threadpool_limits(num_threads)
 threadpool_limits(1, user_api="blas")       # many small products: a second BLAS thread only spins (benchmark chapter)
@@ -368,9 +368,7 @@ for ax, (kind_name, g) in zip(axes, recall.groupby("landmarks", sort=False)):
            title=f"{kind_name} landmarks")
     ax.set_xticks(landmark_grid, [str(v) for v in landmark_grid])
     ax.minorticks_off()
-handles, labels = axes[0].get_legend_handles_labels()
-axes[0].get_legend().remove()
-fig.legend(handles, labels, loc="outside lower center", ncol=2, frameon=False, title="estimator")
+legend_below(fig, axes[0], title="estimator")
 fig.suptitle(f"Neighbour recall, {human(dataset)}, {n} points, {len(seeds)} seeds")
 plt.show()
 display(captioned(recall.pivot_table(index=["landmarks", "estimator"], columns="n_y", values=RECALL,
@@ -429,11 +427,8 @@ if len(metrics):
             ax.minorticks_off()
         for ax in axes.flat[len(SHOW):]:
             ax.axis("off")
-        handles, labels = axes.flat[0].get_legend_handles_labels()
-        axes.flat[0].get_legend().remove()
         band = (Patch(facecolor="grey", alpha=0.3), Line2D([], [], color="grey", lw=1))   # the grey band and its mean
-        fig.legend([*handles, band], [*labels, "centralized (mean ± std)"], loc="outside lower center", ncol=2,
-                   frameon=False, title="landmarks, estimator")
+        legend_below(fig, axes.flat[0], extra=[(band, "centralized (mean ± std)")], title="landmarks, estimator")
         fig.suptitle(f"{method_name} on the server's estimate, {human(dataset)}, {len(seeds)} seeds")
         plt.show()
     display(captioned(metrics.pivot_table(index=["method", "n_y", "pair"], values=SHOW, aggfunc=lambda v: mean_std(v, 3)),

@@ -62,7 +62,7 @@ from fedlib.fedtsne import mmd as ft_mmd
 from fedlib.runner import specs
 
 specs.check("fedtsne_derivation", globals())
-from fedlib.evaluation.style import book_style, facet_size, fit_column
+from fedlib.evaluation.style import book_style, facet_size, fit_column, legend_below
 book_style()   # the book's figure theme and table number style
 rng = np.random.default_rng(seed)
 x_all, y_all, _ = ft_chapters.load_points("optdigits")     # train and test pooled, pixels / 255
@@ -329,9 +329,7 @@ for ax, column in zip(axes, ["rel. error of D_hat", "10-NN overlap"]):
     ax.axvline(m + 2, color="grey", ls=":")
 axes[0].set(xscale="log", yscale="log", xlabel="number of landmarks $n_y$", ylabel=r"$\|\hat D-D\|_F/\|D\|_F$")
 axes[1].set(xscale="log", xlabel="number of landmarks $n_y$", ylabel="10-NN overlap")
-handles, labels = axes[0].get_legend_handles_labels()
-axes[0].get_legend().remove()
-fig.legend(handles, labels, loc="outside lower center", ncol=2, frameon=False)
+legend_below(fig, axes[0])
 fig.suptitle("Nyström distance estimate on optdigits (dotted: $m+2$)")
 plt.show()
 big = sweep[sweep.n_y >= m + 2]

@@ -88,7 +88,7 @@ from fedlib.runner import specs
 
 specs.check("fedtsne_privacy", globals())
 
-from fedlib.evaluation.style import book_style, fit_column
+from fedlib.evaluation.style import book_style, fit_column, legend_below
 book_style()   # the book's figure theme and table number style
 threadpool_limits(num_threads)
 threadpool_limits(1, user_api="blas")       # many small products: a second BLAS thread only spins (benchmark chapter)
@@ -154,13 +154,11 @@ fig, axes = plt.subplots(1, len(methods), figsize=fit_column(5.0 * len(methods),
                          layout="constrained")
 for ax, method in zip(axes[0], methods):
     sub = dp[dp.method == method]
-    sns.lineplot(data=sub, x="level", y="CA 10-NN", hue="mechanism", marker="o", errorbar="sd", ax=ax)
+    sns.lineplot(data=sub, x="level", y="CA 10-NN", hue="mechanism", marker="o", errorbar="sd", ax=ax,
+                 legend=ax is axes[0, 0])
     ax.axhline(ref_mean.loc[method, "CA 10-NN"], color="grey", ls="--", label="Fed, no noise")
     ax.set(xscale="log", xlabel=r"requested $\varepsilon$ (log scale)", title=NAMES[method])
-handles, labels = axes[0, 0].get_legend_handles_labels()
-for ax in axes[0]:
-    ax.get_legend().remove()
-fig.legend(handles, labels, loc="outside lower center", ncol=2, frameon=False)
+legend_below(fig, axes[0, 0])
 fig.suptitle(f"Utility against $\\varepsilon$ ($\\delta = {DELTA_TEX}$), {len(seeds)} seeds")
 plt.show()
 

@@ -19,7 +19,7 @@ from html import escape
 import pandas as pd
 from pandas.io.formats.style import Styler
 
-__all__ = ["COLUMN_INCHES", "LEGEND_INCHES", "MISSING", "NAMES", "human", "named", "number", "said_once", "frame_html", "captioned", "styler_html", "fit_column", "facet_size", "book_style"]
+__all__ = ["COLUMN_INCHES", "LEGEND_INCHES", "MISSING", "NAMES", "human", "named", "number", "said_once", "frame_html", "captioned", "styler_html", "fit_column", "legend_below", "facet_size", "book_style"]
 
 # a figure's output box is 768 px wide in a 1400 px window: a figure up to 960 px (8.7 in at 110 dpi)
 # is shown at 80 % of its size or more; 7.2 in leaves room for tick labels and titles past the axes
@@ -166,6 +166,21 @@ def fit_column(width: float, height: float, min_scale: float = 0.7, legend: bool
         raise ValueError(f"figsize must be positive, got ({width}, {height})")
     scale = min(1.0, (COLUMN_INCHES - (LEGEND_INCHES if legend else 0.0)) / width)
     return width * scale, height * max(scale, min_scale)
+
+
+def legend_below(fig, *axes, extra=(), ncol: int = 2, **kwargs):
+    """One legend for all panels, below them: the handles and labels of ``axes`` (their own legends
+    removed) and ``extra`` (handle, label) pairs, in that order. ``fig`` needs ``layout="constrained"``
+    (the legend goes "outside lower center"); ``kwargs`` go to ``fig.legend`` (a title, say)."""
+    handles, labels = [], []
+    for ax in axes:
+        h, lab = ax.get_legend_handles_labels()
+        handles, labels = handles + h, labels + lab
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
+    for h, lab in extra:
+        handles, labels = handles + [h], labels + [lab]
+    return fig.legend(handles, labels, loc="outside lower center", ncol=ncol, frameon=False, **kwargs)
 
 
 def facet_size(columns: int, aspect: float = 1.3, legend: bool = True) -> dict:

@@ -165,6 +165,10 @@ def test_every_chapter_opens_with_its_findings(book, name):
     assert block.count("<li>") == len(recs)
     for r in recs:
         assert f'href="#claim-{r["id"]}"' in block and r["verdict"] in block, r["id"]
+    # each line's claim, as shortened for the first screen, tells the claims apart (the class- and the
+    # domain-incremental headline once read the same up to the cut)
+    said = [re.sub(r"<[^>]+>", "", li).split(" — ")[0].strip() for li in block.split("<li>")[1:]]
+    assert len(set(said)) == len(said), said
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)

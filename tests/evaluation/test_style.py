@@ -118,3 +118,21 @@ def test_named_renames_a_figures_method_column_only():
     df = pd.DataFrame({"method": ["fedavg_replay", "refed"], "setting": ["pretrained / mnist5k"] * 2, "A_T": [1.0, 2.0]})
     assert named(df)["method"].tolist() == ["FedAvg, random replay", "Re-Fed"] and named(df)["setting"][0] == df["setting"][0]
     assert named(df, "setting")["setting"][0] == "pretrained / MNIST-5k" and df["method"][0] == "fedavg_replay"
+
+
+def test_legend_below_gathers_the_panels_legends_into_one_under_the_figure():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    from fedlib.evaluation.style import legend_below
+
+    fig, axes = plt.subplots(1, 2, layout="constrained")
+    axes[0].plot([0, 1], label="a")
+    axes[0].legend()
+    axes[1].plot([1, 0], label="b")
+    leg = legend_below(fig, axes[0], axes[1], extra=[(Line2D([], []), "c")], title="t")
+    assert [t.get_text() for t in leg.get_texts()] == ["a", "b", "c"] and leg.get_title().get_text() == "t"
+    assert axes[0].get_legend() is None and axes[1].get_legend() is None and fig.legends == [leg]
+    plt.close(fig)
