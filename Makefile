@@ -11,7 +11,7 @@ JOBS        ?= $(if $(filter paper,$(PROFILE)),1,2)
 
 FLOWER      ?= afl num-clients=3
 
-.PHONY: all setup data browser notebooks html html-student book run bench records flower-deploy flower-simulate test clean
+.PHONY: all setup data browser notebooks html html-student book run bench bench-paper records flower-deploy flower-simulate test clean
 
 all: book
 
@@ -53,6 +53,9 @@ bench: setup
 	$(PY) -m fedlib.bench.flower --out book/benchmarks/flower.txt
 	$(PY) -m fedlib.bench.book_time --out book/benchmarks/book_time.txt
 	$(PY) -m fedlib.bench.book_time --alone fedtsne_benchmark stsa_benchmark refed_benchmark afl_benchmark
+
+bench-paper: setup   # on a machine with a CUDA GPU: the paper profile's units there against its CPU
+	$(PY) -m fedlib.bench.paper_device --device cuda --out book/benchmarks/paper_device.txt
 
 # the recorded runs: comparisons at a converged budget, written to book/records/ (hours on a 2-core CPU)
 records: data

@@ -100,8 +100,6 @@ def _resnet18_weight_candidates(root=None) -> list[Path]:
 
 
 def _resnet18(root=None) -> nn.Module:
-    import torchvision
-
     candidates = _resnet18_weight_candidates(root)
     path = next((p for p in candidates if p.is_file()), None)
     if path is None:
@@ -113,8 +111,17 @@ def _resnet18(root=None) -> nn.Module:
             f"(it saves the file to <torch hub dir>/checkpoints/{RESNET18_WEIGHTS_FILE}), then copy that "
             f"file to one of the paths above. Or use backbone='efficientnet_lite0' (weights ship with pip)."
         )
+    return resnet18_backbone(torch.load(path, map_location="cpu", weights_only=True))
+
+
+def resnet18_backbone(state: dict | None = None) -> nn.Module:
+    """torchvision's ResNet-18 as a 512-d feature extractor (no classifier, inputs normalised):
+    ImageNet weights ``state`` (a state dict; None: random weights, for timing)."""
+    import torchvision
+
     net = torchvision.models.resnet18(weights=None)
-    net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True), strict=True)
+    if state is not None:
+        net.load_state_dict(state, strict=True)
     net.fc = nn.Identity()
     return _Normalized(net, mean=0.5, std=0.5)
 
