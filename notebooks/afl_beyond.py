@@ -89,7 +89,7 @@ from fedlib.afl import beyond as ab
 from fedlib.runner import specs
 
 specs.check("afl_beyond", globals())
-from fedlib.evaluation.style import book_style, captioned, fit_column, human
+from fedlib.evaluation.style import book_style, captioned, fit_column, human, legend_below
 book_style()   # the book's figure theme and table number style
 chapter_start = time.perf_counter()
 # one colour per route in every figure: TSQR blue (float32 clients purple), AFL's one-solve server orange,
@@ -213,7 +213,7 @@ display(slopes.to_frame().style.format("{:.2f}", na_rep="—").set_caption(
     "slope of log10(median error) vs log10(cond(X)) while the error is < 0.1"))
 
 # %% mystnb={"figure": {"caption": "Relative error of the federated head against lstsq versus the condition number of X (both log scale) for TSQR and the two normal-equation servers: the line is the median over seeds and the band the range over seeds; left float64 clients, right float32 clients, the server in float64 in both, errors clipped at 10. The dashed and dotted guides are kappa times u and kappa squared times u: TSQR follows the first, the normal equations (whose two curves overlap) the second."}, "image": {"alt": "Two log-log line charts, float64 and float32 clients: relative error against condition number for three methods, with two reference lines"}}
-fig, axes = plt.subplots(1, 2, figsize=fit_column(11, 4.6), sharey=True)
+fig, axes = plt.subplots(1, 2, figsize=fit_column(11, 4.6), sharey=True, layout="constrained")
 # the two normal-equation lines overlap: the paper's law dashed over the one-solve server's solid line
 markers = {"TSQR": "o", "one-solve (normal eq.)": "s", "pairwise AA law (paper)": "X"}
 dashes = {"TSQR": "", "one-solve (normal eq.)": "", "pairwise AA law (paper)": (3, 2)}
@@ -228,10 +228,7 @@ for ax, prec in zip(axes, ["float64", "float32"]):
     ax.plot(kappa, np.minimum(kappa ** 2 * eps, 10.0), "k:", lw=1, label=r"$\kappa^2 u$")
     ax.set(xscale="log", yscale="log", xlabel=r"condition number $\kappa(X)$",
            ylabel="relative error (clipped at 10)", title=f"{prec} clients, float64 server")
-handles, labels = axes[0].get_legend_handles_labels()
-axes[0].get_legend().remove()
-fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=8, frameon=False)
-plt.tight_layout(rect=(0, 0.07, 1, 1))
+legend_below(fig, axes[0], ncol=5, fontsize=8)   # the guides are drawn in both panels: one panel's labels
 plt.show()
 
 # %%

@@ -88,7 +88,7 @@ from fedlib.runner import specs
 
 specs.check("fedtsne_privacy", globals())
 
-from fedlib.evaluation.style import book_style, fit_column, legend_below
+from fedlib.evaluation.style import book_style, captioned, fit_column, legend_below
 book_style()   # the book's figure theme and table number style
 threadpool_limits(num_threads)
 threadpool_limits(1, user_api="blas")       # many small products: a second BLAS thread only spins (benchmark chapter)
@@ -324,23 +324,21 @@ glue("fedtsne_privacy_leak_end_to_end_eps", float(ft_dp.end_to_end_epsilon(res_d
 # the $\varepsilon$ the whole protocol then spends.
 
 # %%
-_prose = []   # the cell's sentences, shown as Markdown below (glue)
-lines = []
-for noise, label in (("dp_data", "data perturbation"), ("dp_gradient", "gradient perturbation")):
-    for method in methods:
-        ok = ft_studies.recovery_epsilon(runs, method, noise, epsilons, "CA 10-NN", threshold=-DP_MARGIN)
-        e2e = "inf (the distance upload is not covered)" if noise == "dp_gradient" else "the same"
-        lines.append(f"* {NAMES[method]}, {label}: "
-                     + (f"recovers from epsilon = {ok:g} on; end-to-end epsilon: {e2e}." if ok is not None
-                        else f"does not recover within the grid (largest epsilon {max(epsilons):g})."))
-lines.append("* The paper's beta-noise has no epsilon; its nominal value (section 3) is for orientation only.")
-_prose.append("\n".join(lines))
-glue('fedtsne_privacy_prose_3', Markdown("\n\n".join(_prose)), display=False)
+recovery = pd.DataFrame(
+    [{"method": NAMES[method], "mechanism": label,
+      "recovers from ε": "—" if ok is None else f"{ok:g}",
+      "end-to-end ε": ("—" if ok is None else
+                       "∞ (the distance upload is not covered)" if noise == "dp_gradient" else "the same")}
+     for noise, label in (("dp_data", "data perturbation"), ("dp_gradient", "gradient perturbation"))
+     for method in methods
+     for ok in [ft_studies.recovery_epsilon(runs, method, noise, epsilons, "CA 10-NN", threshold=-DP_MARGIN)]]
+).set_index(["mechanism", "method"])
+display(captioned(recovery, f"The smallest ε of the grid ({', '.join(f'{e:g}' for e in sorted(epsilons))}) at which "
+                            "the embedding has recovered, and the ε the whole protocol then spends (— : not within "
+                            "the grid)"))
 
 # %% [markdown]
-# ```{glue:md} fedtsne_privacy_prose_3
-# :format: myst
-# ```
+# The paper's $\beta$-noise has no $\varepsilon$; its nominal value (section 3) is for orientation only.
 
 # %% [markdown]
 # ## Exercises

@@ -98,7 +98,7 @@ from fedlib.runner import specs
 specs.check("refed_theory", globals())   # the runner ran the same checks before executing
 
 torch.set_num_threads(1)  # small models; the machine is shared
-from fedlib.evaluation.style import book_style, fit_column
+from fedlib.evaluation.style import book_style, fit_column, legend_below
 book_style()   # the book's figure theme and table number style
 rng = np.random.default_rng(seed)
 t_start = time.perf_counter()
@@ -373,23 +373,20 @@ thm, curves = theorem31_table(quad, thm_L, thm_lambdas, A_paper, sigma=sigma, g0
 print(thm.to_string(index=False, float_format="%.4g"))
 
 fig, axes = plt.subplots(1, len(thm_L), figsize=fit_column(4 * len(thm_L), 4.6), sharey=True,
-                         squeeze=False)
+                         squeeze=False, layout="constrained")
 axes = axes[0]
 colours = sns.color_palette("crest", len(thm_lambdas))
 for ax, L in zip(axes, thm_L):
     sub = curves[curves.L == L]
-    sns.lineplot(data=sub, x="t", y="ratio", hue="lambda", palette="crest", ax=ax, legend=ax is axes[-1])
+    sns.lineplot(data=sub.assign(lam=[rf"$\lambda$ = {v}" for v in sub["lambda"]]), x="t", y="ratio", hue="lam",
+                 palette="crest", ax=ax, legend=ax is axes[-1])
     for colour, (lam, C) in zip(colours, thm[thm.L == L][["lambda", "paper C"]].itertuples(index=False)):
         ax.axhline(C, ls=":", c=colour)
     ax.set(xscale="log", yscale="log", xlabel="round $t + 1$",
            ylabel=r"$E\|v^t-\hat v\|^2 / g(t)$", title=f"$L$ = {L:g}")
 # one legend, below the panels; the dotted lines (the paper's C) share their curve's colour
-handles, labels = axes[-1].get_legend_handles_labels()
-axes[-1].get_legend().remove()
-handles.append(mpl.lines.Line2D([], [], ls=":", c="gray"))
-labels = [rf"$\lambda$ = {lab}" for lab in labels] + ["dotted: the paper's $C$"]
-fig.legend(handles, labels, loc="lower center", ncol=len(labels), frameon=False, bbox_to_anchor=(0.5, 0.0))
-fig.tight_layout(rect=(0, 0.08, 1, 1))
+legend_below(fig, axes[-1], extra=[(mpl.lines.Line2D([], [], ls=":", c="gray"), "dotted: the paper's $C$")],
+             ncol=len(thm_lambdas) + 1)
 plt.show()
 
 # %%

@@ -115,7 +115,7 @@ from fedlib.stsa import tables as paper_results
 from fedlib.stsa import studies as stsa_studies
 from fedlib.core.devices import resolve_device
 from fedlib.core.parallel import resolve_workers
-from fedlib.evaluation.report import paired_markdown_rows, stacked
+from fedlib.evaluation.report import paired_table, stacked
 from fedlib.runner import specs
 
 specs.check("stsa_benchmark", globals())   # every parameter is checked before any long work
@@ -582,19 +582,16 @@ claims.register(
 # seed: the effect of the shifts on each method, and STSA-E minus STSA with and without them.
 
 # %%
-_prose = []   # the cell's sentences, shown as Markdown below (glue)
 skew_runs = stsa_studies.skew_grid(run, f0, abl_beta, seeds, M, skew_scale)
-rows_md, eff = paired_markdown_rows(skew_runs, [0.0, skew_scale], "STSA", "STSA-E (per-class K)")
-_prose.append(
-    f":::{{table}} A_T (%) with feature shifts, {human(abl_name)}, {len(seeds)} seeds (mean ± sample std)\n"
-    f"| shift scale | STSA | STSA-E (per-class K) | STSA-E − STSA (paired) |\n|---|---|---|---|\n" + rows_md
-    + f"\n:::\n\nEffect of the shifts (skewed − unskewed, paired): STSA {eff['STSA']}; STSA-E {eff['STSA-E (per-class K)']}.")
-glue('stsa_benchmark_prose_3', Markdown("\n\n".join(_prose)), display=False)
+skew_table, eff = paired_table(skew_runs, [0.0, skew_scale], "STSA", "STSA-E (per-class K)")
+display(captioned(skew_table, f"A_T (%) with feature shifts, {human(abl_name)}, {len(seeds)} seeds (mean ± sample std; "
+                              "paired differences with their 95 % CI)"))
+glue("stsa_bench_skew_effect_stsa", Markdown(str(eff["STSA"])), display=False)
+glue("stsa_bench_skew_effect_stsae", Markdown(str(eff["STSA-E (per-class K)"])), display=False)
 
 # %% [markdown]
-# ```{glue:md} stsa_benchmark_prose_3
-# :format: myst
-# ```
+# Effect of the shifts on each method (skewed − unskewed, paired by seed, in points): STSA
+# {glue:md}`stsa_bench_skew_effect_stsa`; STSA-E {glue:md}`stsa_bench_skew_effect_stsae`.
 
 # %% [markdown]
 # ## Large first task (paper Table 4)

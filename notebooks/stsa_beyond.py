@@ -89,7 +89,7 @@ from fedlib.stsa import beyond as sb
 from fedlib.runner import specs
 
 specs.check("stsa_beyond", globals())   # every parameter is checked before any work
-from fedlib.evaluation.style import book_style, captioned, fit_column, human
+from fedlib.evaluation.style import book_style, captioned, fit_column, human, legend_below
 book_style()   # the book's figure theme and table number style
 torch.set_num_threads(num_threads)
 dev = "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
@@ -208,7 +208,8 @@ print(f"measured upload of one run (seed {seeds[0]}): {up / 2**20:.2f} MiB (all 
 # %% mystnb={"figure": {"caption": "Left: the GCV criterion from the server's statistics at the last stage, relative to its minimum, against the ridge coefficient γ (log-log), one line per seed. Right: the final test accuracy A_T of every fixed γ, one line per seed (colours in the legend below), with GCV's choices as black triangles. Compare GCV's choice with the γ of the highest test accuracy."}, "image": {"alt": "Two line charts against gamma on a log scale, one line per seed: normalised GCV, and test accuracy with GCV's choices marked"}}
 curves = study["curves"].copy()
 curves["GCV / min GCV"] = curves["GCV"] / curves.groupby("seed")["GCV"].transform("min")
-fig, axes = plt.subplots(1, 2, figsize=fit_column(10.5, 4.6))
+curves["seed"] = [f"seed {s}" for s in curves["seed"]]   # the legend's labels
+fig, axes = plt.subplots(1, 2, figsize=fit_column(10.5, 4.6), layout="constrained")
 sns.lineplot(data=curves, x="gamma", y="GCV / min GCV", hue="seed", palette="tab10", ax=axes[0], legend=False)
 axes[0].set(xscale="log", yscale="log", xlabel=r"ridge coefficient $\gamma$", ylabel="GCV / its minimum (last stage)",
             title="GCV from the server's statistics")
@@ -217,35 +218,31 @@ last = runs[runs.method == "GCV (per stage)"]
 axes[1].scatter(last.gamma, last.A_T, marker="v", color="k", zorder=5, label="GCV's choice")
 axes[1].set(xscale="log", xlabel=r"ridge coefficient $\gamma$", ylabel="final test accuracy $A_T$ (%)",
             title=r"Test accuracy of every fixed $\gamma$")
-# one legend for both panels (the seeds share their colours), below the panels
-handles, labels = axes[1].get_legend_handles_labels()
-axes[1].get_legend().remove()
-fig.legend(handles, [f"seed {lab}" if lab != "GCV's choice" else lab for lab in labels], loc="lower center",
-           ncol=len(labels), fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.0))
+legend_below(fig, axes[1], ncol=len(seeds) + 1, fontsize=8)   # the seeds share their colours in both panels
 fig.suptitle(f"{human(dataset)}, $M$ = {M}: GCV and test accuracy over the $\\gamma$ grid")
-fig.tight_layout(rect=(0, 0.07, 1, 1))
 plt.show()
 
 # %%
-_prose = []   # the cell's sentences, shown as Markdown below (glue)
 d_hind = paired[paired["GCV (per stage) minus"] == "best in hindsight (test set)"].iloc[0]
 d_fixed = paired[paired["GCV (per stage) minus"].str.startswith("fixed gamma")].set_index("GCV (per stage) minus")
 d_sweep = paired[paired["GCV (per stage) minus"] == "best of sweep (test set)"].iloc[0]
 fixed0 = f"fixed gamma = {fixed_gammas[0]:g}"
 d_avg = paired_avg.set_index("GCV (per stage) minus").loc[fixed0]
-gcv_line = (f"GCV from the statistics chooses gamma per stage within {abs(d_hind['mean']):.2f} points of A_T of the "
-            f"test-set oracle over the grid ({d_hind['A_T difference (points)']}); against the chapter's fixed "
-            f"gamma={fixed_gammas[0]:g} it is {d_fixed.loc[fixed0, 'mean']:+.2f} ({d_fixed.loc[fixed0, 'A_T difference (points)']}), "
-            f"against the best of the three-point sweep picked on the test set {d_sweep['mean']:+.2f} "
-            f"({d_sweep['A_T difference (points)']}). Averaged over the stages (A_avg), GCV against the fixed "
-            f"gamma={fixed_gammas[0]:g} is {d_avg['A_avg difference (points)']}.")
-_prose.append("**Result.** " + gcv_line)
-glue('stsa_beyond_prose_1', Markdown("\n\n".join(_prose)), display=False)
+glue("stsa_gcv_oracle_gap", float(abs(d_hind["mean"])), display=False)
+glue("stsa_gcv_fixed_gamma", float(fixed_gammas[0]), display=False)
+for key, text in (("stsa_gcv_oracle_d", d_hind["A_T difference (points)"]),
+                  ("stsa_gcv_fixed_d", d_fixed.loc[fixed0, "A_T difference (points)"]),
+                  ("stsa_gcv_sweep_d", d_sweep["A_T difference (points)"]),
+                  ("stsa_gcv_avg_d", d_avg["A_avg difference (points)"])):
+    glue(key, Markdown(text), display=False)
 
 # %% [markdown]
-# ```{glue:md} stsa_beyond_prose_1
-# :format: myst
-# ```
+# **Result.** GCV from the server's statistics chooses $\gamma$ per stage within
+# {glue:text}`stsa_gcv_oracle_gap:.2f` points of $A_T$ of the test-set oracle over the grid (GCV minus
+# oracle {glue:md}`stsa_gcv_oracle_d`). Against the chapter's fixed $\gamma$ =
+# {glue:text}`stsa_gcv_fixed_gamma:g` it is {glue:md}`stsa_gcv_fixed_d`, against the best of the
+# three-point sweep picked on the test set {glue:md}`stsa_gcv_sweep_d`. Averaged over the stages
+# ($A_{avg}$), GCV against the fixed $\gamma$ is {glue:md}`stsa_gcv_avg_d`.
 
 # %% [markdown]
 # ## 2. A calibrated Gaussian mechanism for the uploads
@@ -423,7 +420,8 @@ _ = claims.register(
 
 # %%
 _prose = []   # the cell's sentences, shown as Markdown below (glue)
-lines = [f"* **GCV from the statistics (1).** {gcv_line} The identity GCV(statistics) = GCV(raw rows) holds to "
+lines = [f"* **GCV from the statistics (1)** chooses gamma within {abs(d_hind['mean']):.2f} points of A_T of the test-set "
+         f"oracle (section 1). The identity GCV(statistics) = GCV(raw rows) holds to "
          f"{check['max_rel']:.0e}; the counts cost {n_counts} bytes."]
 if len(row_loc):
     lines.append(

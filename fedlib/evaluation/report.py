@@ -112,13 +112,16 @@ def listing(differences: Mapping, digits: int = 4) -> str:
                      for k, d in differences.items())
 
 
-def paired_markdown_rows(pivot: pd.DataFrame, levels: Sequence, base: str, other: str) -> tuple[str, dict]:
-    """Rows "| level | base mean ± std | other mean ± std | other − base (paired) |" of a markdown table
-    for each ``level`` of a pivot (one row per seed, columns (level, method)), and for each of the two
-    methods the paired effect of the last level against the first: ``{method: PairedDifference}``."""
-    rows = [f"| {lv} | {mean_std(pivot[(lv, base)])} | {mean_std(pivot[(lv, other)])} | "
-            f"{paired_difference(pivot[(lv, other)], pivot[(lv, base)])} |" for lv in levels]
-    return "\n".join(rows), {m: paired_difference(pivot[(levels[-1], m)], pivot[(levels[0], m)]) for m in (base, other)}
+def paired_table(pivot: pd.DataFrame, levels: Sequence, base: str, other: str,
+                 level_name: str = "shift scale") -> tuple[pd.DataFrame, dict]:
+    """One row per ``level`` of a pivot (one row per seed, columns (level, method)): ``level_name``,
+    the two methods' "mean ± std", and "other − base (paired)" (:func:`paired_difference`); and for each
+    of the two methods the paired effect of the last level against the first: ``{method: PairedDifference}``."""
+    rows = [{level_name: lv, base: mean_std(pivot[(lv, base)]), other: mean_std(pivot[(lv, other)]),
+             f"{other} − {base} (paired)": str(paired_difference(pivot[(lv, other)], pivot[(lv, base)]))}
+            for lv in levels]
+    effects = {m: paired_difference(pivot[(levels[-1], m)], pivot[(levels[0], m)]) for m in (base, other)}
+    return pd.DataFrame(rows).set_index(level_name), effects
 
 
 def mean_std_by(frame: pd.DataFrame, by, columns: Sequence[str], digits: int = 2, count: str | None = None) -> pd.DataFrame:

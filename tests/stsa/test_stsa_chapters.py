@@ -1,5 +1,5 @@
 """The STSA chapters' checks, studies and tables (fedlib.stsa.algorithm, moved out of the notebooks), and
-report.paired_markdown_rows: real values, tolerances a wrong aggregation or estimator fails."""
+report.paired_table: real values, tolerances a wrong aggregation or estimator fails."""
 from functools import partial
 
 import numpy as np
@@ -10,7 +10,7 @@ import torch
 from fedlib.core.linalg import synthetic_features
 from fedlib.data.features import Features
 from fedlib.data.partition import make_partition
-from fedlib.evaluation.report import paired_markdown_rows
+from fedlib.evaluation.report import paired_table
 from fedlib.data.streams import make_stream
 from fedlib.federated.incremental import run_class_incremental
 from fedlib.stsa import algorithm as stsa
@@ -148,13 +148,14 @@ def test_communication_table_curve_and_margins():
     assert (margins["recomputed (min)"] <= margins["recomputed (max)"]).all()
 
 
-def test_paired_markdown_rows():
+def test_paired_table():
     pivot = pd.DataFrame({(0.0, "a"): [1.0, 2.0, 3.0], (0.0, "b"): [2.0, 3.0, 5.0],
                           (1.0, "a"): [1.0, 1.0, 1.0], (1.0, "b"): [0.0, 1.0, 2.0]})
-    rows, eff = paired_markdown_rows(pivot, [0.0, 1.0], "a", "b")
-    first, second = rows.split("\n")
-    assert first.startswith("| 0.0 | 2.00 ± 1.00 | 3.33 ± 1.53 | +1.33 [")
-    assert second.startswith("| 1.0 | 1.00 ± 0.00 |")
+    table, eff = paired_table(pivot, [0.0, 1.0], "a", "b")
+    assert list(table.index) == [0.0, 1.0] and table.index.name == "shift scale"
+    assert list(table.columns) == ["a", "b", "b − a (paired)"]
+    assert table.loc[0.0, "a"] == "2.00 ± 1.00" and table.loc[0.0, "b"] == "3.33 ± 1.53"
+    assert table.loc[0.0, "b − a (paired)"].startswith("+1.33 [") and table.loc[1.0, "a"] == "1.00 ± 0.00"
     assert eff["a"].mean == pytest.approx(-1.0) and eff["b"].mean == pytest.approx(-7 / 3) and eff["a"].n == 3
 
 
