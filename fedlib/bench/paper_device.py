@@ -40,8 +40,8 @@ import numpy as np
 import torch
 
 from fedlib.core.messages import Message
-from fedlib.data.streams import make_stream
 from fedlib.data.features import CPU_BATCH, DEVICE_BATCH, extract_batches, resnet18_backbone
+from fedlib.data.streams import make_stream
 from fedlib.evaluation import benchmark as bench
 from fedlib.federated.gradient import FedConfig, GradientClient, detached, make_algorithm
 from fedlib.federated.models import make_model, resnet18_cifar
