@@ -102,7 +102,7 @@ from fedlib.runner import specs
 
 specs.check("afl_benchmark", globals())
 from fedlib.evaluation.report import stacked
-from fedlib.evaluation.style import book_style, captioned, fit_column, human, named
+from fedlib.evaluation.style import book_style, captioned, fit_column, human, method_colour, method_hue, named
 book_style()   # the book's figure theme and table number style
 dev = resolve_device(device)
 workers = resolve_workers(workers, dev)   # None: the cores; 1 on a GPU (a CUDA context does not survive fork)
@@ -327,7 +327,8 @@ else:
     fig, axes = plt.subplots(1, len(res["afl"]), figsize=fit_column(4.4 * len(res["afl"]), 3.6), sharey=True, squeeze=False)
     for ax, s in zip(axes[0], res["afl"]):
         for m in methods:
-            ax.plot(np.arange(1, budget_rounds + 1), 100 * np.mean(res["curves"][s][m], axis=0), label=human(m), lw=1.2)
+            ax.plot(np.arange(1, budget_rounds + 1), 100 * np.mean(res["curves"][s][m], axis=0), label=human(m), lw=1.2,
+                    color=method_colour(m, "afl"))
         ax.axhline(100 * res["afl"][s], color="black", ls="--", lw=1, label="AFL (one round)")
         ax.set(xlabel="round", ylabel="test accuracy (%)", title=s)
     axes[0][-1].legend(fontsize=8, loc="lower right")
@@ -395,7 +396,8 @@ first = curves[curves.seed == seeds[0]]
 fig, axes = plt.subplots(1, len(settings), figsize=fit_column(4.2 * len(settings), 3.6), sharey=True, squeeze=False)
 for ax, setting in zip(axes[0], settings):
     sub = first[first.setting == label(setting)]
-    sns.lineplot(data=named(sub), x="wall_s", y="test_acc", hue="method", ax=ax, legend=ax is axes[0][-1])
+    sns.lineplot(data=named(sub), x="wall_s", y="test_acc", hue="method", **method_hue(named(first)["method"], "afl"), ax=ax,
+                 legend=ax is axes[0][-1])
     afl_row = afl_runs[(afl_runs.setting == label(setting)) & (afl_runs["partition seed"] == partition_seed)].iloc[0]
     ax.scatter([afl_row["seconds"]], [afl_row["accuracy"]], marker="*", s=200, color="black", zorder=5,
                label="AFL (one round)")
@@ -537,8 +539,8 @@ knum = afl_studies.afl_vs_fedavg(feats, [(k, partition(("alpha", invariance_alph
                          config, seeds[0], gamma, dev, index="K", desc="client counts", cache=runs_cache,
                          workers=workers)
 fig, ax = plt.subplots(figsize=fit_column(5, 3.5))
-sns.lineplot(data=knum.reset_index().melt("K", value_name="accuracy"), x="K", y="accuracy", hue="method", marker="o",
-             ax=ax)
+by_k = knum.reset_index().melt("K", value_name="accuracy")
+sns.lineplot(data=by_k, x="K", y="accuracy", hue="method", **method_hue(by_k["method"], "afl"), marker="o", ax=ax)
 ax.set(xscale="log", xlabel="number of clients K (log scale)", ylabel="test accuracy",
        title=f"α={invariance_alpha}, {human(dataset)} (FedAvg: one seed)")
 plt.show()

@@ -89,15 +89,9 @@ from fedlib.afl import beyond as ab
 from fedlib.runner import specs
 
 specs.check("afl_beyond", globals())
-from fedlib.evaluation.style import book_style, captioned, fit_column, human, legend_below
+from fedlib.evaluation.style import book_style, captioned, fit_column, human, legend_below, method_hue
 book_style()   # the book's figure theme and table number style
 chapter_start = time.perf_counter()
-# one colour per route in every figure: TSQR blue (float32 clients purple), AFL's one-solve server orange,
-# the paper's pairwise law green
-_deep = sns.color_palette("deep")
-METHOD_COLOURS = {"TSQR": _deep[0], "one-solve (normal eq.)": _deep[1], "pairwise AA law (paper)": _deep[2],
-                  "TSQR (float64 clients)": _deep[0], "TSQR (float32 clients)": _deep[4],
-                  "AFL (one-solve server, the paper's upload)": _deep[1]}
 print(f"profile={profile}: {human(dataset)} / {human(backbone)}@{input_size}px, K={num_clients}, cond(X) in {conditions}, "
       f"{len(seeds)} seeds")
 
@@ -221,7 +215,8 @@ for ax, prec in zip(axes, ["float64", "float32"]):
     sub = study[study.clients == prec].copy()
     sub["rel. error vs lstsq"] = sub["rel. error vs lstsq"].clip(upper=10.0).fillna(10.0)
     sns.lineplot(data=sub, x="cond(X)", y="rel. error vs lstsq", hue="method", style="method", estimator="median",
-                 errorbar=("pi", 100), markers=markers, dashes=dashes, palette=METHOD_COLOURS, ax=ax, legend=ax is axes[0])
+                 errorbar=("pi", 100), markers=markers, dashes=dashes, **method_hue(study["method"], "afl_routes"), ax=ax,
+                 legend=ax is axes[0])
     eps = float(np.finfo(ab.DTYPES[prec]).eps)
     kappa = np.asarray(conditions, dtype=float)
     ax.plot(kappa, kappa * eps, "k--", lw=1, label=r"$\kappa\,u$")
@@ -283,7 +278,7 @@ display(captioned(uploads.style.format({"upload bytes/client (mean)": "{:,.0f}",
 
 # %% mystnb={"figure": {"caption": "Measured upload of every client (bytes) against the number of samples it holds (both log scale), one marker per client, colour and shape per protocol (AFL, TSQR with float64 or float32 clients); the dotted line marks N_k = d + C. Clients left of that line upload only N_k rows with TSQR, so fewer bytes than with AFL."}, "image": {"alt": "Log-log scatter plot: upload bytes against client sample count, one marker per client, coloured by protocol"}}
 fig, ax = plt.subplots(figsize=fit_column(6.5, 4.6))
-sns.scatterplot(data=per_client, x="N_k", y="upload bytes", hue="method", style="method", palette=METHOD_COLOURS,
+sns.scatterplot(data=per_client, x="N_k", y="upload bytes", hue="method", style="method", **method_hue(per_client["method"], "afl_routes"),
                 s=25, ax=ax)
 ax.axvline(d + C, color="gray", ls=":", lw=1)
 ax.text(d + C, ax.get_ylim()[1] * 0.9, "  $N_k = d + C$", color="gray", fontsize=8)

@@ -133,7 +133,7 @@ specs.check("fedtsne_benchmark", globals())
 
 from fedlib.core.paths import BENCHMARK_DIR
 from fedlib.evaluation.benchmark import leading_number, read_rows
-from fedlib.evaluation.style import book_style, captioned, facet_size, fit_column
+from fedlib.evaluation.style import book_style, captioned, facet_size, fit_column, method_hue
 book_style()   # the book's figure theme and table number style
 threadpool_limits(num_threads)
 # FedDL multiplies many small matrices (one client block per product): a second BLAS thread gains little
@@ -672,7 +672,8 @@ display(captioned(clients_df.pivot_table(index=["split", "method"], columns="cli
 # %% mystnb={"figure": {"caption": "NMI (left) and 10-NN neighbourhood preservation NPA (right) of the embedding against the number of clients (log scale) on the sweep dataset, colour per method and line style per split; error bars are the sample standard deviation when the sweep has several seeds. A one-seed sweep is shown for orientation only."}, "image": {"alt": "Two line charts against number of clients: NMI and neighbourhood preservation, by method and split"}}
 fig, axes = plt.subplots(1, 2, figsize=fit_column(11, 3.6, legend=True))
 for ax, metric in zip(axes, ["NMI", "NPA 10-NN"]):
-    sns.lineplot(data=clients_df, x="clients", y=metric, hue="method", style="split", markers=True, ax=ax,
+    sns.lineplot(data=clients_df, x="clients", y=metric, hue="method", **method_hue(clients_df["method"], "fedtsne"),
+                 style="split", markers=True, ax=ax,
                  errorbar=("sd" if len(sweep_seeds) > 1 else None))
     ax.set_xscale("log")
     ax.set_xticks(sorted(set(clients_df.clients)), [str(k) for k in sorted(set(clients_df.clients))])
@@ -718,7 +719,8 @@ display(captioned(report.pm_table(paper_results.fedtsne_table4(), digits=3),
 
 # %% mystnb={"figure": {"caption": "Landmark sweep against the number of landmarks n_y (log scale): NMI of k-means on the embedding (left), the 10-NN overlap of D-hat with the exact neighbours (middle) and its relative Frobenius error (right, log scale), for FedDL landmarks with squared distances, untrained landmarks and FedDL landmarks with plain distances. Where drawn, the dotted line marks n_y = m + 2, from which the squared-distance estimate is exact."}, "image": {"alt": "Three line charts against number of landmarks: NMI, neighbour overlap and relative error, for the Nyström variants and splits"}}
 fig, axes = plt.subplots(1, 3, figsize=fit_column(16, 4.6))
-sns.lineplot(data=landmarks_df, x="n_y", y="NMI", hue="method", style="split", markers=True, ax=axes[0],
+sns.lineplot(data=landmarks_df, x="n_y", y="NMI", hue="method", **method_hue(landmarks_df["method"], "fedtsne"),
+             style="split", markers=True, ax=axes[0],
              errorbar=("sd" if len(sweep_seeds) > 1 else None))
 axes[0].set_ylabel("NMI of k-means on the embedding (fraction)")
 for ax, col in zip(axes[1:], ["D-hat 10-NN", "D-hat rel. error"]):

@@ -88,7 +88,7 @@ from fedlib.runner import specs
 
 specs.check("fedtsne_privacy", globals())
 
-from fedlib.evaluation.style import book_style, captioned, fit_column, legend_below
+from fedlib.evaluation.style import book_style, captioned, fit_column, legend_below, method_hue
 book_style()   # the book's figure theme and table number style
 threadpool_limits(num_threads)
 threadpool_limits(1, user_api="blas")       # many small products: a second BLAS thread only spins (benchmark chapter)
@@ -244,7 +244,8 @@ nominal = {b: ft_studies.nominal_epsilon(ft_studies.public_feddl(X, parts, X_pub
                                                  noise="heuristic", beta=b), parts, gamma, delta)
            for b in betas if b > 0}
 print(ft_studies.beta_table(beta_runs, methods, nominal).to_string(index=False))
-g = sns.relplot(data=beta_runs.assign(method=beta_runs.method.map(NAMES)), x="beta", y="NMI", hue="method",
+by_beta = beta_runs.assign(method=beta_runs.method.map(NAMES))
+g = sns.relplot(data=by_beta, x="beta", y="NMI", hue="method", **method_hue(by_beta["method"], "fedtsne"),
                 kind="line", marker="o", errorbar="sd", height=3.2, aspect=1.4)
 g.set_xlabels(r"noise level $\beta$")
 g.figure.suptitle(f"NMI against $\\beta$ (Figure 7 analogue; optdigits, {len(seeds)} seeds)", y=1.04)

@@ -136,7 +136,7 @@ from fedlib.refed.specs import check_total_memory
 # option, not a method of its own: fedlib.refed.studies.PIM_METHODS); every other name is a method of
 # fedlib.refed.algorithm.LEARNERS (fedlib.refed.specs.METHOD_NAMES)
 specs.check("refed_benchmark", globals())   # the runner ran the same checks before executing
-from fedlib.evaluation.style import book_style, captioned, facet_size, fit_column, human, named
+from fedlib.evaluation.style import book_style, captioned, facet_size, fit_column, human, method_colour, method_hue, named
 book_style()   # the book's figure theme and table number style
 
 torch.set_num_threads(num_threads)
@@ -339,7 +339,7 @@ else:   # each stream ran its own seeds (the class-incremental one more, for the
     fig, axes = plt.subplots(1, len(src), figsize=fit_column(4.6 * len(src), 3.4), squeeze=False)
     for ax, (scen, (_, curves_)) in zip(axes[0], src.items()):
         for m, c in curves_.items():
-            ax.plot(np.arange(1, len(c[0]) + 1), np.mean(c, axis=0), label=human(m), lw=1.2)
+            ax.plot(np.arange(1, len(c[0]) + 1), np.mean(c, axis=0), label=human(m), lw=1.2, color=method_colour(m, "refed"))
         ax.set(xlabel="round of the last task", ylabel="test accuracy (%)",
                title=f"{SCEN[scen]['name']}, {len(src_seeds[scen])} seeds")
     axes[0][-1].legend(fontsize=8)
@@ -430,7 +430,8 @@ if len(diag):
             + ("**consistent with these runs**: Re-Fed's caches hold less of the last old task, and that task "
                "ends less accurate" if h["confirmed"] else "**not confirmed by these runs** (a CI contains 0 or "
                "points the other way)") + ".")
-    ax = sns.boxplot(data=named(diag), x="boundary", y="last old task, share of the cache (%)", hue="method")
+    ax = sns.boxplot(data=named(diag), x="boundary", y="last old task, share of the cache (%)", hue="method",
+                     **method_hue(named(diag)["method"], "refed"))
     ax.set(xlabel="boundary before task t+1 (t tasks learned)", title="Share of the last old task in the caches")
     plt.show()
 glue('refed_benchmark_prose_2', Markdown("\n\n".join(_prose)), display=False)
@@ -469,14 +470,18 @@ if "domain" in SCEN:
 # :::
 
 # %% mystnb={"figure": {"caption": "Accuracy of every method over the stream, one panel per scenario: in the first figure the mean accuracy over the tasks seen so far after each task (mean over seeds, sample-standard-deviation bands), in the second the global model's test accuracy on the seen tasks after every communication round, for one seed. Drops at the task boundaries show forgetting."}, "image": {"alt": "Line charts, one per scenario, of each method's accuracy, after each task or after every communication round"}}
-g = sns.relplot(data=stage_curves(run).pipe(named), x="stage", y="A_t", hue="method", col="scenario", kind="line", marker="o",
+by_stage = stage_curves(run).pipe(named)
+g = sns.relplot(data=by_stage, x="stage", y="A_t", hue="method", **method_hue(by_stage["method"], "refed"), col="scenario",
+                kind="line", marker="o",
                 errorbar="sd", **facet_size(len(SCEN), 1.15), facet_kws={"sharey": False, "sharex": False})
 g.set_axis_labels("task t (tasks seen)", "A_t: mean accuracy over seen tasks (%)")
 g.set_titles("{col_name}")
 g.figure.suptitle("Accuracy after each task (mean ± sample sd over seeds)", y=1.03, wrap=True)
 plt.show()
 
-g = sns.relplot(data=round_curves(run, seeds[0]).pipe(named), x="round", y="accuracy", hue="method", col="scenario", kind="line",
+by_round = round_curves(run, seeds[0]).pipe(named)
+g = sns.relplot(data=by_round, x="round", y="accuracy", hue="method", **method_hue(by_round["method"], "refed"),
+                col="scenario", kind="line",
                 **facet_size(len(SCEN), 1.3), facet_kws={"sharey": False, "sharex": False})
 g.set_axis_labels("communication round (all tasks)", "test accuracy on seen tasks (%)")
 g.set_titles("{col_name}")
@@ -530,7 +535,8 @@ print(prefetch_summary(run.prefetch(SWEEPS, workers, group=lambda request: tuple
                        "sweeps (memory, alpha, lambda, weighting)"))
 rows = [run("class", m, seed, memory=M)["row"] for M in m_grid for m in sweep_methods for seed in sweep_seeds]
 by_m = pd.DataFrame(rows)
-ax = sns.lineplot(data=named(by_m), x="M", y="A_T", hue="method", marker="o", errorbar=None)
+ax = sns.lineplot(data=named(by_m), x="M", y="A_T", hue="method", **method_hue(named(by_m)["method"], "refed"), marker="o",
+                  errorbar=None)
 ax.set(xlabel="memory M (samples per client)", ylabel="final accuracy A_T (%)",
        title=f"Accuracy versus M, {SCEN['class']['name']} ({len(sweep_seeds)} seed(s))")
 plt.show()
@@ -570,7 +576,8 @@ by_alpha = pd.DataFrame(rows)
 rows = [run("class", "refed", seed, alpha=a, lam=l)["row"] for a in lam_alphas for l in l_grid for seed in sweep_seeds]
 by_lam = pd.DataFrame(rows)
 fig, axes = plt.subplots(1, 2, figsize=fit_column(10, 3.6))
-sns.lineplot(data=named(by_alpha), x="alpha", y="A_T", hue="method", marker="o", errorbar=None, ax=axes[0])
+sns.lineplot(data=named(by_alpha), x="alpha", y="A_T", hue="method", **method_hue(named(by_alpha)["method"], "refed"),
+             marker="o", errorbar=None, ax=axes[0])
 axes[0].set(xscale="log", xlabel="Dirichlet alpha (log scale)", ylabel="final accuracy A_T (%)",
             title=f"Accuracy versus Dirichlet α ({len(sweep_seeds)} seed(s))")
 sns.lineplot(data=by_lam.assign(alpha=by_lam.alpha.astype(str)), x="lambda", y="A_T", hue="alpha", marker="o",

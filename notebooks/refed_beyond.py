@@ -99,7 +99,7 @@ from fedlib.refed.beyond import (beyond_setup, noise_accuracy_table, noise_table
 from fedlib.runner import specs
 
 specs.check("refed_beyond", globals())   # the runner ran the same checks before executing
-from fedlib.evaluation.style import book_style, captioned, fit_column, human, named
+from fedlib.evaluation.style import book_style, captioned, fit_column, human, method_colour, named
 book_style()   # the book's figure theme and table number style
 torch.set_num_threads(num_threads)
 workers = resolve_workers(workers, device)   # None: the cores; 1 on a GPU
@@ -236,7 +236,8 @@ else:
     pim = record["results"]
     fig, ax = plt.subplots(figsize=fit_column(6, 3.2))
     for r in PAIR:
-        ax.plot(np.arange(1, pim_rounds + 1), np.mean(pim["curves"][r], axis=0), label=human(r), lw=1.2)
+        ax.plot(np.arange(1, pim_rounds + 1), np.mean(pim["curves"][r], axis=0), label=human(r), lw=1.2,
+                color=method_colour(r, "refed"))
     ax.set(xlabel="round of the last task", ylabel="test accuracy (%)",
            title=f"Recorded run: last task, mean over {len(pim_seeds)} seeds")
     ax.legend(fontsize=8)

@@ -122,7 +122,7 @@ specs.check("stsa_benchmark", globals())   # every parameter is checked before a
 # the pretrained table's seeds go to `workers` forked processes (1 on an accelerator); every run is seeded by
 # its seed, so the results are those of one process (tests/stsa/test_stsa_chapters.py)
 workers = resolve_workers(workers, resolve_device(device))
-from fedlib.evaluation.style import book_style, captioned, facet_size, fit_column, human, named
+from fedlib.evaluation.style import book_style, captioned, facet_size, fit_column, human, method_colour, method_hue, named
 book_style()   # the book's figure theme and table number style
 torch.set_num_threads(num_threads)
 
@@ -365,7 +365,7 @@ if baselines and len(margin_seeds) >= 2:
             ax = axes[i][j]
             for m in baselines:
                 mean_curve = np.mean(curves_shown[setting][str(beta)][m], axis=0)
-                ax.plot(np.arange(1, len(mean_curve) + 1), mean_curve, lw=1.2, label=human(m),
+                ax.plot(np.arange(1, len(mean_curve) + 1), mean_curve, lw=1.2, label=human(m), color=method_colour(m, "stsa"),
                         marker="o" if len(mean_curve) < 10 else None)
             ax.axhline(np.mean(values["A_T"][setting][str(beta)]["STSA"]), color="black", ls="--", lw=1, label="STSA (A_T)")
             ax.set_title(f"{human(setting.split(' / ')[-1])}, β = {beta}")
@@ -452,7 +452,8 @@ display(paper_results.stsa_table1().style.format("{:.2f}", na_rep="—").set_cap
 curves = pd.concat([r.curve() for r in results], ignore_index=True)
 mid = sorted(betas)[len(betas) // 2]
 plot = curves[curves.beta == mid]
-g = sns.relplot(data=plot, x="stage", y="A_t", hue="method", col="setting", kind="line", marker="o",
+g = sns.relplot(data=plot, x="stage", y="A_t", hue="method", **method_hue(plot["method"], "stsa"), col="setting",
+                kind="line", marker="o",
                 errorbar="sd", **facet_size(plot["setting"].nunique(), 1.1), facet_kws={"sharey": False})
 g.set_axis_labels("stage t (tasks seen)", "A_t: mean accuracy over seen tasks (%)")
 g.figure.suptitle(f"Accuracy after each stage, beta = {mid} (mean ± sd over seeds)", y=1.03, wrap=True)
@@ -511,7 +512,8 @@ ablation = stsa_studies.ablation_runs(run, f0, abl_beta, abl_seed, M, ablation_M
                               ablation_dummy, ablation_gamma, scratch=scratch_abl)
 
 # %% mystnb={"figure": {"caption": "Final accuracy A_T against each ablated parameter (log scale), one panel per ablation (random-feature width M, number of clients K with K times K_D fixed, dummy clients K_D, ridge parameter gamma) and one line per method; one seed per point. Only STSA's flat line across K is a result (exact invariance, asserted); the other shapes carry no conclusion."}, "image": {"alt": "Line charts, one per ablation: final accuracy against the parameter value on a log scale for the STSA variants"}}
-g = sns.relplot(data=ablation, x="value", y="A_T", hue="method", col="ablation", kind="line", marker="o",
+g = sns.relplot(data=ablation, x="value", y="A_T", hue="method", **method_hue(ablation["method"], "stsa"), col="ablation",
+                kind="line", marker="o",
                 **facet_size(min(3, ablation["ablation"].nunique()), 1.0), facet_kws={"sharex": False, "sharey": False},
                 col_wrap=3)
 for ax in g.axes.flat:

@@ -89,7 +89,7 @@ from fedlib.data.partition import make_partition
 from fedlib.runner import specs
 
 specs.check("stsa_derivation", globals())
-from fedlib.evaluation.style import book_style, captioned, fit_column
+from fedlib.evaluation.style import book_style, captioned, fit_column, method_hue
 book_style()   # the book's figure theme and table number style
 rng = np.random.default_rng(seed)
 x_all, y_all = synthetic_features(n_samples + n_samples // 5, dim, num_classes, kind="mean_dominated", seed=seed)
@@ -601,8 +601,9 @@ claims.register(
 curve = stsa_studies.communication_curve(comm_M, num_dummy=50)
 fig, ax = plt.subplots(figsize=fit_column(5, 3.5))
 # the method names in mathtext for the legend ("STSA-E (K_D=50)" -> "STSA-E ($K_D$ = 50)")
-sns.lineplot(data=curve.assign(method=curve["method"].str.replace(r"\(K_D=(\d+)\)", r"($K_D$ = \1)", regex=True)),
-             x="M", y="MiB per client (T=10)", hue="method", marker="o", ax=ax)
+shown = curve.assign(method=curve["method"].str.replace(r"\(K_D=(\d+)\)", r"($K_D$ = \1)", regex=True))
+sns.lineplot(data=shown, x="M", y="MiB per client (T=10)", hue="method", **method_hue(shown["method"], "stsa"), marker="o",
+             ax=ax)
 ax.set(xscale="log", yscale="log", xlabel="random features $M$", ylabel="upload per client (MiB, float32)",
        title="Communication vs $M$ (paper Fig. 7, CIFAR-100, $c_t$ = 10)")
 plt.show()

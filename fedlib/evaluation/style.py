@@ -7,19 +7,21 @@
   "Fashion-MNIST", not ``fashion_mnist``).
 * Figures: seaborn's whitegrid theme at 110 dpi; :func:`fit_column` sizes a figure for the page's
   column (at most :data:`COLUMN_INCHES` wide), so that the page shows it at 80 % of its size or more
-  and its 10-point labels stay legible.
+  and its 10-point labels stay legible. A method keeps one colour and one place in the order in every
+  figure of its paper (:func:`method_hue`, :func:`method_colour`).
 """
 from __future__ import annotations
 
 import math
 import numbers
 import re
+import zlib
 from html import escape
 
 import pandas as pd
 from pandas.io.formats.style import Styler
 
-__all__ = ["COLUMN_INCHES", "LEGEND_INCHES", "MISSING", "NAMES", "human", "named", "number", "said_once", "frame_html", "captioned", "styler_html", "fit_column", "legend_below", "facet_size", "book_style"]
+__all__ = ["COLUMN_INCHES", "LEGEND_INCHES", "MISSING", "NAMES", "human", "named", "number", "said_once", "frame_html", "captioned", "styler_html", "fit_column", "legend_below", "facet_size", "PAPER_METHODS", "METHOD_ALIASES", "method_colour", "method_hue", "book_style"]
 
 # a figure's output box is 768 px wide in a 1400 px window: a figure up to 960 px (8.7 in at 110 dpi)
 # is shown at 80 % of its size or more; 7.2 in leaves room for tick labels and titles past the axes
@@ -181,6 +183,62 @@ def legend_below(fig, *axes, extra=(), ncol: int = 2, **kwargs):
     for h, lab in extra:
         handles, labels = handles + [h], labels + [lab]
     return fig.legend(handles, labels, loc="outside lower center", ncol=ncol, frameon=False, **kwargs)
+
+
+#: each paper's methods (the names a reader sees, :func:`human`) in the order its figures list them;
+#: a method's place in its paper's list is its colour in every figure of that paper ("afl_routes": the
+#: AFL chapters' ways of computing one head, which never share a figure with the federated methods)
+PAPER_METHODS = {
+    "afl": ["AFL", "FedAvg", "FedProx", "FedDyn", "MOON", "FedNTD", "FedDisco", "FedGen"],
+    "afl_routes": ["TSQR", "one-solve (normal eq.)", "pairwise AA law (paper)", "TSQR (float32 clients)"],
+    "stsa": ["STSA", "STSA-E", "STSA-E (per-class K)", "AFL (stage-wise)", "Joint (centralized ridge)",
+             "fine-tuning", "FedEWC", "FedLwF"],
+    "refed": ["Re-Fed", "FedAvg, random replay", "FedProx, random replay", "FedAvg", "fixed", "Re-Fed, class-balanced",
+              "Re-Fed, last-layer norms", "GraNd at w", "EL2N", "herding", "class-balancing reservoir",
+              "Re-Fed, task shares", "Re-Fed, task and class shares", "Re-Fed, λ → 1", "FedEWC", "FedLwF"],
+    "fedtsne": ["t-SNE", "UMAP"],
+}
+
+#: labels that name a listed method another way (they share its colour and place)
+METHOD_ALIASES = {"TSQR (float64 clients)": "TSQR", "AFL (one-solve server, the paper's upload)": "one-solve (normal eq.)",
+                  "Re-Fed [last-layer proxy]": "Re-Fed, last-layer norms"}
+
+
+def _palette() -> list:
+    import seaborn as sns
+
+    pairs = sns.color_palette("tab20", 20)
+    return [*pairs[0::2], *pairs[1::2]]   # ten strong colours, then their light shades
+
+
+def _method_key(label) -> str:
+    """A legend label's method: its reader's name, without a bracketed note ("Re-Fed [exact Eq. 4]" -> "Re-Fed")."""
+    label = METHOD_ALIASES.get(str(label), str(label))
+    key = human(re.sub(r"\s*\[[^\]]*\]$", "", label))
+    return METHOD_ALIASES.get(key, key)
+
+
+def method_colour(label, paper: str):
+    """The colour of method ``label`` in every figure of ``paper`` (a key of :data:`PAPER_METHODS`): its
+    place in the paper's list; a method not listed gets a colour fixed by its name (not by the figure)."""
+    methods = PAPER_METHODS[paper]
+    colours = _palette()
+    key = _method_key(label)
+    if key in methods:
+        return colours[methods.index(key) % len(colours)]
+    spare = colours[len(methods):] or colours
+    return spare[zlib.crc32(key.encode()) % len(spare)]
+
+
+def method_hue(levels, paper: str) -> dict:
+    """seaborn's ``hue_order`` and ``palette`` for a figure of ``paper`` whose hue is the methods ``levels``
+    (a column or any iterable of labels): the paper's order (:data:`PAPER_METHODS`), methods it does
+    not list after, in their first appearance; each label in :func:`method_colour`."""
+    seen = list(dict.fromkeys(map(str, levels)))
+    methods = PAPER_METHODS[paper]
+    order = sorted(seen, key=lambda lab: (methods.index(_method_key(lab)) if _method_key(lab) in methods
+                                          else len(methods) + seen.index(lab)))
+    return {"hue_order": order, "palette": {lab: method_colour(lab, paper) for lab in order}}
 
 
 def facet_size(columns: int, aspect: float = 1.3, legend: bool = True) -> dict:

@@ -97,3 +97,14 @@ def test_no_markdown_paragraph_is_left_as_comments_in_a_code_cell():
             if len(tail) >= 2 and any(re.search(r"\*\*|\$", line) for line in tail):
                 bad.append(f"{path.name}: {tail[-1][:70]}")
     assert not bad, bad
+
+
+def test_every_figure_coloured_by_method_uses_its_papers_colours():
+    """A plot whose hue is the method takes its order and colours from ``style.method_hue``, so a method
+    has one colour across its paper's figures."""
+    bad = []
+    for path in sorted((REPO / "notebooks").glob("*.py")):
+        for call in re.findall(r"sns\.\w+\((?:[^()]|\([^()]*(?:\([^()]*\)[^()]*)*\))*\)", path.read_text(encoding="utf-8")):
+            if 'hue="method"' in call and "method_hue(" not in call:
+                bad.append(f"{path.name}: {call[:80]}")
+    assert not bad, bad

@@ -136,3 +136,21 @@ def test_legend_below_gathers_the_panels_legends_into_one_under_the_figure():
     assert [t.get_text() for t in leg.get_texts()] == ["a", "b", "c"] and leg.get_title().get_text() == "t"
     assert axes[0].get_legend() is None and axes[1].get_legend() is None and fig.legends == [leg]
     plt.close(fig)
+
+
+def test_a_method_keeps_its_colour_and_place_in_every_figure_of_its_paper():
+    from fedlib.evaluation.style import PAPER_METHODS, method_colour, method_hue
+    for paper, methods in PAPER_METHODS.items():
+        colours = [method_colour(m, paper) for m in methods]
+        assert len(set(colours)) == len(methods), paper   # one colour per method within a paper
+    one = method_hue(["FedProx, random replay", "Re-Fed [exact Eq. 4]", "herding", "my rule"], "refed")
+    other = method_hue(["my rule", "FedAvg", "Re-Fed [exact Eq. 4]"], "refed")
+    assert one["hue_order"] == ["Re-Fed [exact Eq. 4]", "FedProx, random replay", "herding", "my rule"]
+    assert other["hue_order"] == ["Re-Fed [exact Eq. 4]", "FedAvg", "my rule"]
+    for label in ("Re-Fed [exact Eq. 4]", "my rule"):   # the figure's other methods change nothing
+        assert one["palette"][label] == other["palette"][label] == method_colour(label, "refed")
+    assert method_colour("fedewc", "stsa") == method_colour("FedEWC", "stsa")   # identifiers read as names
+    # a bracketed note names the same method, except where it names another one
+    assert method_colour("Re-Fed, class-balanced [exact Eq. 4]", "refed") == method_colour("refed_balanced", "refed")
+    assert method_colour("Re-Fed [last-layer proxy]", "refed") != method_colour("Re-Fed [exact Eq. 4]", "refed")
+    assert method_colour("my rule", "refed") not in [method_colour(m, "refed") for m in PAPER_METHODS["refed"]]
