@@ -272,6 +272,7 @@ display(captioned(paired.drop(columns="afl_low").set_index(["setting", "method"]
 # %% mystnb={"figure": {"caption": "Test accuracy of each gradient-based method: the point is the mean over the training seeds and the error bar the sample standard deviation, one colour per partition setting; the dashed line is AFL, one value for every setting. Compare each method's points with the dashed line at this profile's training budget."}, "image": {"alt": "Point plot with error bars: test accuracy (%) per method, coloured by partition setting, with a dashed horizontal line for AFL"}}
 fig, ax = plt.subplots(figsize=fit_column(8, 3.8))
 sns.pointplot(data=named(runs).assign(acc=100 * runs["accuracy"]), x="method", y="acc", hue="setting", errorbar="sd",
+              order=method_hue(named(runs)["method"], "afl")["hue_order"],   # the paper's method order
               dodge=0.4 if len(settings) > 1 else False, linestyle="none", capsize=0.15, ax=ax)
 ax.axhline(100 * joint_acc, color="black", ls="--", lw=1, label="AFL (every setting)")
 ax.set(xlabel="method", ylabel="test accuracy (%)",
