@@ -38,6 +38,7 @@ __all__ = [
     "feature_cache_path",
     "load_backbone",
     "load_features",
+    "resnet18_backbone",
 ]
 
 _CACHE_VERSION = 1  # bump when preprocessing changes so old cache files are never reused

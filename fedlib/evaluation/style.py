@@ -235,9 +235,8 @@ def method_hue(levels, paper: str) -> dict:
     (a column or any iterable of labels): the paper's order (:data:`PAPER_METHODS`), methods it does
     not list after, in their first appearance; each label in :func:`method_colour`."""
     seen = list(dict.fromkeys(map(str, levels)))
-    methods = PAPER_METHODS[paper]
-    order = sorted(seen, key=lambda lab: (methods.index(_method_key(lab)) if _method_key(lab) in methods
-                                          else len(methods) + seen.index(lab)))
+    rank = {m: i for i, m in enumerate(PAPER_METHODS[paper])}
+    order = sorted(seen, key=lambda lab: rank.get(_method_key(lab), len(rank) + seen.index(lab)))
     return {"hue_order": order, "palette": {lab: method_colour(lab, paper) for lab in order}}
 
 
